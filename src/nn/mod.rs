@@ -1,0 +1,2 @@
+//! Layers shared by the models: attention with KV cache, RoPE, RMSNorm, causal (transposed)
+//! convolutions with streaming state, SnakeBeta.
