@@ -38,6 +38,10 @@ fn suites() -> Vec<Suite> {
     entries.sort();
     for p in entries {
         let json: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        // Checkpoint case files only (reference/tokenizer.json is the tokenizer parity file).
+        if json.get("checkpoint").is_none() || json.get("cases").is_none() {
+            continue;
+        }
         let name = json["checkpoint"].as_str().unwrap().to_string();
         let st = refdir.join(json["safetensors"].as_str().unwrap());
         let tensors = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
@@ -288,6 +292,73 @@ fn greedy_is_deterministic_and_sampling_is_seeded() {
     let c = run(&p);
     assert_ne!(a.0, c.0, "another seed should sample differently");
     assert_eq!(a.0.len(), 7, "max_new_tokens 8 without EOS gives 7 frames");
+}
+
+#[test]
+fn tokenizer_json_is_preferred_and_equivalent() {
+    use gstomnitts::models::qwen3_tts::tokenizer::TextTokenizer;
+    for s in suites() {
+        let vm = TextTokenizer::from_vocab_merges(&s.ckpt_dir).unwrap();
+        let tmp = broken_checkpoint(&s.ckpt_dir, &format!("tokjson-{}", s.name), |_| {});
+        std::fs::write(tmp.0.join("tokenizer.json"), vm.to_json().unwrap()).unwrap();
+        // Without vocab/merges, only tokenizer.json can serve.
+        std::fs::remove_file(tmp.0.join("vocab.json")).unwrap();
+        std::fs::remove_file(tmp.0.join("merges.txt")).unwrap();
+        let tj = TextTokenizer::from_dir(&tmp.0).unwrap();
+        assert!(TextTokenizer::from_vocab_merges(&tmp.0).is_err());
+        for case in s.json["cases"].as_array().unwrap() {
+            let text = case["target_text"].as_str().unwrap();
+            assert_eq!(tj.encode(text).unwrap(), ids(&case["input_ids"]));
+            assert_eq!(vm.encode(text).unwrap(), ids(&case["input_ids"]));
+        }
+    }
+}
+
+#[test]
+fn tokenizer_matches_reference_strings() {
+    use gstomnitts::models::qwen3_tts::tokenizer::TextTokenizer;
+    let path = fixtures_dir().join("reference/tokenizer.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let dir = fixtures_dir().join(v["tokenizer_dir"].as_str().unwrap());
+    let tk = TextTokenizer::from_vocab_merges(&dir).unwrap();
+    let cases = v["cases"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        assert_eq!(tk.encode(text).unwrap(), ids(&c["ids"]), "{text:?}");
+    }
+    for t in v["added_tokens"].as_array().unwrap() {
+        let content = t["content"].as_str().unwrap();
+        assert_eq!(
+            tk.token_to_id(content),
+            Some(t["id"].as_u64().unwrap() as u32),
+            "{content}"
+        );
+    }
+}
+
+#[test]
+fn bf16_weights_run() {
+    let dir = customvoice_dir();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let m = ArModel::load(&ckpt, &Device::Cpu, DType::BF16).unwrap();
+    let mut p = SamplingParams::from_generation_config(&ckpt.generation).greedy();
+    p.max_new_tokens = 6;
+    let r = VoiceRequest {
+        text: "Hello world.".into(),
+        speaker: Some("serena".into()),
+        language: Some("english".into()),
+        ..Default::default()
+    };
+    let mut sess = m.start(&r, &p).unwrap();
+    assert_eq!(sess.prefill_embeds().dtype(), DType::BF16);
+    let (frames, reason) = sess.run_to_end().unwrap();
+    assert!(frames.len() >= 2 || reason == FinishReason::Length);
+    assert!(
+        frames
+            .iter()
+            .all(|f| f.len() == 16 && f.iter().all(|&c| c < 2048))
+    );
 }
 
 // ---------- error paths ----------

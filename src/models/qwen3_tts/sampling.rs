@@ -290,7 +290,8 @@ mod tests {
             top_p: 1.0,
         };
         let mut rng = ChaCha20Rng::seed_from_u64(0);
-        assert_eq!(greedy.choose(&mut a, &mut rng), 0);
+        // 5.0 / 1.05 = 4.76 < 4.9: the penalty moves the argmax from 0 to 1.
+        assert_eq!(greedy.choose(&mut a, &mut rng), 1);
         let mut b = l.clone();
         p.apply(&mut b, &[0, 0]);
         assert_eq!(greedy.choose(&mut b, &mut rng), 8); // EOS allowed after 2 tokens

@@ -161,6 +161,13 @@ impl TextTokenizer {
             .map_err(|e| ModelError::Tokenizer(format!("decoding {ids:?}: {e}")))
     }
 
+    /// The tokenizer serialised in the `tokenizer.json` format.
+    pub fn to_json(&self) -> Result<String, ModelError> {
+        self.inner
+            .to_string(false)
+            .map_err(|e| ModelError::Tokenizer(format!("serialising: {e}")))
+    }
+
     /// The id of a token string, if it is in the vocabulary.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
