@@ -147,15 +147,44 @@ fn main() -> Result<()> {
 }
 
 /// Decodes `frames` with the stage-1 codec decoder and writes a mono 32-bit float WAV.
+///
+/// Stage 1 (`Code2Wav`, src/models/qwen3_tts/code2wav.rs) is developed on another branch; at
+/// merge this becomes:
+/// `let c2w = Code2Wav::load(model_dir, dev)?;`
+/// `write_pcm(path, &c2w.decode(frames)?, c2w.sample_rate())`.
 fn write_wav(
     model_dir: &std::path::Path,
     dev: &Device,
     frames: &[Vec<u32>],
     path: &std::path::Path,
 ) -> Result<()> {
-    let _ = (model_dir, dev, frames);
+    let _ = (model_dir, dev, frames, write_pcm);
     bail!(
         "{}: WAV output needs Code2Wav (stage 1), which is not on this branch yet",
         path.display()
     )
+}
+
+/// Writes `samples` (mono, [-1, 1]) as a 32-bit float WAV at `sample_rate` Hz.
+fn write_pcm(path: &std::path::Path, samples: &[f32], sample_rate: u32) -> Result<()> {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate,
+        bits_per_sample: 32,
+        sample_format: hound::SampleFormat::Float,
+    };
+    let mut w = hound::WavWriter::create(path, spec)
+        .with_context(|| format!("creating {}", path.display()))?;
+    for &x in samples {
+        w.write_sample(x)?;
+    }
+    w.finalize()
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "wav: {} ({} samples, {:.2} s)",
+        path.display(),
+        samples.len(),
+        samples.len() as f64 / sample_rate as f64
+    );
+    Ok(())
 }
