@@ -32,7 +32,7 @@ pub enum WeightError {
         file: PathBuf,
         name: String,
         #[source]
-        source: candle_core::Error,
+        source: Box<candle_core::Error>,
     },
 }
 
@@ -72,7 +72,7 @@ impl Weights {
         .map_err(|source| WeightError::Load {
             file: display.to_path_buf(),
             name: String::new(),
-            source,
+            source: Box::new(source),
         })?;
         Ok(Self {
             source: Arc::new(Source {
@@ -170,7 +170,7 @@ impl Weights {
         load().map_err(|source| WeightError::Load {
             file,
             name: full.clone(),
-            source,
+            source: Box::new(source),
         })
     }
 

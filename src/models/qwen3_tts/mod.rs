@@ -239,7 +239,7 @@ impl SamplingParams {
         if self.max_new_tokens == 0 {
             return Err(bad("max_new_tokens", "0".into(), "must be at least 1"));
         }
-        if !(self.repetition_penalty > 0.0) {
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
             return Err(bad(
                 "repetition_penalty",
                 self.repetition_penalty.to_string(),
