@@ -1,2 +1,19 @@
 //! Layers shared by the models: attention with KV cache, RoPE, RMSNorm, causal (transposed)
 //! convolutions with streaming state, SnakeBeta.
+//!
+//! Every layer takes its device and dtype from the weights it is built from; computations that the
+//! reference runs in f32 (RMSNorm statistics, RoPE tables, attention softmax) upcast internally.
+
+pub mod attention;
+pub mod mlp;
+pub mod rms_norm;
+pub mod rope;
+pub mod transformer;
+pub mod weights;
+
+pub use attention::{Attention, KvCache};
+pub use mlp::Mlp;
+pub use rms_norm::RmsNorm;
+pub use rope::RotaryEmbedding;
+pub use transformer::{DecoderLayer, LayerCaches, TransformerConfig};
+pub use weights::{WeightError, Weights};

@@ -1,7 +1,12 @@
 //! Qwen3-TTS (12 Hz family) in candle, loading the published checkpoints unchanged.
 //!
-//! Reference: QwenLM/Qwen3-TTS `qwen_tts/core/models/modeling_qwen3_tts.py` and
-//! `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`.
+//! Stage 0 ([`ArModel`]): text tokenizer, dual-track prompt, talker and code predictor, producing
+//! codec frames of `num_code_groups` codes. Stage 1 (`code2wav`): the codec decoder.
+//!
+//! Reference: QwenLM/Qwen3-TTS `qwen_tts/core/models/modeling_qwen3_tts.py`,
+//! `qwen_tts/inference/qwen3_tts_model.py` and
+//! `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`; the spec is
+//! docs/qwen3-tts.md.
 
 pub mod code2wav;
 pub mod code_predictor;
@@ -10,3 +15,552 @@ pub mod prompt;
 pub mod sampling;
 pub mod talker;
 pub mod tokenizer;
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+
+pub use config::{GenerationConfig, ModelVariant, Qwen3TtsConfig};
+pub use prompt::{Prompt, PromptRow, ResolvedRequest};
+
+use crate::nn::{LayerCaches, WeightError, Weights};
+use code_predictor::CodePredictor;
+use sampling::{TalkerProcessors, TokenChooser};
+use talker::Talker;
+use tokenizer::TextTokenizer;
+
+/// Errors of loading and running the model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid JSON: {msg}")]
+    Json { path: PathBuf, msg: String },
+    #[error("{file}: missing tensor `{name}`")]
+    MissingTensor { file: PathBuf, name: String },
+    #[error("{file}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
+    Shape {
+        file: PathBuf,
+        name: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    #[error("{file}: field `{field}`: {msg}")]
+    Config {
+        file: PathBuf,
+        field: String,
+        msg: String,
+    },
+    #[error("invalid request: {field} = {value:?}: {msg}")]
+    InvalidRequest {
+        field: String,
+        value: String,
+        msg: String,
+    },
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}
+
+impl From<WeightError> for ModelError {
+    fn from(e: WeightError) -> Self {
+        match e {
+            WeightError::Missing { file, name } => ModelError::MissingTensor { file, name },
+            WeightError::Shape {
+                file,
+                name,
+                expected,
+                got,
+            } => ModelError::Shape {
+                file,
+                name,
+                expected,
+                got,
+            },
+            WeightError::Load { file, name, source } => ModelError::Candle(
+                candle_core::Error::Msg(format!("{}: tensor `{name}`: {source}", file.display())),
+            ),
+        }
+    }
+}
+
+/// A checkpoint directory, JSON parsed and validated (no weights loaded yet).
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub config: Qwen3TtsConfig,
+    pub generation: GenerationConfig,
+}
+
+impl Checkpoint {
+    /// Reads `config.json` and `generation_config.json` (both required, as in the reference).
+    pub fn open(dir: &Path) -> Result<Checkpoint, ModelError> {
+        let config = Qwen3TtsConfig::from_file(&dir.join("config.json"))?;
+        let generation = GenerationConfig::from_file(&dir.join("generation_config.json"))?;
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            config,
+            generation,
+        })
+    }
+
+    /// The weight files: `model.safetensors`, or the shards listed by
+    /// `model.safetensors.index.json`. Returns `(files, path for messages)`.
+    fn weight_files(&self) -> Result<(Vec<PathBuf>, PathBuf), ModelError> {
+        let single = self.dir.join("model.safetensors");
+        if single.is_file() {
+            return Ok((vec![single.clone()], single));
+        }
+        let index = self.dir.join("model.safetensors.index.json");
+        if index.is_file() {
+            let v = config::read_json(&index)?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::Config {
+                    file: index.clone(),
+                    field: "weight_map".into(),
+                    msg: "missing or not an object".into(),
+                })?;
+            let mut files: Vec<PathBuf> = Vec::new();
+            for (name, f) in map {
+                let f = f.as_str().ok_or_else(|| ModelError::Config {
+                    file: index.clone(),
+                    field: format!("weight_map.{name}"),
+                    msg: "expected a file name".into(),
+                })?;
+                let p = self.dir.join(f);
+                if !files.contains(&p) {
+                    files.push(p);
+                }
+            }
+            files.sort();
+            return Ok((files, index));
+        }
+        Err(ModelError::Io {
+            path: single,
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no model weights"),
+        })
+    }
+}
+
+/// Where the text goes: all in the prefill (`NonStreaming`) or one token per frame (`Streaming`,
+/// the reference's `non_streaming_mode=False`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PromptMode {
+    Streaming,
+    NonStreaming,
+}
+
+impl std::str::FromStr for PromptMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().replace('_', "-").as_str() {
+            "streaming" => Ok(PromptMode::Streaming),
+            "non-streaming" | "nonstreaming" => Ok(PromptMode::NonStreaming),
+            other => Err(format!(
+                "unknown prompt mode {other:?} (streaming | non-streaming)"
+            )),
+        }
+    }
+}
+
+/// What to say and how. `None` fields take the reference default for the variant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VoiceRequest {
+    pub text: String,
+    /// CustomVoice preset speaker (case-insensitive). `None`/empty: no speaker row.
+    pub speaker: Option<String>,
+    /// Language (case-insensitive); `None` = `auto`.
+    pub language: Option<String>,
+    /// Instruct / voice description (CustomVoice 1.7B, VoiceDesign); ignored for 0.6B
+    /// CustomVoice like the reference wrapper.
+    pub instruct: Option<String>,
+    /// `None` = the variant's reference default (non-streaming for CustomVoice/VoiceDesign).
+    pub prompt_mode: Option<PromptMode>,
+}
+
+/// Decoding parameters (reference `generate` kwargs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    pub do_sample: bool,
+    pub temperature: f64,
+    pub top_k: usize,
+    pub top_p: f64,
+    pub repetition_penalty: f64,
+    pub subtalker_do_sample: bool,
+    pub subtalker_temperature: f64,
+    pub subtalker_top_k: usize,
+    pub subtalker_top_p: f64,
+    /// Maximum codebook-0 tokens sampled (frames = tokens − 1 when the limit is hit).
+    pub max_new_tokens: usize,
+    /// Seed of the ChaCha20 stream used for all sampling of one utterance.
+    pub seed: u64,
+}
+
+impl SamplingParams {
+    /// The checkpoint's `generation_config.json` values (seed 0).
+    pub fn from_generation_config(g: &GenerationConfig) -> Self {
+        Self {
+            do_sample: g.do_sample,
+            temperature: g.temperature,
+            top_k: g.top_k,
+            top_p: g.top_p,
+            repetition_penalty: g.repetition_penalty,
+            subtalker_do_sample: g.subtalker_dosample,
+            subtalker_temperature: g.subtalker_temperature,
+            subtalker_top_k: g.subtalker_top_k,
+            subtalker_top_p: g.subtalker_top_p,
+            max_new_tokens: g.max_new_tokens,
+            seed: 0,
+        }
+    }
+
+    /// Greedy for both the talker and the code predictor (the exact-parity setting).
+    pub fn greedy(mut self) -> Self {
+        self.do_sample = false;
+        self.subtalker_do_sample = false;
+        self
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        let bad = |field: &str, value: String, msg: &str| ModelError::InvalidRequest {
+            field: field.into(),
+            value,
+            msg: msg.into(),
+        };
+        if self.max_new_tokens == 0 {
+            return Err(bad("max_new_tokens", "0".into(), "must be at least 1"));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return Err(bad(
+                "repetition_penalty",
+                self.repetition_penalty.to_string(),
+                "must be > 0",
+            ));
+        }
+        for (on, name, t, p) in [
+            (self.do_sample, "", self.temperature, self.top_p),
+            (
+                self.subtalker_do_sample,
+                "subtalker_",
+                self.subtalker_temperature,
+                self.subtalker_top_p,
+            ),
+        ] {
+            if on && !(t > 0.0 && t.is_finite()) {
+                return Err(bad(
+                    &format!("{name}temperature"),
+                    t.to_string(),
+                    "must be > 0 when sampling",
+                ));
+            }
+            if on && !(p > 0.0 && p <= 1.0) {
+                return Err(bad(
+                    &format!("{name}top_p"),
+                    p.to_string(),
+                    "must be in (0, 1]",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why an utterance ended (model level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// Codebook 0 produced the codec EOS id.
+    Eos,
+    /// `max_new_tokens` codebook-0 tokens were sampled.
+    Length,
+}
+
+/// Result of one [`ArSession::next_frame`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArStep {
+    /// One codec frame: `num_code_groups` codes, each below the codebook size.
+    Frame(Vec<u32>),
+    Finished(FinishReason),
+}
+
+/// Stage 0: talker + code predictor + text tokenizer, on one device/dtype.
+pub struct ArModel {
+    config: Qwen3TtsConfig,
+    tokenizer: TextTokenizer,
+    talker: Talker,
+    code_predictor: CodePredictor,
+    /// `T(tts_pad)`, `T(tts_bos)`, `T(tts_eos)`: `[1, hidden]` each, computed once.
+    tts_pad_embed: Tensor,
+    device: Device,
+    dtype: DType,
+}
+
+impl ArModel {
+    /// Loads the tokenizer and the `talker.*` weights (converted to `dtype`) onto `device`.
+    /// Unknown tensors (e.g. `speaker_encoder.*`) are ignored; a missing tensor or a wrong shape
+    /// is an error naming the file and tensor.
+    pub fn load(ckpt: &Checkpoint, device: &Device, dtype: DType) -> Result<ArModel, ModelError> {
+        let config = ckpt.config.clone();
+        let tokenizer = TextTokenizer::from_dir(&ckpt.dir)?;
+        let (files, display) = ckpt.weight_files()?;
+        let w = Weights::from_files(&files, &display, device, dtype)?;
+        let talker = Talker::new(&config.talker_config, &w.pp("talker"))?;
+        let code_predictor =
+            CodePredictor::new(&config.talker_config, &w.pp("talker.code_predictor"))?;
+        let tts_pad_embed = talker.text_embed(&[config.tts_pad_token_id])?;
+        Ok(ArModel {
+            config,
+            tokenizer,
+            talker,
+            code_predictor,
+            tts_pad_embed,
+            device: device.clone(),
+            dtype,
+        })
+    }
+
+    pub fn config(&self) -> &Qwen3TtsConfig {
+        &self.config
+    }
+
+    pub fn variant(&self) -> ModelVariant {
+        self.config.variant
+    }
+
+    pub fn num_code_groups(&self) -> usize {
+        self.config.talker_config.num_code_groups
+    }
+
+    /// Preset speakers (lower case; empty unless CustomVoice).
+    pub fn speakers(&self) -> Vec<String> {
+        self.config.supported_speakers()
+    }
+
+    /// Accepted languages: `auto` plus the non-dialect languages (lower case).
+    pub fn languages(&self) -> Vec<String> {
+        self.config.supported_languages()
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tokenizer
+    }
+
+    /// Resolves, tokenizes and builds the prompt plan of `req` (no model computation).
+    pub fn plan(&self, req: &VoiceRequest) -> Result<Prompt, ModelError> {
+        if self.config.variant == ModelVariant::Base {
+            return Err(ModelError::InvalidRequest {
+                field: "model".into(),
+                value: self.config.tts_model_type.clone(),
+                msg: "Base (voice clone) prompts need reference audio, which is not supported yet"
+                    .into(),
+            });
+        }
+        let r = prompt::resolve(&self.config, req)?;
+        let input_ids = self.tokenizer.encode(&r.assistant_text)?;
+        let instruct_ids = match &r.instruct_text {
+            Some(t) => Some(self.tokenizer.encode(t)?),
+            None => None,
+        };
+        Prompt::build(&self.config, &r, input_ids, instruct_ids)
+    }
+
+    /// `[1, rows, hidden]`: `T(text) + C(codec)` for each prompt row.
+    pub fn prompt_embeds(&self, p: &Prompt) -> Result<Tensor, ModelError> {
+        let text_ids: Vec<u32> = p.rows.iter().map(|r| r.text).collect();
+        let text = self.talker.text_embed(&text_ids)?;
+        // Rows without a codec part add exact zeros (the reference adds nothing).
+        let codec_ids: Vec<u32> = p.rows.iter().map(|r| r.codec.unwrap_or(0)).collect();
+        let mask: Vec<f32> = p
+            .rows
+            .iter()
+            .map(|r| if r.codec.is_some() { 1.0 } else { 0.0 })
+            .collect();
+        let mask = Tensor::from_vec(mask, (p.rows.len(), 1), &self.device)?.to_dtype(self.dtype)?;
+        let codec = self.talker.codec_embed(&codec_ids)?.broadcast_mul(&mask)?;
+        Ok((text + codec)?.unsqueeze(0)?)
+    }
+
+    /// Validates the request (unknown speaker/language, empty text → [`ModelError::InvalidRequest`]
+    /// naming the field and value), tokenizes, builds the dual-track prompt and runs the prefill.
+    pub fn start(
+        &self,
+        req: &VoiceRequest,
+        sampling: &SamplingParams,
+    ) -> Result<ArSession<'_>, ModelError> {
+        sampling.validate()?;
+        let prompt = self.plan(req)?;
+        let prefill = self.prompt_embeds(&prompt)?;
+        let trailing = self.talker.text_embed(&prompt.trailing)?;
+        let mut cache = self
+            .talker
+            .new_cache(prompt.rows.len() + sampling.max_new_tokens.min(4096) + 1);
+        let (hidden, logits) = self.talker.forward(&prefill, &mut cache)?;
+        let tc = &self.config.talker_config;
+        Ok(ArSession {
+            model: self,
+            processors: TalkerProcessors {
+                repetition_penalty: sampling.repetition_penalty as f32,
+                min_new_tokens: 2,
+                eos: tc.codec_eos_token_id,
+            },
+            talker_chooser: TokenChooser {
+                do_sample: sampling.do_sample,
+                temperature: sampling.temperature as f32,
+                top_k: sampling.top_k,
+                top_p: sampling.top_p as f32,
+            },
+            cp_chooser: TokenChooser {
+                do_sample: sampling.subtalker_do_sample,
+                temperature: sampling.subtalker_temperature as f32,
+                top_k: sampling.subtalker_top_k,
+                top_p: sampling.subtalker_top_p as f32,
+            },
+            max_new_tokens: sampling.max_new_tokens,
+            rng: ChaCha20Rng::seed_from_u64(sampling.seed),
+            prompt,
+            prefill,
+            trailing,
+            cache,
+            cp_cache: self.code_predictor.new_cache(),
+            hidden,
+            logits,
+            history: Vec::new(),
+            frames: 0,
+            finished: None,
+        })
+    }
+}
+
+/// One utterance in progress: the talker KV cache and the sampling state.
+pub struct ArSession<'a> {
+    model: &'a ArModel,
+    processors: TalkerProcessors,
+    talker_chooser: TokenChooser,
+    cp_chooser: TokenChooser,
+    max_new_tokens: usize,
+    rng: ChaCha20Rng,
+    prompt: Prompt,
+    prefill: Tensor,
+    /// `[trailing.len(), hidden]`.
+    trailing: Tensor,
+    cache: LayerCaches,
+    cp_cache: LayerCaches,
+    /// Final-normed talker hidden state of the last position, `[1, 1, hidden]`.
+    hidden: Tensor,
+    /// Codec-head logits of the last position (f32).
+    logits: Vec<f32>,
+    /// Codebook-0 tokens sampled so far.
+    history: Vec<u32>,
+    frames: usize,
+    finished: Option<FinishReason>,
+}
+
+impl ArSession<'_> {
+    /// The prompt plan (token ids, rows, trailing text ids).
+    pub fn prompt_ids(&self) -> &Prompt {
+        &self.prompt
+    }
+
+    /// The prefill `inputs_embeds`, `[1, rows, hidden]` in the model dtype.
+    pub fn prefill_embeds(&self) -> &Tensor {
+        &self.prefill
+    }
+
+    /// The decode-time text vectors, `[trailing, hidden]`.
+    pub fn trailing_embeds(&self) -> &Tensor {
+        &self.trailing
+    }
+
+    pub fn frames_generated(&self) -> usize {
+        self.frames
+    }
+
+    /// Codebook-0 tokens sampled so far (frames plus a final EOS/limit token).
+    pub fn tokens_sampled(&self) -> usize {
+        self.history.len() + usize::from(self.finished == Some(FinishReason::Eos))
+    }
+
+    /// One AR step: `Ok(ArStep::Frame(codes))` with `codes.len() == num_code_groups`, or
+    /// `Ok(ArStep::Finished(reason))` (repeated on later calls). Frames exclude EOS; EOS is masked
+    /// until 2 tokens exist; when `max_new_tokens` tokens have been sampled the last one gets no
+    /// residual codes and is dropped (frames = tokens − 1), as in the reference.
+    pub fn next_frame(&mut self) -> Result<ArStep, ModelError> {
+        if let Some(r) = self.finished {
+            return Ok(ArStep::Finished(r));
+        }
+        let mut logits = std::mem::take(&mut self.logits);
+        self.processors.apply(&mut logits, &self.history);
+        let a0 = self.talker_chooser.choose(&mut logits, &mut self.rng);
+        if a0 == self.processors.eos {
+            self.finished = Some(FinishReason::Eos);
+            return Ok(ArStep::Finished(FinishReason::Eos));
+        }
+        self.history.push(a0);
+        if self.history.len() >= self.max_new_tokens {
+            self.finished = Some(FinishReason::Length);
+            return Ok(ArStep::Finished(FinishReason::Length));
+        }
+        let m = self.model;
+        let c0 = m.talker.codec_embed(&[a0])?; // [1, d]
+        let chooser = self.cp_chooser;
+        let rng = &mut self.rng;
+        let rest = m.code_predictor.generate(
+            &self.hidden,
+            &c0.unsqueeze(0)?,
+            &mut self.cp_cache,
+            |_, l| chooser.choose(l, rng),
+        )?;
+        let mut codes = Vec::with_capacity(m.num_code_groups());
+        codes.push(a0);
+        codes.extend_from_slice(&rest);
+
+        // Next input: C(a0) + Σ_q cp_table[q](a_{q+1}) + (trailing[n] or T(tts_pad)).
+        let mut parts = vec![c0];
+        for (q, &c) in rest.iter().enumerate() {
+            parts.push(m.code_predictor.codec_embed(q, c)?);
+        }
+        let sum = Tensor::cat(&parts, 0)?
+            .to_dtype(DType::F32)?
+            .sum_keepdim(0)?
+            .to_dtype(m.dtype)?;
+        let n = self.frames;
+        let text = if n < self.trailing.dim(0)? {
+            self.trailing.narrow(0, n, 1)?
+        } else {
+            m.tts_pad_embed.clone()
+        };
+        let input = (sum + text)?.unsqueeze(0)?;
+        let (hidden, logits) = m.talker.forward(&input, &mut self.cache)?;
+        self.hidden = hidden;
+        self.logits = logits;
+        self.frames += 1;
+        Ok(ArStep::Frame(codes))
+    }
+
+    /// Runs [`Self::next_frame`] to the end; returns the frames and the reason.
+    pub fn run_to_end(&mut self) -> Result<(Vec<Vec<u32>>, FinishReason), ModelError> {
+        let mut frames = Vec::new();
+        loop {
+            match self.next_frame()? {
+                ArStep::Frame(f) => frames.push(f),
+                ArStep::Finished(r) => return Ok((frames, r)),
+            }
+        }
+    }
+}

@@ -1,1 +1,141 @@
-//! (in progress)
+//! The talker: a Qwen3 decoder over summed text + codec embeddings with a codec head
+//! (reference `Qwen3TTSTalkerForConditionalGeneration` / `Qwen3TTSTalkerModel`; qwen3-tts.md §3).
+//! Weight prefix `talker.`.
+
+use candle_core::{DType, Device, Module, Result, Tensor};
+use candle_nn::{Embedding, Linear};
+
+use super::config::TalkerConfig;
+use crate::nn::{DecoderLayer, LayerCaches, RmsNorm, RotaryEmbedding, WeightError, Weights};
+
+/// `talker.model`: embeddings, decoder layers and final norm.
+#[derive(Debug, Clone)]
+pub struct TalkerModel {
+    /// `[text_vocab_size, text_hidden_size]`.
+    pub text_embedding: Embedding,
+    /// `[vocab_size, hidden]`: codebook-0 codes, control tags, languages, speakers.
+    pub codec_embedding: Embedding,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+}
+
+impl TalkerModel {
+    pub fn new(cfg: &TalkerConfig, vb: &Weights) -> std::result::Result<Self, WeightError> {
+        let t = &cfg.transformer;
+        let layers = (0..t.num_hidden_layers)
+            .map(|i| DecoderLayer::new(t, &vb.pp(format!("layers.{i}"))))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Self {
+            text_embedding: vb.embedding(
+                cfg.text_vocab_size,
+                cfg.text_hidden_size,
+                "text_embedding",
+            )?,
+            codec_embedding: vb.embedding(cfg.vocab_size, t.hidden_size, "codec_embedding")?,
+            layers,
+            norm: RmsNorm::new(t.hidden_size, t.rms_norm_eps, &vb.pp("norm"))?,
+        })
+    }
+}
+
+/// `talker.text_projection` (reference `Qwen3TTSTalkerResizeMLP`):
+/// `linear_fc2(silu(linear_fc1(x)))`, both with bias;
+/// fc1 `[text_hidden, text_hidden]`, fc2 `[hidden, text_hidden]`.
+#[derive(Debug, Clone)]
+pub struct TextProjection {
+    pub linear_fc1: Linear,
+    pub linear_fc2: Linear,
+}
+
+impl TextProjection {
+    pub fn new(cfg: &TalkerConfig, vb: &Weights) -> std::result::Result<Self, WeightError> {
+        let th = cfg.text_hidden_size;
+        Ok(Self {
+            linear_fc1: vb.linear(th, th, true, "linear_fc1")?,
+            linear_fc2: vb.linear(th, cfg.transformer.hidden_size, true, "linear_fc2")?,
+        })
+    }
+
+    /// `[.., text_hidden]` → `[.., hidden]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = candle_nn::ops::silu(&self.linear_fc1.forward(x)?)?;
+        self.linear_fc2.forward(&h)
+    }
+}
+
+/// The talker (without its code predictor, see `code_predictor.rs`).
+#[derive(Debug, Clone)]
+pub struct Talker {
+    pub model: TalkerModel,
+    pub text_projection: TextProjection,
+    /// `[vocab_size, hidden]`, no bias.
+    pub codec_head: Linear,
+    rope: RotaryEmbedding,
+    cfg: TalkerConfig,
+    device: Device,
+}
+
+impl Talker {
+    /// Loads at `vb` = the `talker` prefix.
+    pub fn new(cfg: &TalkerConfig, vb: &Weights) -> std::result::Result<Self, WeightError> {
+        let t = &cfg.transformer;
+        Ok(Self {
+            model: TalkerModel::new(cfg, &vb.pp("model"))?,
+            text_projection: TextProjection::new(cfg, &vb.pp("text_projection"))?,
+            codec_head: vb.linear(t.hidden_size, cfg.vocab_size, false, "codec_head")?,
+            rope: RotaryEmbedding::new(t.head_dim, t.rope_theta, vb.device()),
+            cfg: cfg.clone(),
+            device: vb.device().clone(),
+        })
+    }
+
+    pub fn config(&self) -> &TalkerConfig {
+        &self.cfg
+    }
+
+    pub fn hidden_size(&self) -> usize {
+        self.cfg.transformer.hidden_size
+    }
+
+    fn ids_tensor(&self, ids: &[u32], limit: usize, what: &str) -> Result<Tensor> {
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= limit) {
+            candle_core::bail!("{what} id {bad} is outside the table of {limit} rows");
+        }
+        Tensor::new(ids, &self.device)
+    }
+
+    /// `T(ids)`: text embedding + text projection. Returns `[ids.len(), hidden]`.
+    pub fn text_embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let ids = self.ids_tensor(ids, self.cfg.text_vocab_size, "text")?;
+        self.text_projection
+            .forward(&self.model.text_embedding.forward(&ids)?)
+    }
+
+    /// `C(ids)`: rows of the codec embedding. Returns `[ids.len(), hidden]`.
+    pub fn codec_embed(&self, ids: &[u32]) -> Result<Tensor> {
+        let ids = self.ids_tensor(ids, self.cfg.vocab_size, "codec")?;
+        self.model.codec_embedding.forward(&ids)
+    }
+
+    /// A fresh KV cache for one utterance.
+    pub fn new_cache(&self, capacity_hint: usize) -> LayerCaches {
+        LayerCaches::new(self.cfg.transformer.num_hidden_layers, capacity_hint)
+    }
+
+    /// Runs `embeds` (`[1, t, hidden]`, the model dtype) at the next positions of `cache`.
+    /// Returns the final-normed hidden state of the last position (`[1, 1, hidden]`) and the
+    /// codec-head logits of that position as f32 (`vocab_size` values).
+    pub fn forward(&self, embeds: &Tensor, cache: &mut LayerCaches) -> Result<(Tensor, Vec<f32>)> {
+        let t = embeds.dim(1)?;
+        let h = cache.run(&self.model.layers, &self.rope, embeds)?;
+        let last = h.narrow(1, t - 1, 1)?;
+        let last = self.model.norm.forward(&last)?;
+        let logits = self
+            .codec_head
+            .forward(&last)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        Ok((last, logits))
+    }
+}

@@ -1,0 +1,190 @@
+//! Command-line synthesis with the stage-0 model (talker + code predictor).
+//!
+//! ```sh
+//! cargo run --release --example synth -- --model DIR --text "Hello." --speaker vivian \
+//!     --language english --codes-out codes.json --wav-out out.wav
+//! ```
+//!
+//! Unset options default like the reference's generate call for the checkpoint's variant
+//! (`generation_config.json` sampling, `auto` language, non-streaming prompt for
+//! CustomVoice/VoiceDesign). Writes the codes as JSON (array of frames, `num_code_groups` ints
+//! each, EOS excluded) and a 24 kHz mono WAV decoded by `Code2Wav`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use candle_core::{DType, Device};
+use clap::Parser;
+use gstomnitts::models::qwen3_tts::{
+    ArModel, ArStep, Checkpoint, PromptMode, SamplingParams, VoiceRequest,
+};
+
+#[derive(Parser, Debug)]
+#[command(about = "Qwen3-TTS synthesis (stage 0 + codec decode)")]
+struct Args {
+    /// Checkpoint directory (config.json, generation_config.json, model.safetensors, ...).
+    #[arg(long)]
+    model: PathBuf,
+    /// Text to speak.
+    #[arg(long)]
+    text: String,
+    /// CustomVoice preset speaker (case-insensitive).
+    #[arg(long)]
+    speaker: Option<String>,
+    /// Language (case-insensitive); default `auto`.
+    #[arg(long)]
+    language: Option<String>,
+    /// Instruct / voice description (CustomVoice 1.7B, VoiceDesign).
+    #[arg(long)]
+    instruct: Option<String>,
+    /// Greedy decoding for both the talker and the code predictor.
+    #[arg(long)]
+    greedy: bool,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Maximum codebook-0 tokens (default: generation_config.json).
+    #[arg(long)]
+    max_new_tokens: Option<usize>,
+    /// `streaming` or `non-streaming` (default: the variant's reference default).
+    #[arg(long)]
+    prompt_mode: Option<PromptMode>,
+    /// Compute dtype of the weights: f32, bf16 or f16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Where to write the codes JSON.
+    #[arg(long)]
+    codes_out: PathBuf,
+    /// Where to write the 24 kHz mono WAV.
+    #[arg(long)]
+    wav_out: Option<PathBuf>,
+}
+
+fn device(spec: &str) -> Result<Device> {
+    if spec == "cpu" {
+        return Ok(Device::Cpu);
+    }
+    if let Some(i) = spec.strip_prefix("cuda:") {
+        let i: usize = i.parse().with_context(|| format!("device {spec:?}"))?;
+        return Ok(Device::new_cuda(i)?);
+    }
+    bail!("unknown device {spec:?} (cpu | cuda:N)")
+}
+
+fn dtype(s: &str) -> Result<DType> {
+    Ok(match s {
+        "f32" => DType::F32,
+        "bf16" => DType::BF16,
+        "f16" => DType::F16,
+        other => bail!("unknown dtype {other:?} (f32 | bf16 | f16)"),
+    })
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let dev = device(&args.device)?;
+    let ckpt = Checkpoint::open(&args.model)?;
+    let t0 = Instant::now();
+    let model = ArModel::load(&ckpt, &dev, dtype(&args.dtype)?)?;
+    eprintln!(
+        "loaded {} ({}) in {:.2} s",
+        args.model.display(),
+        model.variant(),
+        t0.elapsed().as_secs_f64()
+    );
+
+    let mut sampling = SamplingParams::from_generation_config(&ckpt.generation);
+    sampling.seed = args.seed;
+    if let Some(n) = args.max_new_tokens {
+        sampling.max_new_tokens = n;
+    }
+    if args.greedy {
+        sampling = sampling.greedy();
+    }
+    let req = VoiceRequest {
+        text: args.text.clone(),
+        speaker: args.speaker.clone(),
+        language: args.language.clone(),
+        instruct: args.instruct.clone(),
+        prompt_mode: args.prompt_mode,
+    };
+
+    let t1 = Instant::now();
+    let mut session = model.start(&req, &sampling)?;
+    let mut frames: Vec<Vec<u32>> = Vec::new();
+    let reason = loop {
+        match session.next_frame()? {
+            ArStep::Frame(f) => frames.push(f),
+            ArStep::Finished(r) => break r,
+        }
+    };
+    let ar_s = t1.elapsed().as_secs_f64();
+
+    let json = serde_json::to_string(&frames)?;
+    std::fs::write(&args.codes_out, json)
+        .with_context(|| format!("writing {}", args.codes_out.display()))?;
+
+    // 12.5 frames per second (1920 samples at 24 kHz) for every released codec.
+    let audio_s = frames.len() as f64 * 0.08;
+    println!("frames: {}", frames.len());
+    println!("audio seconds: {audio_s:.2}");
+    println!(
+        "wall time: {:.2} s (stage 0: {:.2} s, {:.1} ms/frame)",
+        t0.elapsed().as_secs_f64(),
+        ar_s,
+        1000.0 * ar_s / frames.len().max(1) as f64
+    );
+    println!("finish reason: {reason:?}");
+
+    if let Some(wav) = &args.wav_out {
+        write_wav(&args.model, &dev, &frames, wav)?;
+    }
+    Ok(())
+}
+
+/// Decodes `frames` with the stage-1 codec decoder and writes a mono 32-bit float WAV.
+///
+/// Stage 1 (`Code2Wav`, src/models/qwen3_tts/code2wav.rs) is developed on another branch; at
+/// merge this becomes:
+/// `let c2w = Code2Wav::load(model_dir, dev)?;`
+/// `write_pcm(path, &c2w.decode(frames)?, c2w.sample_rate())`.
+fn write_wav(
+    model_dir: &std::path::Path,
+    dev: &Device,
+    frames: &[Vec<u32>],
+    path: &std::path::Path,
+) -> Result<()> {
+    let _ = (model_dir, dev, frames, write_pcm);
+    bail!(
+        "{}: WAV output needs Code2Wav (stage 1), which is not on this branch yet",
+        path.display()
+    )
+}
+
+/// Writes `samples` (mono, [-1, 1]) as a 32-bit float WAV at `sample_rate` Hz.
+fn write_pcm(path: &std::path::Path, samples: &[f32], sample_rate: u32) -> Result<()> {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate,
+        bits_per_sample: 32,
+        sample_format: hound::SampleFormat::Float,
+    };
+    let mut w = hound::WavWriter::create(path, spec)
+        .with_context(|| format!("creating {}", path.display()))?;
+    for &x in samples {
+        w.write_sample(x)?;
+    }
+    w.finalize()
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "wav: {} ({} samples, {:.2} s)",
+        path.display(),
+        samples.len(),
+        samples.len() as f64 / sample_rate as f64
+    );
+    Ok(())
+}
