@@ -590,3 +590,206 @@ fn non_finite_output_is_an_error() {
     assert!(e.to_string().contains("not finite"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Real-size decoder (docs/qwen3-tts.md §1.5 values) with seeded random weights, for timing.
+/// Writes ~460 MB to the temp dir. Run:
+/// `CARGO_TARGET_DIR=/work/target cargo test --release --test code2wav real_size_speed -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn real_size_speed() {
+    let dev = Device::Cpu;
+    let dir = std::env::temp_dir().join(format!("code2wav-real-{}", std::process::id()));
+    let st = dir.join("speech_tokenizer");
+    std::fs::create_dir_all(&st).unwrap();
+    let cfg = serde_json::json!({
+        "decode_upsample_rate": 1920, "output_sample_rate": 24000,
+        "decoder_config": {
+            "codebook_size": 2048, "codebook_dim": 512, "latent_dim": 1024, "hidden_size": 512,
+            "intermediate_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
+            "num_key_value_heads": 16, "head_dim": 64, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+            "rope_theta": 10000, "sliding_window": 72, "num_quantizers": 16,
+            "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "decoder_dim": 1536
+        }
+    });
+    std::fs::write(st.join("config.json"), cfg.to_string()).unwrap();
+    let mut t: HashMap<String, Tensor> = HashMap::new();
+    let mut add = |name: String, shape: &[usize], fan_in: usize, mean: f64| {
+        let std = if fan_in == 0 {
+            0.1
+        } else {
+            1.0 / (fan_in as f64).sqrt()
+        };
+        t.insert(
+            name,
+            Tensor::randn(mean as f32, std as f32, shape, &dev).unwrap(),
+        );
+    };
+    let p = "decoder";
+    for (g, n) in [("rvq_first", 1), ("rvq_rest", 15)] {
+        for i in 0..n {
+            add(
+                format!("{p}.quantizer.{g}.vq.layers.{i}._codebook.embedding_sum"),
+                &[2048, 256],
+                0,
+                0.0,
+            );
+            add(
+                format!("{p}.quantizer.{g}.vq.layers.{i}._codebook.cluster_usage"),
+                &[2048],
+                0,
+                1.0,
+            );
+        }
+        add(
+            format!("{p}.quantizer.{g}.output_proj.weight"),
+            &[512, 256, 1],
+            256,
+            0.0,
+        );
+    }
+    add(
+        format!("{p}.pre_conv.conv.weight"),
+        &[1024, 512, 3],
+        1536,
+        0.0,
+    );
+    add(format!("{p}.pre_conv.conv.bias"), &[1024], 0, 0.0);
+    let tp = format!("{p}.pre_transformer");
+    add(format!("{tp}.input_proj.weight"), &[512, 1024], 1024, 0.0);
+    add(format!("{tp}.input_proj.bias"), &[512], 0, 0.0);
+    add(format!("{tp}.output_proj.weight"), &[1024, 512], 512, 0.0);
+    add(format!("{tp}.output_proj.bias"), &[1024], 0, 0.0);
+    add(format!("{tp}.norm.weight"), &[512], 0, 1.0);
+    for l in 0..8 {
+        let lp = format!("{tp}.layers.{l}");
+        for n in ["q", "k", "v"] {
+            add(
+                format!("{lp}.self_attn.{n}_proj.weight"),
+                &[1024, 512],
+                512,
+                0.0,
+            );
+        }
+        add(
+            format!("{lp}.self_attn.o_proj.weight"),
+            &[512, 1024],
+            1024,
+            0.0,
+        );
+        add(format!("{lp}.mlp.gate_proj.weight"), &[1024, 512], 512, 0.0);
+        add(format!("{lp}.mlp.up_proj.weight"), &[1024, 512], 512, 0.0);
+        add(
+            format!("{lp}.mlp.down_proj.weight"),
+            &[512, 1024],
+            1024,
+            0.0,
+        );
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            add(format!("{lp}.{n}.weight"), &[512], 0, 1.0);
+        }
+        for n in ["self_attn_layer_scale", "mlp_layer_scale"] {
+            add(format!("{lp}.{n}.scale"), &[512], 0, 0.3);
+        }
+    }
+    for i in 0..2 {
+        let up = format!("{p}.upsample.{i}");
+        add(format!("{up}.0.conv.weight"), &[1024, 1024, 2], 1024, 0.0);
+        add(format!("{up}.0.conv.bias"), &[1024], 0, 0.0);
+        add(format!("{up}.1.dwconv.conv.weight"), &[1024, 1, 7], 7, 0.0);
+        add(format!("{up}.1.dwconv.conv.bias"), &[1024], 0, 0.0);
+        add(format!("{up}.1.norm.weight"), &[1024], 0, 1.0);
+        add(format!("{up}.1.norm.bias"), &[1024], 0, 0.0);
+        add(format!("{up}.1.pwconv1.weight"), &[4096, 1024], 1024, 0.0);
+        add(format!("{up}.1.pwconv1.bias"), &[4096], 0, 0.0);
+        add(format!("{up}.1.pwconv2.weight"), &[1024, 4096], 4096, 0.0);
+        add(format!("{up}.1.pwconv2.bias"), &[1024], 0, 0.0);
+        add(format!("{up}.1.gamma"), &[1024], 0, 0.3);
+    }
+    add(
+        format!("{p}.decoder.0.conv.weight"),
+        &[1536, 1024, 7],
+        7168,
+        0.0,
+    );
+    add(format!("{p}.decoder.0.conv.bias"), &[1536], 0, 0.0);
+    for (b, (rate, cin)) in [(8, 1536), (5, 768), (4, 384), (3, 192)]
+        .into_iter()
+        .enumerate()
+    {
+        let bp = format!("{p}.decoder.{}.block", b + 1);
+        let cout = cin / 2;
+        add(format!("{bp}.0.alpha"), &[cin], 0, 0.0);
+        add(format!("{bp}.0.beta"), &[cin], 0, 0.0);
+        add(
+            format!("{bp}.1.conv.weight"),
+            &[cin, cout, 2 * rate],
+            cin * 2,
+            0.0,
+        );
+        add(format!("{bp}.1.conv.bias"), &[cout], 0, 0.0);
+        for u in 2..5 {
+            for a in ["act1", "act2"] {
+                add(format!("{bp}.{u}.{a}.alpha"), &[cout], 0, 0.0);
+                add(format!("{bp}.{u}.{a}.beta"), &[cout], 0, 0.0);
+            }
+            add(
+                format!("{bp}.{u}.conv1.conv.weight"),
+                &[cout, cout, 7],
+                cout * 7,
+                0.0,
+            );
+            add(format!("{bp}.{u}.conv1.conv.bias"), &[cout], 0, 0.0);
+            add(
+                format!("{bp}.{u}.conv2.conv.weight"),
+                &[cout, cout, 1],
+                cout,
+                0.0,
+            );
+            add(format!("{bp}.{u}.conv2.conv.bias"), &[cout], 0, 0.0);
+        }
+    }
+    add(format!("{p}.decoder.5.alpha"), &[96], 0, 0.0);
+    add(format!("{p}.decoder.5.beta"), &[96], 0, 0.0);
+    add(format!("{p}.decoder.6.conv.weight"), &[1, 96, 7], 672, 0.0);
+    add(format!("{p}.decoder.6.conv.bias"), &[1], 0, 0.0);
+    let params: usize = t.values().map(|x| x.elem_count()).sum();
+    println!("decoder parameters: {:.1} M", params as f64 / 1e6);
+    candle_core::safetensors::save(&t, st.join("model.safetensors")).unwrap();
+    drop(t);
+
+    // CODE2WAV_SPEED_F64=1: f64 compute (shows that streamed == whole up to f32 output rounding
+    // even at full size, where random weights amplify f32 noise strongly).
+    let f64_mode = std::env::var_os("CODE2WAV_SPEED_F64").is_some();
+    let dtype = if f64_mode { DType::F64 } else { DType::F32 };
+    let m = Code2Wav::load_with_dtype(&dir, &dev, dtype).unwrap();
+    let frames = if f64_mode { 80 } else { 100 };
+    let secs = frames as f64 * 0.08;
+    let codes = random_codes(frames, 9);
+    let t0 = std::time::Instant::now();
+    let whole = m.decode(&codes).unwrap();
+    let dt = t0.elapsed().as_secs_f64();
+    let clip = whole.iter().filter(|v| v.abs() >= 1.0).count() as f64 / whole.len() as f64;
+    println!(
+        "{dtype:?} whole decode, {frames} frames ({secs:.1} s audio): {dt:.2} s, RTF {:.3}; rms {:.3}, clipped {:.1} %",
+        dt / secs,
+        rms(&whole),
+        clip * 100.0
+    );
+    let chunks: &[usize] = if f64_mode { &[25] } else { &[1, 10, 25] };
+    for &chunk in chunks {
+        let mut s = m.stream();
+        let t0 = std::time::Instant::now();
+        let mut out = Vec::new();
+        for c in codes.chunks(chunk) {
+            out.extend(s.decode_chunk(c).unwrap());
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        println!(
+            "stream, chunk {chunk:>2}: {:.1} ms/frame, RTF {:.3}, max abs diff vs whole {:.2e}",
+            dt * 1000.0 / frames as f64,
+            dt / secs,
+            max_abs(&out, &whole)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
