@@ -130,7 +130,13 @@ fn main() -> Result<()> {
 
     let t2 = Instant::now();
     let code2wav = Code2Wav::load(&args.model, &dev)?;
-    let wav = code2wav.decode(&frames)?;
+    // The reference's own offline decode (300-frame windows, 25 frames of context), so the WAV
+    // equals what the official `generate_*` call returns.
+    let wav = code2wav.decode_chunked(
+        &frames,
+        REFERENCE_CHUNK_FRAMES,
+        REFERENCE_LEFT_CONTEXT_FRAMES,
+    )?;
     let decode_s = t2.elapsed().as_secs_f64();
     let audio_s = wav.len() as f64 / code2wav.sample_rate() as f64;
     println!("frames: {}", frames.len());

@@ -42,6 +42,11 @@ use crate::nn::conv::{CausalConvState, StreamingCausalConv1d};
 /// Chunking is exact, so this only trades memory against per-pass overhead.
 pub const DEFAULT_MAX_FRAMES_PER_PASS: usize = 32;
 
+/// Window size of the reference's offline decode (`Qwen3TTSTokenizer.decode` → `chunked_decode`).
+pub const REFERENCE_CHUNK_FRAMES: usize = 300;
+/// Left context of each window of the reference's offline decode.
+pub const REFERENCE_LEFT_CONTEXT_FRAMES: usize = 25;
+
 /// The Code2Wav decoder, loaded from `<checkpoint>/speech_tokenizer/{config.json,model.safetensors}`.
 pub struct Code2Wav {
     config: SpeechTokenizerConfig,
@@ -182,6 +187,35 @@ impl Code2Wav {
         let wav = self.decode(&all)?;
         let keep = new.len() * self.samples_per_frame();
         Ok(wav[wav.len() - keep..].to_vec())
+    }
+
+    /// The reference's offline decode (`Qwen3TTSTokenizerV2Decoder.chunked_decode`, called by
+    /// `Qwen3TTSTokenizer.decode` with `chunk_frames` 300 and `left_context_frames` 25): windows of
+    /// `chunk_frames` new frames, each decoded with up to `left_context_frames` frames before it
+    /// ([`Code2Wav::decode_window`]). Equals [`Code2Wav::decode`] up to `chunk_frames` frames and
+    /// differs after; use it to reproduce the official waveform of a long utterance.
+    ///
+    /// Errors as [`Code2Wav::decode`]; `chunk_frames` 0 is an [`ModelError::InvalidRequest`].
+    pub fn decode_chunked(
+        &self,
+        codes: &[Vec<u32>],
+        chunk_frames: usize,
+        left_context_frames: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        if chunk_frames == 0 {
+            return Err(ModelError::InvalidRequest {
+                field: "chunk_frames".into(),
+                value: "0".into(),
+                msg: "must be at least 1".into(),
+            });
+        }
+        let mut wav = Vec::with_capacity(codes.len() * self.samples_per_frame());
+        for start in (0..codes.len()).step_by(chunk_frames) {
+            let end = (start + chunk_frames).min(codes.len());
+            let context = start.saturating_sub(left_context_frames);
+            wav.extend(self.decode_window(&codes[context..start], &codes[start..end])?);
+        }
+        Ok(wav)
     }
 
     fn init_state(&self) -> StreamState {
