@@ -30,7 +30,6 @@ mod stages;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use std::{fmt, path::PathBuf};
 
@@ -46,7 +45,7 @@ pub use metrics::Metrics;
 use crate::models::qwen3_tts::{
     Checkpoint, ModelVariant, Qwen3TtsConfig, SamplingParams, VoiceRequest, prompt,
 };
-use stages::{LoadedInfo, RequestShared, StageQueue};
+use stages::{LoadedInfo, RequestCore, RequestShared, StageQueue, Threads};
 
 /// What [`Engine::load`] needs.
 #[derive(Debug, Clone)]
@@ -171,7 +170,7 @@ pub enum EngineEvent {
 /// Cancels one request from any thread. Cheap to clone.
 #[derive(Clone)]
 pub struct Canceller {
-    shared: Arc<RequestShared>,
+    shared: Arc<RequestCore>,
 }
 
 impl fmt::Debug for Canceller {
@@ -193,7 +192,7 @@ impl Canceller {
 
 /// The receiving end of one request.
 pub struct RequestHandle {
-    shared: Arc<RequestShared>,
+    shared: Arc<RequestCore>,
     events: Receiver<EngineEvent>,
     done: AtomicBool,
 }
@@ -219,12 +218,27 @@ impl RequestHandle {
         }
     }
 
+    /// The stages dropped the request without finishing it (a stage thread died): report it once
+    /// as an error.
+    fn lost(&self) -> EngineEvent {
+        self.done.store(true, Ordering::Release);
+        EngineEvent::Finished {
+            reason: FinishReason::Error(
+                "engine stage thread ended without finishing the request".to_string(),
+            ),
+            metrics: Metrics::default(),
+        }
+    }
+
     /// Blocks for the next event; `None` once `Finished` was delivered.
     pub fn recv(&self) -> Option<EngineEvent> {
         if self.done.load(Ordering::Acquire) {
             return None;
         }
-        let ev = self.events.recv().ok()?;
+        let ev = match self.events.recv() {
+            Ok(ev) => ev,
+            Err(_) => return Some(self.lost()),
+        };
         self.note(&ev);
         Some(ev)
     }
@@ -234,7 +248,11 @@ impl RequestHandle {
         if self.done.load(Ordering::Acquire) {
             return Err(RecvTimeoutError::Disconnected);
         }
-        let ev = self.events.recv_timeout(d)?;
+        let ev = match self.events.recv_timeout(d) {
+            Ok(ev) => ev,
+            Err(RecvTimeoutError::Timeout) => return Err(RecvTimeoutError::Timeout),
+            Err(RecvTimeoutError::Disconnected) => return Ok(self.lost()),
+        };
         self.note(&ev);
         Ok(ev)
     }
@@ -244,7 +262,11 @@ impl RequestHandle {
         if self.done.load(Ordering::Acquire) {
             return None;
         }
-        let ev = self.events.try_recv().ok()?;
+        let ev = match self.events.try_recv() {
+            Ok(ev) => ev,
+            Err(mpsc::TryRecvError::Empty) => return None,
+            Err(mpsc::TryRecvError::Disconnected) => return Some(self.lost()),
+        };
         self.note(&ev);
         Some(ev)
     }
@@ -296,6 +318,15 @@ impl RequestHandle {
     }
 }
 
+impl Drop for RequestHandle {
+    /// Dropping an unfinished handle cancels its request.
+    fn drop(&mut self) {
+        if !self.done.load(Ordering::Acquire) {
+            self.shared.cancel();
+        }
+    }
+}
+
 /// The loaded two-stage engine. Dropping it cancels every request still running (their handles get
 /// `Finished { Cancelled }`) and joins both stage threads.
 pub struct Engine {
@@ -306,7 +337,7 @@ pub struct Engine {
     ar_queue: Arc<StageQueue>,
     dec_queue: Arc<StageQueue>,
     next_id: AtomicU64,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    threads: Mutex<Option<Threads>>,
 }
 
 impl fmt::Debug for Engine {
@@ -348,7 +379,7 @@ impl Engine {
             ar_queue,
             dec_queue,
             next_id: AtomicU64::new(1),
-            threads: Mutex::new(threads),
+            threads: Mutex::new(Some(threads)),
         })
     }
 
@@ -478,11 +509,22 @@ impl Engine {
             tx,
             Instant::now(),
         ));
+        let core = shared.core.clone();
         // Stage 1 first, so it is watching the buffer before stage 0 fills it.
-        self.dec_queue.push(shared.clone());
-        self.ar_queue.push(shared.clone());
+        let queued = self
+            .dec_queue
+            .push(shared.clone())
+            .map_err(|_| 1)
+            .and_then(|()| self.ar_queue.push(shared).map_err(|_| 0));
+        if let Err(stage) = queued {
+            core.cancel();
+            return Err(EngineError::Stage {
+                stage,
+                msg: "the stage thread is no longer running".to_string(),
+            });
+        }
         Ok(RequestHandle {
-            shared,
+            shared: core,
             events: rx,
             done: AtomicBool::new(false),
         })
@@ -490,13 +532,21 @@ impl Engine {
 }
 
 impl Drop for Engine {
+    /// Stage 0 first: it cancels and lets go of every request it has; then stage 1, which sends
+    /// each request's `Finished { Cancelled }`.
     fn drop(&mut self) {
+        let threads = self
+            .threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         self.ar_queue.shut_down();
-        self.dec_queue.shut_down();
-        let threads =
-            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
-        for t in threads {
-            let _ = t.join();
+        if let Some((stage0, stage1)) = threads {
+            let _ = stage0.join();
+            self.dec_queue.shut_down();
+            let _ = stage1.join();
+        } else {
+            self.dec_queue.shut_down();
         }
     }
 }

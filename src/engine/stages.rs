@@ -64,15 +64,42 @@ pub(crate) struct ArOutcome {
     pub timing: ArTiming,
 }
 
-/// State of one request shared by the handle and both stages.
-pub(crate) struct RequestShared {
+/// The part of a request that its handle holds: enough to cancel it. The stages hold the rest
+/// ([`RequestShared`], including the event sender), so if every stage lets go of a request
+/// without finishing it (a stage thread died), the handle's channel disconnects instead of hanging.
+pub(crate) struct RequestCore {
     pub id: u64,
-    pub request: EngineRequest,
     pub buffer: ChunkBuffer<Vec<u32>>,
     cancelled: AtomicBool,
+}
+
+impl RequestCore {
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        // Drops queued frames and wakes both stages.
+        self.buffer.cancel();
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+}
+
+/// State of one request held by the stages (and their inboxes).
+pub(crate) struct RequestShared {
+    pub core: Arc<RequestCore>,
+    pub request: EngineRequest,
     events: Sender<EngineEvent>,
     pub submitted: Instant,
     ar_outcome: Mutex<Option<ArOutcome>>,
+}
+
+impl std::ops::Deref for RequestShared {
+    type Target = RequestCore;
+
+    fn deref(&self) -> &RequestCore {
+        &self.core
+    }
 }
 
 impl RequestShared {
@@ -88,24 +115,16 @@ impl RequestShared {
         submitted: Instant,
     ) -> Self {
         RequestShared {
-            id,
+            core: Arc::new(RequestCore {
+                id,
+                buffer: ChunkBuffer::with_signals(policy, capacity, ar_signal, dec_signal),
+                cancelled: AtomicBool::new(false),
+            }),
             request,
-            buffer: ChunkBuffer::with_signals(policy, capacity, ar_signal, dec_signal),
-            cancelled: AtomicBool::new(false),
             events,
             submitted,
             ar_outcome: Mutex::new(None),
         }
-    }
-
-    pub fn cancel(&self) {
-        self.cancelled.store(true, Ordering::Release);
-        // Drops queued frames and wakes both stages.
-        self.buffer.cancel();
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
     }
 
     fn send(&self, ev: EngineEvent) {
@@ -129,33 +148,66 @@ impl RequestShared {
     }
 }
 
+#[derive(Default)]
+struct QueueState {
+    items: VecDeque<Arc<RequestShared>>,
+    shutdown: bool,
+    /// The stage thread has exited; nothing will serve this queue any more.
+    dead: bool,
+}
+
 /// A stage's inbox.
 pub(crate) struct StageQueue {
-    state: Mutex<(VecDeque<Arc<RequestShared>>, bool)>,
+    state: Mutex<QueueState>,
     pub signal: Arc<Signal>,
 }
 
 impl StageQueue {
     fn new() -> Arc<Self> {
         Arc::new(StageQueue {
-            state: Mutex::new((VecDeque::new(), false)),
+            state: Mutex::new(QueueState::default()),
             signal: Signal::new(),
         })
     }
 
-    pub fn push(&self, r: Arc<RequestShared>) {
-        lock(&self.state).0.push_back(r);
+    /// Queues a request; refused when the stage thread has exited.
+    pub fn push(&self, r: Arc<RequestShared>) -> Result<(), Arc<RequestShared>> {
+        {
+            let mut g = lock(&self.state);
+            if g.dead || g.shutdown {
+                return Err(r);
+            }
+            g.items.push_back(r);
+        }
         self.signal.notify();
+        Ok(())
     }
 
     pub fn shut_down(&self) {
-        lock(&self.state).1 = true;
+        lock(&self.state).shutdown = true;
         self.signal.notify();
     }
 
     fn drain(&self) -> (Vec<Arc<RequestShared>>, bool) {
         let mut g = lock(&self.state);
-        (g.0.drain(..).collect(), g.1)
+        (g.items.drain(..).collect(), g.shutdown)
+    }
+}
+
+/// Marks a stage's queue dead when its thread exits (normally or by a panic) and drops what is
+/// still queued, so that no request waits on a stage that is gone.
+struct DeadOnExit(Arc<StageQueue>);
+
+impl Drop for DeadOnExit {
+    fn drop(&mut self) {
+        let left = {
+            let mut g = lock(&self.0.state);
+            g.dead = true;
+            std::mem::take(&mut g.items)
+        };
+        for r in left {
+            r.cancel();
+        }
     }
 }
 
@@ -186,7 +238,8 @@ struct DecInfo {
     device: DeviceSpec,
 }
 
-type Threads = Vec<JoinHandle<()>>;
+/// The stage-0 and stage-1 threads.
+pub(crate) type Threads = (JoinHandle<()>, JoinHandle<()>);
 
 /// Spawns both stage threads and waits for them to load.
 pub(crate) fn spawn(
@@ -195,7 +248,7 @@ pub(crate) fn spawn(
 ) -> Result<(LoadedInfo, Arc<StageQueue>, Arc<StageQueue>, Threads), EngineError> {
     let ar_queue = StageQueue::new();
     let dec_queue = StageQueue::new();
-    let mut threads = Vec::new();
+    let mut threads: Vec<JoinHandle<()>> = Vec::new();
 
     let (ar_tx, ar_rx) = mpsc::sync_channel::<Result<ArInfo, EngineError>>(1);
     let ar_cfg = opts.stage_config.ar.clone();
@@ -252,7 +305,13 @@ pub(crate) fn spawn(
         }),
     };
     match result {
-        Ok(info) => Ok((info, ar_queue, dec_queue, threads)),
+        Ok(info) => {
+            let mut it = threads.into_iter();
+            match (it.next(), it.next()) {
+                (Some(t0), Some(t1)) => Ok((info, ar_queue, dec_queue, (t0, t1))),
+                _ => unreachable!("both threads were spawned when loading succeeded"),
+            }
+        }
         Err(e) => {
             ar_queue.shut_down();
             dec_queue.shut_down();
@@ -274,6 +333,7 @@ fn ar_thread(
     queue: Arc<StageQueue>,
     ready: mpsc::SyncSender<Result<ArInfo, EngineError>>,
 ) {
+    let _dead_on_exit = DeadOnExit(queue.clone());
     let loaded = (|| {
         let dev = device.open()?;
         let dtype = cfg.dtype.for_device(&dev);
@@ -508,6 +568,7 @@ fn dec_thread(
     queue: Arc<StageQueue>,
     ready: mpsc::SyncSender<Result<DecInfo, EngineError>>,
 ) {
+    let _dead_on_exit = DeadOnExit(queue.clone());
     let loaded = (|| {
         let dev = device.open()?;
         match catch_unwind(AssertUnwindSafe(|| Code2Wav::load(&dir, &dev))) {
