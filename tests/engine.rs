@@ -14,6 +14,9 @@ use gstomnitts::engine::{
 };
 
 const TEXT: &str = "Hello world, this is a test.";
+const LONG_TEXT: &str = "The quick brown fox jumps over the lazy dog near the river bank, while seven \
+                         small birds sing in the old oak tree. Meanwhile, Dr. Smith reads 3 chapters \
+                         of HTTPServer docs at 10:45 AM.";
 
 #[test]
 fn streamed_equals_whole_decode_for_every_schedule() {
@@ -143,9 +146,13 @@ fn finish_reasons_length_and_guard() {
     assert_eq!(r.reason, FinishReason::Length);
     assert_eq!(r.metrics.frames, 3);
     drop(e);
-    // The default budget scales with the text: a long text is not cut at the floor.
+    // Default guard: max(75, 6 × text tokens). A short text stops at the 75-frame floor …
     let e = load("tiny-customvoice", config(|_| {}));
     let r = run(&e, greedy(&e, voice(TEXT, Some("vivian")), 90));
+    assert_eq!(r.reason, FinishReason::Guard);
+    assert_eq!(r.metrics.frames, 75);
+    // … while a long text gets a budget that scales with it and is not cut.
+    let r = run(&e, greedy(&e, voice(LONG_TEXT, Some("vivian")), 90));
     assert_eq!(r.reason, FinishReason::Length);
     assert_eq!(r.metrics.frames, 89);
     let m = &r.metrics;

@@ -405,9 +405,15 @@ enum ArStepResult {
     Done(FinishReason),
 }
 
-/// Text tokens of the request, for the runaway guard.
-fn text_tokens(req: &EngineRequest, _session: &ArSession<'_>) -> usize {
-    req.voice.text.chars().count()
+/// Text tokens of the request (the model's tokenizer on the user text), for the runaway guard.
+/// Should the tokenizer fail — `start` succeeded, so it cannot in practice — the character count
+/// stands in, which errs on the generous side (BPE tokens rarely outnumber characters).
+fn text_tokens(model: &ArModel, req: &EngineRequest) -> usize {
+    model
+        .tokenizer()
+        .encode(&req.voice.text)
+        .map(|ids| ids.len())
+        .unwrap_or_else(|_| req.voice.text.chars().count())
 }
 
 impl<'m> ArStage<'m> {
@@ -488,7 +494,7 @@ impl<'m> ArStage<'m> {
         };
         match result {
             Ok(session) => {
-                let budget = self.cfg.guard.budget(text_tokens(r, &session));
+                let budget = self.cfg.guard.budget(text_tokens(self.model, r));
                 Some(ArActive {
                     req,
                     session,
