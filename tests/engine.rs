@@ -13,6 +13,13 @@ use gstomnitts::engine::{
     FinishReason, StageConfig,
 };
 
+/// f32 tolerance of "streamed == whole decode". The fixture decoder is deliberately sensitive: its
+/// SnakeBeta stack amplifies f32 rounding so that two whole decodes with different internal pass
+/// sizes already differ by ~3e-5 (tests/code2wav.rs, `F32_TOL`); the streaming state itself is
+/// checked exactly there in f64. A wrong chunk boundary (a lost or repeated frame, missing left
+/// context) shows up as O(0.1) differences.
+const TOL: f32 = 1e-4;
+
 const TEXT: &str = "Hello world, this is a test.";
 const LONG_TEXT: &str = "The quick brown fox jumps over the lazy dog near the river bank, while seven \
                          small birds sing in the old oak tree. Meanwhile, Dr. Smith reads 3 chapters \
@@ -58,7 +65,7 @@ fn streamed_equals_whole_decode_for_every_schedule() {
             assert_eq!(r.chunk_frames(spf), want, "chunk {chunk} initial {initial}");
             let d = max_abs_diff(&r.audio, &whole.audio);
             assert!(
-                d <= 1e-5,
+                d <= TOL,
                 "chunk {chunk} initial {initial}: max abs diff {d}"
             );
         }
@@ -87,7 +94,7 @@ fn batch_equals_async_on_every_greedy_fixture() {
             assert!(s.metrics.frames >= 2);
             assert_eq!(s.audio.len(), s.metrics.frames * spf);
             let d = max_abs_diff(&s.audio, &w.audio);
-            assert!(d <= 1e-5, "{name} {t:?}: max abs diff {d}");
+            assert!(d <= TOL, "{name} {t:?}: max abs diff {d}");
         }
     }
 }
@@ -111,7 +118,7 @@ fn windowed_mode_counts_exactly_and_matches_with_full_context() {
     assert_eq!(r.audio.len(), whole.audio.len());
     assert_eq!(r.chunk_frames(spf), vec![1, 4, 4, 4, 4, 4, 4, 4]);
     let d = max_abs_diff(&r.audio, &whole.audio);
-    assert!(d <= 1e-4, "windowed with full context: max abs diff {d}");
+    assert!(d <= TOL, "windowed with full context: max abs diff {d}");
     drop(wide);
     // No left context: still frames × 1920 samples, but not equal to the whole decode.
     let narrow = load(
@@ -291,8 +298,8 @@ fn two_interleaved_requests_equal_single_runs() {
         .unwrap();
     let (a2, _, _) = ha.collect().unwrap();
     let (b2, _, _) = hb.collect().unwrap();
-    assert!(max_abs_diff(&a1.audio, &a2) <= 1e-5);
-    assert!(max_abs_diff(&b1.audio, &b2) <= 1e-5);
+    assert!(max_abs_diff(&a1.audio, &a2) <= TOL);
+    assert!(max_abs_diff(&b1.audio, &b2) <= TOL);
 }
 
 #[test]
@@ -309,9 +316,11 @@ fn invalid_requests_fail_synchronously() {
     assert!(err.contains("speaker") && err.contains("nobody"), "{err}");
     bad.voice = voice(TEXT, Some("VIVIAN")); // case-insensitive, like the reference
     bad.sampling.top_p = 0.0;
+    bad.sampling.do_sample = true;
     let err = e.submit(bad.clone()).unwrap_err().to_string();
     assert!(err.contains("sampling.top_p"), "{err}");
     bad.sampling.top_p = 1.0;
+    bad.sampling.do_sample = false;
     bad.chunk_frames = Some(0);
     let err = e.submit(bad.clone()).unwrap_err().to_string();
     assert!(err.contains("chunk_frames"), "{err}");

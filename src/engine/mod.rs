@@ -461,11 +461,16 @@ impl Engine {
                 "must be > 0 when sampling",
             ));
         }
-        for (name, p) in [
-            ("sampling.top_p", s.top_p),
-            ("sampling.subtalker_top_p", s.subtalker_top_p),
+        // top_p matters only when sampling (the model checks it the same way).
+        for (on, name, p) in [
+            (s.do_sample, "sampling.top_p", s.top_p),
+            (
+                s.subtalker_do_sample,
+                "sampling.subtalker_top_p",
+                s.subtalker_top_p,
+            ),
         ] {
-            if !(p > 0.0 && p <= 1.0) {
+            if on && !(p > 0.0 && p <= 1.0) {
                 return Err(bad(name, p.to_string(), "must be in (0, 1]"));
             }
         }

@@ -28,9 +28,9 @@ use super::{
     AudioChunk, DeviceSpec, EngineError, EngineEvent, EngineOptions, EngineRequest, FinishReason,
     Metrics,
 };
+use crate::models::qwen3_tts::code2wav::{Code2Wav, Code2WavStream};
 use crate::models::qwen3_tts::{
-    self as model, ArModel, ArSession, ArStep, Checkpoint, Code2Wav, Code2WavStream, ModelError,
-    ModelVariant,
+    self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, ModelVariant,
 };
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
