@@ -80,6 +80,9 @@ struct Args {
     /// Keep the random checkpoint.
     #[arg(long)]
     keep: bool,
+    /// Directory holding the tiny fixture checkpoints (default: the crate's tests/fixtures).
+    #[arg(long)]
+    fixtures: Option<PathBuf>,
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -758,7 +761,10 @@ fn build_random_0b6(template: &Path, dir: &Path) -> Result<()> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let fixtures = args
+        .fixtures
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"));
     let mut rows = Vec::new();
     let voice = |speaker: Option<&str>| VoiceRequest {
         text: args.text.clone(),

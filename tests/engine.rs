@@ -374,3 +374,14 @@ fn sampled_requests_are_reproducible_by_seed() {
     assert_eq!(c.metrics.frames, a.metrics.frames);
     assert_ne!(a.audio, c.audio);
 }
+
+#[test]
+fn api_types_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Engine>();
+    send_sync::<gstomnitts::engine::Canceller>();
+    send::<gstomnitts::engine::RequestHandle>();
+    send_sync::<EngineEvent>();
+    send_sync::<EngineError>();
+}

@@ -86,13 +86,14 @@ impl DeviceSpec {
         }
     }
 
-    /// Opens a fresh device context. Call this on the stage thread that will own it: every call
-    /// for a CUDA device creates its own context/stream, so the two stages never share one.
+    /// Opens a fresh device handle. Call this on the stage thread that will own it. For CUDA every
+    /// call creates its own stream on the device's context (`Device::new_cuda_with_stream`), so two
+    /// stages on one GPU queue their kernels independently and can overlap.
     pub fn open(&self) -> Result<Device, EngineError> {
         self.check_supported()?;
         match self.resolve() {
             DeviceSpec::Cpu => Ok(Device::Cpu),
-            DeviceSpec::Cuda(n) => Device::new_cuda(n).map_err(|e| EngineError::Device {
+            DeviceSpec::Cuda(n) => Device::new_cuda_with_stream(n).map_err(|e| EngineError::Device {
                 spec: self.to_string(),
                 msg: format!("cannot open CUDA device {n}: {e}"),
             }),
