@@ -1,1 +1,557 @@
-//! The two-stage engine: stage 0 (AR) and stage 1 (Code2Wav) tasks joined by the async-chunk buffer.
+//! The two-stage engine: stage 0 (AR: talker + code predictor) and stage 1 (Code2Wav) tasks, each
+//! on its own thread with its own device context, joined by the async-chunk buffer.
+//!
+//! ```text
+//! submit(EngineRequest) ──► stage 0 thread ──frames (Vec<u32>, host)──► ChunkBuffer ──► stage 1 thread
+//!   │                      ArModel on ar_device                  bounded,     Code2Wav on decoder_device
+//!   ▼                                                            per request          │
+//! RequestHandle ◄──────── Started · FirstAudio · Audio{samples, offset} · Finished{reason, metrics}
+//! ```
+//!
+//! Only codes (plain `u32`s on the host) cross between the stages, so each stage can live on its own
+//! device. The engine knows nothing of GStreamer. Design notes: docs/architecture.md,
+//! field-lessons.md §1 (sample-exact chunks), §3 (runaway guard), qwen3-tts.md §9 (stage split and
+//! the async-chunk protocol).
+//!
+//! Lifecycle of a request: `submit` validates it synchronously and queues it on both stages.
+//! Stage 0 takes it when it has a free slot (`max_num_seqs`), sends `Started`, runs the prefill and
+//! then one frame per step into the request's [`ChunkBuffer`] (blocking — never dropping — when
+//! stage 1 falls behind). Stage 1 decodes each scheduled chunk (exact streaming, windowed, or the
+//! whole utterance in batch mode) and sends `FirstAudio` then `Audio`. When both stages are done
+//! with it, stage 1 sends `Finished` with the reason and the [`Metrics`]; nothing follows it.
+
+mod chunk_buffer;
+mod config;
+mod device;
+mod error;
+mod metrics;
+mod stages;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use std::{fmt, path::PathBuf};
+
+pub use chunk_buffer::{ChunkBuffer, ChunkPolicy, PushError, Signal, Take};
+pub use config::{
+    ArStageConfig, DEFAULT_ASYNC_YAML, DEFAULT_BATCH_YAML, DecoderStageConfig,
+    DecoderStreamingMode, GuardConfig, SamplingOverrides, StageConfig,
+};
+pub use device::{DTypeSpec, DeviceSpec};
+pub use error::EngineError;
+pub use metrics::Metrics;
+
+use crate::models::qwen3_tts::{
+    Checkpoint, ModelVariant, Qwen3TtsConfig, SamplingParams, VoiceRequest, prompt,
+};
+use stages::{LoadedInfo, RequestCore, RequestShared, StageQueue, Threads};
+
+/// What [`Engine::load`] needs.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// The checkpoint directory (config.json, model.safetensors, tokenizer, speech_tokenizer/).
+    pub model_dir: PathBuf,
+    /// Stage configuration (chunking, guard, sampling overrides, …).
+    pub stage_config: StageConfig,
+    /// Device of stage 0 (talker + code predictor). Authoritative: the stage config's
+    /// `runtime.devices` only seeds it in [`EngineOptions::new`].
+    pub ar_device: DeviceSpec,
+    /// Device of stage 1 (Code2Wav).
+    pub decoder_device: DeviceSpec,
+}
+
+impl EngineOptions {
+    /// Options with the devices taken from the stage config's `runtime.devices`.
+    pub fn new(model_dir: impl Into<PathBuf>, stage_config: StageConfig) -> Self {
+        EngineOptions {
+            model_dir: model_dir.into(),
+            ar_device: stage_config.ar.device,
+            decoder_device: stage_config.decoder.device,
+            stage_config,
+        }
+    }
+}
+
+/// One utterance to synthesize.
+#[derive(Debug, Clone)]
+pub struct EngineRequest {
+    /// Text and voice (speaker, language, instruct, prompt mode).
+    pub voice: VoiceRequest,
+    /// Sampling; start from [`Engine::default_sampling_params`].
+    pub sampling: SamplingParams,
+    /// Overrides `initial_codec_chunk_frames` (0 = no separate first chunk). Ignored in batch mode.
+    pub initial_chunk_frames: Option<usize>,
+    /// Overrides `codec_chunk_frames` (≥ 1). Ignored in batch mode.
+    pub chunk_frames: Option<usize>,
+}
+
+impl EngineRequest {
+    /// A request for `voice` with the given sampling and the stage config's chunking.
+    pub fn new(voice: VoiceRequest, sampling: SamplingParams) -> Self {
+        EngineRequest {
+            voice,
+            sampling,
+            initial_chunk_frames: None,
+            chunk_frames: None,
+        }
+    }
+}
+
+/// A piece of the utterance's audio.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AudioChunk {
+    /// Mono f32 samples in [-1, 1] at [`Engine::sample_rate`] (24 kHz); always a whole number of
+    /// frames (`frames × samples_per_frame`).
+    pub samples: Vec<f32>,
+    /// Index of `samples[0]` in the utterance (samples since its start).
+    pub offset: u64,
+}
+
+/// Why an utterance ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The talker emitted the codec end-of-speech token.
+    Eos,
+    /// `max_new_tokens` was reached.
+    Length,
+    /// The runaway guard's frame budget (relative to the text length) was reached.
+    Guard,
+    /// Cancelled by the caller (or the engine was dropped).
+    Cancelled,
+    /// A stage failed; the message names the stage and the cause. Audio already sent is valid.
+    Error(String),
+}
+
+impl FinishReason {
+    /// Short lower-case name: `eos`, `length`, `guard`, `cancelled`, `error`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Length => "length",
+            FinishReason::Guard => "guard",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Error(_) => "error",
+        }
+    }
+}
+
+impl fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FinishReason::Error(m) => write!(f, "error: {m}"),
+            other => f.write_str(other.as_str()),
+        }
+    }
+}
+
+/// What a [`RequestHandle`] delivers, in this order: `Started`, then `FirstAudio` right before the
+/// first `Audio`, more `Audio`, and exactly one `Finished` last (possibly without any audio).
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineEvent {
+    /// Stage 0 took the request (it is no longer queued).
+    Started,
+    /// Audio, in order, contiguous (`offset` = sum of previous chunk lengths).
+    Audio(AudioChunk),
+    /// The first audio chunk is ready; `ttfa_ms` = submit → now.
+    FirstAudio {
+        /// Time to first audio, ms.
+        ttfa_ms: f64,
+    },
+    /// The request is over; both stages have let go of it.
+    Finished {
+        /// Why.
+        reason: FinishReason,
+        /// Timing.
+        metrics: Metrics,
+    },
+}
+
+/// Cancels one request from any thread. Cheap to clone.
+#[derive(Clone)]
+pub struct Canceller {
+    shared: Arc<RequestCore>,
+}
+
+impl fmt::Debug for Canceller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Canceller")
+            .field("request", &self.shared.id)
+            .finish()
+    }
+}
+
+impl Canceller {
+    /// Stops both stages' work on the request within about one frame of work and releases its
+    /// buffers; the handle then receives `Finished { reason: Cancelled }` (unless it had already
+    /// finished). Idempotent.
+    pub fn cancel(&self) {
+        self.shared.cancel();
+    }
+}
+
+/// The receiving end of one request.
+pub struct RequestHandle {
+    shared: Arc<RequestCore>,
+    events: Receiver<EngineEvent>,
+    done: AtomicBool,
+}
+
+impl fmt::Debug for RequestHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestHandle")
+            .field("request", &self.shared.id)
+            .field("done", &self.done.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl RequestHandle {
+    /// The engine-wide request number (1, 2, …).
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    fn note(&self, ev: &EngineEvent) {
+        if matches!(ev, EngineEvent::Finished { .. }) {
+            self.done.store(true, Ordering::Release);
+        }
+    }
+
+    /// The stages dropped the request without finishing it (a stage thread died): report it once
+    /// as an error.
+    fn lost(&self) -> EngineEvent {
+        self.done.store(true, Ordering::Release);
+        EngineEvent::Finished {
+            reason: FinishReason::Error(
+                "engine stage thread ended without finishing the request".to_string(),
+            ),
+            metrics: Metrics::default(),
+        }
+    }
+
+    /// Blocks for the next event; `None` once `Finished` was delivered.
+    pub fn recv(&self) -> Option<EngineEvent> {
+        if self.done.load(Ordering::Acquire) {
+            return None;
+        }
+        let ev = match self.events.recv() {
+            Ok(ev) => ev,
+            Err(_) => return Some(self.lost()),
+        };
+        self.note(&ev);
+        Some(ev)
+    }
+
+    /// As [`RequestHandle::recv`] with a timeout; `Disconnected` once `Finished` was delivered.
+    pub fn recv_timeout(&self, d: Duration) -> Result<EngineEvent, RecvTimeoutError> {
+        if self.done.load(Ordering::Acquire) {
+            return Err(RecvTimeoutError::Disconnected);
+        }
+        let ev = match self.events.recv_timeout(d) {
+            Ok(ev) => ev,
+            Err(RecvTimeoutError::Timeout) => return Err(RecvTimeoutError::Timeout),
+            Err(RecvTimeoutError::Disconnected) => return Ok(self.lost()),
+        };
+        self.note(&ev);
+        Ok(ev)
+    }
+
+    /// Non-blocking poll; `None` when nothing is waiting or after `Finished`.
+    pub fn try_recv(&self) -> Option<EngineEvent> {
+        if self.done.load(Ordering::Acquire) {
+            return None;
+        }
+        let ev = match self.events.try_recv() {
+            Ok(ev) => ev,
+            Err(mpsc::TryRecvError::Empty) => return None,
+            Err(mpsc::TryRecvError::Disconnected) => return Some(self.lost()),
+        };
+        self.note(&ev);
+        Some(ev)
+    }
+
+    /// Whether `Finished` was delivered.
+    pub fn is_finished(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Cancels the request (see [`Canceller::cancel`]).
+    pub fn cancel(&self) {
+        self.shared.cancel();
+    }
+
+    /// A cancel handle usable from other threads.
+    pub fn canceller(&self) -> Canceller {
+        Canceller {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Drains events until `Finished`: the concatenated audio, the reason and the metrics.
+    /// Checks that chunks are contiguous (`offset` = samples so far).
+    pub fn collect(&self) -> Result<(Vec<f32>, FinishReason, Metrics), EngineError> {
+        let mut audio = Vec::new();
+        while let Some(ev) = self.recv() {
+            match ev {
+                EngineEvent::Audio(c) => {
+                    if c.offset != audio.len() as u64 {
+                        return Err(EngineError::Stage {
+                            stage: 1,
+                            msg: format!(
+                                "audio chunk at offset {} after {} samples",
+                                c.offset,
+                                audio.len()
+                            ),
+                        });
+                    }
+                    audio.extend_from_slice(&c.samples);
+                }
+                EngineEvent::Finished { reason, metrics } => return Ok((audio, reason, metrics)),
+                EngineEvent::Started | EngineEvent::FirstAudio { .. } => {}
+            }
+        }
+        Err(EngineError::Stage {
+            stage: 1,
+            msg: "event stream ended without Finished".to_string(),
+        })
+    }
+}
+
+impl Drop for RequestHandle {
+    /// Dropping an unfinished handle cancels its request.
+    fn drop(&mut self) {
+        if !self.done.load(Ordering::Acquire) {
+            self.shared.cancel();
+        }
+    }
+}
+
+/// The loaded two-stage engine. Dropping it cancels every request still running (their handles get
+/// `Finished { Cancelled }`) and joins both stage threads.
+pub struct Engine {
+    config: StageConfig,
+    model_config: Qwen3TtsConfig,
+    default_sampling: SamplingParams,
+    info: LoadedInfo,
+    ar_queue: Arc<StageQueue>,
+    dec_queue: Arc<StageQueue>,
+    next_id: AtomicU64,
+    threads: Mutex<Option<Threads>>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("variant", &self.info.variant)
+            .field("ar_device", &self.info.ar_device)
+            .field("decoder_device", &self.info.decoder_device)
+            .field("async_chunk", &self.config.async_chunk)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Opens the checkpoint, spawns the two stage threads, and waits until each has opened its
+    /// device and loaded its model (in parallel). Errors: unreadable checkpoint, a device this
+    /// build cannot open (`cuda:N` without the `cuda` feature), model load failures (naming the
+    /// stage), or stages that disagree (code groups versus codec quantizers).
+    pub fn load(opts: EngineOptions) -> Result<Engine, EngineError> {
+        opts.ar_device.check_supported()?;
+        opts.decoder_device.check_supported()?;
+        let ckpt = Checkpoint::open(&opts.model_dir).map_err(|e| EngineError::Load {
+            stage: 0,
+            name: "qwen3_tts",
+            source: e,
+        })?;
+        let model_config = ckpt.config.clone();
+        let default_sampling = opts
+            .stage_config
+            .ar
+            .sampling
+            .apply(SamplingParams::from_generation_config(&ckpt.generation));
+        let (info, ar_queue, dec_queue, threads) = stages::spawn(ckpt, &opts)?;
+        Ok(Engine {
+            config: opts.stage_config,
+            model_config,
+            default_sampling,
+            info,
+            ar_queue,
+            dec_queue,
+            next_id: AtomicU64::new(1),
+            threads: Mutex::new(Some(threads)),
+        })
+    }
+
+    /// The checkpoint's variant.
+    pub fn variant(&self) -> ModelVariant {
+        self.info.variant
+    }
+
+    /// Preset speakers (CustomVoice), lower case.
+    pub fn speakers(&self) -> Vec<String> {
+        self.info.speakers.clone()
+    }
+
+    /// Languages a request may name (incl. `auto`).
+    pub fn languages(&self) -> Vec<String> {
+        self.info.languages.clone()
+    }
+
+    /// Output sample rate, Hz (24000), from `speech_tokenizer/config.json`.
+    pub fn sample_rate(&self) -> u32 {
+        self.info.sample_rate
+    }
+
+    /// Samples per codec frame (1920), from `speech_tokenizer/config.json`.
+    pub fn samples_per_frame(&self) -> usize {
+        self.info.samples_per_frame
+    }
+
+    /// The stage configuration in use.
+    pub fn stage_config(&self) -> &StageConfig {
+        &self.config
+    }
+
+    /// The devices the stages actually run on (after resolving `auto`).
+    pub fn devices(&self) -> (DeviceSpec, DeviceSpec) {
+        (self.info.ar_device, self.info.decoder_device)
+    }
+
+    /// `generation_config.json` overridden by the stage config's `default_sampling_params` /
+    /// `subtalker_sampling_params`.
+    pub fn default_sampling_params(&self) -> SamplingParams {
+        self.default_sampling.clone()
+    }
+
+    fn validate(&self, req: &EngineRequest) -> Result<(), EngineError> {
+        let bad = |field: &str, value: String, msg: &str| EngineError::InvalidRequest {
+            field: field.to_string(),
+            value,
+            msg: msg.to_string(),
+        };
+        // Same rules as the model (case-insensitive speaker/language, empty text, …).
+        prompt::resolve(&self.model_config, &req.voice).map_err(|e| match e {
+            crate::models::qwen3_tts::ModelError::InvalidRequest { field, value, msg } => {
+                EngineError::InvalidRequest {
+                    field: format!("voice.{field}"),
+                    value,
+                    msg,
+                }
+            }
+            other => EngineError::InvalidRequest {
+                field: "voice".to_string(),
+                value: format!("{:?}", req.voice.text),
+                msg: other.to_string(),
+            },
+        })?;
+        let s = &req.sampling;
+        let finite_pos = |x: f64| x.is_finite() && x > 0.0;
+        if s.do_sample && !finite_pos(s.temperature) {
+            return Err(bad(
+                "sampling.temperature",
+                s.temperature.to_string(),
+                "must be > 0 when sampling (use do_sample = false for greedy)",
+            ));
+        }
+        if s.subtalker_do_sample && !finite_pos(s.subtalker_temperature) {
+            return Err(bad(
+                "sampling.subtalker_temperature",
+                s.subtalker_temperature.to_string(),
+                "must be > 0 when sampling",
+            ));
+        }
+        // top_p matters only when sampling (the model checks it the same way).
+        for (on, name, p) in [
+            (s.do_sample, "sampling.top_p", s.top_p),
+            (
+                s.subtalker_do_sample,
+                "sampling.subtalker_top_p",
+                s.subtalker_top_p,
+            ),
+        ] {
+            if on && !(p > 0.0 && p <= 1.0) {
+                return Err(bad(name, p.to_string(), "must be in (0, 1]"));
+            }
+        }
+        if !finite_pos(s.repetition_penalty) {
+            return Err(bad(
+                "sampling.repetition_penalty",
+                s.repetition_penalty.to_string(),
+                "must be > 0",
+            ));
+        }
+        if s.max_new_tokens == 0 {
+            return Err(bad(
+                "sampling.max_new_tokens",
+                "0".to_string(),
+                "must be ≥ 1",
+            ));
+        }
+        if req.chunk_frames == Some(0) {
+            return Err(bad("chunk_frames", "0".to_string(), "must be ≥ 1"));
+        }
+        Ok(())
+    }
+
+    /// Validates and queues a request. Validation errors (empty text, unknown speaker or language,
+    /// out-of-range sampling values, `chunk_frames` 0) come back here; failures while running come
+    /// as `Finished { reason: Error(..) }` on the handle.
+    pub fn submit(&self, req: EngineRequest) -> Result<RequestHandle, EngineError> {
+        self.validate(&req)?;
+        let policy = self
+            .config
+            .chunk_policy(req.initial_chunk_frames, req.chunk_frames);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(RequestShared::new(
+            id,
+            req,
+            policy,
+            self.config.decoder.codec_buffer_frames,
+            self.ar_queue.signal.clone(),
+            self.dec_queue.signal.clone(),
+            tx,
+            Instant::now(),
+        ));
+        let core = shared.core.clone();
+        // Stage 1 first, so it is watching the buffer before stage 0 fills it.
+        let queued = self
+            .dec_queue
+            .push(shared.clone())
+            .map_err(|_| 1)
+            .and_then(|()| self.ar_queue.push(shared).map_err(|_| 0));
+        if let Err(stage) = queued {
+            core.cancel();
+            return Err(EngineError::Stage {
+                stage,
+                msg: "the stage thread is no longer running".to_string(),
+            });
+        }
+        Ok(RequestHandle {
+            shared: core,
+            events: rx,
+            done: AtomicBool::new(false),
+        })
+    }
+}
+
+impl Drop for Engine {
+    /// Stage 0 first: it cancels and lets go of every request it has; then stage 1, which sends
+    /// each request's `Finished { Cancelled }`.
+    fn drop(&mut self) {
+        let threads = self
+            .threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        self.ar_queue.shut_down();
+        if let Some((stage0, stage1)) = threads {
+            let _ = stage0.join();
+            self.dec_queue.shut_down();
+            let _ = stage1.join();
+        } else {
+            self.dec_queue.shut_down();
+        }
+    }
+}

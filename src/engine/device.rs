@@ -1,0 +1,194 @@
+//! Per-stage device selection: `cpu`, `cuda:N`, `auto`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use candle_core::{DType, Device};
+
+use super::EngineError;
+
+/// Where a stage runs. Parsed from `"cpu"`, `"cuda:N"` (or a bare GPU index `"N"`, as vLLM-Omni's
+/// `runtime.devices` writes it) and `"auto"` (CUDA device 0 when the crate was built with the `cuda`
+/// feature and a GPU is present, otherwise the CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceSpec {
+    /// The host CPU.
+    Cpu,
+    /// CUDA device with this ordinal; needs the `cuda` feature.
+    Cuda(usize),
+    /// CUDA 0 when available, else the CPU.
+    #[default]
+    Auto,
+}
+
+impl FromStr for DeviceSpec {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim().to_ascii_lowercase();
+        let bad = |msg: &str| EngineError::Device {
+            spec: s.to_string(),
+            msg: msg.to_string(),
+        };
+        match t.as_str() {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "auto" => Ok(DeviceSpec::Auto),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            _ => {
+                let idx = t.strip_prefix("cuda:").unwrap_or(&t);
+                idx.parse::<usize>().map(DeviceSpec::Cuda).map_err(|_| {
+                    bad("expected \"cpu\", \"cuda:N\" (N a GPU index), \"N\" or \"auto\"")
+                })
+            }
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => write!(f, "cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceSpec::Auto => write!(f, "auto"),
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// Whether this build can run CUDA at all (`cuda` feature).
+    pub const CUDA_COMPILED: bool = cfg!(feature = "cuda");
+
+    /// Checks that the spec can be honoured by this build, without opening anything: `cuda:N`
+    /// fails on a build without the `cuda` feature.
+    pub fn check_supported(&self) -> Result<(), EngineError> {
+        match self {
+            DeviceSpec::Cuda(_) if !Self::CUDA_COMPILED => Err(EngineError::Device {
+                spec: self.to_string(),
+                msg: "this build of omnitts has no CUDA support (rebuild with `--features cuda`); \
+                      use \"cpu\" or \"auto\""
+                    .to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The concrete device `auto` resolves to on this machine (never `Auto`).
+    pub fn resolve(&self) -> DeviceSpec {
+        match self {
+            DeviceSpec::Auto => {
+                if Self::CUDA_COMPILED && candle_core::utils::cuda_is_available() {
+                    DeviceSpec::Cuda(0)
+                } else {
+                    DeviceSpec::Cpu
+                }
+            }
+            other => *other,
+        }
+    }
+
+    /// Opens a fresh device handle. Call this on the stage thread that will own it. For CUDA every
+    /// call creates its own stream on the device's context (`Device::new_cuda_with_stream`), so two
+    /// stages on one GPU queue their kernels independently and can overlap.
+    pub fn open(&self) -> Result<Device, EngineError> {
+        self.check_supported()?;
+        match self.resolve() {
+            DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Cuda(n) => Device::new_cuda_with_stream(n).map_err(|e| EngineError::Device {
+                spec: self.to_string(),
+                msg: format!("cannot open CUDA device {n}: {e}"),
+            }),
+            DeviceSpec::Auto => unreachable!("resolve() never returns Auto"),
+        }
+    }
+}
+
+/// Weight/activation dtype of the AR stage (`engine_args.dtype`). The decoder always runs in f32
+/// (field-lessons §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DTypeSpec {
+    /// bf16 on CUDA, f32 on the CPU.
+    #[default]
+    Auto,
+    /// float32.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// float16.
+    F16,
+}
+
+impl DTypeSpec {
+    /// Parses the vLLM spellings: `auto`, `float32`/`float`/`fp32`, `bfloat16`/`bf16`,
+    /// `float16`/`half`/`fp16`. `None` for anything else.
+    pub fn parse(s: &str) -> Option<DTypeSpec> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Some(DTypeSpec::Auto),
+            "float32" | "float" | "fp32" | "f32" => Some(DTypeSpec::F32),
+            "bfloat16" | "bf16" => Some(DTypeSpec::Bf16),
+            "float16" | "half" | "fp16" | "f16" => Some(DTypeSpec::F16),
+            _ => None,
+        }
+    }
+
+    /// The candle dtype on `device`.
+    pub fn for_device(&self, device: &Device) -> DType {
+        match self {
+            DTypeSpec::Auto => {
+                if device.is_cuda() {
+                    DType::BF16
+                } else {
+                    DType::F32
+                }
+            }
+            DTypeSpec::F32 => DType::F32,
+            DTypeSpec::Bf16 => DType::BF16,
+            DTypeSpec::F16 => DType::F16,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_device_strings() {
+        assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
+        assert_eq!(" CPU ".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
+        assert_eq!("auto".parse::<DeviceSpec>().unwrap(), DeviceSpec::Auto);
+        assert_eq!("cuda:0".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
+        assert_eq!("cuda:3".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(3));
+        assert_eq!("1".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(1));
+        for bad in ["cuda:", "cuda:x", "tpu", "gpu", "", "cuda:-1"] {
+            let err = bad.parse::<DeviceSpec>().unwrap_err().to_string();
+            assert!(err.contains("expected \"cpu\""), "{bad}: {err}");
+        }
+        assert_eq!(DeviceSpec::Cuda(2).to_string(), "cuda:2");
+    }
+
+    #[test]
+    fn cuda_without_feature_is_a_clear_error() {
+        let r = DeviceSpec::Cuda(0).check_supported();
+        if DeviceSpec::CUDA_COMPILED {
+            assert!(r.is_ok());
+        } else {
+            let msg = r.unwrap_err().to_string();
+            assert!(
+                msg.contains("cuda:0") && msg.contains("--features cuda"),
+                "{msg}"
+            );
+            assert_eq!(DeviceSpec::Auto.resolve(), DeviceSpec::Cpu);
+            assert!(matches!(DeviceSpec::Auto.open(), Ok(Device::Cpu)));
+        }
+        assert!(matches!(DeviceSpec::Cpu.open(), Ok(Device::Cpu)));
+    }
+
+    #[test]
+    fn dtype_names() {
+        assert_eq!(DTypeSpec::parse("bfloat16"), Some(DTypeSpec::Bf16));
+        assert_eq!(DTypeSpec::parse("float32"), Some(DTypeSpec::F32));
+        assert_eq!(DTypeSpec::parse("auto"), Some(DTypeSpec::Auto));
+        assert_eq!(DTypeSpec::parse("int8"), None);
+        assert_eq!(DTypeSpec::Auto.for_device(&Device::Cpu), DType::F32);
+    }
+}

@@ -1,0 +1,130 @@
+//! Per-request timing.
+
+use std::time::{Duration, Instant};
+
+/// Timing of one finished request, delivered with `EngineEvent::Finished`. Times are in
+/// milliseconds measured from `Engine::submit`; audio is at the codec's sample rate.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Metrics {
+    /// Codec frames decoded to audio (each `samples_per_frame` samples, 80 ms).
+    pub frames: usize,
+    /// Audio produced, ms.
+    pub audio_ms: f64,
+    /// Submit → first audio chunk ready, ms; `None` when no audio was produced.
+    pub ttfa_ms: Option<f64>,
+    /// Stage 0 time per frame, ms: the AR steps (`ArSession::next_frame`) divided by the frames
+    /// they produced; the prefill is [`Metrics::ar_prefill_ms`].
+    pub ar_ms_per_frame: f64,
+    /// Stage 1 decode time per decoded frame, ms.
+    pub decoder_ms_per_frame: f64,
+    /// Real-time factor: processing time (Started → Finished) / audio duration; < 1 is faster than
+    /// real time. 0 when no audio was produced.
+    pub rtf: f64,
+    /// Submit → Finished, ms.
+    pub wall_ms: f64,
+    /// Submit → Started (waiting for a free stage-0 slot), ms.
+    pub queue_ms: f64,
+    /// Tokenization, prompt construction and prefill (`ArModel::start`), ms.
+    pub ar_prefill_ms: f64,
+}
+
+/// Milliseconds in a duration.
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// What stage 0 reports about a request when it lets go of it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ArTiming {
+    pub started: Option<Instant>,
+    pub prefill: Duration,
+    pub steps: Duration,
+    pub frames: usize,
+}
+
+/// Stage 1's tally for a request.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DecoderTiming {
+    pub decode: Duration,
+    pub frames: usize,
+    pub samples: u64,
+    pub first_audio: Option<Instant>,
+}
+
+impl Metrics {
+    pub(crate) fn build(
+        submitted: Instant,
+        finished: Instant,
+        ar: &ArTiming,
+        dec: &DecoderTiming,
+        sample_rate: u32,
+    ) -> Metrics {
+        let audio_ms = dec.samples as f64 * 1e3 / sample_rate.max(1) as f64;
+        let started = ar.started.unwrap_or(finished);
+        let processing = ms(finished.saturating_duration_since(started));
+        Metrics {
+            frames: dec.frames,
+            audio_ms,
+            ttfa_ms: dec
+                .first_audio
+                .map(|t| ms(t.saturating_duration_since(submitted))),
+            ar_ms_per_frame: if ar.frames > 0 {
+                ms(ar.steps) / ar.frames as f64
+            } else {
+                0.0
+            },
+            decoder_ms_per_frame: if dec.frames > 0 {
+                ms(dec.decode) / dec.frames as f64
+            } else {
+                0.0
+            },
+            rtf: if audio_ms > 0.0 {
+                processing / audio_ms
+            } else {
+                0.0
+            },
+            wall_ms: ms(finished.saturating_duration_since(submitted)),
+            queue_ms: ms(started.saturating_duration_since(submitted)),
+            ar_prefill_ms: ms(ar.prefill),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_values() {
+        let t0 = Instant::now();
+        let ar = ArTiming {
+            started: Some(t0 + Duration::from_millis(10)),
+            prefill: Duration::from_millis(5),
+            steps: Duration::from_millis(100),
+            frames: 10,
+        };
+        let dec = DecoderTiming {
+            decode: Duration::from_millis(20),
+            frames: 10,
+            samples: 19200,
+            first_audio: Some(t0 + Duration::from_millis(30)),
+        };
+        let m = Metrics::build(t0, t0 + Duration::from_millis(410), &ar, &dec, 24000);
+        assert!((m.audio_ms - 800.0).abs() < 1e-9);
+        assert!((m.ar_ms_per_frame - 10.0).abs() < 1e-9);
+        assert!((m.decoder_ms_per_frame - 2.0).abs() < 1e-9);
+        assert!((m.rtf - 0.5).abs() < 1e-9);
+        assert!((m.wall_ms - 410.0).abs() < 1e-9);
+        assert!((m.queue_ms - 10.0).abs() < 1e-9);
+        assert!((m.ttfa_ms.unwrap() - 30.0).abs() < 1e-9);
+        let empty = Metrics::build(
+            t0,
+            t0,
+            &ArTiming::default(),
+            &DecoderTiming::default(),
+            24000,
+        );
+        assert_eq!(empty.rtf, 0.0);
+        assert_eq!(empty.ttfa_ms, None);
+    }
+}
