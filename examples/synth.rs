@@ -9,6 +9,15 @@
 //! (`generation_config.json` sampling, `auto` language, non-streaming prompt for
 //! CustomVoice/VoiceDesign). Writes the codes as JSON (array of frames, `num_code_groups` ints
 //! each, EOS excluded) and a 24 kHz mono WAV decoded by `Code2Wav`.
+//!
+//! Base checkpoints clone a voice from `--ref-audio ref.wav` (mono or multi-channel, mixed down;
+//! **must be 24 kHz**, no resampling yet) with `--ref-text "transcript"` (ICL mode) or
+//! `--x-vector-only` (speaker embedding only):
+//!
+//! ```sh
+//! cargo run --release --example synth -- --model BASE_DIR --text "Hello." \
+//!     --ref-audio ref.wav --ref-text "What the reference says." --codes-out c.json --wav-out o.wav
+//! ```
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -62,6 +71,44 @@ struct Args {
     /// Where to write the 24 kHz mono WAV.
     #[arg(long)]
     wav_out: Option<PathBuf>,
+    /// Base: reference audio to clone (WAV, 24 kHz; channels are averaged).
+    #[arg(long)]
+    ref_audio: Option<PathBuf>,
+    /// Base: transcript of the reference audio (ICL mode; required unless --x-vector-only).
+    #[arg(long)]
+    ref_text: Option<String>,
+    /// Base: clone from the speaker embedding only (no reference text/codes in the prompt).
+    #[arg(long)]
+    x_vector_only: bool,
+}
+
+/// Reads a WAV as mono f32 in [-1, 1] (channels averaged); requires 24 kHz.
+fn read_ref_audio(path: &std::path::Path) -> Result<Vec<f32>> {
+    let mut r =
+        hound::WavReader::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let spec = r.spec();
+    if spec.sample_rate != 24_000 {
+        bail!(
+            "{}: sample rate {} Hz; the reference audio must be 24000 Hz (resample it first, e.g. \
+             `sox in.wav -r 24000 out.wav`)",
+            path.display(),
+            spec.sample_rate
+        );
+    }
+    let ch = spec.channels.max(1) as usize;
+    let interleaved: Vec<f32> = match spec.sample_format {
+        hound::SampleFormat::Float => r.samples::<f32>().collect::<Result<_, _>>()?,
+        hound::SampleFormat::Int => {
+            let scale = 1.0 / (1u64 << (spec.bits_per_sample - 1)) as f32;
+            r.samples::<i32>()
+                .map(|x| x.map(|v| v as f32 * scale))
+                .collect::<Result<_, _>>()?
+        }
+    };
+    Ok(interleaved
+        .chunks(ch)
+        .map(|c| c.iter().sum::<f32>() / c.len() as f32)
+        .collect())
 }
 
 fn device(spec: &str) -> Result<Device> {
@@ -105,16 +152,38 @@ fn main() -> Result<()> {
     if args.greedy {
         sampling = sampling.greedy();
     }
+    let voice_clone = match &args.ref_audio {
+        Some(path) => {
+            let audio = read_ref_audio(path)?;
+            let t = Instant::now();
+            let vc = model
+                .create_voice_clone_prompt(&audio, args.ref_text.as_deref(), args.x_vector_only)
+                .with_context(|| format!("reference audio {}", path.display()))?;
+            eprintln!(
+                "voice clone prompt ({}, {} reference frames) in {:.2} s",
+                if vc.icl { "ICL" } else { "x-vector only" },
+                vc.ref_frames(),
+                t.elapsed().as_secs_f64()
+            );
+            Some(vc)
+        }
+        None if args.ref_text.is_some() || args.x_vector_only => {
+            bail!("--ref-text / --x-vector-only need --ref-audio")
+        }
+        None => None,
+    };
     let req = VoiceRequest {
         text: args.text.clone(),
         speaker: args.speaker.clone(),
         language: args.language.clone(),
         instruct: args.instruct.clone(),
         prompt_mode: args.prompt_mode,
+        voice_clone,
     };
 
     let t1 = Instant::now();
     let mut session = model.start(&req, &sampling)?;
+    let ref_codes: Vec<Vec<u32>> = session.ref_codes().map(<[_]>::to_vec).unwrap_or_default();
     let mut frames: Vec<Vec<u32>> = Vec::new();
     let reason = loop {
         match session.next_frame()? {
@@ -141,24 +210,28 @@ fn main() -> Result<()> {
     println!("finish reason: {reason:?}");
 
     if let Some(wav) = &args.wav_out {
-        write_wav(&args.model, &dev, &frames, wav)?;
+        write_wav(&args.model, &dev, &ref_codes, &frames, wav)?;
     }
     Ok(())
 }
 
-/// Decodes `frames` with the stage-1 codec decoder and writes a mono 32-bit float WAV.
+/// Decodes `frames` with the stage-1 codec decoder and writes a mono 32-bit float WAV. For Base
+/// ICL the reference codes `ref_codes` are the decoder's left context and exactly
+/// `ref_codes.len() × samples_per_frame` samples are cut from the front.
 ///
 /// Stage 1 (`Code2Wav`, src/models/qwen3_tts/code2wav.rs) is developed on another branch; at
 /// merge this becomes:
 /// `let c2w = Code2Wav::load(model_dir, dev)?;`
-/// `write_pcm(path, &c2w.decode(frames)?, c2w.sample_rate())`.
+/// `let mut s = c2w.stream(); s.decode_chunk(ref_codes)?;` (dropped)
+/// `write_pcm(path, &s.decode_chunk(frames)?, c2w.sample_rate())`.
 fn write_wav(
     model_dir: &std::path::Path,
     dev: &Device,
+    ref_codes: &[Vec<u32>],
     frames: &[Vec<u32>],
     path: &std::path::Path,
 ) -> Result<()> {
-    let _ = (model_dir, dev, frames, write_pcm);
+    let _ = (model_dir, dev, ref_codes, frames, write_pcm);
     bail!(
         "{}: WAV output needs Code2Wav (stage 1), which is not on this branch yet",
         path.display()
