@@ -1,0 +1,2 @@
+//! The model error type (unified at merge).
+pub use super::super::ModelError;
