@@ -25,6 +25,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use clap::Parser;
+use gstomnitts::models::qwen3_tts::code2wav::Code2Wav;
 use gstomnitts::models::qwen3_tts::{
     ArModel, ArStep, Checkpoint, PromptMode, SamplingParams, VoiceRequest,
 };
@@ -216,14 +217,8 @@ fn main() -> Result<()> {
 }
 
 /// Decodes `frames` with the stage-1 codec decoder and writes a mono 32-bit float WAV. For Base
-/// ICL the reference codes `ref_codes` are the decoder's left context and exactly
-/// `ref_codes.len() × samples_per_frame` samples are cut from the front.
-///
-/// Stage 1 (`Code2Wav`, src/models/qwen3_tts/code2wav.rs) is developed on another branch; at
-/// merge this becomes:
-/// `let c2w = Code2Wav::load(model_dir, dev)?;`
-/// `let mut s = c2w.stream(); s.decode_chunk(ref_codes)?;` (dropped)
-/// `write_pcm(path, &s.decode_chunk(frames)?, c2w.sample_rate())`.
+/// ICL the reference codes `ref_codes` are the decoder's left context: the stream is primed with
+/// them and their audio (exactly `ref_codes.len() × samples_per_frame` samples) is dropped.
 fn write_wav(
     model_dir: &std::path::Path,
     dev: &Device,
@@ -231,11 +226,11 @@ fn write_wav(
     frames: &[Vec<u32>],
     path: &std::path::Path,
 ) -> Result<()> {
-    let _ = (model_dir, dev, ref_codes, frames, write_pcm);
-    bail!(
-        "{}: WAV output needs Code2Wav (stage 1), which is not on this branch yet",
-        path.display()
-    )
+    let c2w = Code2Wav::load(model_dir, dev)?;
+    let mut stream = c2w.stream();
+    let primed = stream.decode_chunk(ref_codes)?;
+    debug_assert_eq!(primed.len(), ref_codes.len() * c2w.samples_per_frame());
+    write_pcm(path, &stream.decode_chunk(frames)?, c2w.sample_rate())
 }
 
 /// Writes `samples` (mono, [-1, 1]) as a 32-bit float WAV at `sample_rate` Hz.

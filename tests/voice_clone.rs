@@ -508,3 +508,53 @@ fn invalid_clone_requests_name_the_field() {
     r.speaker = Some("vivian".into());
     assert_eq!(bad_field(m.start(&r, &p)).0, "speaker");
 }
+
+/// The clone cases' waveforms: x-vector cases decode their codes; ICL cases prime a Code2Wav
+/// stream with the reference codes (decoder left context), drop that audio (exactly
+/// `ref_frames × 1920` samples) and decode the generated codes. Compared with the wrapper's
+/// output (`wav`, after its cut) and, for ICL, the decode of `ref_code ++ codes` (`wav_full`).
+#[test]
+fn clone_waveforms_match_reference() {
+    use gstomnitts::models::qwen3_tts::code2wav::Code2Wav;
+    let mut checked = 0;
+    for s in base_suites() {
+        let c2w = Code2Wav::load(&s.ckpt_dir, &Device::Cpu).unwrap();
+        let spf = c2w.samples_per_frame();
+        for case in s.json["cases"].as_array().unwrap() {
+            if !is_clone(case) {
+                continue;
+            }
+            let id = case["id"].as_str().unwrap();
+            let codes = frames(&case["codes"]);
+            let want = f32s(&s.tensors[case["tensors"]["wav"].as_str().unwrap()]);
+            let got = if case["icl_mode"].as_bool().unwrap() {
+                let refc = frames(&case["ref_code"]);
+                let mut stream = c2w.stream();
+                let primed = stream.decode_chunk(&refc).unwrap();
+                assert_eq!(primed.len(), refc.len() * spf);
+                assert_eq!(
+                    primed.len(),
+                    case["ref_cut_samples"].as_u64().unwrap() as usize,
+                    "{}/{id}: cut",
+                    s.name
+                );
+                let out = stream.decode_chunk(&codes).unwrap();
+                let full: Vec<f32> = primed.iter().chain(&out).copied().collect();
+                let want_full = f32s(&s.tensors[case["tensors"]["wav_full"].as_str().unwrap()]);
+                let r = rel_l2(&full, &want_full);
+                assert!(r <= TOL, "{}/{id}: wav_full rel L2 {r:e}", s.name);
+                out
+            } else {
+                c2w.decode(&codes).unwrap()
+            };
+            assert_eq!(got.len(), codes.len() * spf);
+            assert_eq!(got.len(), want.len(), "{}/{id}: samples", s.name);
+            let r = rel_l2(&got, &want);
+            let d = max_abs(&got, &want);
+            assert!(r <= TOL, "{}/{id}: wav rel L2 {r:e}, max abs {d:e}", s.name);
+            eprintln!("{}/{id}: wav rel L2 {r:e}, max abs {d:e}", s.name);
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+}
