@@ -508,3 +508,13 @@ fn invalid_clone_requests_name_the_field() {
     r.speaker = Some("vivian".into());
     assert_eq!(bad_field(m.start(&r, &p)).0, "speaker");
 }
+
+#[test]
+fn clone_state_is_thread_safe() {
+    // The engine moves the model into its stage thread and shares it.
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<ArModel>();
+    send_sync::<VoiceClonePrompt>();
+    send_sync::<gstomnitts::models::qwen3_tts::speaker_encoder::SpeakerEncoder>();
+    send_sync::<gstomnitts::models::qwen3_tts::codec_encoder::CodecEncoder>();
+}
