@@ -558,3 +558,13 @@ fn clone_waveforms_match_reference() {
     }
     assert!(checked > 0);
 }
+
+#[test]
+fn clone_state_is_thread_safe() {
+    // The engine moves the model into its stage thread and shares it.
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<ArModel>();
+    send_sync::<VoiceClonePrompt>();
+    send_sync::<gstomnitts::models::qwen3_tts::speaker_encoder::SpeakerEncoder>();
+    send_sync::<gstomnitts::models::qwen3_tts::codec_encoder::CodecEncoder>();
+}
