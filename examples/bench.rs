@@ -772,6 +772,7 @@ fn main() -> Result<()> {
         language: Some("english".to_string()),
         instruct: None,
         prompt_mode: None,
+        voice_clone: None,
     };
     if let Some(dir) = &args.model_dir {
         rows.extend(bench_model(

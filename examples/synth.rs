@@ -9,6 +9,15 @@
 //! (`generation_config.json` sampling, `auto` language, non-streaming prompt for
 //! CustomVoice/VoiceDesign). Writes the codes as JSON (array of frames, `num_code_groups` ints
 //! each, EOS excluded) and a 24 kHz mono WAV decoded by `Code2Wav`.
+//!
+//! Base checkpoints clone a voice from `--ref-audio ref.wav` (mono or multi-channel, mixed down;
+//! **must be 24 kHz**, no resampling yet) with `--ref-text "transcript"` (ICL mode) or
+//! `--x-vector-only` (speaker embedding only):
+//!
+//! ```sh
+//! cargo run --release --example synth -- --model BASE_DIR --text "Hello." \
+//!     --ref-audio ref.wav --ref-text "What the reference says." --codes-out c.json --wav-out o.wav
+//! ```
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -16,8 +25,11 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use clap::Parser;
+use gstomnitts::models::qwen3_tts::code2wav::{
+    Code2Wav, REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES,
+};
 use gstomnitts::models::qwen3_tts::{
-    ArModel, ArStep, Checkpoint, PromptMode, SamplingParams, VoiceRequest, code2wav::Code2Wav,
+    ArModel, ArStep, Checkpoint, PromptMode, SamplingParams, VoiceRequest,
 };
 
 #[derive(Parser, Debug)]
@@ -62,6 +74,44 @@ struct Args {
     /// Where to write the 24 kHz mono WAV.
     #[arg(long)]
     wav_out: Option<PathBuf>,
+    /// Base: reference audio to clone (WAV, 24 kHz; channels are averaged).
+    #[arg(long)]
+    ref_audio: Option<PathBuf>,
+    /// Base: transcript of the reference audio (ICL mode; required unless --x-vector-only).
+    #[arg(long)]
+    ref_text: Option<String>,
+    /// Base: clone from the speaker embedding only (no reference text/codes in the prompt).
+    #[arg(long)]
+    x_vector_only: bool,
+}
+
+/// Reads a WAV as mono f32 in [-1, 1] (channels averaged); requires 24 kHz.
+fn read_ref_audio(path: &std::path::Path) -> Result<Vec<f32>> {
+    let mut r =
+        hound::WavReader::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let spec = r.spec();
+    if spec.sample_rate != 24_000 {
+        bail!(
+            "{}: sample rate {} Hz; the reference audio must be 24000 Hz (resample it first, e.g. \
+             `sox in.wav -r 24000 out.wav`)",
+            path.display(),
+            spec.sample_rate
+        );
+    }
+    let ch = spec.channels.max(1) as usize;
+    let interleaved: Vec<f32> = match spec.sample_format {
+        hound::SampleFormat::Float => r.samples::<f32>().collect::<Result<_, _>>()?,
+        hound::SampleFormat::Int => {
+            let scale = 1.0 / (1u64 << (spec.bits_per_sample - 1)) as f32;
+            r.samples::<i32>()
+                .map(|x| x.map(|v| v as f32 * scale))
+                .collect::<Result<_, _>>()?
+        }
+    };
+    Ok(interleaved
+        .chunks(ch)
+        .map(|c| c.iter().sum::<f32>() / c.len() as f32)
+        .collect())
 }
 
 fn device(spec: &str) -> Result<Device> {
@@ -105,16 +155,38 @@ fn main() -> Result<()> {
     if args.greedy {
         sampling = sampling.greedy();
     }
+    let voice_clone = match &args.ref_audio {
+        Some(path) => {
+            let audio = read_ref_audio(path)?;
+            let t = Instant::now();
+            let vc = model
+                .create_voice_clone_prompt(&audio, args.ref_text.as_deref(), args.x_vector_only)
+                .with_context(|| format!("reference audio {}", path.display()))?;
+            eprintln!(
+                "voice clone prompt ({}, {} reference frames) in {:.2} s",
+                if vc.icl { "ICL" } else { "x-vector only" },
+                vc.ref_frames(),
+                t.elapsed().as_secs_f64()
+            );
+            Some(vc)
+        }
+        None if args.ref_text.is_some() || args.x_vector_only => {
+            bail!("--ref-text / --x-vector-only need --ref-audio")
+        }
+        None => None,
+    };
     let req = VoiceRequest {
         text: args.text.clone(),
         speaker: args.speaker.clone(),
         language: args.language.clone(),
         instruct: args.instruct.clone(),
         prompt_mode: args.prompt_mode,
+        voice_clone,
     };
 
     let t1 = Instant::now();
     let mut session = model.start(&req, &sampling)?;
+    let ref_codes: Vec<Vec<u32>> = session.ref_codes().map(<[_]>::to_vec).unwrap_or_default();
     let mut frames: Vec<Vec<u32>> = Vec::new();
     let reason = loop {
         match session.next_frame()? {
@@ -132,11 +204,12 @@ fn main() -> Result<()> {
     let code2wav = Code2Wav::load(&args.model, &dev)?;
     // The reference's own offline decode (300-frame windows, 25 frames of context), so the WAV
     // equals what the official `generate_*` call returns.
-    let wav = code2wav.decode_chunked(
-        &frames,
-        REFERENCE_CHUNK_FRAMES,
-        REFERENCE_LEFT_CONTEXT_FRAMES,
-    )?;
+    // For Base ICL the reference codes are the decoder's left context: decode them with the
+    // utterance, then drop exactly their samples.
+    let all: Vec<Vec<u32>> = ref_codes.iter().chain(&frames).cloned().collect();
+    let mut wav =
+        code2wav.decode_chunked(&all, REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES)?;
+    wav.drain(..ref_codes.len() * code2wav.samples_per_frame());
     let decode_s = t2.elapsed().as_secs_f64();
     let audio_s = wav.len() as f64 / code2wav.sample_rate() as f64;
     println!("frames: {}", frames.len());

@@ -4,7 +4,7 @@
 //! Checks, per checkpoint and case: tokenized prompt ids, prefill `inputs_embeds` and
 //! `trailing_text_hidden` (f32, close), greedy codes frame for frame incl. the finish reason and the
 //! number of sampled codebook-0 tokens; plus the error paths (missing tensor, wrong shape, bad
-//! config, unknown speaker/language, empty text, Base prompts not supported yet).
+//! config, unknown speaker/language, empty text, Base without a voice-clone prompt).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -80,6 +80,7 @@ fn request(case: &Value) -> VoiceRequest {
             "non_streaming" => PromptMode::NonStreaming,
             other => panic!("prompt_mode {other}"),
         }),
+        voice_clone: None,
     }
 }
 
@@ -535,7 +536,7 @@ fn invalid_requests_name_the_field() {
 }
 
 #[test]
-fn base_loads_but_start_is_not_supported_yet() {
+fn base_without_voice_clone_prompt_is_rejected() {
     for s in suites() {
         if s.json["variant"] != "base" {
             continue;

@@ -93,10 +93,12 @@ impl DeviceSpec {
         self.check_supported()?;
         match self.resolve() {
             DeviceSpec::Cpu => Ok(Device::Cpu),
-            DeviceSpec::Cuda(n) => Device::new_cuda_with_stream(n).map_err(|e| EngineError::Device {
-                spec: self.to_string(),
-                msg: format!("cannot open CUDA device {n}: {e}"),
-            }),
+            DeviceSpec::Cuda(n) => {
+                Device::new_cuda_with_stream(n).map_err(|e| EngineError::Device {
+                    spec: self.to_string(),
+                    msg: format!("cannot open CUDA device {n}: {e}"),
+                })
+            }
             DeviceSpec::Auto => unreachable!("resolve() never returns Auto"),
         }
     }

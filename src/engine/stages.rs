@@ -619,8 +619,8 @@ struct DecStage<'c> {
 }
 
 enum DecState<'c> {
-    /// Batch: one whole-utterance decode.
-    Whole,
+    /// Batch: one whole-utterance decode after the ICL reference codes (empty otherwise).
+    Whole(Vec<Vec<u32>>),
     /// Stateful exact streaming.
     Exact(Code2WavStream<'c>),
     /// Stateless windows; the last `codec_left_context_frames` frames decoded so far.
@@ -680,16 +680,19 @@ impl<'c> DecStage<'c> {
                     break;
                 };
                 progress = true;
-                let state = match (req.buffer.policy(), self.cfg.streaming_mode) {
-                    (ChunkPolicy::Whole, _) => DecState::Whole,
-                    (_, DecoderStreamingMode::Exact) => DecState::Exact(self.c2w.stream()),
-                    (_, DecoderStreamingMode::Windowed) => DecState::Windowed(Vec::new()),
+                let mut timing = DecoderTiming::default();
+                let state = match self.init_state(&req, &mut timing) {
+                    Ok(state) => state,
+                    Err(msg) => {
+                        req.cancel();
+                        let reason = FinishReason::Error(format!(
+                            "stage 1 (code2wav) reference codes: {msg}"
+                        ));
+                        Self::finish(&req, reason, &timing, self.sample_rate());
+                        continue;
+                    }
                 };
-                active.push(DecActive {
-                    req,
-                    state,
-                    timing: DecoderTiming::default(),
-                });
+                active.push(DecActive { req, state, timing });
             }
             let mut i = 0;
             while i < active.len() {
@@ -716,6 +719,41 @@ impl<'c> DecStage<'c> {
 
     fn sample_rate(&self) -> u32 {
         self.c2w.sample_rate()
+    }
+
+    /// The decoder state a request starts with. For Base ICL the reference codes are the decoder's
+    /// left context for the whole utterance (field-lessons.md §4): the exact stream is primed with
+    /// them and their audio dropped, the windowed history starts with their tail, and a whole
+    /// decode prepends them.
+    fn init_state(
+        &self,
+        req: &RequestShared,
+        timing: &mut DecoderTiming,
+    ) -> Result<DecState<'c>, String> {
+        let context = req
+            .request
+            .voice
+            .voice_clone
+            .as_ref()
+            .filter(|vc| vc.icl)
+            .and_then(|vc| vc.ref_codes.clone())
+            .unwrap_or_default();
+        Ok(match (req.buffer.policy(), self.cfg.streaming_mode) {
+            (ChunkPolicy::Whole, _) => DecState::Whole(context),
+            (_, DecoderStreamingMode::Exact) => {
+                let mut stream = self.c2w.stream();
+                if !context.is_empty() {
+                    let t = Instant::now();
+                    guarded(|| stream.decode_chunk(&context))?;
+                    timing.decode += t.elapsed();
+                }
+                DecState::Exact(stream)
+            }
+            (_, DecoderStreamingMode::Windowed) => {
+                let keep = self.cfg.codec_left_context_frames;
+                DecState::Windowed(context[context.len().saturating_sub(keep)..].to_vec())
+            }
+        })
     }
 
     fn finish(req: &RequestShared, reason: FinishReason, timing: &DecoderTiming, rate: u32) {
@@ -750,7 +788,9 @@ impl<'c> DecStage<'c> {
                 let spf = self.c2w.samples_per_frame();
                 let t = Instant::now();
                 let decoded = match &mut a.state {
-                    DecState::Whole => guarded(|| self.c2w.decode(&frames)),
+                    DecState::Whole(context) => {
+                        guarded(|| self.c2w.decode_window(context, &frames))
+                    }
                     DecState::Exact(stream) => guarded(|| stream.decode_chunk(&frames)),
                     DecState::Windowed(history) => {
                         let r = guarded(|| self.c2w.decode_window(history, &frames));

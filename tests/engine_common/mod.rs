@@ -46,6 +46,7 @@ pub fn voice(text: &str, speaker: Option<&str>) -> VoiceRequest {
         language: Some("english".to_string()),
         instruct: None,
         prompt_mode: None,
+        voice_clone: None,
     }
 }
 

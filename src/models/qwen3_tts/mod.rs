@@ -10,9 +10,12 @@
 
 pub mod code2wav;
 pub mod code_predictor;
+pub mod codec_encoder;
 pub mod config;
+pub mod mel;
 pub mod prompt;
 pub mod sampling;
+pub mod speaker_encoder;
 pub mod talker;
 pub mod tokenizer;
 
@@ -23,11 +26,13 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 pub use config::{GenerationConfig, ModelVariant, Qwen3TtsConfig};
-pub use prompt::{Prompt, PromptRow, ResolvedRequest};
+pub use prompt::{CodecPart, Prompt, PromptRow, ResolvedRequest, VoiceClonePrompt};
 
 use crate::nn::{LayerCaches, WeightError, Weights};
 use code_predictor::CodePredictor;
+use codec_encoder::CodecEncoder;
 use sampling::{TalkerProcessors, TokenChooser};
+use speaker_encoder::{EcapaConfig, SpeakerEncoder};
 use talker::Talker;
 use tokenizer::TextTokenizer;
 
@@ -183,8 +188,12 @@ pub struct VoiceRequest {
     /// Instruct / voice description (CustomVoice 1.7B, VoiceDesign); ignored for 0.6B
     /// CustomVoice like the reference wrapper.
     pub instruct: Option<String>,
-    /// `None` = the variant's reference default (non-streaming for CustomVoice/VoiceDesign).
+    /// `None` = the variant's reference default (non-streaming for CustomVoice/VoiceDesign,
+    /// streaming for Base).
     pub prompt_mode: Option<PromptMode>,
+    /// Base checkpoints: the voice to clone (required for Base, refused otherwise); see
+    /// [`ArModel::create_voice_clone_prompt`].
+    pub voice_clone: Option<VoiceClonePrompt>,
 }
 
 /// Decoding parameters (reference `generate` kwargs).
@@ -299,9 +308,19 @@ pub struct ArModel {
     code_predictor: CodePredictor,
     /// `T(tts_pad)`, `T(tts_bos)`, `T(tts_eos)`: `[1, hidden]` each, computed once.
     tts_pad_embed: Tensor,
+    /// Base only: `speaker_encoder.*` (f32) and the codec encoder (`speech_tokenizer/`, f32).
+    speaker_encoder: Option<SpeakerEncoder>,
+    codec_encoder: Option<CodecEncoder>,
     device: Device,
     dtype: DType,
 }
+
+/// Shortest reference audio [`ArModel::create_voice_clone_prompt`] accepts: 0.5 s at 24 kHz.
+pub const MIN_REF_AUDIO_SAMPLES: usize = 12_000;
+/// Longest reference audio: 60 s at 24 kHz (750 codec frames of prompt and decoder context).
+pub const MAX_REF_AUDIO_SAMPLES: usize = 60 * 24_000;
+/// A reference whose peak |sample| is below this (−60 dBFS) is rejected as silent.
+pub const SILENT_REF_PEAK: f32 = 1e-3;
 
 impl ArModel {
     /// Loads the tokenizer and the `talker.*` weights (converted to `dtype`) onto `device`.
@@ -316,12 +335,42 @@ impl ArModel {
         let code_predictor =
             CodePredictor::new(&config.talker_config, &w.pp("talker.code_predictor"))?;
         let tts_pad_embed = talker.text_embed(&[config.tts_pad_token_id])?;
+        // Base: the voice-clone front end, kept in f32 whatever the talker dtype (it runs once
+        // per reference; the x-vector is cast to the talker dtype in the prompt).
+        let (speaker_encoder, codec_encoder) = if config.variant == ModelVariant::Base {
+            let sc = config
+                .speaker_encoder_config
+                .as_ref()
+                .ok_or_else(|| ModelError::Config {
+                    file: ckpt.dir.join("config.json"),
+                    field: "speaker_encoder_config".into(),
+                    msg: "missing (a Base checkpoint needs its speaker encoder)".into(),
+                })?;
+            let ecfg = EcapaConfig::from_config(&ckpt.dir.join("config.json"), sc)?;
+            if ecfg.enc_dim != config.talker_config.transformer.hidden_size {
+                return Err(ModelError::Config {
+                    file: ckpt.dir.join("config.json"),
+                    field: "speaker_encoder_config.enc_dim".into(),
+                    msg: format!(
+                        "{} must equal the talker hidden size {}",
+                        ecfg.enc_dim, config.talker_config.transformer.hidden_size
+                    ),
+                });
+            }
+            let se = SpeakerEncoder::new(&ecfg, &w.with_dtype(DType::F32).pp("speaker_encoder"))?;
+            let ce = CodecEncoder::load(&ckpt.dir, device)?;
+            (Some(se), Some(ce))
+        } else {
+            (None, None)
+        };
         Ok(ArModel {
             config,
             tokenizer,
             talker,
             code_predictor,
             tts_pad_embed,
+            speaker_encoder,
+            codec_encoder,
             device: device.clone(),
             dtype,
         })
@@ -363,37 +412,192 @@ impl ArModel {
 
     /// Resolves, tokenizes and builds the prompt plan of `req` (no model computation).
     pub fn plan(&self, req: &VoiceRequest) -> Result<Prompt, ModelError> {
-        if self.config.variant == ModelVariant::Base {
-            return Err(ModelError::InvalidRequest {
-                field: "model".into(),
-                value: self.config.tts_model_type.clone(),
-                msg: "Base (voice clone) prompts need reference audio, which is not supported yet"
-                    .into(),
-            });
-        }
         let r = prompt::resolve(&self.config, req)?;
         let input_ids = self.tokenizer.encode(&r.assistant_text)?;
         let instruct_ids = match &r.instruct_text {
             Some(t) => Some(self.tokenizer.encode(t)?),
             None => None,
         };
-        Prompt::build(&self.config, &r, input_ids, instruct_ids)
+        let ref_ids = match &r.ref_text {
+            Some(t) => Some(self.tokenizer.encode(t)?),
+            None => None,
+        };
+        let mut p = Prompt::build_with_ref(&self.config, &r, input_ids, instruct_ids, ref_ids)?;
+        p.voice_clone = req.voice_clone.clone();
+        Ok(p)
     }
 
-    /// `[1, rows, hidden]`: `T(text) + C(codec)` for each prompt row.
+    /// `[1, rows, hidden]`: `T(text) + codec part` for each prompt row (`C(id)`, the x-vector,
+    /// or the 16-way sum of a reference frame's code embeddings; nothing for role/instruct rows).
     pub fn prompt_embeds(&self, p: &Prompt) -> Result<Tensor, ModelError> {
         let text_ids: Vec<u32> = p.rows.iter().map(|r| r.text).collect();
         let text = self.talker.text_embed(&text_ids)?;
-        // Rows without a codec part add exact zeros (the reference adds nothing).
-        let codec_ids: Vec<u32> = p.rows.iter().map(|r| r.codec.unwrap_or(0)).collect();
-        let mask: Vec<f32> = p
-            .rows
-            .iter()
-            .map(|r| if r.codec.is_some() { 1.0 } else { 0.0 })
-            .collect();
-        let mask = Tensor::from_vec(mask, (p.rows.len(), 1), &self.device)?.to_dtype(self.dtype)?;
-        let codec = self.talker.codec_embed(&codec_ids)?.broadcast_mul(&mask)?;
+        // One table of codec vectors, indexed per row: [C(id rows); zero; x-vector?; frames?].
+        let ids: Vec<u32> = p.rows.iter().filter_map(|r| r.codec.id()).collect();
+        let d = self.talker.hidden_size();
+        let mut table = vec![self.talker.codec_embed(&ids)?];
+        let zero = ids.len();
+        table.push(Tensor::zeros((1, d), self.dtype, &self.device)?);
+        let xvec_row = zero + 1;
+        let needs = |f: fn(&CodecPart) -> bool| p.rows.iter().any(|r| f(&r.codec));
+        let vc = p.voice_clone.as_ref();
+        let missing = |what: &str| ModelError::InvalidRequest {
+            field: "voice_clone".into(),
+            value: "None".into(),
+            msg: format!("the prompt has {what} rows but no voice-clone prompt"),
+        };
+        if needs(|c| matches!(c, CodecPart::XVector)) {
+            let vc = vc.ok_or_else(|| missing("x-vector"))?;
+            let x = Tensor::from_slice(&vc.x_vector, (1, vc.x_vector.len()), &self.device)?;
+            table.push(x.to_dtype(self.dtype)?);
+        }
+        let frames_row = zero + table.len() - 1;
+        if needs(|c| matches!(c, CodecPart::RefFrame(_))) {
+            let codes = vc
+                .and_then(|v| v.ref_codes.as_ref())
+                .ok_or_else(|| missing("reference-frame"))?;
+            table.push(self.ref_frame_embeds(codes)?);
+        }
+        let idx: Vec<u32> = {
+            let mut next_id = 0u32;
+            p.rows
+                .iter()
+                .map(|r| match r.codec {
+                    CodecPart::Id(_) => {
+                        next_id += 1;
+                        next_id - 1
+                    }
+                    CodecPart::None => zero as u32,
+                    CodecPart::XVector => xvec_row as u32,
+                    CodecPart::RefFrame(f) => (frames_row + f) as u32,
+                })
+                .collect()
+        };
+        let n = idx.len();
+        let table = Tensor::cat(&table, 0)?;
+        let codec = table.index_select(&Tensor::from_vec(idx, n, &self.device)?, 0)?;
         Ok((text + codec)?.unsqueeze(0)?)
+    }
+
+    /// `Σ_q Emb_q(codes[f][q])` for each reference frame: `[frames, hidden]` in the model dtype
+    /// (reference `generate_icl_prompt`; `Emb_0` = talker codec embedding, `Emb_q` = code
+    /// predictor table q−1). Summed in f32.
+    fn ref_frame_embeds(&self, codes: &[Vec<u32>]) -> Result<Tensor, ModelError> {
+        let groups = self.num_code_groups();
+        let column = |q: usize| -> Vec<u32> { codes.iter().map(|f| f[q]).collect() };
+        let mut sum = self.talker.codec_embed(&column(0))?.to_dtype(DType::F32)?;
+        for q in 1..groups {
+            let ids = Tensor::new(column(q).as_slice(), &self.device)?;
+            let e = candle_core::Module::forward(
+                &self.code_predictor.model.codec_embedding[q - 1],
+                &ids,
+            )?;
+            sum = (sum + e.to_dtype(DType::F32)?)?;
+        }
+        Ok(sum.to_dtype(self.dtype)?)
+    }
+
+    /// The Base speaker encoder (`None` for other variants).
+    pub fn speaker_encoder(&self) -> Option<&SpeakerEncoder> {
+        self.speaker_encoder.as_ref()
+    }
+
+    /// The Base codec encoder (`None` for other variants).
+    pub fn codec_encoder(&self) -> Option<&CodecEncoder> {
+        self.codec_encoder.as_ref()
+    }
+
+    /// Builds a voice-clone prompt from reference audio, like the reference wrapper's
+    /// `create_voice_clone_prompt` (`inference/qwen3_tts_model.py`): the x-vector of the speaker
+    /// encoder and, unless `x_vector_only`, the reference codes (codec encoder,
+    /// `ceil(samples / 1920)` frames) and `ref_text` for ICL.
+    ///
+    /// `audio_24k`: mono samples at 24 kHz, nominally in [-1, 1] (resample first).
+    ///
+    /// Errors ([`ModelError::InvalidRequest`]): not a Base checkpoint (`model`); audio shorter
+    /// than [`MIN_REF_AUDIO_SAMPLES`] (0.5 s) or longer than [`MAX_REF_AUDIO_SAMPLES`] (60 s),
+    /// non-finite samples, or silent (peak below [`SILENT_REF_PEAK`], −60 dBFS) (`ref_audio`);
+    /// missing/empty `ref_text` in ICL mode (`ref_text`).
+    pub fn create_voice_clone_prompt(
+        &self,
+        audio_24k: &[f32],
+        ref_text: Option<&str>,
+        x_vector_only: bool,
+    ) -> Result<VoiceClonePrompt, ModelError> {
+        let bad = |field: &str, value: String, msg: String| ModelError::InvalidRequest {
+            field: field.into(),
+            value,
+            msg,
+        };
+        let (Some(se), Some(ce)) = (&self.speaker_encoder, &self.codec_encoder) else {
+            return Err(bad(
+                "model",
+                self.config.tts_model_type.clone(),
+                "voice cloning needs a Base checkpoint".into(),
+            ));
+        };
+        let n = audio_24k.len();
+        let secs = |n: usize| n as f64 / 24_000.0;
+        if n < MIN_REF_AUDIO_SAMPLES {
+            return Err(bad(
+                "ref_audio",
+                format!("{n} samples ({:.2} s)", secs(n)),
+                format!(
+                    "reference audio too short (at least {MIN_REF_AUDIO_SAMPLES} samples = {:.1} s at 24 kHz)",
+                    secs(MIN_REF_AUDIO_SAMPLES)
+                ),
+            ));
+        }
+        if n > MAX_REF_AUDIO_SAMPLES {
+            return Err(bad(
+                "ref_audio",
+                format!("{n} samples ({:.2} s)", secs(n)),
+                format!(
+                    "reference audio too long (at most {MAX_REF_AUDIO_SAMPLES} samples = {:.0} s at 24 kHz)",
+                    secs(MAX_REF_AUDIO_SAMPLES)
+                ),
+            ));
+        }
+        if let Some(i) = audio_24k.iter().position(|x| !x.is_finite()) {
+            return Err(bad(
+                "ref_audio",
+                format!("sample {i} = {}", audio_24k[i]),
+                "non-finite sample".into(),
+            ));
+        }
+        let peak = audio_24k.iter().fold(0f32, |m, x| m.max(x.abs()));
+        if peak < SILENT_REF_PEAK {
+            return Err(bad(
+                "ref_audio",
+                format!("peak {peak:e}"),
+                format!("reference audio is silent (peak below {SILENT_REF_PEAK:e}, −60 dBFS)"),
+            ));
+        }
+        let ref_text = ref_text.filter(|t| !t.trim().is_empty());
+        if !x_vector_only && ref_text.is_none() {
+            return Err(bad(
+                "ref_text",
+                String::new(),
+                "ICL voice cloning needs the transcript of the reference audio (or use x-vector-only mode)"
+                    .into(),
+            ));
+        }
+        let x_vector = se.embed_audio(audio_24k)?.to_vec1::<f32>()?;
+        let ref_codes = if x_vector_only {
+            None
+        } else {
+            Some(ce.encode(audio_24k)?)
+        };
+        Ok(VoiceClonePrompt {
+            ref_codes,
+            x_vector,
+            ref_text: if x_vector_only {
+                None
+            } else {
+                ref_text.map(str::to_string)
+            },
+            icl: !x_vector_only,
+        })
     }
 
     /// Validates the request (unknown speaker/language, empty text → [`ModelError::InvalidRequest`]
@@ -489,6 +693,22 @@ impl ArSession<'_> {
 
     pub fn frames_generated(&self) -> usize {
         self.frames
+    }
+
+    /// Base ICL: the reference frames in the prompt. They are the codec decoder's left context:
+    /// decode `ref_codes ++ frames` (or prime a stream with them) and drop exactly
+    /// `ref_frames × samples_per_frame` samples from the front. 0 otherwise.
+    pub fn ref_frames(&self) -> usize {
+        self.prompt.ref_frames
+    }
+
+    /// Base ICL: the reference codes `[ref_frames][num_code_groups]` (see [`Self::ref_frames`]).
+    pub fn ref_codes(&self) -> Option<&[Vec<u32>]> {
+        self.prompt
+            .voice_clone
+            .as_ref()
+            .filter(|v| v.icl)
+            .and_then(|v| v.ref_codes.as_deref())
     }
 
     /// Codebook-0 tokens sampled so far (frames plus a final EOS/limit token).

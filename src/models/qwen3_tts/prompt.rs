@@ -9,12 +9,84 @@
 use super::config::{ModelVariant, Qwen3TtsConfig};
 use super::{ModelError, PromptMode, VoiceRequest};
 
-/// One prefill position: `T(text) + C(codec)` (the codec part may be absent).
+/// The codec-track part of a prompt row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodecPart {
+    /// No codec part (instruct and role rows).
+    None,
+    /// `C(id)`: a row of the talker's codec embedding.
+    Id(u32),
+    /// The Base speaker row: the raw x-vector of the voice-clone prompt (no projection).
+    XVector,
+    /// Reference frame `f` of an ICL prompt: `Σ_q Emb_q(ref_codes[f][q])` (`Emb_0` = the
+    /// talker's codec embedding, `Emb_q` = code predictor table q−1), as at decode time.
+    RefFrame(usize),
+}
+
+impl CodecPart {
+    /// The codec id, for [`CodecPart::Id`].
+    pub fn id(self) -> Option<u32> {
+        match self {
+            CodecPart::Id(i) => Some(i),
+            _ => None,
+        }
+    }
+}
+
+/// One prefill position: `T(text) + codec part`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PromptRow {
     pub text: u32,
-    pub codec: Option<u32>,
+    pub codec: CodecPart,
 }
+
+/// A Base voice-clone prompt (reference `VoiceClonePromptItem` of `create_voice_clone_prompt`,
+/// qwen3-tts.md §3.4): the speaker x-vector and, in ICL mode, the reference codes and text.
+///
+/// Built from audio by `ArModel::create_voice_clone_prompt`, or directly (e.g. from stored
+/// codes). In ICL mode the reference codes are also the codec decoder's left context: decode
+/// `ref_codes ++ generated` (or prime a stream with `ref_codes`) and drop exactly
+/// `ref_codes.len() × samples_per_frame` samples from the front.
+#[derive(Debug, Clone, Default)]
+pub struct VoiceClonePrompt {
+    /// Reference codes `[frames][num_code_groups]`, each in `[0, codebook size)`; required in
+    /// ICL mode, must be `None` otherwise.
+    pub ref_codes: Option<Vec<Vec<u32>>>,
+    /// Speaker x-vector `[talker hidden size]` (f32), used unprojected as the speaker row.
+    pub x_vector: Vec<f32>,
+    /// Transcript of the reference audio; required (non-empty) in ICL mode, ignored otherwise.
+    pub ref_text: Option<String>,
+    /// ICL mode (reference text + codes in the prompt); `false` = x-vector only.
+    pub icl: bool,
+}
+
+impl VoiceClonePrompt {
+    /// Number of reference frames whose audio the decoder must drop (0 unless ICL).
+    pub fn ref_frames(&self) -> usize {
+        if self.icl {
+            self.ref_codes.as_ref().map_or(0, Vec::len)
+        } else {
+            0
+        }
+    }
+}
+
+// Bitwise float comparison so that `VoiceRequest` stays `Eq`.
+impl PartialEq for VoiceClonePrompt {
+    fn eq(&self, o: &Self) -> bool {
+        self.ref_codes == o.ref_codes
+            && self.ref_text == o.ref_text
+            && self.icl == o.icl
+            && self.x_vector.len() == o.x_vector.len()
+            && self
+                .x_vector
+                .iter()
+                .zip(&o.x_vector)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+}
+
+impl Eq for VoiceClonePrompt {}
 
 /// A request resolved against the checkpoint: what the reference would feed `generate`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +104,12 @@ pub struct ResolvedRequest {
     /// The speaker's codec row.
     pub speaker_id: Option<u32>,
     pub mode: PromptMode,
+    /// Base voice clone: the speaker row is the x-vector.
+    pub x_vector: bool,
+    /// Base ICL: `<|im_start|>assistant\n{ref_text}<|im_end|>\n` (reference `_build_ref_text`).
+    pub ref_text: Option<String>,
+    /// Base ICL: number of reference frames.
+    pub ref_frames: usize,
 }
 
 fn invalid(field: &str, value: &str, msg: impl Into<String>) -> ModelError {
@@ -99,6 +177,7 @@ pub fn resolve(cfg: &Qwen3TtsConfig, req: &VoiceRequest) -> Result<ResolvedReque
             ));
         }
     };
+    let clone = resolve_clone(cfg, req)?;
     let instruct = match cfg.variant {
         ModelVariant::CustomVoice if cfg.ignores_instruct() => None,
         ModelVariant::CustomVoice | ModelVariant::VoiceDesign => {
@@ -128,9 +207,105 @@ pub fn resolve(cfg: &Qwen3TtsConfig, req: &VoiceRequest) -> Result<ResolvedReque
         language_id,
         speaker_id,
         mode: req.prompt_mode.unwrap_or(default_prompt_mode(cfg.variant)),
+        x_vector: clone.is_some(),
+        ref_text: clone
+            .and_then(|c| c.ref_text.as_ref().filter(|_| c.icl))
+            .map(|t| format!("<|im_start|>assistant\n{t}<|im_end|>\n")),
+        ref_frames: clone.map_or(0, VoiceClonePrompt::ref_frames),
     })
 }
 
+/// Checks the voice-clone part of `req`: required for Base, refused otherwise; x-vector width =
+/// talker hidden size and finite; ICL needs non-empty `ref_text` and reference codes of
+/// `num_code_groups` codes below the codebook size; x-vector-only mode takes no codes.
+fn resolve_clone<'a>(
+    cfg: &Qwen3TtsConfig,
+    req: &'a VoiceRequest,
+) -> Result<Option<&'a VoiceClonePrompt>, ModelError> {
+    let tc = &cfg.talker_config;
+    let Some(vc) = &req.voice_clone else {
+        if cfg.variant == ModelVariant::Base {
+            return Err(invalid(
+                "voice_clone",
+                "None",
+                "a Base checkpoint clones a voice: give reference audio (a voice-clone prompt)",
+            ));
+        }
+        return Ok(None);
+    };
+    if cfg.variant != ModelVariant::Base {
+        return Err(invalid(
+            "voice_clone",
+            &format!("{} reference frames", vc.ref_frames()),
+            format!(
+                "a {} checkpoint cannot clone voices (Base only)",
+                cfg.variant
+            ),
+        ));
+    }
+    let d = tc.transformer.hidden_size;
+    if vc.x_vector.len() != d {
+        return Err(invalid(
+            "voice_clone.x_vector",
+            &format!("{} values", vc.x_vector.len()),
+            format!("the speaker embedding must have {d} values (talker hidden size)"),
+        ));
+    }
+    if let Some(i) = vc.x_vector.iter().position(|x| !x.is_finite()) {
+        return Err(invalid(
+            "voice_clone.x_vector",
+            &format!("[{i}] = {}", vc.x_vector[i]),
+            "non-finite value",
+        ));
+    }
+    if !vc.icl {
+        if let Some(c) = &vc.ref_codes {
+            return Err(invalid(
+                "voice_clone.ref_codes",
+                &format!("{} frames", c.len()),
+                "reference codes are only used in ICL mode (icl = false here)",
+            ));
+        }
+        return Ok(Some(vc));
+    }
+    let text = vc.ref_text.as_deref().unwrap_or("");
+    if text.trim().is_empty() {
+        return Err(invalid(
+            "voice_clone.ref_text",
+            text,
+            "ICL voice cloning needs the transcript of the reference audio",
+        ));
+    }
+    let codes = vc.ref_codes.as_deref().unwrap_or(&[]);
+    if codes.is_empty() {
+        return Err(invalid(
+            "voice_clone.ref_codes",
+            "0 frames",
+            "ICL voice cloning needs the reference audio's codes",
+        ));
+    }
+    let groups = tc.num_code_groups;
+    let size = tc.code_predictor_config.vocab_size;
+    for (f, frame) in codes.iter().enumerate() {
+        if frame.len() != groups {
+            return Err(invalid(
+                "voice_clone.ref_codes",
+                &format!("frame {f}: {} codes", frame.len()),
+                format!("every frame needs {groups} codes"),
+            ));
+        }
+        if let Some(&c) = frame.iter().find(|&&c| c as usize >= size) {
+            return Err(invalid(
+                "voice_clone.ref_codes",
+                &format!("frame {f}: code {c}"),
+                format!("codes must be below the codebook size {size}"),
+            ));
+        }
+    }
+    Ok(Some(vc))
+}
+
+/// The prefill rows and the text ids fed during decoding.
 /// The prefill rows and the text ids fed during decoding.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prompt {
@@ -138,23 +313,43 @@ pub struct Prompt {
     pub input_ids: Vec<u32>,
     /// Token ids of the instruct string, if any.
     pub instruct_ids: Option<Vec<u32>>,
-    /// Prefill rows, in order: instruct, role (3), tags, text.
+    /// Base ICL: token ids of `<|im_start|>assistant\n{ref_text}<|im_end|>\n`.
+    pub ref_ids: Option<Vec<u32>>,
+    /// Prefill rows, in order: instruct, role (3), tags, text (or the ICL block).
     pub rows: Vec<PromptRow>,
     /// Text ids added (as `T(id)`) to decode step n while n < len; afterwards `tts_pad`.
     pub trailing: Vec<u32>,
     pub mode: PromptMode,
+    /// Base ICL: reference frames in the prompt (and to cut from the decoded audio).
+    pub ref_frames: usize,
+    /// The voice-clone prompt the rows refer to (x-vector, reference codes), set by `plan`.
+    pub voice_clone: Option<VoiceClonePrompt>,
 }
 
 impl Prompt {
-    /// Builds the rows of a non-ICL prompt (CustomVoice / VoiceDesign; Base x-vector later).
-    ///
-    /// `input_ids[0..3]` is the role header and `input_ids[3..len-5]` the text body, as sliced by
-    /// the reference. Errors if the body is empty.
+    /// Builds the rows of a prompt without ICL block (CustomVoice, VoiceDesign, Base x-vector
+    /// only). See [`Prompt::build_with_ref`].
     pub fn build(
         cfg: &Qwen3TtsConfig,
         r: &ResolvedRequest,
         input_ids: Vec<u32>,
         instruct_ids: Option<Vec<u32>>,
+    ) -> Result<Self, ModelError> {
+        Self::build_with_ref(cfg, r, input_ids, instruct_ids, None)
+    }
+
+    /// Builds the rows (reference `Qwen3TTSForConditionalGeneration.generate` and
+    /// `generate_icl_prompt`).
+    ///
+    /// `input_ids[0..3]` is the role header and `input_ids[3..len-5]` the text body, as sliced by
+    /// the reference; for ICL (`r.ref_text` set) `ref_ids[3..len-2]` is the reference-text body.
+    /// Errors if a body is empty or `ref_ids` is missing in ICL mode.
+    pub fn build_with_ref(
+        cfg: &Qwen3TtsConfig,
+        r: &ResolvedRequest,
+        input_ids: Vec<u32>,
+        instruct_ids: Option<Vec<u32>>,
+        ref_ids: Option<Vec<u32>>,
     ) -> Result<Self, ModelError> {
         let tc = &cfg.talker_config;
         let n = input_ids.len();
@@ -173,8 +368,31 @@ impl Prompt {
             cfg.tts_eos_token_id,
         );
         let body = &input_ids[3..n - 5];
+        let ref_body = match (&r.ref_text, &ref_ids) {
+            (None, _) => None,
+            (Some(t), None) => {
+                return Err(invalid(
+                    "voice_clone.ref_text",
+                    t,
+                    "ICL prompt built without the reference text's token ids",
+                ));
+            }
+            (Some(t), Some(ids)) => {
+                if ids.len() < 6 {
+                    return Err(invalid(
+                        "voice_clone.ref_text",
+                        t,
+                        format!(
+                            "tokenises to {} ids; needs a 3-id role header, at least one text id and a 2-id tail",
+                            ids.len()
+                        ),
+                    ));
+                }
+                Some(&ids[3..ids.len() - 2])
+            }
+        };
 
-        let mut codec: Vec<u32> = match r.language_id {
+        let mut codec: Vec<CodecPart> = match r.language_id {
             None => vec![
                 tc.codec_nothink_id,
                 tc.codec_think_bos_id,
@@ -186,63 +404,107 @@ impl Prompt {
                 lang,
                 tc.codec_think_eos_id,
             ],
-        };
-        if let Some(s) = r.speaker_id {
-            codec.push(s);
         }
-        codec.push(tc.codec_pad_id);
-        codec.push(tc.codec_bos_id);
+        .into_iter()
+        .map(CodecPart::Id)
+        .collect();
+        if let Some(s) = r.speaker_id {
+            codec.push(CodecPart::Id(s));
+        } else if r.x_vector {
+            codec.push(CodecPart::XVector);
+        }
+        codec.push(CodecPart::Id(tc.codec_pad_id));
+        codec.push(CodecPart::Id(tc.codec_bos_id));
         let m = codec.len();
 
         let mut rows = Vec::new();
         if let Some(ids) = &instruct_ids {
             rows.extend(ids.iter().map(|&t| PromptRow {
                 text: t,
-                codec: None,
+                codec: CodecPart::None,
             }));
         }
         rows.extend(input_ids[..3].iter().map(|&t| PromptRow {
             text: t,
-            codec: None,
+            codec: CodecPart::None,
         }));
         for (i, &c) in codec[..m - 1].iter().enumerate() {
             rows.push(PromptRow {
                 text: if i < m - 2 { pad } else { bos },
-                codec: Some(c),
+                codec: c,
             });
         }
-        let trailing = match r.mode {
-            PromptMode::Streaming => {
-                rows.push(PromptRow {
-                    text: body[0],
-                    codec: Some(codec[m - 1]),
-                });
-                let mut t = body[1..].to_vec();
-                t.push(eos);
-                t
+        let icl = ref_body.is_some();
+        let trailing = if let Some(ref_body) = ref_body {
+            // ICL block: text t = [ref body, body, E] (L rows), codec u = [C(bos), frames] (F+1).
+            let t: Vec<u32> = ref_body
+                .iter()
+                .chain(body)
+                .copied()
+                .chain(std::iter::once(eos))
+                .collect();
+            let u: Vec<CodecPart> = std::iter::once(CodecPart::Id(tc.codec_bos_id))
+                .chain((0..r.ref_frames).map(CodecPart::RefFrame))
+                .collect();
+            match r.mode {
+                PromptMode::NonStreaming => {
+                    rows.extend(t.iter().map(|&text| PromptRow {
+                        text,
+                        codec: CodecPart::Id(tc.codec_pad_id),
+                    }));
+                    rows.extend(u.iter().map(|&codec| PromptRow { text: pad, codec }));
+                    vec![pad]
+                }
+                PromptMode::Streaming => {
+                    let k = u.len();
+                    rows.extend(u.iter().enumerate().map(|(i, &codec)| PromptRow {
+                        text: t.get(i).copied().unwrap_or(pad),
+                        codec,
+                    }));
+                    if t.len() > k {
+                        t[k..].to_vec()
+                    } else {
+                        vec![pad]
+                    }
+                }
             }
-            PromptMode::NonStreaming => {
-                rows.extend(body.iter().map(|&t| PromptRow {
-                    text: t,
-                    codec: Some(tc.codec_pad_id),
-                }));
-                rows.push(PromptRow {
-                    text: eos,
-                    codec: Some(tc.codec_pad_id),
-                });
-                rows.push(PromptRow {
-                    text: pad,
-                    codec: Some(tc.codec_bos_id),
-                });
-                vec![pad]
+        } else {
+            match r.mode {
+                PromptMode::Streaming => {
+                    rows.push(PromptRow {
+                        text: body[0],
+                        codec: codec[m - 1],
+                    });
+                    let mut t = body[1..].to_vec();
+                    t.push(eos);
+                    t
+                }
+                PromptMode::NonStreaming => {
+                    rows.extend(body.iter().map(|&t| PromptRow {
+                        text: t,
+                        codec: CodecPart::Id(tc.codec_pad_id),
+                    }));
+                    rows.push(PromptRow {
+                        text: eos,
+                        codec: CodecPart::Id(tc.codec_pad_id),
+                    });
+                    rows.push(PromptRow {
+                        text: pad,
+                        codec: CodecPart::Id(tc.codec_bos_id),
+                    });
+                    vec![pad]
+                }
             }
         };
         Ok(Self {
             input_ids,
             instruct_ids,
+            ref_ids: ref_ids.filter(|_| icl),
             rows,
             trailing,
             mode: r.mode,
+            ref_frames: if icl { r.ref_frames } else { 0 },
+            voice_clone: None,
         })
     }
 }
