@@ -83,6 +83,9 @@ struct Args {
     /// Directory holding the tiny fixture checkpoints (default: the crate's tests/fixtures).
     #[arg(long)]
     fixtures: Option<PathBuf>,
+    /// Only check the random-weight layout generator against the tiny fixtures' files, then exit.
+    #[arg(long)]
+    check_layout: bool,
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -301,16 +304,35 @@ fn get(v: &Value, path: &str) -> Result<usize> {
         .with_context(|| format!("config field {path}: expected an integer, got {cur}"))
 }
 
-fn push_transformer_layer(
-    out: &mut Vec<TensorSpec>,
-    p: &str,
+/// Widths of one transformer layer, from the config keys shared by the talker, the code
+/// predictor and the codec decoder.
+#[derive(Clone, Copy)]
+struct LayerDims {
     d: usize,
     heads: usize,
     kv: usize,
     hd: usize,
     inter: usize,
-    qk_norm: bool,
-) {
+}
+
+fn layer_dims(c: &Value) -> Result<LayerDims> {
+    Ok(LayerDims {
+        d: get(c, "hidden_size")?,
+        heads: get(c, "num_attention_heads")?,
+        kv: get(c, "num_key_value_heads")?,
+        hd: get(c, "head_dim")?,
+        inter: get(c, "intermediate_size")?,
+    })
+}
+
+fn push_transformer_layer(out: &mut Vec<TensorSpec>, p: &str, dims: &LayerDims, qk_norm: bool) {
+    let LayerDims {
+        d,
+        heads,
+        kv,
+        hd,
+        inter,
+    } = *dims;
     let mut add = |n: &str, s: Vec<usize>| out.push(spec(format!("{p}.{n}"), s));
     add("self_attn.q_proj.weight", vec![heads * hd, d]);
     add("self_attn.k_proj.weight", vec![kv * hd, d]);
@@ -337,11 +359,10 @@ fn talker_layout(cfg: &Value) -> Result<Vec<TensorSpec>> {
     let dc = get(cp, "hidden_size")?;
     let groups = get(t, "num_code_groups")?;
     let text_d = get(t, "text_hidden_size")?;
-    let mut out = Vec::new();
-    out.push(spec(
+    let mut out = vec![spec(
         "talker.model.text_embedding.weight".into(),
         vec![get(t, "text_vocab_size")?, text_d],
-    ));
+    )];
     out.push(spec(
         "talker.model.codec_embedding.weight".into(),
         vec![get(t, "vocab_size")?, d],
@@ -366,11 +387,7 @@ fn talker_layout(cfg: &Value) -> Result<Vec<TensorSpec>> {
         push_transformer_layer(
             &mut out,
             &format!("talker.model.layers.{i}"),
-            d,
-            get(t, "num_attention_heads")?,
-            get(t, "num_key_value_heads")?,
-            get(t, "head_dim")?,
-            get(t, "intermediate_size")?,
+            &layer_dims(t)?,
             true,
         );
     }
@@ -383,11 +400,7 @@ fn talker_layout(cfg: &Value) -> Result<Vec<TensorSpec>> {
         push_transformer_layer(
             &mut out,
             &format!("talker.code_predictor.model.layers.{i}"),
-            dc,
-            get(cp, "num_attention_heads")?,
-            get(cp, "num_key_value_heads")?,
-            get(cp, "head_dim")?,
-            get(cp, "intermediate_size")?,
+            &layer_dims(cp)?,
             true,
         );
     }
@@ -464,15 +477,10 @@ fn decoder_layout(st: &Value) -> Result<Vec<TensorSpec>> {
         vec![latent],
     );
     add("decoder.pre_transformer.norm.weight".into(), vec![h]);
-    let (heads, kv, hd, inter) = (
-        get(c, "num_attention_heads")?,
-        get(c, "num_key_value_heads")?,
-        get(c, "head_dim")?,
-        get(c, "intermediate_size")?,
-    );
+    let dims = layer_dims(c)?;
     for i in 0..get(c, "num_hidden_layers")? {
         let p = format!("decoder.pre_transformer.layers.{i}");
-        push_transformer_layer(&mut out, &p, h, heads, kv, hd, inter, false);
+        push_transformer_layer(&mut out, &p, &dims, false);
         out.push(spec(format!("{p}.self_attn_layer_scale.scale"), vec![h]));
         out.push(spec(format!("{p}.mlp_layer_scale.scale"), vec![h]));
     }
@@ -765,6 +773,13 @@ fn main() -> Result<()> {
         .fixtures
         .clone()
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"));
+    if args.check_layout {
+        for name in ["tiny-customvoice", "tiny-voicedesign"] {
+            check_layout(&fixtures.join(name))?;
+            println!("{name}: layout generator matches model.safetensors and the decoder tensors");
+        }
+        return Ok(());
+    }
     let mut rows = Vec::new();
     let voice = |speaker: Option<&str>| VoiceRequest {
         text: args.text.clone(),
