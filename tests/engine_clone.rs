@@ -127,7 +127,10 @@ fn streamed_icl_equals_reference_for_every_schedule() {
 fn batch_icl_equals_reference() {
     let engine = load("tiny-base", config(|c| c.async_chunk = false));
     for case in icl_cases() {
-        let r = run(&engine, greedy(&engine, case.voice.clone(), case.max_new_tokens));
+        let r = run(
+            &engine,
+            greedy(&engine, case.voice.clone(), case.max_new_tokens),
+        );
         let e = rel_l2(&r.audio, &case.wav);
         assert!(e < TOL, "{}: rel L2 {e:e}", case.id);
     }

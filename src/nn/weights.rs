@@ -86,12 +86,11 @@ impl Weights {
     }
 
     /// The same files at `prefix.name`.
-    pub fn pp(&self, name: impl AsRef<str>) -> Self {
-        let name = name.as_ref();
+    pub fn pp(&self, name: impl std::fmt::Display) -> Self {
         let prefix = if self.prefix.is_empty() {
             name.to_string()
         } else {
-            format!("{}.{}", self.prefix, name)
+            format!("{}.{name}", self.prefix)
         };
         Self {
             source: self.source.clone(),
@@ -125,7 +124,7 @@ impl Weights {
         if self.prefix.is_empty() {
             name.to_string()
         } else {
-            format!("{}.{}", self.prefix, name)
+            format!("{}.{name}", self.prefix)
         }
     }
 

@@ -11,7 +11,7 @@ use candle_nn::{Linear, Module};
 
 use super::ModelError;
 use super::config::DecoderConfig;
-use super::weights::Weights;
+use crate::nn::Weights;
 use crate::nn::conv::{
     CausalConvState, ConvTransposeState, StreamingCausalConv1d, StreamingCausalConvTranspose1d,
 };

@@ -21,7 +21,6 @@ mod config;
 mod decoder;
 mod quantizer;
 mod transformer;
-mod weights;
 
 use std::path::Path;
 
@@ -33,8 +32,8 @@ pub use config::{DecoderConfig, SpeechTokenizerConfig};
 use decoder::{UpsampleStage, UpsampleState, Vocoder, VocoderState, causal_conv};
 use quantizer::SplitResidualVectorQuantizer;
 use transformer::{PreTransformer, PreTransformerState};
-use weights::WeightFile;
 
+use crate::nn::Weights;
 use crate::nn::conv::{CausalConvState, StreamingCausalConv1d};
 
 /// Frames decoded per pass inside one call (bounds the activation memory: the vocoder's last
@@ -86,17 +85,21 @@ impl Code2Wav {
         }
         let st_dir = dir.join("speech_tokenizer");
         let config = SpeechTokenizerConfig::from_file(&st_dir.join("config.json"))?;
-        let file = WeightFile::open(&st_dir.join("model.safetensors"), device, dtype)?;
-        Self::from_weights(config, &file, device)
+        let file = st_dir.join("model.safetensors");
+        if let Err(source) = std::fs::metadata(&file) {
+            return Err(ModelError::Io { path: file, source });
+        }
+        let w = Weights::from_files(std::slice::from_ref(&file), &file, device, dtype)?;
+        Self::from_weights(config, &w.pp("decoder"), device)
     }
 
+    /// Builds the decoder from the weights at `w` (the `decoder` prefix).
     fn from_weights(
         config: SpeechTokenizerConfig,
-        file: &WeightFile,
+        w: &Weights,
         device: &Device,
     ) -> Result<Self, ModelError> {
         let cfg = &config.decoder_config;
-        let w = file.root("decoder");
         let quantizer = SplitResidualVectorQuantizer::new(cfg, &w.pp("quantizer"))?;
         let pre_conv = causal_conv(&w.pp("pre_conv"), cfg.codebook_dim, cfg.latent_dim, 3, 1, 1)?;
         let pre_transformer = PreTransformer::new(cfg, &w.pp("pre_transformer"))?;

@@ -14,7 +14,7 @@ use candle_core::{Device, Tensor};
 
 use super::ModelError;
 use super::config::DecoderConfig;
-use super::weights::Weights;
+use crate::nn::Weights;
 
 /// The reference's clamp of `cluster_usage`.
 const CLUSTER_USAGE_EPSILON: f64 = 1e-5;

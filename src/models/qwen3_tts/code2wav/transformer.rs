@@ -16,7 +16,7 @@ use candle_nn::{Linear, Module};
 
 use super::ModelError;
 use super::config::DecoderConfig;
-use super::weights::Weights;
+use crate::nn::Weights;
 
 fn linear(w: &Weights, out: usize, inp: usize, bias: bool) -> Result<Linear, ModelError> {
     let weight = w.get(&[out, inp], "weight")?;
