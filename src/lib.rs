@@ -3,7 +3,30 @@
 //! The flow, top to bottom: the `omnittssrc` element ([`omnittssrc`]) drives the two-stage
 //! [`engine`], whose stage 0 (talker + code predictor) and stage 1 (Code2Wav) run the
 //! [`models::qwen3_tts`] model, built from the layers in [`nn`].
+//!
+//! The crate is the GStreamer plugin `omnitts` (`libgstomnitts.so`). Applications that link it
+//! statically call [`plugin_register_static`] once after `gst::init()`.
 
 pub mod engine;
 pub mod models;
 pub mod nn;
+pub mod omnittssrc;
+
+use gst::glib;
+
+fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    omnittssrc::register(plugin)
+}
+
+gst::plugin_define!(
+    omnitts,
+    env!("CARGO_PKG_DESCRIPTION"),
+    plugin_init,
+    concat!(env!("CARGO_PKG_VERSION"), "-", env!("COMMIT_ID")),
+    // GStreamer knows "MIT/X11"; the crate is MIT OR Apache-2.0.
+    "MIT/X11",
+    env!("CARGO_PKG_NAME"),
+    env!("CARGO_PKG_NAME"),
+    env!("CARGO_PKG_REPOSITORY"),
+    env!("BUILD_REL_DATE")
+);

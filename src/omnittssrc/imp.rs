@@ -1,0 +1,1473 @@
+//! GObject/GStreamer implementation of `omnittssrc` (see the module docs in `mod.rs`).
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_base::prelude::*;
+use gst_base::subclass::base_src::CreateSuccess;
+use gst_base::subclass::prelude::*;
+
+use crate::engine::{
+    DeviceSpec, Engine, EngineOptions, EngineRequest, FinishReason, Metrics, StageConfig,
+};
+use crate::models::qwen3_tts::{
+    Checkpoint, GenerationConfig, ModelVariant, SamplingParams, VoiceRequest,
+};
+
+use super::CAT;
+use super::hub;
+use super::runtime::{
+    self, Current, Item, Shared, Utterance, done_message, messages, pos_of, pts_of,
+};
+
+/// The only rate the element produces (Qwen3-TTS 12 Hz codec output); `audioresample` adapts.
+pub(super) const RATE: u32 = 24_000;
+
+const DEFAULT_MODEL: &str = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice";
+const DEFAULT_DEVICE: &str = "auto";
+const DEFAULT_LANGUAGE: &str = "auto";
+// Sampling defaults shown by gst-inspect: the values of the released checkpoints'
+// generation_config.json. Unset properties follow the loaded checkpoint's file.
+const DEFAULT_DO_SAMPLE: bool = true;
+const DEFAULT_TEMPERATURE: f64 = 0.9;
+const DEFAULT_TOP_K: u32 = 50;
+const DEFAULT_TOP_P: f64 = 1.0;
+const DEFAULT_REPETITION_PENALTY: f64 = 1.05;
+const DEFAULT_MAX_NEW_TOKENS: u32 = 8192;
+const DEFAULT_SEED: u64 = 0;
+const DEFAULT_INITIAL_CHUNK_FRAMES: u32 = 0;
+const DEFAULT_CHUNK_FRAMES: u32 = 0;
+/// 20 ms at 24 kHz: fine-grained live pacing, one Opus frame.
+const DEFAULT_SAMPLES_PER_BUFFER: u32 = 480;
+const DEFAULT_IS_LIVE: bool = false;
+/// Back-pressure bound between the engine and `create()`: 10 s of audio.
+const MAX_QUEUED_SAMPLES: usize = 10 * RATE as usize;
+
+/// Property values. Sampling fields are `None` until set: then the checkpoint's
+/// `generation_config.json` decides.
+#[derive(Debug, Clone)]
+struct Settings {
+    text: Option<String>,
+    model: String,
+    stage_config: Option<String>,
+    ar_device: String,
+    decoder_device: String,
+    speaker: Option<String>,
+    language: String,
+    instruct: Option<String>,
+    do_sample: Option<bool>,
+    temperature: Option<f64>,
+    top_k: Option<u32>,
+    top_p: Option<f64>,
+    repetition_penalty: Option<f64>,
+    max_new_tokens: Option<u32>,
+    seed: u64,
+    initial_chunk_frames: u32,
+    chunk_frames: u32,
+    samples_per_buffer: u32,
+    is_live: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            text: None,
+            model: DEFAULT_MODEL.to_string(),
+            stage_config: None,
+            ar_device: DEFAULT_DEVICE.to_string(),
+            decoder_device: DEFAULT_DEVICE.to_string(),
+            speaker: None,
+            language: DEFAULT_LANGUAGE.to_string(),
+            instruct: None,
+            do_sample: None,
+            temperature: None,
+            top_k: None,
+            top_p: None,
+            repetition_penalty: None,
+            max_new_tokens: None,
+            seed: DEFAULT_SEED,
+            initial_chunk_frames: DEFAULT_INITIAL_CHUNK_FRAMES,
+            chunk_frames: DEFAULT_CHUNK_FRAMES,
+            samples_per_buffer: DEFAULT_SAMPLES_PER_BUFFER,
+            is_live: DEFAULT_IS_LIVE,
+        }
+    }
+}
+
+/// The negotiated sample format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SampleFormat {
+    F32,
+    S16,
+}
+
+impl SampleFormat {
+    fn bytes(self) -> usize {
+        match self {
+            SampleFormat::F32 => 4,
+            SampleFormat::S16 => 2,
+        }
+    }
+}
+
+/// What start() learnt about the loaded model; fixed until stop().
+#[derive(Debug, Clone)]
+struct ModelInfo {
+    dir: PathBuf,
+    variant: ModelVariant,
+    speakers: Vec<String>,
+    languages: Vec<String>,
+    generation: GenerationConfig,
+    samples_per_frame: usize,
+    /// Live latency: the first chunk's duration (at least one buffer).
+    latency: gst::ClockTime,
+    live: bool,
+    samples_per_buffer: u32,
+}
+
+/// Exists between start() and stop().
+struct Runtime {
+    shared: Arc<Shared>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    info: ModelInfo,
+}
+
+#[derive(Default)]
+struct State {
+    runtime: Option<Runtime>,
+    format: Option<SampleFormat>,
+    /// Text pushed with `push-text` before start(); queued at start().
+    early_texts: Vec<String>,
+}
+
+/// A rejected input, reported as "property 'value': why".
+#[derive(Debug)]
+struct InputError {
+    property: &'static str,
+    value: String,
+    why: String,
+}
+
+impl std::fmt::Display for InputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} '{}': {}", self.property, self.value, self.why)
+    }
+}
+
+fn input_error(property: &'static str, value: &str, why: impl Into<String>) -> InputError {
+    InputError {
+        property,
+        value: value.to_string(),
+        why: why.into(),
+    }
+}
+
+#[derive(Default)]
+pub struct OmniTtsSrc {
+    settings: Mutex<Settings>,
+    state: Mutex<State>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[glib::object_subclass]
+impl ObjectSubclass for OmniTtsSrc {
+    const NAME: &'static str = "GstOmniTtsSrc";
+    type Type = super::OmniTtsSrc;
+    type ParentType = gst_base::PushSrc;
+}
+
+/// Validates a device string the way the engine parses it.
+fn parse_device(property: &'static str, value: &str) -> Result<DeviceSpec, InputError> {
+    DeviceSpec::from_str(value.trim()).map_err(|e| {
+        input_error(
+            property,
+            value,
+            format!("{e} (expected cpu, cuda:N or auto)"),
+        )
+    })
+}
+
+/// Matches `value` case-insensitively against `list`, returning the list's spelling.
+fn find_ci<'a>(list: &'a [String], value: &str) -> Option<&'a String> {
+    list.iter().find(|s| s.eq_ignore_ascii_case(value.trim()))
+}
+
+/// Builds the engine request for `text` from the property values `s`.
+fn build_request(s: &Settings, info: &ModelInfo, text: &str) -> Result<EngineRequest, InputError> {
+    if text.trim().is_empty() {
+        return Err(input_error(
+            "text",
+            text,
+            "empty or whitespace-only text, nothing to speak",
+        ));
+    }
+    let speaker = match s
+        .speaker
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    {
+        Some(v) => match find_ci(&info.speakers, v) {
+            Some(name) => Some(name.clone()),
+            None if info.speakers.is_empty() => {
+                return Err(input_error(
+                    "speaker",
+                    v,
+                    format!(
+                        "this {:?} checkpoint has no preset speakers; leave speaker unset",
+                        info.variant
+                    ),
+                ));
+            }
+            None => {
+                return Err(input_error(
+                    "speaker",
+                    v,
+                    format!("unknown speaker; available: {}", info.speakers.join(", ")),
+                ));
+            }
+        },
+        // CustomVoice needs a speaker: take the checkpoint's first.
+        None if info.variant == ModelVariant::CustomVoice => info.speakers.first().cloned(),
+        None => None,
+    };
+    let lang = s.language.trim();
+    let language = if lang.is_empty() || lang.eq_ignore_ascii_case("auto") {
+        None
+    } else {
+        match find_ci(&info.languages, lang) {
+            Some(l) => Some(l.clone()),
+            None => {
+                return Err(input_error(
+                    "language",
+                    lang,
+                    format!(
+                        "unknown language; available: auto, {}",
+                        info.languages
+                            .iter()
+                            .filter(|l| !l.eq_ignore_ascii_case("auto"))
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+        }
+    };
+    let instruct = s
+        .instruct
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_string);
+
+    let mut sampling = SamplingParams::from_generation_config(&info.generation);
+    if let Some(v) = s.temperature {
+        sampling.temperature = v;
+    }
+    if let Some(v) = s.top_k {
+        sampling.top_k = v as usize;
+    }
+    if let Some(v) = s.top_p {
+        sampling.top_p = v;
+    }
+    if let Some(v) = s.repetition_penalty {
+        sampling.repetition_penalty = v;
+    }
+    if let Some(v) = s.max_new_tokens {
+        sampling.max_new_tokens = v as usize;
+    }
+    sampling.seed = s.seed;
+    if let Some(v) = s.do_sample {
+        sampling.do_sample = v;
+    }
+    if !sampling.do_sample || sampling.temperature <= 0.0 {
+        sampling = sampling.greedy();
+    }
+    Ok(EngineRequest {
+        voice: VoiceRequest {
+            text: text.to_string(),
+            speaker,
+            language,
+            instruct,
+            prompt_mode: None,
+        },
+        sampling,
+        initial_chunk_frames: (s.initial_chunk_frames > 0)
+            .then_some(s.initial_chunk_frames as usize),
+        chunk_frames: (s.chunk_frames > 0).then_some(s.chunk_frames as usize),
+    })
+}
+
+impl OmniTtsSrc {
+    fn settings(&self) -> Settings {
+        lock(&self.settings).clone()
+    }
+
+    fn post_input_error(&self, e: &InputError) {
+        gst::element_imp_error!(self, gst::ResourceError::Settings, ["{}", e]);
+    }
+
+    /// Queues `text` as an utterance (the `push-text` action and `text` set while running).
+    /// Returns false, with an element error posted, when the text is refused.
+    fn push_text(&self, text: &str) -> bool {
+        let settings = self.settings();
+        let mut state = lock(&self.state);
+        let Some(rt) = state.runtime.as_ref() else {
+            if text.trim().is_empty() {
+                drop(state);
+                self.post_input_error(&input_error(
+                    "text",
+                    text,
+                    "empty or whitespace-only text, nothing to speak",
+                ));
+                return false;
+            }
+            gst::debug!(CAT, imp = self, "not started: keeping {text:?} for start()");
+            state.early_texts.push(text.to_string());
+            return true;
+        };
+        let shared = rt.shared.clone();
+        let info = rt.info.clone();
+        drop(state);
+        let request = match build_request(&settings, &info, text) {
+            Ok(r) => r,
+            Err(e) => {
+                self.post_input_error(&e);
+                return false;
+            }
+        };
+        let now = if info.live {
+            self.obj().current_running_time()
+        } else {
+            None
+        };
+        let mut inner = shared.lock();
+        if inner.eos {
+            drop(inner);
+            gst::warning!(CAT, imp = self, "text {text:?} arrived after EOS, refused");
+            return false;
+        }
+        let start_pos = match (inner.r0, now) {
+            (Some(r0), Some(now)) => pos_of(now.saturating_sub(r0), RATE),
+            _ => 0,
+        };
+        let id = inner.next_id;
+        inner.next_id += 1;
+        gst::info!(
+            CAT,
+            imp = self,
+            "queued utterance {id} at sample {start_pos}: {text:?}"
+        );
+        inner.pending.push_back(Utterance {
+            id,
+            text: text.to_string(),
+            request,
+            start_pos,
+        });
+        shared.cond.notify_all();
+        true
+    }
+
+    /// Drops queued text and audio and stops the utterance in flight (flush, `cancel`).
+    /// Returns whether anything was dropped.
+    fn discard(&self, why: &str) -> bool {
+        let (shared, spf) = {
+            let state = lock(&self.state);
+            match state.runtime.as_ref() {
+                Some(rt) => (rt.shared.clone(), rt.info.samples_per_frame),
+                None => return false,
+            }
+        };
+        let mut inner = shared.lock();
+        let had = inner.current.is_some()
+            || inner.worker_busy
+            || !inner.pending.is_empty()
+            || !inner.items.is_empty();
+        let cur = inner.discard_all();
+        let end = inner.n;
+        shared.cond.notify_all();
+        drop(inner);
+        gst::debug!(
+            CAT,
+            imp = self,
+            "{why}: discarded queued text and audio (had any: {had})"
+        );
+        if let Some(cur) = cur {
+            let metrics = Metrics {
+                frames: (cur.samples_out / spf.max(1) as u64) as usize,
+                audio_ms: cur.samples_out as f64 * 1000.0 / RATE as f64,
+                ..Metrics::default()
+            };
+            let msg = done_message(
+                self.obj().upcast_ref(),
+                &cur,
+                end,
+                RATE,
+                &FinishReason::Cancelled,
+                &metrics,
+            );
+            let _ = self.obj().post_message(msg);
+        }
+        had
+    }
+
+    /// Resolves, validates and loads everything `start()` needs. Errors name the property.
+    fn load(&self, s: &Settings) -> Result<(Engine, ModelInfo, Vec<String>), gst::ErrorMessage> {
+        let settings_error =
+            |e: InputError| gst::error_msg!(gst::ResourceError::Settings, ["{}", e]);
+        if let Some(t) = &s.text
+            && !t.is_empty()
+            && t.trim().is_empty()
+        {
+            return Err(settings_error(input_error(
+                "text",
+                t,
+                "whitespace-only text, nothing to speak",
+            )));
+        }
+        let ar_device = parse_device("ar-device", &s.ar_device).map_err(settings_error)?;
+        let decoder_device =
+            parse_device("decoder-device", &s.decoder_device).map_err(settings_error)?;
+        let (stage_config, warnings) = match s.stage_config.as_deref().map(str::trim) {
+            Some(p) if !p.is_empty() => StageConfig::from_yaml_file(Path::new(p))
+                .map_err(|e| settings_error(input_error("stage-config", p, e.to_string())))?,
+            _ => (StageConfig::default_async(), Vec::new()),
+        };
+        for w in &warnings {
+            gst::element_imp_warning!(
+                self,
+                gst::ResourceError::Settings,
+                [
+                    "stage-config '{}': {}",
+                    s.stage_config.as_deref().unwrap_or(""),
+                    w
+                ]
+            );
+        }
+
+        let resolved = hub::resolve_model(&s.model, &hub::HubOptions::from_env()).map_err(|e| {
+            let kind = match e {
+                hub::HubError::NotCached { .. } | hub::HubError::NotFound { .. } => {
+                    gst::ResourceError::NotFound
+                }
+                _ => gst::ResourceError::Settings,
+            };
+            gst::error_msg!(kind, ["{}", e])
+        })?;
+        gst::info!(
+            CAT,
+            imp = self,
+            "model '{}' → {} ({:?})",
+            s.model,
+            resolved.dir.display(),
+            resolved.source
+        );
+        let checkpoint = Checkpoint::open(&resolved.dir).map_err(|e| {
+            gst::error_msg!(
+                gst::ResourceError::OpenRead,
+                ["model '{}' ({}): {}", s.model, resolved.dir.display(), e]
+            )
+        })?;
+        let opts = EngineOptions {
+            model_dir: resolved.dir.clone(),
+            stage_config: stage_config.clone(),
+            ar_device,
+            decoder_device,
+        };
+        let engine = Engine::load(opts).map_err(|e| {
+            gst::error_msg!(
+                gst::ResourceError::OpenRead,
+                [
+                    "model '{}' ({}) could not be loaded on ar-device '{}' / decoder-device '{}': {}",
+                    s.model,
+                    resolved.dir.display(),
+                    s.ar_device,
+                    s.decoder_device,
+                    e
+                ]
+            )
+        })?;
+        if engine.sample_rate() != RATE {
+            return Err(gst::error_msg!(
+                gst::ResourceError::Settings,
+                [
+                    "model '{}': the checkpoint outputs {} Hz, omnittssrc produces {} Hz only",
+                    s.model,
+                    engine.sample_rate(),
+                    RATE
+                ]
+            ));
+        }
+        let samples_per_frame = engine.samples_per_frame();
+        let first_chunk_frames = if s.initial_chunk_frames > 0 {
+            s.initial_chunk_frames as usize
+        } else {
+            stage_config.initial_chunk_frames()
+        };
+        let chunk_time = pts_of((first_chunk_frames * samples_per_frame) as u64, RATE);
+        let buffer_time = pts_of(s.samples_per_buffer as u64, RATE);
+        let info = ModelInfo {
+            dir: resolved.dir,
+            variant: engine.variant(),
+            speakers: engine.speakers(),
+            languages: engine.languages(),
+            generation: checkpoint.generation.clone(),
+            samples_per_frame,
+            latency: chunk_time.max(buffer_time),
+            live: s.is_live,
+            samples_per_buffer: s.samples_per_buffer,
+        };
+        // Validate the voice settings now, so that a bad speaker/language fails the state change.
+        let probe_text = "probe";
+        build_request(s, &info, probe_text).map_err(settings_error)?;
+        Ok((engine, info, warnings))
+    }
+
+    /// Turns a non-audio item into bus messages and bookkeeping (called by `create()` with the
+    /// queue locked; messages are collected, posted later).
+    fn handle_event_item(
+        &self,
+        item: Item,
+        inner: &mut runtime::Inner,
+        src: &gst::Element,
+        msgs: &mut Vec<gst::Message>,
+    ) {
+        let n = inner.n;
+        match item {
+            Item::Started { id, text, .. } => {
+                let s = gst::Structure::builder(messages::STARTED)
+                    .field("id", id)
+                    .field("text", text.as_str())
+                    .field("pts", pts_of(n, RATE).nseconds())
+                    .build();
+                msgs.push(gst::message::Element::builder(s).src(src).build());
+                gst::info!(CAT, imp = self, "utterance {id} starts at sample {n}");
+                inner.current = Some(Current {
+                    id,
+                    text,
+                    start: n,
+                    samples_out: 0,
+                    underruns: 0,
+                });
+            }
+            Item::FirstAudio { id, ttfa_ms } => {
+                let s = gst::Structure::builder(messages::FIRST_AUDIO)
+                    .field("id", id)
+                    .field("ttfa-ms", ttfa_ms)
+                    .field("pts", pts_of(n, RATE).nseconds())
+                    .build();
+                msgs.push(gst::message::Element::builder(s).src(src).build());
+            }
+            Item::Done {
+                id,
+                reason,
+                metrics,
+            } => {
+                let cur = inner.current.take().unwrap_or(Current {
+                    id,
+                    text: String::new(),
+                    start: n,
+                    samples_out: 0,
+                    underruns: 0,
+                });
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "utterance {id} done: {reason:?}, {} frames, {} samples, RTF {:.3}",
+                    metrics.frames,
+                    cur.samples_out,
+                    metrics.rtf
+                );
+                msgs.push(done_message(src, &cur, n, RATE, &reason, &metrics));
+                if let FinishReason::Error(e) = &reason {
+                    msgs.push(
+                        gst::message::Error::builder(
+                            gst::StreamError::Failed,
+                            &format!("synthesis of utterance {id} failed: {e}"),
+                        )
+                        .src(src)
+                        .build(),
+                    );
+                }
+            }
+            Item::Refused { id, text, error } => {
+                msgs.push(
+                    gst::message::Error::builder(
+                        gst::ResourceError::Settings,
+                        &format!("utterance {id} refused by the engine: {error}"),
+                    )
+                    .debug(&format!("text: {text:?}"))
+                    .src(src)
+                    .build(),
+                );
+            }
+            Item::Audio { .. } => {
+                gst::error!(CAT, imp = self, "audio item handled as an event (bug)");
+            }
+        }
+    }
+
+    /// Posts `msgs` (never called with the queue lock held).
+    fn post_all(&self, msgs: &mut Vec<gst::Message>) {
+        for m in msgs.drain(..) {
+            let _ = self.obj().post_message(m);
+        }
+    }
+
+    /// Live mode: the wall-clock instant by which the buffer at sample `n` must be ready: its
+    /// running time plus the reported latency.
+    fn live_deadline(&self, r0: gst::ClockTime, n: u64, latency: gst::ClockTime) -> Instant {
+        let due = r0 + pts_of(n, RATE) + latency;
+        let wait = match self.obj().current_running_time() {
+            Some(now) => due.saturating_sub(now),
+            None => latency,
+        };
+        Instant::now() + Duration::from_nanos(wait.nseconds())
+    }
+}
+
+/// What is at the head of the item queue (copied out so the queue can be mutated).
+enum Front {
+    Empty,
+    Started(u64),
+    Audio,
+    Event,
+}
+
+/// A buffer of `len` samples at position `n`; `samples` None means silence (GAP).
+fn make_buffer(
+    samples: Option<&[f32]>,
+    len: usize,
+    format: SampleFormat,
+    n: u64,
+    discont: bool,
+) -> Result<gst::Buffer, gst::FlowError> {
+    let mut buffer =
+        gst::Buffer::with_size(len * format.bytes()).map_err(|_| gst::FlowError::Error)?;
+    {
+        let b = buffer.get_mut().ok_or(gst::FlowError::Error)?;
+        {
+            let mut map = b.map_writable().map_err(|_| gst::FlowError::Error)?;
+            let out = map.as_mut_slice();
+            match (samples, format) {
+                (None, _) => out.fill(0),
+                (Some(s), SampleFormat::F32) => {
+                    for (o, x) in out.chunks_exact_mut(4).zip(s) {
+                        o.copy_from_slice(&x.to_le_bytes());
+                    }
+                }
+                (Some(s), SampleFormat::S16) => {
+                    for (o, x) in out.chunks_exact_mut(2).zip(s) {
+                        let v = (x.clamp(-1.0, 1.0) * 32767.0).round() as i16;
+                        o.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
+        }
+        let pts = pts_of(n, RATE);
+        let end = pts_of(n + len as u64, RATE);
+        b.set_pts(pts);
+        b.set_duration(end - pts);
+        b.set_offset(n);
+        b.set_offset_end(n + len as u64);
+        let mut flags = gst::BufferFlags::empty();
+        if samples.is_none() {
+            flags |= gst::BufferFlags::GAP;
+        }
+        if discont {
+            flags |= gst::BufferFlags::DISCONT;
+        }
+        b.set_flags(flags);
+    }
+    Ok(buffer)
+}
+
+impl ObjectImpl for OmniTtsSrc {
+    fn properties() -> &'static [glib::ParamSpec] {
+        static PROPERTIES: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
+            vec![
+                glib::ParamSpecString::builder("text")
+                    .nick("Text")
+                    .blurb(
+                        "Text to speak. Set before start: the first utterance. Set in PAUSED or \
+                         PLAYING: each new value is queued as another utterance",
+                    )
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("model")
+                    .nick("Model")
+                    .blurb(
+                        "Qwen3-TTS checkpoint: a local directory, or a Hugging Face repo id \
+                         resolved through the HF cache (HF_HOME / HF_HUB_CACHE) and downloaded \
+                         when online (HF_ENDPOINT, HF_HUB_OFFLINE)",
+                    )
+                    .default_value(Some(DEFAULT_MODEL))
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("stage-config")
+                    .nick("Stage config")
+                    .blurb(
+                        "YAML file with the engine's stage configuration (chunk sizes, queues); \
+                         unset: the built-in async-chunk configuration (configs/qwen3_tts.yaml)",
+                    )
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("ar-device")
+                    .nick("AR device")
+                    .blurb(
+                        "Device of stage 0 (talker + code predictor): cpu, cuda:N, or auto \
+                         (the first CUDA device when built with CUDA, else cpu)",
+                    )
+                    .default_value(Some(DEFAULT_DEVICE))
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("decoder-device")
+                    .nick("Decoder device")
+                    .blurb("Device of stage 1 (Code2Wav decoder): cpu, cuda:N, or auto")
+                    .default_value(Some(DEFAULT_DEVICE))
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("speaker")
+                    .nick("Speaker")
+                    .blurb(
+                        "Preset speaker of a CustomVoice checkpoint (case-insensitive, see \
+                         available-speakers); unset: the checkpoint's first speaker. Applies to \
+                         text queued after it is set",
+                    )
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("language")
+                    .nick("Language")
+                    .blurb(
+                        "Language of the text (case-insensitive, see available-languages), or \
+                         auto. Applies to text queued after it is set",
+                    )
+                    .default_value(Some(DEFAULT_LANGUAGE))
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("instruct")
+                    .nick("Instruct")
+                    .blurb(
+                        "Style instruction (1.7B CustomVoice) or voice description (VoiceDesign); \
+                         ignored by 0.6B CustomVoice. Applies to text queued after it is set",
+                    )
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecBoolean::builder("do-sample")
+                    .nick("Sample")
+                    .blurb(
+                        "Sample codes (true) or decode greedily (false, deterministic); unset: \
+                         the checkpoint's generation_config.json",
+                    )
+                    .default_value(DEFAULT_DO_SAMPLE)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecDouble::builder("temperature")
+                    .nick("Temperature")
+                    .blurb(
+                        "Sampling temperature of the talker (0 = greedy); unset: the checkpoint's \
+                         generation_config.json",
+                    )
+                    .minimum(0.0)
+                    .maximum(2.0)
+                    .default_value(DEFAULT_TEMPERATURE)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt::builder("top-k")
+                    .nick("Top-k")
+                    .blurb(
+                        "Sample among the k most likely codes (0 = no limit); unset: the \
+                         checkpoint's generation_config.json",
+                    )
+                    .minimum(0)
+                    .maximum(4096)
+                    .default_value(DEFAULT_TOP_K)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecDouble::builder("top-p")
+                    .nick("Top-p")
+                    .blurb(
+                        "Nucleus sampling probability mass (1 = off); unset: the checkpoint's \
+                         generation_config.json",
+                    )
+                    .minimum(0.0)
+                    .maximum(1.0)
+                    .default_value(DEFAULT_TOP_P)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecDouble::builder("repetition-penalty")
+                    .nick("Repetition penalty")
+                    .blurb(
+                        "Penalty on codes already generated (1 = off); unset: the checkpoint's \
+                         generation_config.json",
+                    )
+                    .minimum(1.0)
+                    .maximum(2.0)
+                    .default_value(DEFAULT_REPETITION_PENALTY)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt::builder("max-new-tokens")
+                    .nick("Max new tokens")
+                    .blurb(
+                        "Longest utterance in codec frames (12.5 per second of audio); unset: the \
+                         checkpoint's generation_config.json",
+                    )
+                    .minimum(2)
+                    .maximum(65536)
+                    .default_value(DEFAULT_MAX_NEW_TOKENS)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt64::builder("seed")
+                    .nick("Seed")
+                    .blurb("Random seed of every utterance (same seed and text: same audio)")
+                    .default_value(DEFAULT_SEED)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt::builder("initial-chunk-frames")
+                    .nick("Initial chunk frames")
+                    .blurb(
+                        "Codec frames (80 ms each) in the first audio chunk of an utterance; \
+                         smaller = earlier first audio. 0 = the stage config's value. Sets the \
+                         live latency",
+                    )
+                    .minimum(0)
+                    .maximum(1000)
+                    .default_value(DEFAULT_INITIAL_CHUNK_FRAMES)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("chunk-frames")
+                    .nick("Chunk frames")
+                    .blurb(
+                        "Codec frames (80 ms each) per audio chunk after the first. 0 = the stage \
+                         config's value",
+                    )
+                    .minimum(0)
+                    .maximum(1000)
+                    .default_value(DEFAULT_CHUNK_FRAMES)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt::builder("samples-per-buffer")
+                    .nick("Samples per buffer")
+                    .blurb("Largest number of samples per output buffer (480 = 20 ms)")
+                    .minimum(1)
+                    .maximum(10 * RATE)
+                    .default_value(DEFAULT_SAMPLES_PER_BUFFER)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecBoolean::builder("is-live")
+                    .nick("Is live")
+                    .blurb(
+                        "Live source: paced by the clock, GAP silence between utterances, text \
+                         spoken at the running time it arrives, never EOS by itself",
+                    )
+                    .default_value(DEFAULT_IS_LIVE)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("available-speakers")
+                    .nick("Available speakers")
+                    .blurb(
+                        "Preset speakers of the loaded checkpoint, comma-separated (after start)",
+                    )
+                    .read_only()
+                    .build(),
+                glib::ParamSpecString::builder("available-languages")
+                    .nick("Available languages")
+                    .blurb("Languages of the loaded checkpoint, comma-separated (after start)")
+                    .read_only()
+                    .build(),
+            ]
+        });
+        PROPERTIES.as_ref()
+    }
+
+    fn signals() -> &'static [glib::subclass::Signal] {
+        static SIGNALS: LazyLock<Vec<glib::subclass::Signal>> = LazyLock::new(|| {
+            vec![
+                glib::subclass::Signal::builder("push-text")
+                    .param_types([String::static_type()])
+                    .return_type::<bool>()
+                    .action()
+                    .class_handler(|args| {
+                        let element = args[0].get::<super::OmniTtsSrc>().ok()?;
+                        let text = args[1].get::<Option<String>>().ok().flatten();
+                        let ok = element.imp().push_text(text.as_deref().unwrap_or(""));
+                        Some(ok.to_value())
+                    })
+                    .build(),
+                glib::subclass::Signal::builder("cancel")
+                    .return_type::<bool>()
+                    .action()
+                    .class_handler(|args| {
+                        let element = args[0].get::<super::OmniTtsSrc>().ok()?;
+                        Some(element.imp().discard("cancel").to_value())
+                    })
+                    .build(),
+            ]
+        });
+        SIGNALS.as_ref()
+    }
+
+    fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
+        let name = pspec.name();
+        let mut s = lock(&self.settings);
+        gst::debug!(CAT, imp = self, "set {name} = {value:?}");
+        match name {
+            "text" => {
+                let t: Option<String> = value.get().expect("type checked upstream");
+                s.text = t.clone();
+                drop(s);
+                let running = lock(&self.state).runtime.is_some();
+                if running && let Some(t) = t {
+                    self.push_text(&t);
+                }
+            }
+            "model" => {
+                s.model = value
+                    .get::<Option<String>>()
+                    .expect("type checked upstream")
+                    .unwrap_or_default()
+            }
+            "stage-config" => s.stage_config = value.get().expect("type checked upstream"),
+            "ar-device" => {
+                s.ar_device = value
+                    .get::<Option<String>>()
+                    .expect("type checked upstream")
+                    .unwrap_or_else(|| DEFAULT_DEVICE.into())
+            }
+            "decoder-device" => {
+                s.decoder_device = value
+                    .get::<Option<String>>()
+                    .expect("type checked upstream")
+                    .unwrap_or_else(|| DEFAULT_DEVICE.into())
+            }
+            "speaker" => s.speaker = value.get().expect("type checked upstream"),
+            "language" => {
+                s.language = value
+                    .get::<Option<String>>()
+                    .expect("type checked upstream")
+                    .unwrap_or_else(|| DEFAULT_LANGUAGE.into())
+            }
+            "instruct" => s.instruct = value.get().expect("type checked upstream"),
+            "do-sample" => s.do_sample = Some(value.get().expect("type checked upstream")),
+            "temperature" => s.temperature = Some(value.get().expect("type checked upstream")),
+            "top-k" => s.top_k = Some(value.get().expect("type checked upstream")),
+            "top-p" => s.top_p = Some(value.get().expect("type checked upstream")),
+            "repetition-penalty" => {
+                s.repetition_penalty = Some(value.get().expect("type checked upstream"))
+            }
+            "max-new-tokens" => {
+                s.max_new_tokens = Some(value.get().expect("type checked upstream"))
+            }
+            "seed" => s.seed = value.get().expect("type checked upstream"),
+            "initial-chunk-frames" => {
+                s.initial_chunk_frames = value.get().expect("type checked upstream")
+            }
+            "chunk-frames" => s.chunk_frames = value.get().expect("type checked upstream"),
+            "samples-per-buffer" => {
+                s.samples_per_buffer = value.get().expect("type checked upstream")
+            }
+            "is-live" => s.is_live = value.get().expect("type checked upstream"),
+            other => gst::warning!(CAT, imp = self, "unknown property {other}"),
+        }
+    }
+
+    fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        let s = lock(&self.settings);
+        match pspec.name() {
+            "text" => s.text.to_value(),
+            "model" => s.model.to_value(),
+            "stage-config" => s.stage_config.to_value(),
+            "ar-device" => s.ar_device.to_value(),
+            "decoder-device" => s.decoder_device.to_value(),
+            "speaker" => s.speaker.to_value(),
+            "language" => s.language.to_value(),
+            "instruct" => s.instruct.to_value(),
+            "do-sample" => s.do_sample.unwrap_or(DEFAULT_DO_SAMPLE).to_value(),
+            "temperature" => s.temperature.unwrap_or(DEFAULT_TEMPERATURE).to_value(),
+            "top-k" => s.top_k.unwrap_or(DEFAULT_TOP_K).to_value(),
+            "top-p" => s.top_p.unwrap_or(DEFAULT_TOP_P).to_value(),
+            "repetition-penalty" => s
+                .repetition_penalty
+                .unwrap_or(DEFAULT_REPETITION_PENALTY)
+                .to_value(),
+            "max-new-tokens" => s
+                .max_new_tokens
+                .unwrap_or(DEFAULT_MAX_NEW_TOKENS)
+                .to_value(),
+            "seed" => s.seed.to_value(),
+            "initial-chunk-frames" => s.initial_chunk_frames.to_value(),
+            "chunk-frames" => s.chunk_frames.to_value(),
+            "samples-per-buffer" => s.samples_per_buffer.to_value(),
+            "is-live" => s.is_live.to_value(),
+            "available-speakers" | "available-languages" => {
+                drop(s);
+                let state = lock(&self.state);
+                state
+                    .runtime
+                    .as_ref()
+                    .map(|rt| {
+                        if pspec.name() == "available-speakers" {
+                            rt.info.speakers.join(",")
+                        } else {
+                            rt.info.languages.join(",")
+                        }
+                    })
+                    .to_value()
+            }
+            other => {
+                gst::warning!(CAT, imp = self, "unknown property {other}");
+                pspec.default_value().clone()
+            }
+        }
+    }
+
+    fn constructed(&self) {
+        self.parent_constructed();
+        let obj = self.obj();
+        obj.set_format(gst::Format::Time);
+        obj.set_live(DEFAULT_IS_LIVE);
+    }
+}
+
+impl GstObjectImpl for OmniTtsSrc {}
+
+impl ElementImpl for OmniTtsSrc {
+    fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+        // Cheap and model-free: the registry reads this without loading any model.
+        static METADATA: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
+            gst::subclass::ElementMetadata::new(
+                "Qwen3-TTS text-to-speech source",
+                "Source/Audio",
+                "Speaks text with Qwen3-TTS (candle): streaming 24 kHz mono audio, live or not",
+                "omnitts developers",
+            )
+        });
+        Some(&*METADATA)
+    }
+
+    fn pad_templates() -> &'static [gst::PadTemplate] {
+        static PAD_TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
+            let caps = gst_audio::AudioCapsBuilder::new_interleaved()
+                .format_list([gst_audio::AudioFormat::F32le, gst_audio::AudioFormat::S16le])
+                .rate(RATE as i32)
+                .channels(1)
+                .build();
+            let src = gst::PadTemplate::new(
+                "src",
+                gst::PadDirection::Src,
+                gst::PadPresence::Always,
+                &caps,
+            )
+            .expect("static pad template");
+            vec![src]
+        });
+        PAD_TEMPLATES.as_ref()
+    }
+
+    fn change_state(
+        &self,
+        transition: gst::StateChange,
+    ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
+        if transition == gst::StateChange::ReadyToPaused {
+            let live = lock(&self.settings).is_live;
+            self.obj().set_live(live);
+        }
+        self.parent_change_state(transition)
+    }
+
+    fn send_event(&self, event: gst::Event) -> bool {
+        if let gst::EventView::FlushStart(_) = event.view() {
+            self.discard("flush-start");
+        }
+        self.parent_send_event(event)
+    }
+}
+
+impl BaseSrcImpl for OmniTtsSrc {
+    fn start(&self) -> Result<(), gst::ErrorMessage> {
+        let settings = self.settings();
+        let (live, initial) = (settings.is_live, settings.text.clone());
+        let early = std::mem::take(&mut lock(&self.state).early_texts);
+        let has_text =
+            initial.as_deref().is_some_and(|t| !t.trim().is_empty()) || !early.is_empty();
+        if !live && !has_text && initial.as_deref().is_none_or(str::is_empty) {
+            return Err(gst::error_msg!(
+                gst::ResourceError::Settings,
+                [
+                    "text '': nothing to speak; set text, push-text before start, or use \
+                     is-live=true to wait for push-text"
+                ]
+            ));
+        }
+        let _ = self.obj().post_message(
+            gst::message::Progress::builder(
+                gst::ProgressType::Start,
+                "load",
+                &format!("loading model {}", settings.model),
+            )
+            .src(&*self.obj())
+            .build(),
+        );
+        let t0 = Instant::now();
+        let (engine, info, _warnings) = match self.load(&settings) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = self.obj().post_message(
+                    gst::message::Progress::builder(
+                        gst::ProgressType::Error,
+                        "load",
+                        "model loading failed",
+                    )
+                    .src(&*self.obj())
+                    .build(),
+                );
+                return Err(e);
+            }
+        };
+        let load_ms = t0.elapsed().as_secs_f64() * 1000.0;
+
+        let shared = Shared::new(MAX_QUEUED_SAMPLES);
+        let mut texts: Vec<String> = Vec::new();
+        if let Some(t) = initial.filter(|t| !t.trim().is_empty()) {
+            texts.push(t);
+        }
+        texts.extend(early);
+        {
+            let mut inner = shared.lock();
+            for text in texts {
+                let request = build_request(&settings, &info, &text)
+                    .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ["{}", e]))?;
+                let id = inner.next_id;
+                inner.next_id += 1;
+                inner.pending.push_back(Utterance {
+                    id,
+                    text,
+                    request,
+                    start_pos: 0,
+                });
+            }
+        }
+        let element: gst::Element = self.obj().clone().upcast();
+        let worker =
+            runtime::spawn_worker(engine, shared.clone(), element.downgrade()).map_err(|e| {
+                gst::error_msg!(
+                    gst::ResourceError::Failed,
+                    ["could not start the worker thread: {}", e]
+                )
+            })?;
+        let ready = format!(
+            "omnittssrc: model '{}' ready ({}; {:?}; {} speakers; loaded in {:.0} ms; live latency {} ms)",
+            settings.model,
+            info.dir.display(),
+            info.variant,
+            info.speakers.len(),
+            load_ms,
+            info.latency.mseconds()
+        );
+        gst::info!(CAT, imp = self, "{ready}");
+        {
+            let mut state = lock(&self.state);
+            state.runtime = Some(Runtime {
+                shared,
+                worker: Some(worker),
+                info,
+            });
+        }
+        gst::element_imp_info!(self, gst::ResourceError::Settings, ["{}", ready]);
+        let _ = self.obj().post_message(
+            gst::message::Progress::builder(gst::ProgressType::Complete, "load", &ready)
+                .src(&*self.obj())
+                .build(),
+        );
+        if live {
+            let _ = self
+                .obj()
+                .post_message(gst::message::Latency::builder().src(&*self.obj()).build());
+        }
+        Ok(())
+    }
+
+    fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        let rt = {
+            let mut state = lock(&self.state);
+            state.format = None;
+            state.runtime.take()
+        };
+        if let Some(mut rt) = rt {
+            {
+                let mut inner = rt.shared.lock();
+                inner.shutdown = true;
+                inner.unlocked = true;
+                inner.discard_all();
+                rt.shared.cond.notify_all();
+            }
+            if let Some(w) = rt.worker.take()
+                && w.join().is_err()
+            {
+                gst::warning!(CAT, imp = self, "worker thread panicked");
+            }
+            gst::debug!(CAT, imp = self, "stopped: worker joined, engine dropped");
+        }
+        Ok(())
+    }
+
+    fn is_seekable(&self) -> bool {
+        false
+    }
+
+    fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
+        let info = gst_audio::AudioInfo::from_caps(caps)
+            .map_err(|_| gst::loggable_error!(CAT, "invalid caps {caps}"))?;
+        let format = match info.format() {
+            gst_audio::AudioFormat::F32le => SampleFormat::F32,
+            gst_audio::AudioFormat::S16le => SampleFormat::S16,
+            f => return Err(gst::loggable_error!(CAT, "unsupported format {f:?}")),
+        };
+        if info.rate() != RATE || info.channels() != 1 {
+            return Err(gst::loggable_error!(CAT, "unsupported caps {caps}"));
+        }
+        gst::debug!(CAT, imp = self, "negotiated {caps}");
+        lock(&self.state).format = Some(format);
+        let _ = self
+            .obj()
+            .post_message(gst::message::Latency::builder().src(&*self.obj()).build());
+        Ok(())
+    }
+
+    fn query(&self, query: &mut gst::QueryRef) -> bool {
+        if let gst::QueryViewMut::Latency(q) = query.view_mut() {
+            let latency = {
+                let state = lock(&self.state);
+                state
+                    .runtime
+                    .as_ref()
+                    .filter(|rt| rt.info.live)
+                    .map(|rt| rt.info.latency)
+            };
+            if let Some(latency) = latency {
+                gst::debug!(CAT, imp = self, "latency: live, min {latency}");
+                q.set(true, latency, gst::ClockTime::NONE);
+                return true;
+            }
+        }
+        BaseSrcImplExt::parent_query(self, query)
+    }
+
+    fn event(&self, event: &gst::Event) -> bool {
+        if let gst::EventView::FlushStart(_) = event.view() {
+            self.discard("flush-start");
+        }
+        self.parent_event(event)
+    }
+
+    fn times(&self, buffer: &gst::BufferRef) -> (Option<gst::ClockTime>, Option<gst::ClockTime>) {
+        if self.obj().is_live() {
+            match (buffer.pts(), buffer.duration()) {
+                (Some(pts), Some(d)) => (Some(pts), Some(pts + d)),
+                (pts, _) => (pts, None),
+            }
+        } else {
+            (None, None)
+        }
+    }
+
+    fn unlock(&self) -> Result<(), gst::ErrorMessage> {
+        let state = lock(&self.state);
+        if let Some(rt) = state.runtime.as_ref() {
+            let mut inner = rt.shared.lock();
+            inner.unlocked = true;
+            rt.shared.cond.notify_all();
+        }
+        Ok(())
+    }
+
+    fn unlock_stop(&self) -> Result<(), gst::ErrorMessage> {
+        let state = lock(&self.state);
+        if let Some(rt) = state.runtime.as_ref() {
+            let mut inner = rt.shared.lock();
+            inner.unlocked = false;
+            rt.shared.cond.notify_all();
+        }
+        Ok(())
+    }
+}
+
+impl PushSrcImpl for OmniTtsSrc {
+    fn create(
+        &self,
+        _buffer: Option<&mut gst::BufferRef>,
+    ) -> Result<CreateSuccess, gst::FlowError> {
+        let (shared, info, format) = {
+            let state = lock(&self.state);
+            let Some(rt) = state.runtime.as_ref() else {
+                return Err(gst::FlowError::Flushing);
+            };
+            let Some(format) = state.format else {
+                drop(state);
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    ["create() before caps were negotiated"]
+                );
+                return Err(gst::FlowError::NotNegotiated);
+            };
+            (rt.shared.clone(), rt.info.clone(), format)
+        };
+        let live = info.live;
+        let spb = info.samples_per_buffer as u64;
+        let src: gst::Element = self.obj().clone().upcast();
+        let mut msgs: Vec<gst::Message> = Vec::new();
+        let mut deadline: Option<Instant> = None;
+        let mut inner = shared.lock();
+        if live && inner.r0.is_none() {
+            inner.r0 = Some(
+                self.obj()
+                    .current_running_time()
+                    .unwrap_or(gst::ClockTime::ZERO),
+            );
+        }
+        loop {
+            if inner.unlocked {
+                drop(inner);
+                self.post_all(&mut msgs);
+                return Err(gst::FlowError::Flushing);
+            }
+            if let Some(what) = inner.worker_failure.take() {
+                drop(inner);
+                self.post_all(&mut msgs);
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Failed,
+                    ["the synthesis worker failed: {}", what]
+                );
+                return Err(gst::FlowError::Error);
+            }
+            let n = inner.n;
+            // Decide what the next buffer is: audio, silence, EOS, or wait.
+            let mut silence: Option<u64> = None;
+            let front = match inner.items.front() {
+                None => Front::Empty,
+                Some(Item::Started { start_pos, .. }) => Front::Started(*start_pos),
+                Some(Item::Audio { .. }) => Front::Audio,
+                Some(_) => Front::Event,
+            };
+            match front {
+                Front::Started(start_pos) if live && start_pos > n && inner.current.is_none() => {
+                    // Live: the text arrived at a later running time; silence until then.
+                    silence = Some((start_pos - n).min(spb));
+                }
+                Front::Started(_) | Front::Event => {
+                    if let Some(item) = inner.items.pop_front() {
+                        self.handle_event_item(item, &mut inner, &src, &mut msgs);
+                    }
+                    continue;
+                }
+                Front::Audio => {
+                    let first = inner.buffers == 0;
+                    let Some(Item::Audio { samples, pos }) = inner.items.front_mut() else {
+                        continue;
+                    };
+                    let len = (samples.len() - *pos).min(spb as usize);
+                    let buffer =
+                        make_buffer(Some(&samples[*pos..*pos + len]), len, format, n, first)?;
+                    *pos += len;
+                    if *pos >= samples.len() {
+                        inner.items.pop_front();
+                    }
+                    inner.queued_samples = inner.queued_samples.saturating_sub(len);
+                    inner.n += len as u64;
+                    inner.buffers += 1;
+                    if let Some(cur) = inner.current.as_mut() {
+                        cur.samples_out += len as u64;
+                    }
+                    shared.cond.notify_all();
+                    drop(inner);
+                    self.post_all(&mut msgs);
+                    return Ok(CreateSuccess::NewBuffer(buffer));
+                }
+                Front::Empty => {
+                    if !live {
+                        if inner.pending.is_empty() && !inner.worker_busy {
+                            inner.eos = true;
+                            drop(inner);
+                            self.post_all(&mut msgs);
+                            gst::debug!(CAT, imp = self, "all text spoken: EOS");
+                            return Err(gst::FlowError::Eos);
+                        }
+                    } else {
+                        let next_start = inner
+                            .pending
+                            .front()
+                            .map(|u| u.start_pos)
+                            .or(inner.busy_start);
+                        let due = inner.current.is_some()
+                            || inner.busy_start.is_some()
+                            || next_start.is_some_and(|s| s <= n);
+                        if !due {
+                            silence = Some(match next_start {
+                                Some(s) => (s - n).min(spb),
+                                None => spb,
+                            });
+                        } else {
+                            let r0 = inner.r0.unwrap_or(gst::ClockTime::ZERO);
+                            let d = *deadline
+                                .get_or_insert_with(|| self.live_deadline(r0, n, info.latency));
+                            if Instant::now() >= d {
+                                // Audio is late: keep the clock going with silence.
+                                if let Some(cur) = inner.current.as_mut() {
+                                    cur.underruns += 1;
+                                    gst::warning!(
+                                        CAT,
+                                        imp = self,
+                                        "utterance {}: audio late at sample {n} (underrun {}), \
+                                         inserting silence; synthesis is slower than real time \
+                                         or the latency is too small",
+                                        cur.id,
+                                        cur.underruns
+                                    );
+                                }
+                                silence = Some(spb);
+                            }
+                        }
+                    }
+                }
+            }
+            if let Some(len) = silence {
+                let first = inner.buffers == 0;
+                let buffer = make_buffer(None, len as usize, format, n, first)?;
+                inner.n += len;
+                inner.buffers += 1;
+                drop(inner);
+                self.post_all(&mut msgs);
+                return Ok(CreateSuccess::NewBuffer(buffer));
+            }
+            // Wait for the worker (messages first: never post under the lock).
+            if !msgs.is_empty() {
+                drop(inner);
+                self.post_all(&mut msgs);
+                inner = shared.lock();
+                continue;
+            }
+            inner = match deadline {
+                Some(d) => {
+                    let timeout = d.saturating_duration_since(Instant::now());
+                    shared
+                        .cond
+                        .wait_timeout(inner, timeout)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|p| p.into_inner().0)
+                }
+                None => shared.cond.wait(inner).unwrap_or_else(|p| p.into_inner()),
+            };
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! `omnittssrc`: a GStreamer source element that speaks text with Qwen3-TTS.
+//!
+//! Text (the `text` property, or the `push-text` action signal) goes to the two-stage
+//! [`engine`](crate::engine); the audio chunks it streams back become timestamped
+//! `audio/x-raw` buffers (F32LE or S16LE, 24000 Hz, mono), with PTS, duration, offset and
+//! offset-end taken from a sample counter. Non-live (`is-live=false`, the default) it sends EOS
+//! after the last queued utterance; live it paces by the pipeline clock, reports the first chunk's
+//! duration as latency, fills the time between utterances with GAP-flagged silence, and speaks text
+//! pushed later at the running time it arrives.
+//!
+//! Per utterance it posts element messages (see [`messages`]): started, first audio (TTFA), and
+//! done (finish reason, frames, audio ms, RTF).
+//!
+//! ```text
+//! gst-launch-1.0 omnittssrc model=tests/fixtures/tiny-customvoice text="Hello." ! audioconvert ! wavenc ! filesink location=out.wav
+//! ```
+
+use gst::glib;
+use gst::prelude::*;
+use std::sync::LazyLock;
+
+pub mod hub;
+mod imp;
+mod runtime;
+
+pub use runtime::messages;
+
+/// Debug category `omnittssrc` (`GST_DEBUG=omnittssrc:5`).
+pub(crate) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
+    gst::DebugCategory::new(
+        "omnittssrc",
+        gst::DebugColorFlags::empty(),
+        Some("omnitts Qwen3-TTS source"),
+    )
+});
+
+glib::wrapper! {
+    /// The `omnittssrc` element (GType `GstOmniTtsSrc`).
+    pub struct OmniTtsSrc(ObjectSubclass<imp::OmniTtsSrc>)
+        @extends gst_base::PushSrc, gst_base::BaseSrc, gst::Element, gst::Object;
+}
+
+/// Registers `omnittssrc` with `plugin` (rank NONE).
+pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    gst::Element::register(
+        Some(plugin),
+        "omnittssrc",
+        gst::Rank::NONE,
+        OmniTtsSrc::static_type(),
+    )
+}
