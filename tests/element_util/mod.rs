@@ -239,3 +239,106 @@ pub fn dead_endpoint() -> String {
     drop(l);
     format!("http://127.0.0.1:{port}")
 }
+
+/// The small random-weight CustomVoice checkpoint shipped in the repo.
+pub fn tiny_model() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tiny-customvoice")
+        .display()
+        .to_string()
+}
+
+/// `n * SECOND / 24000`, rounded down (the element's timestamp rule).
+pub fn pts_of(n: u64) -> gst::ClockTime {
+    gst::ClockTime::from_nseconds((n as u128 * 1_000_000_000u128 / 24_000u128) as u64)
+}
+
+/// Drains `bus` (non-blocking).
+pub fn drain(bus: &gst::Bus) -> Vec<gst::Message> {
+    let mut out = Vec::new();
+    while let Some(m) = bus.pop() {
+        out.push(m);
+    }
+    out
+}
+
+/// Element messages named `name`, as structures.
+pub fn element_messages(msgs: &[gst::Message], name: &str) -> Vec<gst::Structure> {
+    msgs.iter()
+        .filter_map(|m| match m.view() {
+            gst::MessageView::Element(e) => e
+                .structure()
+                .filter(|s| s.name() == name)
+                .map(|s| s.to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Error messages as "text | debug" strings.
+pub fn errors(msgs: &[gst::Message]) -> Vec<String> {
+    msgs.iter()
+        .filter_map(|m| match m.view() {
+            gst::MessageView::Error(e) => Some(format!(
+                "{} | {}",
+                e.error(),
+                e.debug().map(|d| d.to_string()).unwrap_or_default()
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits up to `timeout` for an element message named `name` on `bus`, keeping every message
+/// popped meanwhile in `seen`.
+pub fn wait_element_message(
+    bus: &gst::Bus,
+    name: &str,
+    timeout: Duration,
+    seen: &mut Vec<gst::Message>,
+) -> Option<gst::Structure> {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < timeout {
+        let left = timeout.saturating_sub(t0.elapsed());
+        let wait = left.min(Duration::from_millis(50));
+        if let Some(m) = bus.timed_pop(gst::ClockTime::from_nseconds(wait.as_nanos() as u64)) {
+            let hit = match m.view() {
+                gst::MessageView::Element(e) => e
+                    .structure()
+                    .filter(|s| s.name() == name)
+                    .map(|s| s.to_owned()),
+                _ => None,
+            };
+            seen.push(m);
+            if hit.is_some() {
+                return hit;
+            }
+        }
+    }
+    None
+}
+
+/// Threads of this process (/proc/self/status).
+pub fn thread_count() -> usize {
+    proc_status_field("Threads:")
+}
+
+/// Resident set size of this process, in KiB.
+pub fn rss_kib() -> usize {
+    proc_status_field("VmRSS:")
+}
+
+fn proc_status_field(key: &str) -> usize {
+    let s = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    s.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in /proc/self/status"))
+}
+
+/// Serialises timing-sensitive tests within one test binary.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    M.lock().unwrap_or_else(|p| p.into_inner())
+}

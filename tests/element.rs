@@ -1,0 +1,601 @@
+//! `omnittssrc` with gstreamer-check's Harness and parsed pipelines, non-live: caps, timestamps,
+//! offsets, EOS, properties, push-text, bus messages, errors, flush, and a WAV file whose length
+//! matches the done messages. Runs on the tiny random-weight checkpoint in tests/fixtures.
+
+mod element_util;
+
+use element_util::{
+    TempDir, drain, element_messages, errors, init, pts_of, tiny_model, wait_element_message,
+};
+use gst::prelude::*;
+use gst_check::Harness;
+use gstomnitts::omnittssrc::messages;
+use std::time::{Duration, Instant};
+
+const SPF: u64 = 1920;
+
+/// A harness on `omnittssrc` with the tiny model, greedy decoding, a bus, and `props`.
+fn harness(props: &[(&str, glib::Value)]) -> (Harness, gst::Bus) {
+    init();
+    let h = Harness::new("omnittssrc");
+    let e = h.element().expect("element");
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    e.set_property("model", tiny_model());
+    e.set_property("do-sample", false);
+    for (k, v) in props {
+        e.set_property_from_value(k, v);
+    }
+    (h, bus)
+}
+
+use gst::glib;
+
+fn v<T: ToValue>(x: T) -> glib::Value {
+    x.to_value()
+}
+
+/// Pulls every buffer until EOS.
+fn pull_all(h: &mut Harness) -> Vec<gst::Buffer> {
+    let mut out = Vec::new();
+    loop {
+        match h.pull_until_eos() {
+            Ok(Some(b)) => out.push(b),
+            Ok(None) => return out,
+            Err(e) => panic!("pull failed after {} buffers: {e}", out.len()),
+        }
+    }
+}
+
+fn f32_samples(bufs: &[gst::Buffer]) -> Vec<f32> {
+    let mut out = Vec::new();
+    for b in bufs {
+        let m = b.map_readable().unwrap();
+        out.extend(
+            m.as_slice()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+    }
+    out
+}
+
+/// Blocks the element's streaming thread at its first buffer (so that text pushed meanwhile is
+/// certain to arrive before EOS). Returns the pad, the probe and a receiver fired when blocked.
+fn block_first_buffer(
+    e: &gst::Element,
+) -> (gst::Pad, gst::PadProbeId, std::sync::mpsc::Receiver<()>) {
+    let pad = e.static_pad("src").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let probe = pad
+        .add_probe(
+            gst::PadProbeType::BLOCK | gst::PadProbeType::BUFFER,
+            move |_, _| {
+                let _ = tx.send(());
+                gst::PadProbeReturn::Ok
+            },
+        )
+        .unwrap();
+    (pad, probe, rx)
+}
+
+const LONG_TEXT: &str = "This is a long utterance that keeps going, sentence after sentence, so that \
+     there is plenty of audio still to come when the test interrupts it; the engine must notice \
+     the interruption between two frames and stop working on it right away.";
+
+fn u64_field(s: &gst::Structure, f: &str) -> u64 {
+    s.get::<u64>(f)
+        .unwrap_or_else(|e| panic!("{}: field {f}: {e}", s.name()))
+}
+
+/// Checks the timestamp/offset rules on `bufs` (`bytes` per sample); returns the sample count.
+fn check_timeline(bufs: &[gst::Buffer], bytes: usize) -> u64 {
+    assert!(!bufs.is_empty(), "no buffers");
+    let mut n = 0u64;
+    for (i, b) in bufs.iter().enumerate() {
+        assert_eq!(b.size() % bytes, 0, "buffer {i}: partial sample");
+        let len = (b.size() / bytes) as u64;
+        assert!(len > 0, "buffer {i} is empty");
+        assert_eq!(b.offset(), n, "buffer {i}: offset");
+        assert_eq!(b.offset_end(), n + len, "buffer {i}: offset_end");
+        assert_eq!(b.pts(), Some(pts_of(n)), "buffer {i}: pts");
+        assert_eq!(
+            b.duration(),
+            Some(pts_of(n + len) - pts_of(n)),
+            "buffer {i}: duration"
+        );
+        assert_eq!(
+            b.flags().contains(gst::BufferFlags::DISCONT),
+            i == 0,
+            "buffer {i}: DISCONT must be on the first buffer only"
+        );
+        assert!(
+            !b.flags().contains(gst::BufferFlags::GAP),
+            "buffer {i}: GAP in non-live"
+        );
+        n += len;
+    }
+    n
+}
+
+#[test]
+fn non_live_caps_events_timestamps_and_eos() {
+    let (mut h, bus) = harness(&[("text", v("Hello world.")), ("max-new-tokens", v(12u32))]);
+    h.play();
+    let bufs = pull_all(&mut h);
+
+    let caps = h.sinkpad().unwrap().current_caps().expect("caps");
+    let s = caps.structure(0).unwrap();
+    assert_eq!(s.name(), "audio/x-raw");
+    assert_eq!(s.get::<&str>("format").unwrap(), "F32LE");
+    assert_eq!(s.get::<i32>("rate").unwrap(), 24000);
+    assert_eq!(s.get::<i32>("channels").unwrap(), 1);
+    assert_eq!(s.get::<&str>("layout").unwrap(), "interleaved");
+
+    // Events: stream-start, caps, a TIME segment (EOS was consumed by pull_until_eos()
+    // returning None).
+    let mut kinds = Vec::new();
+    while let Some(ev) = h.try_pull_event() {
+        if let gst::EventView::Segment(seg) = ev.view() {
+            assert_eq!(seg.segment().format(), gst::Format::Time);
+        }
+        kinds.push(ev.type_());
+    }
+    assert_eq!(
+        &kinds[..3],
+        &[
+            gst::EventType::StreamStart,
+            gst::EventType::Caps,
+            gst::EventType::Segment
+        ]
+    );
+
+    let n = check_timeline(&bufs, 4);
+    // Buffers are at most samples-per-buffer (480) long.
+    assert!(bufs.iter().all(|b| b.size() <= 480 * 4));
+
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let started = element_messages(&msgs, messages::STARTED);
+    let first = element_messages(&msgs, messages::FIRST_AUDIO);
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!((started.len(), first.len(), done.len()), (1, 1, 1));
+    assert_eq!(started[0].get::<&str>("text").unwrap(), "Hello world.");
+    assert_eq!(u64_field(&started[0], "pts"), 0);
+    assert!(first[0].get::<f64>("ttfa-ms").unwrap() > 0.0);
+    let d = &done[0];
+    let frames = u64_field(d, "frames");
+    assert!((2..=12).contains(&frames), "frames {frames}");
+    assert_eq!(
+        n,
+        frames * SPF,
+        "samples output vs frames in the done message"
+    );
+    assert_eq!(u64_field(d, "samples"), n);
+    assert_eq!(u64_field(d, "duration"), pts_of(n).nseconds());
+    let reason = d.get::<&str>("reason").unwrap();
+    assert!(reason == "eos" || reason == "length", "reason {reason}");
+    assert!((d.get::<f64>("audio-ms").unwrap() - frames as f64 * 80.0).abs() < 1e-6);
+    assert!(d.get::<f64>("rtf").unwrap() > 0.0);
+
+    // Random weights still make sound.
+    let samples = f32_samples(&bufs);
+    let rms = (samples.iter().map(|x| x * x).sum::<f32>() / samples.len() as f32).sqrt();
+    assert!(rms > 1e-3, "silent output, rms {rms}");
+    assert!(samples.iter().all(|x| x.is_finite() && x.abs() <= 1.0));
+}
+
+#[test]
+fn s16le_is_negotiated_and_matches_f32() {
+    let props = [
+        ("text", v("Same text, both formats.")),
+        ("max-new-tokens", v(6u32)),
+    ];
+    let (mut h, _) = harness(&props);
+    h.play();
+    let f = f32_samples(&pull_all(&mut h));
+
+    let (mut h, _) = harness(&props);
+    h.set_sink_caps_str("audio/x-raw,format=S16LE,rate=24000,channels=1,layout=interleaved");
+    h.play();
+    let bufs = pull_all(&mut h);
+    let caps = h.sinkpad().unwrap().current_caps().unwrap();
+    assert_eq!(
+        caps.structure(0).unwrap().get::<&str>("format").unwrap(),
+        "S16LE"
+    );
+    let n = check_timeline(&bufs, 2);
+    assert_eq!(n as usize, f.len(), "greedy runs differ in length");
+    let mut i = 0;
+    for b in &bufs {
+        let m = b.map_readable().unwrap();
+        for c in m.as_slice().chunks_exact(2) {
+            let s = i16::from_le_bytes([c[0], c[1]]);
+            let want = (f[i].clamp(-1.0, 1.0) * 32767.0).round() as i16;
+            assert_eq!(s, want, "sample {i}");
+            i += 1;
+        }
+    }
+}
+
+#[test]
+fn push_text_queues_utterances_in_order() {
+    let (mut h, bus) = harness(&[("text", v("First one.")), ("max-new-tokens", v(5u32))]);
+    let e = h.element().unwrap();
+    // Before start: kept for start().
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Second one."]));
+    // Empty and whitespace text is refused with an error naming it.
+    assert!(!e.emit_by_name::<bool>("push-text", &[&"   "]));
+    let errs = errors(&drain(&bus));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].contains("text") && errs[0].contains("'   '"),
+        "{}",
+        errs[0]
+    );
+
+    // Queue a third utterance while running (streaming thread held at its first buffer), and a
+    // fourth through the text property.
+    let (pad, probe, blocked) = block_first_buffer(&e);
+    h.play();
+    blocked
+        .recv_timeout(Duration::from_secs(60))
+        .expect("first buffer");
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Third one."]));
+    e.set_property("text", "Fourth one.");
+    pad.remove_probe(probe);
+    let bufs = pull_all(&mut h);
+    let n = check_timeline(&bufs, 4);
+
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let started = element_messages(&msgs, messages::STARTED);
+    let texts: Vec<&str> = started
+        .iter()
+        .map(|s| s.get::<&str>("text").unwrap())
+        .collect();
+    assert_eq!(
+        texts,
+        ["First one.", "Second one.", "Third one.", "Fourth one."]
+    );
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!(done.len(), 4);
+    let ids: Vec<u64> = done.iter().map(|d| u64_field(d, "id")).collect();
+    assert_eq!(ids, [1, 2, 3, 4]);
+    // Utterances follow each other without gaps: each starts where the previous ended.
+    let mut pos = 0;
+    for (s, d) in started.iter().zip(&done) {
+        assert_eq!(u64_field(s, "pts"), pts_of(pos).nseconds());
+        pos += u64_field(d, "samples");
+        assert_eq!(u64_field(d, "samples"), u64_field(d, "frames") * SPF);
+    }
+    assert_eq!(pos, n);
+
+    // After EOS no more text is accepted.
+    assert!(!e.emit_by_name::<bool>("push-text", &[&"Too late."]));
+}
+
+#[test]
+fn num_buffers_limits_output() {
+    let (mut h, _) = harness(&[("text", v("Counting buffers.")), ("num-buffers", v(3i32))]);
+    h.play();
+    assert_eq!(pull_all(&mut h).len(), 3);
+}
+
+#[test]
+fn samples_per_buffer_bounds_buffer_size() {
+    let (mut h, _) = harness(&[
+        ("text", v("Bigger buffers.")),
+        ("samples-per-buffer", v(1000u32)),
+        ("max-new-tokens", v(8u32)),
+    ]);
+    h.play();
+    let bufs = pull_all(&mut h);
+    check_timeline(&bufs, 4);
+    assert!(bufs.iter().all(|b| b.size() <= 4000));
+    assert!(bufs.iter().any(|b| b.size() == 4000), "no full-size buffer");
+}
+
+/// Every writable property: set a non-default value, read it back.
+#[test]
+fn property_round_trip() {
+    init();
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    let cases: Vec<(&str, glib::Value)> = vec![
+        ("text", v("round trip")),
+        ("model", v("/some/dir")),
+        ("stage-config", v("/some/stage.yaml")),
+        ("ar-device", v("cpu")),
+        ("decoder-device", v("cuda:1")),
+        ("speaker", v("ryan")),
+        ("language", v("english")),
+        ("instruct", v("calm")),
+        ("do-sample", v(false)),
+        ("temperature", v(0.5f64)),
+        ("top-k", v(7u32)),
+        ("top-p", v(0.8f64)),
+        ("repetition-penalty", v(1.3f64)),
+        ("max-new-tokens", v(123u32)),
+        ("seed", v(42u64)),
+        ("initial-chunk-frames", v(3u32)),
+        ("chunk-frames", v(9u32)),
+        ("samples-per-buffer", v(960u32)),
+        ("is-live", v(true)),
+    ];
+    let read_only = ["available-speakers", "available-languages"];
+    // Every property of GstOmniTtsSrc itself is covered (a new one needs a case here).
+    let own: Vec<String> = e
+        .list_properties()
+        .iter()
+        .filter(|p| p.owner_type() == e.type_())
+        .map(|p| p.name().to_string())
+        .collect();
+    let mut covered: Vec<String> = cases.iter().map(|(k, _)| k.to_string()).collect();
+    covered.extend(read_only.iter().map(|s| s.to_string()));
+    let mut a = own.clone();
+    a.sort();
+    covered.sort();
+    assert_eq!(a, covered);
+
+    for (name, value) in &cases {
+        let pspec = e.find_property(name).unwrap();
+        let default = pspec.default_value().clone();
+        assert_ne!(
+            format!("{default:?}"),
+            format!("{value:?}"),
+            "{name}: the test value must differ from the default"
+        );
+        // Before: the default.
+        assert_eq!(
+            format!("{:?}", e.property_value(name)),
+            format!("{default:?}"),
+            "{name}: initial value is not the default"
+        );
+        e.set_property_from_value(name, value);
+        assert_eq!(
+            format!("{:?}", e.property_value(name)),
+            format!("{value:?}"),
+            "{name}: set/get round trip"
+        );
+    }
+    for name in read_only {
+        assert!(
+            e.property::<Option<String>>(name).is_none(),
+            "{name} before start"
+        );
+    }
+}
+
+#[test]
+fn available_speakers_and_languages_after_start() {
+    let (mut h, _) = harness(&[("text", v("hi")), ("max-new-tokens", v(3u32))]);
+    h.play();
+    let e = h.element().unwrap();
+    let speakers = e.property::<Option<String>>("available-speakers").unwrap();
+    let languages = e.property::<Option<String>>("available-languages").unwrap();
+    assert!(speakers.split(',').any(|s| s == "ryan"), "{speakers}");
+    assert!(languages.split(',').any(|s| s == "english"), "{languages}");
+    pull_all(&mut h);
+}
+
+/// Starts an element with `props` to PAUSED; expects the state change to fail and returns the
+/// error messages posted.
+fn start_error(props: &[(&str, glib::Value)]) -> Vec<String> {
+    init();
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    e.set_property("model", tiny_model());
+    for (k, v) in props {
+        e.set_property_from_value(k, v);
+    }
+    let res = e.set_state(gst::State::Paused);
+    let _ = e.set_state(gst::State::Null);
+    assert!(res.is_err(), "state change succeeded with {props:?}");
+    let errs = errors(&drain(&bus));
+    assert!(!errs.is_empty(), "no error message for {props:?}");
+    errs
+}
+
+fn assert_names(errs: &[String], words: &[&str]) {
+    assert!(
+        errs.iter().any(|e| words.iter().all(|w| e.contains(w))),
+        "no error naming {words:?}: {errs:?}"
+    );
+}
+
+#[test]
+fn errors_missing_or_unreadable_model() {
+    assert_names(
+        &start_error(&[("text", v("x")), ("model", v("/nonexistent/omnitts-model"))]),
+        &["model", "/nonexistent/omnitts-model"],
+    );
+    // A directory whose config.json is not JSON.
+    let bad = TempDir::new("badmodel");
+    std::fs::write(bad.path().join("config.json"), b"this is not json").unwrap();
+    let dir = bad.path().display().to_string();
+    assert_names(
+        &start_error(&[("text", v("x")), ("model", v(&dir))]),
+        &["model", &dir],
+    );
+    // A directory that is not a checkpoint at all.
+    let empty = TempDir::new("emptymodel");
+    let dir = empty.path().display().to_string();
+    assert_names(
+        &start_error(&[("text", v("x")), ("model", v(&dir))]),
+        &["model", &dir],
+    );
+    // A repo id that is not cached while offline.
+    let cache = TempDir::new("emptycache");
+    // SAFETY: no other thread of this test binary reads these variables concurrently in a way
+    // that matters; only this test sets them and other tests do not use repo ids.
+    unsafe {
+        std::env::set_var("HF_HUB_CACHE", cache.path());
+        std::env::set_var("HF_HUB_OFFLINE", "1");
+    }
+    let errs = start_error(&[("text", v("x")), ("model", v("nobody/no-such-model"))]);
+    unsafe {
+        std::env::remove_var("HF_HUB_CACHE");
+        std::env::remove_var("HF_HUB_OFFLINE");
+    }
+    assert_names(
+        &errs,
+        &[
+            "model",
+            "nobody/no-such-model",
+            &cache.path().display().to_string(),
+        ],
+    );
+}
+
+#[test]
+fn errors_unknown_speaker_language_bad_device_bad_stage_config() {
+    assert_names(
+        &start_error(&[("text", v("x")), ("speaker", v("nobody"))]),
+        &["speaker", "nobody"],
+    );
+    assert_names(
+        &start_error(&[("text", v("x")), ("language", v("klingon"))]),
+        &["language", "klingon"],
+    );
+    assert_names(
+        &start_error(&[("text", v("x")), ("ar-device", v("gpu7"))]),
+        &["ar-device", "gpu7"],
+    );
+    assert_names(
+        &start_error(&[("text", v("x")), ("decoder-device", v("cuda:x"))]),
+        &["decoder-device", "cuda:x"],
+    );
+    let dir = TempDir::new("stagecfg");
+    let yaml = dir.path().join("broken.yaml");
+    std::fs::write(&yaml, "stages: [unclosed\n  - : :").unwrap();
+    let p = yaml.display().to_string();
+    assert_names(
+        &start_error(&[("text", v("x")), ("stage-config", v(&p))]),
+        &["stage-config", &p],
+    );
+    assert_names(
+        &start_error(&[("text", v("x")), ("stage-config", v("/no/such/stage.yaml"))]),
+        &["stage-config", "/no/such/stage.yaml"],
+    );
+}
+
+#[test]
+fn errors_empty_or_whitespace_text() {
+    assert_names(&start_error(&[("text", v("  \t "))]), &["text", "'  \t '"]);
+    // Non-live without any text has nothing to do.
+    assert_names(&start_error(&[]), &["text"]);
+}
+
+#[test]
+fn runtime_bad_speaker_refuses_the_utterance() {
+    let (mut h, bus) = harness(&[("text", v("Good one.")), ("max-new-tokens", v(4u32))]);
+    let e = h.element().unwrap();
+    let (pad, probe, blocked) = block_first_buffer(&e);
+    h.play();
+    blocked
+        .recv_timeout(Duration::from_secs(60))
+        .expect("first buffer");
+    e.set_property("speaker", "nobody");
+    assert!(!e.emit_by_name::<bool>("push-text", &[&"Refused one."]));
+    e.set_property("speaker", "Ryan"); // case-insensitive
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Accepted one."]));
+    pad.remove_probe(probe);
+    let bufs = pull_all(&mut h);
+    check_timeline(&bufs, 4);
+    let msgs = drain(&bus);
+    assert_names(&errors(&msgs), &["speaker", "nobody"]);
+    assert_eq!(element_messages(&msgs, messages::DONE).len(), 2);
+}
+
+#[test]
+fn flush_stops_the_utterance_promptly() {
+    let (mut h, bus) = harness(&[("text", v(LONG_TEXT)), ("max-new-tokens", v(4000u32))]);
+    h.play();
+    let e = h.element().unwrap();
+    h.pull().unwrap();
+    let t0 = Instant::now();
+    assert!(e.send_event(gst::event::FlushStart::new()));
+    assert!(e.send_event(gst::event::FlushStop::new(true)));
+    let mut seen = Vec::new();
+    let done = wait_element_message(&bus, messages::DONE, Duration::from_secs(5), &mut seen)
+        .expect("done message after flush");
+    assert_eq!(done.get::<&str>("reason").unwrap(), "cancelled");
+    // Nothing else queued: EOS follows, long before 4000 frames (320 s of audio) could be made.
+    loop {
+        match h.pull_until_eos() {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "flush took {:?}",
+        t0.elapsed()
+    );
+    assert!(errors(&drain(&bus)).is_empty());
+}
+
+#[test]
+fn cancel_action_stops_the_utterance() {
+    let (mut h, bus) = harness(&[("text", v(LONG_TEXT)), ("max-new-tokens", v(4000u32))]);
+    h.play();
+    let e = h.element().unwrap();
+    h.pull().unwrap();
+    assert!(e.emit_by_name::<bool>("cancel", &[]));
+    let mut seen = Vec::new();
+    let done = wait_element_message(&bus, messages::DONE, Duration::from_secs(5), &mut seen)
+        .expect("done message after cancel");
+    assert_eq!(done.get::<&str>("reason").unwrap(), "cancelled");
+    let rest = pull_all(&mut h);
+    // Whatever was already in flight is bounded, then EOS.
+    assert!(rest.len() < 4000 * 4, "{} buffers after cancel", rest.len());
+}
+
+/// gst-launch syntax → WAV file whose sample count is frames × 1920 from the done messages.
+#[test]
+fn parse_launch_to_wav_has_expected_length() {
+    init();
+    let dir = TempDir::new("wav");
+    let wav = dir.path().join("out.wav");
+    let pipeline = gst::parse::launch(&format!(
+        "omnittssrc name=src model=\"{}\" do-sample=false max-new-tokens=10 \
+         text=\"Hello from omnitts.\" ! audioconvert ! wavenc ! filesink location=\"{}\"",
+        tiny_model(),
+        wav.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let src = pipeline.by_name("src").unwrap();
+    src.emit_by_name::<bool>("push-text", &[&"And a second sentence."]);
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let mut frames = 0u64;
+    let mut dones = 0;
+    loop {
+        let msg = bus
+            .timed_pop(gst::ClockTime::from_seconds(60))
+            .expect("pipeline stalled");
+        match msg.view() {
+            gst::MessageView::Eos(_) => break,
+            gst::MessageView::Error(e) => panic!("{} {:?}", e.error(), e.debug()),
+            gst::MessageView::Element(e) => {
+                if let Some(s) = e.structure()
+                    && s.name() == messages::DONE
+                {
+                    frames += s.get::<u64>("frames").unwrap();
+                    dones += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert_eq!(dones, 2);
+    let reader = hound::WavReader::open(&wav).unwrap();
+    let spec = reader.spec();
+    assert_eq!((spec.sample_rate, spec.channels), (24000, 1));
+    assert_eq!(reader.duration() as u64, frames * SPF);
+}

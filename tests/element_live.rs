@@ -1,0 +1,260 @@
+//! `omnittssrc is-live=true`: latency, clock pacing, GAP silence between utterances, text spoken
+//! at the running time it arrives, application EOS, and Opus over RTP on loopback.
+
+mod element_util;
+
+use element_util::{element_messages, errors, init, serial, tiny_model, wait_element_message};
+use gst::prelude::*;
+use gst_check::Harness;
+use gstomnitts::omnittssrc::messages;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const SPF: u64 = 1920;
+
+#[test]
+fn latency_is_the_first_chunk() {
+    init();
+    for (initial, spb, want_ms) in [(3u32, 480u32, 240u64), (1, 480, 80), (1, 24000, 1000)] {
+        let mut h = Harness::new("omnittssrc");
+        let e = h.element().unwrap();
+        e.set_property("model", tiny_model());
+        e.set_property("is-live", true);
+        e.set_property("initial-chunk-frames", initial);
+        e.set_property("samples-per-buffer", spb);
+        h.use_systemclock();
+        h.play();
+        let q = h.query_latency().expect("latency answered");
+        assert_eq!(
+            q,
+            gst::ClockTime::from_mseconds(want_ms),
+            "initial-chunk-frames={initial} samples-per-buffer={spb}"
+        );
+        let mut query = gst::query::Latency::new();
+        assert!(e.static_pad("src").unwrap().query(&mut query));
+        let (live, min, max) = query.result();
+        assert!(live);
+        assert_eq!(min, gst::ClockTime::from_mseconds(want_ms));
+        assert_eq!(max, None);
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Seen {
+    pts: gst::ClockTime,
+    duration: gst::ClockTime,
+    offset: u64,
+    samples: u64,
+    gap: bool,
+    discont: bool,
+    zero: bool,
+}
+
+/// A live pipeline into `fakesink sync=true`, recording every buffer.
+fn live_pipeline(extra: &str) -> (gst::Pipeline, gst::Element, Arc<Mutex<Vec<Seen>>>) {
+    init();
+    let pipeline = gst::parse::launch(&format!(
+        "omnittssrc name=src is-live=true model=\"{}\" do-sample=false {extra} ! \
+         fakesink name=sink sync=true signal-handoffs=true",
+        tiny_model()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let sink = pipeline.by_name("sink").unwrap();
+    sink.connect("handoff", false, move |args| {
+        let buf = args[1].get::<gst::Buffer>().unwrap();
+        let m = buf.map_readable().unwrap();
+        let zero = m.as_slice().iter().all(|b| *b == 0);
+        s2.lock().unwrap().push(Seen {
+            pts: buf.pts().unwrap(),
+            duration: buf.duration().unwrap(),
+            offset: buf.offset(),
+            samples: (buf.size() / 4) as u64,
+            gap: buf.flags().contains(gst::BufferFlags::GAP),
+            discont: buf.flags().contains(gst::BufferFlags::DISCONT),
+            zero,
+        });
+        None
+    });
+    let src = pipeline.by_name("src").unwrap();
+    (pipeline, src, seen)
+}
+
+fn running_time(p: &gst::Pipeline) -> gst::ClockTime {
+    p.current_running_time().expect("running time")
+}
+
+/// Silence until text arrives, speech starting at its arrival running time, silence after.
+#[test]
+fn gap_silence_then_text_at_its_running_time() {
+    let _g = serial();
+    let (pipeline, src, seen) = live_pipeline("max-new-tokens=6 initial-chunk-frames=2");
+    let bus = pipeline.bus().unwrap();
+    assert_eq!(
+        pipeline.set_state(gst::State::Paused).unwrap(),
+        gst::StateChangeSuccess::NoPreroll,
+        "a live source does not preroll"
+    );
+    pipeline.set_state(gst::State::Playing).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let t_push = running_time(&pipeline);
+    assert!(src.emit_by_name::<bool>("push-text", &[&"Now speak."]));
+    let mut msgs = Vec::new();
+    let done = wait_element_message(&bus, messages::DONE, Duration::from_secs(30), &mut msgs)
+        .expect("done message");
+    std::thread::sleep(Duration::from_millis(400));
+    pipeline.set_state(gst::State::Null).unwrap();
+    while let Some(m) = bus.pop() {
+        msgs.push(m);
+    }
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let seen = seen.lock().unwrap().clone();
+
+    // Contiguous sample timeline; PTS advance exactly with the samples.
+    let base = seen[0].pts;
+    let mut n = 0;
+    for (i, b) in seen.iter().enumerate() {
+        assert_eq!(b.offset, n, "buffer {i}: offset");
+        assert_eq!(b.pts, base + element_util::pts_of(n), "buffer {i}: pts");
+        assert_eq!(
+            b.duration,
+            element_util::pts_of(n + b.samples) - element_util::pts_of(n)
+        );
+        assert_eq!(b.discont, i == 0, "buffer {i}: DISCONT");
+        // GAP buffers carry zeros; speech buffers are not GAP.
+        if b.gap {
+            assert!(b.zero, "buffer {i}: GAP with non-zero samples");
+        }
+        n += b.samples;
+    }
+    let first_speech = seen.iter().position(|b| !b.gap).expect("speech buffers");
+    let last_speech = seen.iter().rposition(|b| !b.gap).unwrap();
+    assert!(first_speech > 0, "no silence before the text arrived");
+    assert!(seen[..first_speech].iter().all(|b| b.gap));
+    assert!(
+        seen[last_speech + 1..].iter().any(|b| b.gap),
+        "no silence after the utterance"
+    );
+    let speech: u64 = seen.iter().filter(|b| !b.gap).map(|b| b.samples).sum();
+    assert_eq!(speech, done.get::<u64>("frames").unwrap() * SPF);
+
+    // Spoken at the running time the text arrived (plus at most the engine's lateness).
+    let start = seen[first_speech].pts;
+    let started = element_messages(&msgs, messages::STARTED);
+    assert_eq!(started.len(), 1);
+    let early = gst::ClockTime::from_mseconds(25);
+    assert!(
+        start + early >= t_push,
+        "speech at {start} before the text arrived at {t_push}"
+    );
+    assert!(
+        start <= t_push + gst::ClockTime::from_mseconds(1500),
+        "speech at {start}, text arrived at {t_push}"
+    );
+}
+
+/// Real-time pacing: N seconds of wall time give about N seconds of stream.
+#[test]
+fn paced_by_the_clock() {
+    let _g = serial();
+    let (pipeline, _src, seen) =
+        live_pipeline("text=\"Pacing.\" max-new-tokens=5 initial-chunk-frames=2");
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_millis(1500));
+    let wall = t0.elapsed();
+    pipeline.set_state(gst::State::Null).unwrap();
+    let seen = seen.lock().unwrap();
+    let samples: u64 = seen.iter().map(|b| b.samples).sum();
+    let stream = Duration::from_nanos(element_util::pts_of(samples).nseconds());
+    assert!(
+        stream <= wall + Duration::from_millis(250) && stream + Duration::from_millis(400) >= wall,
+        "stream {stream:?} vs wall {wall:?}"
+    );
+}
+
+#[test]
+fn application_eos_ends_a_live_stream() {
+    let _g = serial();
+    let (pipeline, _src, _seen) = live_pipeline("text=\"Bye.\"");
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(pipeline.send_event(gst::event::Eos::new()));
+    let msg = bus
+        .timed_pop_filtered(
+            gst::ClockTime::from_seconds(10),
+            &[gst::MessageType::Eos, gst::MessageType::Error],
+        )
+        .expect("EOS");
+    assert_eq!(msg.type_(), gst::MessageType::Eos);
+    pipeline.set_state(gst::State::Null).unwrap();
+}
+
+/// Opus over RTP to a UDP port on 127.0.0.1, received by a second pipeline in this process.
+#[test]
+fn opus_over_rtp_on_loopback() {
+    let _g = serial();
+    init();
+    let port = {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.local_addr().unwrap().port()
+    };
+    let receiver = gst::parse::launch(&format!(
+        "udpsrc address=127.0.0.1 port={port} \
+         caps=\"application/x-rtp,media=audio,clock-rate=48000,encoding-name=OPUS,payload=96\" ! \
+         rtpjitterbuffer latency=200 ! rtpopusdepay ! opusdec ! audioconvert ! audioresample ! \
+         audio/x-raw,format=F32LE,rate=24000,channels=1 ! \
+         fakesink name=rx sync=false signal-handoffs=true"
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let received = Arc::new(Mutex::new((0u64, 0f32)));
+    let r2 = received.clone();
+    receiver
+        .by_name("rx")
+        .unwrap()
+        .connect("handoff", false, move |args| {
+            let buf = args[1].get::<gst::Buffer>().unwrap();
+            let m = buf.map_readable().unwrap();
+            let mut r = r2.lock().unwrap();
+            r.0 += (m.size() / 4) as u64;
+            for c in m.as_slice().chunks_exact(4) {
+                r.1 = r.1.max(f32::from_le_bytes([c[0], c[1], c[2], c[3]]).abs());
+            }
+            None
+        });
+    receiver.set_state(gst::State::Playing).unwrap();
+
+    let sender = gst::parse::launch(&format!(
+        "omnittssrc name=src is-live=true model=\"{}\" do-sample=false max-new-tokens=12 \
+         text=\"Over the network.\" ! audioconvert ! audioresample ! opusenc ! \
+         rtpopuspay pt=96 ! udpsink host=127.0.0.1 port={port} sync=true",
+        tiny_model()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let bus = sender.bus().unwrap();
+    sender.set_state(gst::State::Playing).unwrap();
+    let mut msgs = Vec::new();
+    let done = wait_element_message(&bus, messages::DONE, Duration::from_secs(30), &mut msgs)
+        .expect("done message");
+    std::thread::sleep(Duration::from_millis(800));
+    sender.set_state(gst::State::Null).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    receiver.set_state(gst::State::Null).unwrap();
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let (samples, peak) = *received.lock().unwrap();
+    let speech = done.get::<u64>("frames").unwrap() * SPF;
+    assert!(
+        samples >= speech,
+        "received {samples} samples at 24 kHz, less than the {speech} of speech"
+    );
+    assert!(peak > 0.01, "received only silence (peak {peak})");
+    assert!(errors(&receiver.bus().unwrap().iter().collect::<Vec<_>>()).is_empty());
+}
