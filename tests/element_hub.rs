@@ -149,3 +149,94 @@ fn local_directories_and_bad_values() {
         HubError::Empty
     ));
 }
+
+/// The element itself with `model` = a repo id: first run downloads from the loopback hub
+/// (HF_ENDPOINT), second run (hub gone, HF_HUB_OFFLINE=1) loads it from the cache. Each run is a
+/// child process (this test binary, running the ignored test below) so that the HF_* variables
+/// are set before anything in the process reads them.
+#[test]
+fn element_loads_a_repo_id_through_the_hub_cache() {
+    const ELEMENT_REPO: &str = "omnitts-test/tiny-customvoice";
+    let cache = TempDir::new("hub-element");
+    let server = HubServer::start(
+        ELEMENT_REPO,
+        std::path::Path::new(&element_util::tiny_model()),
+    );
+    let run = |endpoint: &str, offline: bool| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "element_child_speaks_from_repo_id",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("HF_ENDPOINT", endpoint)
+            .env("HF_HUB_CACHE", cache.path())
+            .env("HF_HUB_OFFLINE", if offline { "1" } else { "0" })
+            .env("OMNITTS_TEST_REPO", ELEMENT_REPO)
+            .output()
+            .expect("spawn child test");
+        let text = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "child failed:\n{text}");
+        assert!(text.contains("1 passed"), "child ran no test:\n{text}");
+    };
+    run(&server.endpoint, false);
+    assert!(
+        server.requests.load(Ordering::SeqCst) > 0,
+        "nothing was downloaded"
+    );
+    let snapshot = cache
+        .path()
+        .join("models--omnitts-test--tiny-customvoice/snapshots")
+        .join(element_util::FAKE_COMMIT);
+    assert_eq!(
+        read_tree(&snapshot),
+        read_tree(std::path::Path::new(&element_util::tiny_model())),
+        "cached snapshot differs from the checkpoint"
+    );
+    drop(server);
+    run(&dead_endpoint(), true);
+}
+
+/// Child half of the test above (run only by it, with the HF_* environment prepared).
+#[test]
+#[ignore = "run by element_loads_a_repo_id_through_the_hub_cache in a child process"]
+fn element_child_speaks_from_repo_id() {
+    use gst::prelude::*;
+    let repo = std::env::var("OMNITTS_TEST_REPO").expect("OMNITTS_TEST_REPO");
+    element_util::init();
+    let pipeline = gst::parse::launch(&format!(
+        "omnittssrc model={repo} do-sample=false max-new-tokens=4 text=\"From the hub.\" ! fakesink"
+    ))
+    .unwrap();
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let mut frames = None;
+    loop {
+        let msg = bus
+            .timed_pop(gst::ClockTime::from_seconds(60))
+            .expect("pipeline stalled");
+        match msg.view() {
+            gst::MessageView::Eos(_) => break,
+            gst::MessageView::Error(e) => panic!("{} {:?}", e.error(), e.debug()),
+            gst::MessageView::Element(e) => {
+                if let Some(s) = e.structure()
+                    && s.name() == gstomnitts::omnittssrc::messages::DONE
+                {
+                    frames = Some(s.get::<u64>("frames").unwrap());
+                }
+            }
+            _ => {}
+        }
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert!(
+        frames.is_some_and(|f| f >= 2),
+        "no done message with frames"
+    );
+}
