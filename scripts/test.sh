@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs all of omnitts' tests (after scripts/setup-and-run.sh, or scripts/install-deps.sh, once):
+#  1. builds the plugin (cargo test does not refresh the .so that gst-inspect/gst-launch load);
+#  2. command-line checks against a private GST_REGISTRY: gst-inspect-1.0 omnittssrc, and a
+#     gst-launch-1.0 pipeline into a WAV file whose length and buffer timestamps are checked;
+#  3. cargo test: every unit and integration test of the crate.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+target="${CARGO_TARGET_DIR:-$PWD/target}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+echo "== cargo build"
+cargo build
+
+echo "== gst-inspect-1.0 omnittssrc (private registry)"
+export GST_REGISTRY="$work/registry.bin"
+GST_PLUGIN_PATH="$target/debug" gst-inspect-1.0 omnittssrc > "$work/inspect.txt"
+for want in "Source/Audio" "omnitts" "push-text" "samples-per-buffer" "is-live" "rate: 24000"; do
+    grep -q -- "$want" "$work/inspect.txt" || { echo "gst-inspect output lacks '$want'"; exit 1; }
+done
+echo "ok: omnittssrc registered ($(grep -m1 'Version' "$work/inspect.txt" | xargs))"
+
+echo "== gst-launch-1.0: text -> WAV, timestamps checked"
+wav="$work/out.wav"
+GST_PLUGIN_PATH="$target/debug" gst-launch-1.0 -m -v \
+    omnittssrc model=tests/fixtures/tiny-customvoice do-sample=false max-new-tokens=20 \
+        text="Checking the command line." \
+    ! tee name=t ! queue ! audioconvert ! wavenc ! filesink location="$wav" \
+    t. ! queue ! fakesink silent=false > "$work/launch.txt" 2>&1 \
+    || { tail -20 "$work/launch.txt"; exit 1; }
+# Buffers: contiguous offsets, PTS = offset * 1e9 / 24000 (floor), duration = pts(end) - pts(start),
+# DISCONT on the first buffer only. Prints "<buffers> <samples>".
+summary=$(grep -E '^/GstPipeline:pipeline0/GstFakeSink:fakesink0: last-message = chain' "$work/launch.txt" | awk '
+    function ns(t,   a, s) { split(t, a, ":"); split(a[3], s, ".");
+        return ((a[1] * 60 + a[2]) * 60 + s[1]) * 1000000000 + s[2] }
+    function pts(n) { return int(n * 1000000000 / 24000) }
+    {
+        match($0, /pts: [0-9:.]+/);        p = ns(substr($0, RSTART + 5, RLENGTH - 5))
+        match($0, /duration: [0-9:.]+/);   d = ns(substr($0, RSTART + 10, RLENGTH - 10))
+        match($0, /offset: [0-9]+/);       o = substr($0, RSTART + 8, RLENGTH - 8) + 0
+        match($0, /offset_end: [0-9]+/);   e = substr($0, RSTART + 12, RLENGTH - 12) + 0
+        disc = ($0 ~ /discont/)
+        if (o != next_off) { print "buffer " NR ": offset " o ", expected " next_off > "/dev/stderr"; bad = 1 }
+        if (p != pts(o)) { print "buffer " NR ": pts " p ", expected " pts(o) > "/dev/stderr"; bad = 1 }
+        if (d != pts(e) - pts(o)) { print "buffer " NR ": duration " d > "/dev/stderr"; bad = 1 }
+        if (disc != (NR == 1)) { print "buffer " NR ": discont flag " disc > "/dev/stderr"; bad = 1 }
+        next_off = e; n = NR
+    }
+    END { if (bad || n == 0) exit 1; print n, next_off }')
+read -r buffers samples <<< "$summary"
+frames=$(grep -o 'omnitts/utterance-done.*frames=(guint64)[0-9]*' "$work/launch.txt" | grep -o '[0-9]*$')
+wav_samples=$(soxi -s "$wav" 2>/dev/null)
+echo "buffers=$buffers samples=$samples frames=$frames wav_samples=$wav_samples"
+[ "$samples" -eq $((frames * 1920)) ] || { echo "samples != frames * 1920"; exit 1; }
+[ "$wav_samples" -eq "$samples" ] || { echo "WAV length != samples pushed"; exit 1; }
+[ "$(soxi -r "$wav" 2>/dev/null)" = 24000 ] && [ "$(soxi -c "$wav" 2>/dev/null)" = 1 ] \
+    || { echo "WAV is not 24 kHz mono"; exit 1; }
+echo "ok: WAV of $wav_samples samples = $frames frames x 1920, $buffers contiguous buffers"
+
+echo "== cargo test"
+# Tests register the plugin statically; GST_PLUGIN_PATH stays unset so the .so is not loaded too.
+GST_REGISTRY="$work/test-registry.bin" cargo test --no-fail-fast
