@@ -316,7 +316,7 @@ fn property_round_trip() {
         ("top-p", v(0.8f64)),
         ("repetition-penalty", v(1.3f64)),
         ("max-new-tokens", v(123u32)),
-        ("seed", v(42u64)),
+        ("seed", v(7u64)),
         ("initial-chunk-frames", v(3u32)),
         ("chunk-frames", v(9u32)),
         ("samples-per-buffer", v(960u32)),

@@ -15,9 +15,7 @@ use gst_base::subclass::prelude::*;
 use crate::engine::{
     DeviceSpec, Engine, EngineOptions, EngineRequest, FinishReason, Metrics, StageConfig,
 };
-use crate::models::qwen3_tts::{
-    Checkpoint, GenerationConfig, ModelVariant, SamplingParams, VoiceRequest,
-};
+use crate::models::qwen3_tts::{ModelVariant, SamplingParams, VoiceRequest};
 
 use super::CAT;
 use super::hub;
@@ -29,17 +27,7 @@ use super::runtime::{
 pub(super) const RATE: u32 = 24_000;
 
 const DEFAULT_MODEL: &str = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice";
-const DEFAULT_DEVICE: &str = "auto";
 const DEFAULT_LANGUAGE: &str = "auto";
-// Sampling defaults shown by gst-inspect: the values of the released checkpoints'
-// generation_config.json. Unset properties follow the loaded checkpoint's file.
-const DEFAULT_DO_SAMPLE: bool = true;
-const DEFAULT_TEMPERATURE: f64 = 0.9;
-const DEFAULT_TOP_K: u32 = 50;
-const DEFAULT_TOP_P: f64 = 1.0;
-const DEFAULT_REPETITION_PENALTY: f64 = 1.05;
-const DEFAULT_MAX_NEW_TOKENS: u32 = 8192;
-const DEFAULT_SEED: u64 = 0;
 const DEFAULT_INITIAL_CHUNK_FRAMES: u32 = 0;
 const DEFAULT_CHUNK_FRAMES: u32 = 0;
 /// 20 ms at 24 kHz: fine-grained live pacing, one Opus frame.
@@ -48,15 +36,43 @@ const DEFAULT_IS_LIVE: bool = false;
 /// Back-pressure bound between the engine and `create()`: 10 s of audio.
 const MAX_QUEUED_SAMPLES: usize = 10 * RATE as usize;
 
-/// Property values. Sampling fields are `None` until set: then the checkpoint's
-/// `generation_config.json` decides.
+/// What gst-inspect shows as the sampling defaults: the built-in stage config's
+/// `default_sampling_params` (configs/qwen3_tts.yaml), else the released checkpoints'
+/// `generation_config.json` values (qwen3-tts.md §1.4). An unset property takes the loaded stage
+/// config's value, else the loaded checkpoint's.
+struct SamplingDefaults {
+    do_sample: bool,
+    temperature: f64,
+    top_k: u32,
+    top_p: f64,
+    repetition_penalty: f64,
+    max_new_tokens: u32,
+    seed: u64,
+}
+
+static SAMPLING_DEFAULTS: LazyLock<SamplingDefaults> = LazyLock::new(|| {
+    let o = StageConfig::default_async().ar.sampling;
+    let temperature = o.temperature.unwrap_or(0.9);
+    SamplingDefaults {
+        do_sample: temperature > 0.0,
+        temperature,
+        top_k: o.top_k.unwrap_or(50).min(u32::MAX as usize) as u32,
+        top_p: o.top_p.unwrap_or(1.0),
+        repetition_penalty: o.repetition_penalty.unwrap_or(1.05),
+        max_new_tokens: o.max_tokens.unwrap_or(8192).min(u32::MAX as usize) as u32,
+        seed: o.seed.unwrap_or(0),
+    }
+});
+
+/// Property values. Sampling fields and devices are `None` until set: then the stage config
+/// (and, for sampling, the checkpoint's `generation_config.json`) decides.
 #[derive(Debug, Clone)]
 struct Settings {
     text: Option<String>,
     model: String,
     stage_config: Option<String>,
-    ar_device: String,
-    decoder_device: String,
+    ar_device: Option<String>,
+    decoder_device: Option<String>,
     speaker: Option<String>,
     language: String,
     instruct: Option<String>,
@@ -66,7 +82,7 @@ struct Settings {
     top_p: Option<f64>,
     repetition_penalty: Option<f64>,
     max_new_tokens: Option<u32>,
-    seed: u64,
+    seed: Option<u64>,
     initial_chunk_frames: u32,
     chunk_frames: u32,
     samples_per_buffer: u32,
@@ -79,8 +95,8 @@ impl Default for Settings {
             text: None,
             model: DEFAULT_MODEL.to_string(),
             stage_config: None,
-            ar_device: DEFAULT_DEVICE.to_string(),
-            decoder_device: DEFAULT_DEVICE.to_string(),
+            ar_device: None,
+            decoder_device: None,
             speaker: None,
             language: DEFAULT_LANGUAGE.to_string(),
             instruct: None,
@@ -90,7 +106,7 @@ impl Default for Settings {
             top_p: None,
             repetition_penalty: None,
             max_new_tokens: None,
-            seed: DEFAULT_SEED,
+            seed: None,
             initial_chunk_frames: DEFAULT_INITIAL_CHUNK_FRAMES,
             chunk_frames: DEFAULT_CHUNK_FRAMES,
             samples_per_buffer: DEFAULT_SAMPLES_PER_BUFFER,
@@ -122,7 +138,8 @@ struct ModelInfo {
     variant: ModelVariant,
     speakers: Vec<String>,
     languages: Vec<String>,
-    generation: GenerationConfig,
+    /// The engine's defaults: generation_config.json overridden by the stage config.
+    base_sampling: SamplingParams,
     samples_per_frame: usize,
     /// Live latency: the first chunk's duration (at least one buffer).
     latency: gst::ClockTime,
@@ -184,15 +201,21 @@ impl ObjectSubclass for OmniTtsSrc {
     type ParentType = gst_base::PushSrc;
 }
 
-/// Validates a device string the way the engine parses it.
-fn parse_device(property: &'static str, value: &str) -> Result<DeviceSpec, InputError> {
-    DeviceSpec::from_str(value.trim()).map_err(|e| {
-        input_error(
-            property,
-            value,
-            format!("{e} (expected cpu, cuda:N or auto)"),
-        )
-    })
+/// Parses a device property the way the engine does and checks that this build can use it;
+/// `None` (unset) takes the stage config's device.
+fn parse_device(
+    property: &'static str,
+    value: Option<&str>,
+    from_stage_config: DeviceSpec,
+) -> Result<DeviceSpec, InputError> {
+    let Some(value) = value else {
+        return Ok(from_stage_config);
+    };
+    let spec =
+        DeviceSpec::from_str(value).map_err(|e| input_error(property, value, e.to_string()))?;
+    spec.check_supported()
+        .map_err(|e| input_error(property, value, e.to_string()))?;
+    Ok(spec)
 }
 
 /// Matches `value` case-insensitively against `list`, returning the list's spelling.
@@ -269,7 +292,7 @@ fn build_request(s: &Settings, info: &ModelInfo, text: &str) -> Result<EngineReq
         .filter(|v| !v.is_empty())
         .map(str::to_string);
 
-    let mut sampling = SamplingParams::from_generation_config(&info.generation);
+    let mut sampling = info.base_sampling.clone();
     if let Some(v) = s.temperature {
         sampling.temperature = v;
     }
@@ -285,7 +308,9 @@ fn build_request(s: &Settings, info: &ModelInfo, text: &str) -> Result<EngineReq
     if let Some(v) = s.max_new_tokens {
         sampling.max_new_tokens = v as usize;
     }
-    sampling.seed = s.seed;
+    if let Some(v) = s.seed {
+        sampling.seed = v;
+    }
     if let Some(v) = s.do_sample {
         sampling.do_sample = v;
     }
@@ -434,9 +459,6 @@ impl OmniTtsSrc {
                 "whitespace-only text, nothing to speak",
             )));
         }
-        let ar_device = parse_device("ar-device", &s.ar_device).map_err(settings_error)?;
-        let decoder_device =
-            parse_device("decoder-device", &s.decoder_device).map_err(settings_error)?;
         let (stage_config, warnings) = match s.stage_config.as_deref().map(str::trim) {
             Some(p) if !p.is_empty() => StageConfig::from_yaml_file(Path::new(p))
                 .map_err(|e| settings_error(input_error("stage-config", p, e.to_string())))?,
@@ -453,6 +475,14 @@ impl OmniTtsSrc {
                 ]
             );
         }
+        let ar_device = parse_device("ar-device", s.ar_device.as_deref(), stage_config.ar.device)
+            .map_err(settings_error)?;
+        let decoder_device = parse_device(
+            "decoder-device",
+            s.decoder_device.as_deref(),
+            stage_config.decoder.device,
+        )
+        .map_err(settings_error)?;
 
         let resolved = hub::resolve_model(&s.model, &hub::HubOptions::from_env()).map_err(|e| {
             let kind = match e {
@@ -471,12 +501,6 @@ impl OmniTtsSrc {
             resolved.dir.display(),
             resolved.source
         );
-        let checkpoint = Checkpoint::open(&resolved.dir).map_err(|e| {
-            gst::error_msg!(
-                gst::ResourceError::OpenRead,
-                ["model '{}' ({}): {}", s.model, resolved.dir.display(), e]
-            )
-        })?;
         let opts = EngineOptions {
             model_dir: resolved.dir.clone(),
             stage_config: stage_config.clone(),
@@ -487,11 +511,11 @@ impl OmniTtsSrc {
             gst::error_msg!(
                 gst::ResourceError::OpenRead,
                 [
-                    "model '{}' ({}) could not be loaded on ar-device '{}' / decoder-device '{}': {}",
+                    "model '{}' ({}) could not be loaded (ar-device {}, decoder-device {}): {}",
                     s.model,
                     resolved.dir.display(),
-                    s.ar_device,
-                    s.decoder_device,
+                    ar_device,
+                    decoder_device,
                     e
                 ]
             )
@@ -508,10 +532,25 @@ impl OmniTtsSrc {
             ));
         }
         let samples_per_frame = engine.samples_per_frame();
-        let first_chunk_frames = if s.initial_chunk_frames > 0 {
-            s.initial_chunk_frames as usize
-        } else {
-            stage_config.initial_chunk_frames()
+        let initial = (s.initial_chunk_frames > 0).then_some(s.initial_chunk_frames as usize);
+        let chunk = (s.chunk_frames > 0).then_some(s.chunk_frames as usize);
+        let first_chunk_frames = match stage_config.chunk_policy(initial, chunk).next_boundary(0) {
+            Some(frames) => frames,
+            None => {
+                // async_chunk: false decodes whole utterances: no audio before the end.
+                if s.is_live {
+                    gst::element_imp_warning!(
+                        self,
+                        gst::ResourceError::Settings,
+                        [
+                            "stage-config '{}' decodes whole utterances (async_chunk: false): in \
+                             live mode speech starts only after each utterance is synthesised",
+                            s.stage_config.as_deref().unwrap_or("")
+                        ]
+                    );
+                }
+                stage_config.decoder.codec_chunk_frames
+            }
         };
         let chunk_time = pts_of((first_chunk_frames * samples_per_frame) as u64, RATE);
         let buffer_time = pts_of(s.samples_per_buffer as u64, RATE);
@@ -520,7 +559,7 @@ impl OmniTtsSrc {
             variant: engine.variant(),
             speakers: engine.speakers(),
             languages: engine.languages(),
-            generation: checkpoint.generation.clone(),
+            base_sampling: engine.default_sampling_params(),
             samples_per_frame,
             latency: chunk_time.max(buffer_time),
             live: s.is_live,
@@ -724,16 +763,18 @@ impl ObjectImpl for OmniTtsSrc {
                 glib::ParamSpecString::builder("ar-device")
                     .nick("AR device")
                     .blurb(
-                        "Device of stage 0 (talker + code predictor): cpu, cuda:N, or auto \
-                         (the first CUDA device when built with CUDA, else cpu)",
+                        "Device of stage 0 (talker + code predictor): cpu, cuda:N, or auto (CUDA \
+                         device 0 in a CUDA build with a GPU, else cpu); unset: the stage config's \
+                         runtime.devices (auto in the built-in one)",
                     )
-                    .default_value(Some(DEFAULT_DEVICE))
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecString::builder("decoder-device")
                     .nick("Decoder device")
-                    .blurb("Device of stage 1 (Code2Wav decoder): cpu, cuda:N, or auto")
-                    .default_value(Some(DEFAULT_DEVICE))
+                    .blurb(
+                        "Device of stage 1 (Code2Wav decoder): cpu, cuda:N, or auto; unset: the \
+                         stage config's runtime.devices (auto in the built-in one)",
+                    )
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecString::builder("speaker")
@@ -765,71 +806,60 @@ impl ObjectImpl for OmniTtsSrc {
                 glib::ParamSpecBoolean::builder("do-sample")
                     .nick("Sample")
                     .blurb(
-                        "Sample codes (true) or decode greedily (false, deterministic); unset: \
-                         the checkpoint's generation_config.json",
+                        "Sample codes (true) or decode greedily, talker and code predictor \
+                         (false, deterministic). Unset sampling properties: the stage config's \
+                         default_sampling_params, else the checkpoint's generation_config.json",
                     )
-                    .default_value(DEFAULT_DO_SAMPLE)
+                    .default_value(SAMPLING_DEFAULTS.do_sample)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecDouble::builder("temperature")
                     .nick("Temperature")
-                    .blurb(
-                        "Sampling temperature of the talker (0 = greedy); unset: the checkpoint's \
-                         generation_config.json",
-                    )
+                    .blurb("Sampling temperature of the talker (0 = greedy)")
                     .minimum(0.0)
                     .maximum(2.0)
-                    .default_value(DEFAULT_TEMPERATURE)
+                    .default_value(SAMPLING_DEFAULTS.temperature)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("top-k")
                     .nick("Top-k")
-                    .blurb(
-                        "Sample among the k most likely codes (0 = no limit); unset: the \
-                         checkpoint's generation_config.json",
-                    )
+                    .blurb("Talker: sample among the k most likely codes (0 = no limit)")
                     .minimum(0)
                     .maximum(4096)
-                    .default_value(DEFAULT_TOP_K)
+                    .default_value(SAMPLING_DEFAULTS.top_k)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecDouble::builder("top-p")
                     .nick("Top-p")
-                    .blurb(
-                        "Nucleus sampling probability mass (1 = off); unset: the checkpoint's \
-                         generation_config.json",
-                    )
-                    .minimum(0.0)
+                    .blurb("Talker: nucleus sampling probability mass (1 = off)")
+                    .minimum(0.01)
                     .maximum(1.0)
-                    .default_value(DEFAULT_TOP_P)
+                    .default_value(SAMPLING_DEFAULTS.top_p)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecDouble::builder("repetition-penalty")
                     .nick("Repetition penalty")
-                    .blurb(
-                        "Penalty on codes already generated (1 = off); unset: the checkpoint's \
-                         generation_config.json",
-                    )
+                    .blurb("Talker: penalty on codes already generated (1 = off)")
                     .minimum(1.0)
                     .maximum(2.0)
-                    .default_value(DEFAULT_REPETITION_PENALTY)
+                    .default_value(SAMPLING_DEFAULTS.repetition_penalty)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("max-new-tokens")
                     .nick("Max new tokens")
                     .blurb(
-                        "Longest utterance in codec frames (12.5 per second of audio); unset: the \
-                         checkpoint's generation_config.json",
+                        "Longest utterance in codec frames (12.5 per second of audio); the stage \
+                         config's runaway guard may end it earlier",
                     )
                     .minimum(2)
                     .maximum(65536)
-                    .default_value(DEFAULT_MAX_NEW_TOKENS)
+                    .default_value(SAMPLING_DEFAULTS.max_new_tokens)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt64::builder("seed")
                     .nick("Seed")
                     .blurb("Random seed of every utterance (same seed and text: same audio)")
-                    .default_value(DEFAULT_SEED)
+                    .default_value(SAMPLING_DEFAULTS.seed)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("initial-chunk-frames")
@@ -937,18 +967,8 @@ impl ObjectImpl for OmniTtsSrc {
                     .unwrap_or_default()
             }
             "stage-config" => s.stage_config = value.get().expect("type checked upstream"),
-            "ar-device" => {
-                s.ar_device = value
-                    .get::<Option<String>>()
-                    .expect("type checked upstream")
-                    .unwrap_or_else(|| DEFAULT_DEVICE.into())
-            }
-            "decoder-device" => {
-                s.decoder_device = value
-                    .get::<Option<String>>()
-                    .expect("type checked upstream")
-                    .unwrap_or_else(|| DEFAULT_DEVICE.into())
-            }
+            "ar-device" => s.ar_device = value.get().expect("type checked upstream"),
+            "decoder-device" => s.decoder_device = value.get().expect("type checked upstream"),
             "speaker" => s.speaker = value.get().expect("type checked upstream"),
             "language" => {
                 s.language = value
@@ -967,7 +987,7 @@ impl ObjectImpl for OmniTtsSrc {
             "max-new-tokens" => {
                 s.max_new_tokens = Some(value.get().expect("type checked upstream"))
             }
-            "seed" => s.seed = value.get().expect("type checked upstream"),
+            "seed" => s.seed = Some(value.get().expect("type checked upstream")),
             "initial-chunk-frames" => {
                 s.initial_chunk_frames = value.get().expect("type checked upstream")
             }
@@ -991,19 +1011,25 @@ impl ObjectImpl for OmniTtsSrc {
             "speaker" => s.speaker.to_value(),
             "language" => s.language.to_value(),
             "instruct" => s.instruct.to_value(),
-            "do-sample" => s.do_sample.unwrap_or(DEFAULT_DO_SAMPLE).to_value(),
-            "temperature" => s.temperature.unwrap_or(DEFAULT_TEMPERATURE).to_value(),
-            "top-k" => s.top_k.unwrap_or(DEFAULT_TOP_K).to_value(),
-            "top-p" => s.top_p.unwrap_or(DEFAULT_TOP_P).to_value(),
+            "do-sample" => s
+                .do_sample
+                .unwrap_or(SAMPLING_DEFAULTS.do_sample)
+                .to_value(),
+            "temperature" => s
+                .temperature
+                .unwrap_or(SAMPLING_DEFAULTS.temperature)
+                .to_value(),
+            "top-k" => s.top_k.unwrap_or(SAMPLING_DEFAULTS.top_k).to_value(),
+            "top-p" => s.top_p.unwrap_or(SAMPLING_DEFAULTS.top_p).to_value(),
             "repetition-penalty" => s
                 .repetition_penalty
-                .unwrap_or(DEFAULT_REPETITION_PENALTY)
+                .unwrap_or(SAMPLING_DEFAULTS.repetition_penalty)
                 .to_value(),
             "max-new-tokens" => s
                 .max_new_tokens
-                .unwrap_or(DEFAULT_MAX_NEW_TOKENS)
+                .unwrap_or(SAMPLING_DEFAULTS.max_new_tokens)
                 .to_value(),
-            "seed" => s.seed.to_value(),
+            "seed" => s.seed.unwrap_or(SAMPLING_DEFAULTS.seed).to_value(),
             "initial-chunk-frames" => s.initial_chunk_frames.to_value(),
             "chunk-frames" => s.chunk_frames.to_value(),
             "samples-per-buffer" => s.samples_per_buffer.to_value(),

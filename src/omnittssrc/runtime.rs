@@ -185,15 +185,13 @@ pub mod messages {
     pub const DONE: &str = "omnitts/utterance-done";
 }
 
-/// The string a [`FinishReason`] is reported as in the done message.
+/// The name a [`FinishReason`] is reported as in the done message, and its error text.
 pub(super) fn reason_name(r: &FinishReason) -> (&'static str, String) {
-    match r {
-        FinishReason::Eos => ("eos", String::new()),
-        FinishReason::Length => ("length", String::new()),
-        FinishReason::Guard => ("guard", String::new()),
-        FinishReason::Cancelled => ("cancelled", String::new()),
-        FinishReason::Error(e) => ("error", e.clone()),
-    }
+    let error = match r {
+        FinishReason::Error(e) => e.clone(),
+        _ => String::new(),
+    };
+    (r.as_str(), error)
 }
 
 /// Builds the done message for `cur`, whose last sample ended at position `end`.
