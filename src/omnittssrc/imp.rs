@@ -781,8 +781,8 @@ impl ObjectImpl for OmniTtsSrc {
                     .nick("Speaker")
                     .blurb(
                         "Preset speaker of a CustomVoice checkpoint (case-insensitive, see \
-                         available-speakers); unset: the checkpoint's first speaker. Applies to \
-                         text queued after it is set",
+                         available-speakers); unset: the checkpoint's alphabetically first speaker \
+                         (aiden in the released checkpoints). Applies to text queued after it is set",
                     )
                     .mutable_playing()
                     .build(),
