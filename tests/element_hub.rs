@@ -78,7 +78,7 @@ fn repo_id_is_downloaded_then_served_from_cache() {
     );
     let requests = server.requests.load(Ordering::SeqCst);
     assert!(
-        requests >= 1 + 5,
+        requests > 5,
         "expected info + 5 files, saw {requests} requests"
     );
 

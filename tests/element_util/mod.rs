@@ -86,6 +86,7 @@ fn fnv1a(data: &[u8]) -> u64 {
 /// - `GET /api/models/<repo>/revision/main` → `{"sha": ..., "siblings": [{"rfilename": ...}]}`
 /// - `GET /<repo>/resolve/main/<file>` with `Range: bytes=a-[b]` → 206 with `ETag`,
 ///   `X-Repo-Commit`, `Content-Range` (what `hf-hub` 0.4 reads).
+///
 /// One connection per request (`Connection: close`). Stops when dropped.
 pub struct HubServer {
     pub endpoint: String,
