@@ -171,7 +171,9 @@ fn paced_by_the_clock() {
     let samples: u64 = seen.iter().map(|b| b.samples).sum();
     let stream = Duration::from_nanos(element_util::pts_of(samples).nseconds());
     assert!(
-        stream <= wall + Duration::from_millis(250) && stream + Duration::from_millis(400) >= wall,
+        // Never ahead of the clock (plus one buffer); behind by the latency (80 ms) and the start-up
+        // of the streaming thread, generously bounded for a loaded CI machine.
+        stream <= wall + Duration::from_millis(100) && stream + Duration::from_millis(700) >= wall,
         "stream {stream:?} vs wall {wall:?}"
     );
 }
