@@ -19,7 +19,7 @@ export GST_REGISTRY="$target/gst-registry.bin"
 text=${OMNITTS_TEXT:-"Hello from omnitts. This sentence goes from text to a WAV file through GStreamer."}
 out=${OMNITTS_OUT:-omnitts-demo.wav}
 gst-launch-1.0 -q omnittssrc model=tests/fixtures/tiny-customvoice text="$text" \
-    ! audioconvert ! wavenc ! filesink location="$out"
+    ! audioconvert ! audio/x-raw,format=S16LE ! wavenc ! filesink location="$out"
 
 soxi "$out"
 echo
