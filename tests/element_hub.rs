@@ -150,6 +150,42 @@ fn local_directories_and_bad_values() {
     ));
 }
 
+/// Runs the ignored test `name` of this binary in a child process with `env` set (HF_* variables
+/// must be in place before anything in the process reads them); asserts that it passed.
+fn run_child(name: &str, env: &[(&str, &str)]) {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--ignored",
+        "--exact",
+        name,
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    for var in [
+        "HF_ENDPOINT",
+        "HF_HUB_CACHE",
+        "HF_HOME",
+        "HF_HUB_OFFLINE",
+        "HF_TOKEN",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("spawn child test");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child {name} failed:\n{text}");
+    assert!(
+        text.contains("1 passed"),
+        "child {name} ran no test:\n{text}"
+    );
+}
+
 /// The element itself with `model` = a repo id: first run downloads from the loopback hub
 /// (HF_ENDPOINT), second run (hub gone, HF_HUB_OFFLINE=1) loads it from the cache. Each run is a
 /// child process (this test binary, running the ignored test below) so that the HF_* variables
@@ -162,28 +198,17 @@ fn element_loads_a_repo_id_through_the_hub_cache() {
         ELEMENT_REPO,
         std::path::Path::new(&element_util::tiny_model()),
     );
+    let cache_dir = cache.path().display().to_string();
     let run = |endpoint: &str, offline: bool| {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "element_child_speaks_from_repo_id",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("HF_ENDPOINT", endpoint)
-            .env("HF_HUB_CACHE", cache.path())
-            .env("HF_HUB_OFFLINE", if offline { "1" } else { "0" })
-            .env("OMNITTS_TEST_REPO", ELEMENT_REPO)
-            .output()
-            .expect("spawn child test");
-        let text = format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "child failed:\n{text}");
-        assert!(text.contains("1 passed"), "child ran no test:\n{text}");
+        run_child(
+            "element_child_speaks_from_repo_id",
+            &[
+                ("HF_ENDPOINT", endpoint),
+                ("HF_HUB_CACHE", &cache_dir),
+                ("HF_HUB_OFFLINE", if offline { "1" } else { "0" }),
+                ("OMNITTS_TEST_REPO", ELEMENT_REPO),
+            ],
+        )
     };
     run(&server.endpoint, false);
     assert!(
@@ -238,5 +263,51 @@ fn element_child_speaks_from_repo_id() {
     assert!(
         frames.is_some_and(|f| f >= 2),
         "no done message with frames"
+    );
+}
+
+/// The element with a repo id that is neither cached nor downloadable fails to start, with an
+/// error naming the property, the repo id and the cache folder.
+#[test]
+fn element_repo_id_offline_and_not_cached_fails_to_start() {
+    let cache = TempDir::new("hub-element-empty");
+    let cache_dir = cache.path().display().to_string();
+    for offline in ["1", "0"] {
+        run_child(
+            "element_child_repo_id_not_cached",
+            &[
+                ("HF_ENDPOINT", &dead_endpoint()),
+                ("HF_HUB_CACHE", &cache_dir),
+                ("HF_HUB_OFFLINE", offline),
+            ],
+        );
+    }
+}
+
+/// Child half of the test above.
+#[test]
+#[ignore = "run by element_repo_id_offline_and_not_cached_fails_to_start in a child process"]
+fn element_child_repo_id_not_cached() {
+    use gst::prelude::*;
+    element_util::init();
+    let e = gst::ElementFactory::make("omnittssrc")
+        .property("model", "nobody/no-such-model")
+        .property("text", "x")
+        .build()
+        .unwrap();
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    assert!(
+        e.set_state(gst::State::Paused).is_err(),
+        "started without a model"
+    );
+    let _ = e.set_state(gst::State::Null);
+    let errs = element_util::errors(&element_util::drain(&bus));
+    let cache = std::env::var("HF_HUB_CACHE").unwrap();
+    assert!(
+        errs.iter().any(|m| m.contains("model")
+            && m.contains("nobody/no-such-model")
+            && m.contains(&cache)),
+        "{errs:?}"
     );
 }

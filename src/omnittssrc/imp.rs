@@ -184,6 +184,8 @@ fn input_error(property: &'static str, value: &str, why: impl Into<String>) -> I
     }
 }
 
+/// The element's instance data: property values and stream state, each behind its own lock
+/// (lock order: settings, then state, then the runtime queue).
 #[derive(Default)]
 pub struct OmniTtsSrc {
     settings: Mutex<Settings>,
@@ -446,7 +448,7 @@ impl OmniTtsSrc {
     }
 
     /// Resolves, validates and loads everything `start()` needs. Errors name the property.
-    fn load(&self, s: &Settings) -> Result<(Engine, ModelInfo, Vec<String>), gst::ErrorMessage> {
+    fn load(&self, s: &Settings) -> Result<(Engine, ModelInfo), gst::ErrorMessage> {
         let settings_error =
             |e: InputError| gst::error_msg!(gst::ResourceError::Settings, ["{}", e]);
         if let Some(t) = &s.text
@@ -568,7 +570,7 @@ impl OmniTtsSrc {
         // Validate the voice settings now, so that a bad speaker/language fails the state change.
         let probe_text = "probe";
         build_request(s, &info, probe_text).map_err(settings_error)?;
-        Ok((engine, info, warnings))
+        Ok((engine, info))
     }
 
     /// Turns a non-audio item into bus messages and bookkeeping (called by `create()` with the
@@ -1144,7 +1146,7 @@ impl BaseSrcImpl for OmniTtsSrc {
             .build(),
         );
         let t0 = Instant::now();
-        let (engine, info, _warnings) = match self.load(&settings) {
+        let (engine, info) = match self.load(&settings) {
             Ok(v) => v,
             Err(e) => {
                 let _ = self.obj().post_message(
