@@ -62,4 +62,17 @@ echo "ok: WAV of $wav_samples samples = $frames frames x 1920, $buffers contiguo
 
 echo "== cargo test"
 # Tests register the plugin statically; GST_PLUGIN_PATH stays unset so the .so is not loaded too.
-GST_REGISTRY="$work/test-registry.bin" cargo test --no-fail-fast
+log="$work/cargo-test.log"
+set +e
+GST_REGISTRY="$work/test-registry.bin" cargo test --no-fail-fast 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over all test binaries (cargo's own last line is the doc-test binary's).
+awk '/^test result:/ {
+        for (i = 2; i <= NF; i++) {
+            if ($i == "passed;") passed += $(i - 1)
+            if ($i == "failed;") failed += $(i - 1)
+        }
+    }
+    END { printf "total: %d passed, %d failed\n", passed, failed }' "$log"
+exit "$status"

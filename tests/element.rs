@@ -425,6 +425,13 @@ fn errors_missing_or_unreadable_model() {
         &start_error(&[("text", v("x")), ("model", v(&dir))]),
         &["model", &dir],
     );
+    // A Base (voice-clone) checkpoint: refused with a reason.
+    let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-base");
+    let base = base.display().to_string();
+    assert_names(
+        &start_error(&[("text", v("x")), ("model", v(&base))]),
+        &["model", &base, "Base"],
+    );
     // A repo id that is neither cached nor downloadable: tests/element_hub.rs (it needs its own
     // HF_* environment, so it runs in a child process there).
 }

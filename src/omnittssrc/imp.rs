@@ -326,6 +326,7 @@ fn build_request(s: &Settings, info: &ModelInfo, text: &str) -> Result<EngineReq
             language,
             instruct,
             prompt_mode: None,
+            voice_clone: None,
         },
         sampling,
         initial_chunk_frames: (s.initial_chunk_frames > 0)
@@ -530,6 +531,16 @@ impl OmniTtsSrc {
                     s.model,
                     engine.sample_rate(),
                     RATE
+                ]
+            ));
+        }
+        if engine.variant() == ModelVariant::Base {
+            return Err(gst::error_msg!(
+                gst::ResourceError::Settings,
+                [
+                    "model '{}' is a Base (voice-clone) checkpoint, which needs a reference voice \
+                     per request; omnittssrc speaks with CustomVoice and VoiceDesign checkpoints",
+                    s.model
                 ]
             ));
         }
