@@ -91,7 +91,7 @@ fn running_time(p: &gst::Pipeline) -> gst::ClockTime {
 #[test]
 fn gap_silence_then_text_at_its_running_time() {
     let _g = serial();
-    let (pipeline, src, seen) = live_pipeline("max-new-tokens=6 initial-chunk-frames=2");
+    let (pipeline, src, seen) = live_pipeline("max-new-tokens=30 initial-chunk-frames=2");
     let bus = pipeline.bus().unwrap();
     assert_eq!(
         pipeline.set_state(gst::State::Paused).unwrap(),
@@ -140,6 +140,12 @@ fn gap_silence_then_text_at_its_running_time() {
     );
     let speech: u64 = seen.iter().filter(|b| !b.gap).map(|b| b.samples).sum();
     assert_eq!(speech, done.get::<u64>("frames").unwrap() * SPF);
+    // Live chunks as small as the first keep pace: the speech is one contiguous run.
+    assert_eq!(done.get::<u32>("underruns").unwrap(), 0);
+    assert!(
+        seen[first_speech..=last_speech].iter().all(|b| !b.gap),
+        "silence inside the utterance"
+    );
 
     // Spoken at the running time the text arrived (plus at most the engine's lateness).
     let start = seen[first_speech].pts;

@@ -143,6 +143,8 @@ struct ModelInfo {
     samples_per_frame: usize,
     /// Live latency: the first chunk's duration (at least one buffer).
     latency: gst::ClockTime,
+    /// Chunk size of requests when the `chunk-frames` property is 0 (`None`: the stage config's).
+    default_chunk_frames: Option<usize>,
     live: bool,
     samples_per_buffer: u32,
 }
@@ -331,7 +333,11 @@ fn build_request(s: &Settings, info: &ModelInfo, text: &str) -> Result<EngineReq
         sampling,
         initial_chunk_frames: (s.initial_chunk_frames > 0)
             .then_some(s.initial_chunk_frames as usize),
-        chunk_frames: (s.chunk_frames > 0).then_some(s.chunk_frames as usize),
+        chunk_frames: if s.chunk_frames > 0 {
+            Some(s.chunk_frames as usize)
+        } else {
+            info.default_chunk_frames
+        },
     })
 }
 
@@ -565,6 +571,12 @@ impl OmniTtsSrc {
                 stage_config.decoder.codec_chunk_frames
             }
         };
+        // Live: later chunks as small as the first unless chunk-frames is set. Chunk k+1 then takes
+        // as long to synthesise as chunk k takes to play whenever synthesis is faster than real
+        // time, so a latency of one first chunk holds for the whole utterance. (The stage config's
+        // default, 1 then 25 frames, would leave a gap after the first 80 ms unless RTF < 0.04.)
+        let default_chunk_frames = (s.is_live && chunk.is_none() && stage_config.async_chunk)
+            .then_some(first_chunk_frames);
         let chunk_time = pts_of((first_chunk_frames * samples_per_frame) as u64, RATE);
         let buffer_time = pts_of(s.samples_per_buffer as u64, RATE);
         let info = ModelInfo {
@@ -575,6 +587,7 @@ impl OmniTtsSrc {
             base_sampling: engine.default_sampling_params(),
             samples_per_frame,
             latency: chunk_time.max(buffer_time),
+            default_chunk_frames,
             live: s.is_live,
             samples_per_buffer: s.samples_per_buffer,
         };
@@ -891,7 +904,8 @@ impl ObjectImpl for OmniTtsSrc {
                     .nick("Chunk frames")
                     .blurb(
                         "Codec frames (80 ms each) per audio chunk after the first. 0 = the stage \
-                         config's value",
+                         config's value; live: the first chunk's size, so that audio keeps pace \
+                         with the latency",
                     )
                     .minimum(0)
                     .maximum(1000)
@@ -1463,16 +1477,27 @@ impl PushSrcImpl for OmniTtsSrc {
                             if Instant::now() >= d {
                                 // Audio is late: keep the clock going with silence.
                                 if let Some(cur) = inner.current.as_mut() {
-                                    cur.underruns += 1;
-                                    gst::warning!(
-                                        CAT,
-                                        imp = self,
-                                        "utterance {}: audio late at sample {n} (underrun {}), \
-                                         inserting silence; synthesis is slower than real time \
-                                         or the latency is too small",
-                                        cur.id,
-                                        cur.underruns
-                                    );
+                                    if cur.samples_out > 0 {
+                                        cur.underruns += 1;
+                                        gst::warning!(
+                                            CAT,
+                                            imp = self,
+                                            "utterance {}: audio late at sample {n} (underrun {}), \
+                                             inserting silence; synthesis is slower than real \
+                                             time or the chunks are too large for the latency",
+                                            cur.id,
+                                            cur.underruns
+                                        );
+                                    } else if n == cur.start {
+                                        gst::warning!(
+                                            CAT,
+                                            imp = self,
+                                            "utterance {}: first audio later than the latency \
+                                             ({}), speech starts late",
+                                            cur.id,
+                                            info.latency
+                                        );
+                                    }
                                 }
                                 silence = Some(spb);
                             }
