@@ -99,7 +99,8 @@ impl Attention {
         })
     }
 
-    /// `x`: `[batch, t, hidden]`; `cos`/`sin`: f32 `[t, head_dim/2]` for the positions
+    /// `x`: `[batch, t, hidden]`; `cos`/`sin`: `[t, head_dim/2]` (f32, or already in the
+    /// activation dtype) for the positions
     /// `cache.seq_len()..cache.seq_len()+t`. Appends the new keys/values to `cache`.
     /// Returns `[batch, t, hidden]`.
     pub fn forward(

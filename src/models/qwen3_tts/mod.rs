@@ -443,6 +443,7 @@ impl ArModel {
             history: Vec::new(),
             frames: 0,
             finished: None,
+            timing: StepTiming::default(),
         })
     }
 }
@@ -469,6 +470,17 @@ pub struct ArSession<'a> {
     history: Vec<u32>,
     frames: usize,
     finished: Option<FinishReason>,
+    timing: StepTiming,
+}
+
+/// Wall-clock split of the last [`ArSession::next_frame`] that produced a frame, in ms. Both parts
+/// end with a device-to-host copy of logits, so on a GPU they include the device work.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTiming {
+    /// The code predictor's 15 steps (codebooks 1..), sampling included.
+    pub code_predictor_ms: f64,
+    /// The talker decode step that follows (input sum, 1 position, codec-head logits).
+    pub talker_ms: f64,
 }
 
 impl ArSession<'_> {
@@ -489,6 +501,18 @@ impl ArSession<'_> {
 
     pub fn frames_generated(&self) -> usize {
         self.frames
+    }
+
+    /// The talker's codec-head logits (f32, `vocab_size` values, before any logits processor) that
+    /// the next [`Self::next_frame`] samples codebook 0 from; right after [`ArModel::start`] these
+    /// are the prefill logits. Empty once finished.
+    pub fn pending_logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Timing of the last frame (see [`StepTiming`]).
+    pub fn last_timing(&self) -> StepTiming {
+        self.timing
     }
 
     /// Codebook-0 tokens sampled so far (frames plus a final EOS/limit token).
@@ -520,12 +544,14 @@ impl ArSession<'_> {
         let c0 = m.talker.codec_embed(&[a0])?; // [1, d]
         let chooser = self.cp_chooser;
         let rng = &mut self.rng;
+        let t_cp = std::time::Instant::now();
         let rest = m.code_predictor.generate(
             &self.hidden,
             &c0.unsqueeze(0)?,
             &mut self.cp_cache,
             |_, l| chooser.choose(l, rng),
         )?;
+        let t_talker = std::time::Instant::now();
         let mut codes = Vec::with_capacity(m.num_code_groups());
         codes.push(a0);
         codes.extend_from_slice(&rest);
@@ -550,6 +576,11 @@ impl ArSession<'_> {
         self.hidden = hidden;
         self.logits = logits;
         self.frames += 1;
+        let done = std::time::Instant::now();
+        self.timing = StepTiming {
+            code_predictor_ms: (t_talker - t_cp).as_secs_f64() * 1e3,
+            talker_ms: (done - t_talker).as_secs_f64() * 1e3,
+        };
         Ok(ArStep::Frame(codes))
     }
 
