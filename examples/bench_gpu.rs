@@ -91,6 +91,9 @@ struct Args {
     speaker: String,
     #[arg(long, default_value = "English")]
     language: String,
+    /// Code predictor CUDA graphs: off, on, or both (every mode is run without, then with).
+    #[arg(long, default_value = "both")]
+    graphs: String,
     /// Also write the JSON document here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -637,6 +640,16 @@ struct Sample {
     total_ms: f64,
     frames: usize,
     samples: usize,
+    /// FNV-1a hash of every code of the utterance (greedy: equal in every run and mode).
+    codes_hash: u64,
+}
+
+fn fnv(h: u64, codes: &[u32]) -> u64 {
+    codes.iter().fold(h, |h, &c| {
+        c.to_le_bytes()
+            .iter()
+            .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    })
 }
 
 struct Stages<'a> {
@@ -657,7 +670,10 @@ impl Stages<'_> {
     ) -> Result<Sample> {
         let mut sp = self.sampling.clone();
         sp.max_new_tokens = frames + 1; // the last sampled code-0 token is dropped (reference rule)
-        let mut s = Sample::default();
+        let mut s = Sample {
+            codes_hash: 0xcbf29ce484222325,
+            ..Sample::default()
+        };
         let t0 = Instant::now();
         let mut sess = self.ar.start(&self.req, &sp)?;
         s.prefill_ms = ms(t0);
@@ -676,6 +692,7 @@ impl Stages<'_> {
                     s.cp_ms += tm.code_predictor_ms;
                     s.talker_ms += tm.talker_ms;
                     s.frames += 1;
+                    s.codes_hash = fnv(s.codes_hash, &f);
                     mem.poll();
                     if first_chunk.is_some() {
                         pending.push(f);
@@ -747,6 +764,8 @@ fn summarize(mode: &str, v: &[Sample]) -> Value {
         "total_ms": m(&|s| s.total_ms),
         "rtf": m(&|s| s.total_ms / audio_ms),
         "runs": v.len(),
+        "codes_hash": v.first().map(|s| format!("{:016x}", s.codes_hash)),
+        "codes_identical_across_runs": v.windows(2).all(|w| w[0].codes_hash == w[1].codes_hash),
     })
 }
 
@@ -763,14 +782,71 @@ fn bench_size(args: &Args, size: &str, ar_dev: &Device, dec_dev: &Device) -> Res
         let mut mem = MemPeak::new(&[ar_dev.clone(), dec_dev.clone()]);
         let t = Instant::now();
         let ckpt = Checkpoint::open(&dir)?;
-        let ar = ArModel::load(&ckpt, ar_dev, dtype)?;
+        let mut ar = ArModel::load(&ckpt, ar_dev, dtype)?;
         let dec = Code2Wav::load(&dir, dec_dev)?;
         let load_ms = ms(t);
         mem.poll();
         let weights = mem.json();
+        let graph_settings: Vec<bool> = match args.graphs.as_str() {
+            "off" => vec![false],
+            "on" => vec![true],
+            "both" => vec![false, true],
+            other => bail!("--graphs {other:?} (off | on | both)"),
+        };
+        let mut modes = Vec::new();
+        let mut graph_capture_ms = None;
+        let mut warm_ms = 0.0;
+        let mut prefill_len = 0;
+        for graphs in graph_settings {
+            if graphs && !ar.cuda_graphs_enabled() {
+                let t = Instant::now();
+                ar.enable_cuda_graphs()?;
+                graph_capture_ms = Some(ms(t));
+                eprintln!(
+                    "{size}: code predictor CUDA graphs captured in {:.0} ms",
+                    ms(t)
+                );
+            } else if !graphs {
+                ar.disable_cuda_graphs();
+            }
+            let (m, w, p) = run_modes(args, size, &ar, &dec, &ckpt, &mut mem, graphs)?;
+            modes.extend(m);
+            warm_ms += w;
+            prefill_len = p;
+        }
+        let hashes: Vec<&Value> = modes.iter().map(|m| &m["codes_hash"]).collect();
+        let same = hashes.windows(2).all(|w| w[0] == w[1])
+            && modes
+                .iter()
+                .all(|m| m["codes_identical_across_runs"] == true);
+        eprintln!("{size}: codes identical in every run, mode and graph setting: {same}");
+        Ok(json!({
+            "size": size, "dtype": args.dtype, "params": params, "prefill_len": prefill_len,
+            "codes_identical_everywhere": same,
+            "load_ms": load_ms, "warmup_ms": warm_ms, "graph_capture_ms": graph_capture_ms,
+            "memory_after_load": weights, "memory": mem.json(), "modes": modes,
+        }))
+    });
+    if dir.exists() {
+        let _ = fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+/// Warm-up, then every mode `--repeats` times. Returns (mode summaries, warm-up ms, prefill rows).
+fn run_modes(
+    args: &Args,
+    size: &str,
+    ar: &ArModel,
+    dec: &Code2Wav,
+    ckpt: &Checkpoint,
+    mem: &mut MemPeak,
+    graphs: bool,
+) -> Result<(Vec<Value>, f64, usize)> {
+    {
         let stages = Stages {
-            ar: &ar,
-            dec: &dec,
+            ar,
+            dec,
             req: VoiceRequest {
                 text: args.text.clone(),
                 speaker: Some(args.speaker.clone()),
@@ -782,21 +858,22 @@ fn bench_size(args: &Args, size: &str, ar_dev: &Device, dec_dev: &Device) -> Res
         };
         let prefill_len = ar.plan(&stages.req)?.rows.len();
         let t = Instant::now();
-        stages.run(args.warmup_frames, Some(2), 3, &mut mem)?;
-        stages.run(args.warmup_frames, None, 0, &mut mem)?;
+        stages.run(args.warmup_frames, Some(2), 3, mem)?;
+        stages.run(args.warmup_frames, None, 0, mem)?;
         let warm_ms = ms(t);
         eprintln!(
-            "{size}: loaded in {load_ms:.0} ms, warm-up {warm_ms:.0} ms, prefill {prefill_len} positions"
+            "{size} (graphs {graphs}): warm-up {warm_ms:.0} ms, prefill {prefill_len} positions"
         );
         let mut modes = Vec::new();
-        let mut list: Vec<(String, Option<usize>)> = vec![("batch".into(), None)];
+        let tag = if graphs { "+g" } else { "" };
+        let mut list: Vec<(String, Option<usize>)> = vec![(format!("batch{tag}"), None)];
         for &k in &args.first_chunks {
-            list.push((format!("stream{k}"), Some(k)));
+            list.push((format!("stream{k}{tag}"), Some(k)));
         }
         for (name, first) in list {
             let mut v = Vec::new();
             for r in 0..args.repeats {
-                let s = stages.run(args.frames, first, args.chunk, &mut mem)?;
+                let s = stages.run(args.frames, first, args.chunk, mem)?;
                 eprintln!(
                     "{size} {name} run {}: total {:.0} ms, TTFA {:.1} ms, AR {:.2} ms/frame (cp {:.2}, talker {:.2}), decode {:.1} ms",
                     r + 1,
@@ -809,18 +886,12 @@ fn bench_size(args: &Args, size: &str, ar_dev: &Device, dec_dev: &Device) -> Res
                 );
                 v.push(s);
             }
-            modes.push(summarize(&name, &v));
+            let mut m = summarize(&name, &v);
+            m["cuda_graphs"] = json!(graphs);
+            modes.push(m);
         }
-        Ok(json!({
-            "size": size, "dtype": args.dtype, "params": params, "prefill_len": prefill_len,
-            "load_ms": load_ms, "warmup_ms": warm_ms, "memory_after_load": weights,
-            "memory": mem.json(), "modes": modes,
-        }))
-    });
-    if dir.exists() {
-        let _ = fs::remove_dir_all(&dir);
+        Ok((modes, warm_ms, prefill_len))
     }
-    result
 }
 
 fn print_table(results: &[Value]) {

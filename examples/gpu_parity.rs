@@ -15,8 +15,11 @@
 //!   fraction of equal codebook-0 tokens, and the prefill logits' max abs difference relative to the
 //!   largest |logit|.
 //!
-//! Prints a table and a JSON document. Exit code 0 when every f32 device run equals the CPU and
-//! every CPU f32 run equals the reference, 1 otherwise, 2 on an error.
+//! - `--device` f32 and bf16 with the code predictor replayed from CUDA graphs
+//!   (`ArModel::enable_cuda_graphs`) → codes must equal the eager run of the same dtype.
+//!
+//! Prints a table and a JSON document. Exit code 0 when every f32 device run equals the CPU, every
+//! CPU f32 run equals the reference and every graph run equals eager, 1 otherwise, 2 on an error.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -189,7 +192,7 @@ fn real_main() -> Result<bool> {
     let mut all_ok = true;
     let mut results = Vec::new();
     println!(
-        "{:<18} {:<28} {:>6} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9}",
+        "{:<18} {:<28} {:>6} {:>9} {:>9} {:>11} {:>11} {:>9} {:>9} {:>7}",
         "checkpoint",
         "case",
         "frames",
@@ -198,7 +201,8 @@ fn real_main() -> Result<bool> {
         "bf16 match",
         "bf16 1stdif",
         "bf16 rel",
-        "cpubf16"
+        "cpubf16",
+        "graphs"
     );
     for p in files {
         let suite: Value = serde_json::from_str(
@@ -216,6 +220,13 @@ fn real_main() -> Result<bool> {
         let cpu16 = ArModel::load(&ckpt, &Device::Cpu, DType::BF16)?;
         let dev32 = ArModel::load(&ckpt, &dev, DType::F32)?;
         let dev16 = ArModel::load(&ckpt, &dev, DType::BF16)?;
+        // The same models with the code predictor replayed from CUDA graphs.
+        let mut graphed = Vec::new();
+        for dt in [DType::F32, DType::BF16] {
+            let mut m = ArModel::load(&ckpt, &dev, dt)?;
+            let r = m.enable_cuda_graphs();
+            graphed.push((m, r.err().map(|e| e.to_string())));
+        }
         eprintln!(
             "{name}: 4 models loaded in {:.0} ms",
             t.elapsed().as_secs_f64() * 1e3
@@ -231,6 +242,22 @@ fn real_main() -> Result<bool> {
             let d32 = run(&dev32, &req, &sp).with_context(|| format!("{name}/{id} dev f32"))?;
             let d16 = run(&dev16, &req, &sp).with_context(|| format!("{name}/{id} dev bf16"))?;
             let c16 = run(&cpu16, &req, &sp).with_context(|| format!("{name}/{id} cpu bf16"))?;
+            let mut graph_json = Vec::new();
+            for ((gm, err), eager) in graphed.iter().zip([&d32, &d16]) {
+                let v = match err {
+                    Some(e) => json!({"dtype": format!("{:?}", gm.dtype()), "error": e}),
+                    None => {
+                        let g = run(gm, &req, &sp)
+                            .with_context(|| format!("{name}/{id} graphs {:?}", gm.dtype()))?;
+                        let same = g.codes == eager.codes && g.finish == eager.finish;
+                        json!({"dtype": format!("{:?}", gm.dtype()), "identical_to_eager": same,
+                               "ms": g.ms, "eager_ms": eager.ms})
+                    }
+                };
+                all_ok &= v["identical_to_eager"] == true;
+                graph_json.push(v);
+            }
+            let graphs_ok = graph_json.iter().all(|v| v["identical_to_eager"] == true);
             let reference = ids2(&case["codes"]);
             let cpu_eq_ref = reference.as_ref() == Some(&a.codes);
             let f32c = compare(&a, &d32);
@@ -239,7 +266,7 @@ fn real_main() -> Result<bool> {
             let f32_ok = f32c["identical"] == true;
             all_ok &= f32_ok && cpu_eq_ref;
             println!(
-                "{:<18} {:<28} {:>6} {:>9} {:>9} {:>11.4} {:>11} {:>9.2e} {:>9.4}",
+                "{:<18} {:<28} {:>6} {:>9} {:>9} {:>11.4} {:>11} {:>9.2e} {:>9.4} {:>7}",
                 name,
                 id,
                 a.codes.len(),
@@ -249,6 +276,7 @@ fn real_main() -> Result<bool> {
                 b16["frames_before_first_diff"],
                 b16["logits0_rel_diff"].as_f64().unwrap_or(f64::NAN),
                 cb16["code_match_fraction"].as_f64().unwrap_or(f64::NAN),
+                graphs_ok,
             );
             results.push(json!({
                 "checkpoint": name, "case": id, "frames": a.codes.len(),
@@ -258,6 +286,7 @@ fn real_main() -> Result<bool> {
                 "device_f32_vs_cpu_f32": f32c,
                 "device_bf16_vs_cpu_f32": b16,
                 "cpu_bf16_vs_cpu_f32": cb16,
+                "cuda_graphs": graph_json,
             }));
         }
     }
@@ -279,6 +308,8 @@ fn real_main() -> Result<bool> {
         "device_bf16_mean_frames_before_first_diff": mean("device_bf16_vs_cpu_f32", "frames_before_first_diff"),
         "device_bf16_max_logits0_rel_diff": results.iter().filter_map(|r| r["device_bf16_vs_cpu_f32"]["logits0_rel_diff"].as_f64()).fold(0f64, f64::max),
         "device_f32_max_logits0_abs_diff": results.iter().filter_map(|r| r["device_f32_vs_cpu_f32"]["logits0_max_abs_diff"].as_f64()).fold(0f64, f64::max),
+        "cuda_graphs_identical_to_eager": results.iter().filter(|r| r["cuda_graphs"].as_array().is_some_and(|a| a.iter().all(|v| v["identical_to_eager"] == true))).count(),
+        "cuda_graph_errors": results.iter().flat_map(|r| r["cuda_graphs"].as_array().cloned().unwrap_or_default()).filter_map(|v| v.get("error").cloned()).collect::<Vec<_>>(),
         "cpu_bf16_identical": results.iter().filter(|r| r["cpu_bf16_vs_cpu_f32"]["identical"] == true).count(),
         "cpu_bf16_mean_code_match": mean("cpu_bf16_vs_cpu_f32", "code_match_fraction"),
     });

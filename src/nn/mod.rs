@@ -5,6 +5,8 @@
 //! reference runs in f32 (RMSNorm statistics, RoPE tables, attention softmax) upcast internally.
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda_graph;
 pub mod mlp;
 pub mod rms_norm;
 pub mod rope;

@@ -301,6 +301,8 @@ pub struct ArModel {
     tts_pad_embed: Tensor,
     device: Device,
     dtype: DType,
+    /// The code predictor's steps as CUDA graphs, when enabled ([`ArModel::enable_cuda_graphs`]).
+    cp_graphs: Option<std::sync::Mutex<code_predictor::CpGraphs>>,
 }
 
 impl ArModel {
@@ -324,7 +326,29 @@ impl ArModel {
             tts_pad_embed,
             device: device.clone(),
             dtype,
+            cp_graphs: None,
         })
+    }
+
+    /// Captures the code predictor's 15 per-frame steps as CUDA graphs, replayed by every later
+    /// frame instead of launching each kernel (same kernels, same data: identical codes). Call it
+    /// once at start-up, before serving (capture needs the stream to itself). On error nothing
+    /// changes and frames keep running eagerly. Errors: not a CUDA device, a build without the
+    /// `cuda` feature, or a failed capture (the message names the CUDA call).
+    pub fn enable_cuda_graphs(&mut self) -> Result<(), ModelError> {
+        let g = self.code_predictor.capture_graphs(self.dtype)?;
+        self.cp_graphs = Some(std::sync::Mutex::new(g));
+        Ok(())
+    }
+
+    /// Back to eager execution (drops the graphs).
+    pub fn disable_cuda_graphs(&mut self) {
+        self.cp_graphs = None;
+    }
+
+    /// Whether frames replay CUDA graphs.
+    pub fn cuda_graphs_enabled(&self) -> bool {
+        self.cp_graphs.is_some()
     }
 
     pub fn config(&self) -> &Qwen3TtsConfig {
@@ -545,12 +569,28 @@ impl ArSession<'_> {
         let chooser = self.cp_chooser;
         let rng = &mut self.rng;
         let t_cp = std::time::Instant::now();
-        let rest = m.code_predictor.generate(
-            &self.hidden,
-            &c0.unsqueeze(0)?,
-            &mut self.cp_cache,
-            |_, l| chooser.choose(l, rng),
-        )?;
+        let code0_embed = c0.unsqueeze(0)?;
+        let rest = match &m.cp_graphs {
+            Some(graphs) => {
+                let mut graphs = graphs.lock().map_err(|_| {
+                    ModelError::Candle(candle_core::Error::Msg(
+                        "code predictor CUDA graphs: lock poisoned by a panic".into(),
+                    ))
+                })?;
+                m.code_predictor.generate_graphed(
+                    &mut graphs,
+                    &self.hidden,
+                    &code0_embed,
+                    |_, l| chooser.choose(l, rng),
+                )?
+            }
+            None => m.code_predictor.generate(
+                &self.hidden,
+                &code0_embed,
+                &mut self.cp_cache,
+                |_, l| chooser.choose(l, rng),
+            )?,
+        };
         let t_talker = std::time::Instant::now();
         let mut codes = Vec::with_capacity(m.num_code_groups());
         codes.push(a0);
