@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use clap::Parser;
 use gstomnitts::models::qwen3_tts::{
-    ArModel, ArStep, Checkpoint, PromptMode, SamplingParams, VoiceRequest,
+    ArModel, ArStep, Checkpoint, PromptMode, SamplingParams, VoiceRequest, code2wav::Code2Wav,
 };
 
 #[derive(Parser, Debug)]
@@ -128,41 +128,27 @@ fn main() -> Result<()> {
     std::fs::write(&args.codes_out, json)
         .with_context(|| format!("writing {}", args.codes_out.display()))?;
 
-    // 12.5 frames per second (1920 samples at 24 kHz) for every released codec.
-    let audio_s = frames.len() as f64 * 0.08;
+    let t2 = Instant::now();
+    let code2wav = Code2Wav::load(&args.model, &dev)?;
+    let wav = code2wav.decode(&frames)?;
+    let decode_s = t2.elapsed().as_secs_f64();
+    let audio_s = wav.len() as f64 / code2wav.sample_rate() as f64;
     println!("frames: {}", frames.len());
     println!("audio seconds: {audio_s:.2}");
     println!(
-        "wall time: {:.2} s (stage 0: {:.2} s, {:.1} ms/frame)",
+        "wall time: {:.2} s (stage 0: {:.2} s, {:.1} ms/frame; Code2Wav: {:.2} s; RTF {:.2})",
         t0.elapsed().as_secs_f64(),
         ar_s,
-        1000.0 * ar_s / frames.len().max(1) as f64
+        1000.0 * ar_s / frames.len().max(1) as f64,
+        decode_s,
+        (ar_s + decode_s) / audio_s.max(f64::EPSILON)
     );
     println!("finish reason: {reason:?}");
 
-    if let Some(wav) = &args.wav_out {
-        write_wav(&args.model, &dev, &frames, wav)?;
+    if let Some(path) = &args.wav_out {
+        write_pcm(path, &wav, code2wav.sample_rate())?;
     }
     Ok(())
-}
-
-/// Decodes `frames` with the stage-1 codec decoder and writes a mono 32-bit float WAV.
-///
-/// Stage 1 (`Code2Wav`, src/models/qwen3_tts/code2wav.rs) is developed on another branch; at
-/// merge this becomes:
-/// `let c2w = Code2Wav::load(model_dir, dev)?;`
-/// `write_pcm(path, &c2w.decode(frames)?, c2w.sample_rate())`.
-fn write_wav(
-    model_dir: &std::path::Path,
-    dev: &Device,
-    frames: &[Vec<u32>],
-    path: &std::path::Path,
-) -> Result<()> {
-    let _ = (model_dir, dev, frames, write_pcm);
-    bail!(
-        "{}: WAV output needs Code2Wav (stage 1), which is not on this branch yet",
-        path.display()
-    )
 }
 
 /// Writes `samples` (mono, [-1, 1]) as a 32-bit float WAV at `sample_rate` Hz.

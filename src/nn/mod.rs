@@ -5,11 +5,13 @@
 //! reference runs in f32 (RMSNorm statistics, RoPE tables, attention softmax) upcast internally.
 
 pub mod attention;
+pub mod conv;
 #[cfg(feature = "cuda")]
 pub mod cuda_graph;
 pub mod mlp;
 pub mod rms_norm;
 pub mod rope;
+pub mod snake_beta;
 pub mod transformer;
 pub mod weights;
 

@@ -1,0 +1,113 @@
+//! `decoder.quantizer`: split residual vector quantizer, decode direction only.
+//!
+//! Reference: `SplitResidualVectorQuantizer`, `ResidualVectorQuantizer`, `EuclideanCodebook` in
+//! `modeling_qwen3_tts_tokenizer_v2.py`. Each codebook is
+//! `embedding_sum / clamp(cluster_usage, 1e-5)` `[codebook_size, codebook_dim / 2]`; each group
+//! (`rvq_first`: 1 codebook, `rvq_rest`: the others) sums its lookups and applies its `output_proj`
+//! (a bias-free 1×1 conv to `codebook_dim`); the two groups are added.
+//!
+//! Because `output_proj` is linear and bias-free, the projection is folded into the codebooks at
+//! load: the decode is a single gather from a `[num_quantizers * codebook_size, codebook_dim]`
+//! table followed by a sum over quantizers.
+
+use candle_core::{Device, Tensor};
+
+use super::ModelError;
+use super::config::DecoderConfig;
+use super::weights::Weights;
+
+/// The reference's clamp of `cluster_usage`.
+const CLUSTER_USAGE_EPSILON: f64 = 1e-5;
+
+/// One `EuclideanCodebook` (`vq.layers.{i}._codebook`): the decoded vectors `[codebook_size, dim]`.
+struct EuclideanCodebook {
+    embedding: Tensor,
+}
+
+impl EuclideanCodebook {
+    fn new(codebook_size: usize, dim: usize, w: &Weights) -> Result<Self, ModelError> {
+        let embedding_sum = w.get(&[codebook_size, dim], "embedding_sum")?;
+        let cluster_usage = w.get(&[codebook_size], "cluster_usage")?;
+        let usage = cluster_usage
+            .clamp(CLUSTER_USAGE_EPSILON, f64::INFINITY)?
+            .unsqueeze(1)?;
+        Ok(Self {
+            embedding: embedding_sum.broadcast_div(&usage)?,
+        })
+    }
+}
+
+/// One `ResidualVectorQuantizer` group (`rvq_first` / `rvq_rest`) with `output_proj` folded in.
+struct ResidualVectorQuantizer {
+    /// Per codebook, `[codebook_size, codebook_dim]` = codebook · output_projᵀ.
+    projected: Vec<Tensor>,
+}
+
+impl ResidualVectorQuantizer {
+    fn new(n_q: usize, cfg: &DecoderConfig, w: &Weights) -> Result<Self, ModelError> {
+        let dim = cfg.codebook_dim / 2;
+        // Conv1d(dim → codebook_dim, k=1, bias=False): [codebook_dim, dim, 1].
+        let output_proj = w
+            .get(&[cfg.codebook_dim, dim, 1], "output_proj.weight")?
+            .squeeze(2)?;
+        let projected = (0..n_q)
+            .map(|i| {
+                let cb = EuclideanCodebook::new(
+                    cfg.codebook_size,
+                    dim,
+                    &w.pp(format!("vq.layers.{i}._codebook")),
+                )?;
+                Ok(cb.embedding.matmul(&output_proj.t()?)?)
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(Self { projected })
+    }
+}
+
+/// `decoder.quantizer` (`SplitResidualVectorQuantizer`, decode only).
+pub(crate) struct SplitResidualVectorQuantizer {
+    /// `[num_quantizers * codebook_size, codebook_dim]`; row `q * codebook_size + id`.
+    table: Tensor,
+    num_quantizers: usize,
+    codebook_size: usize,
+    device: Device,
+}
+
+impl SplitResidualVectorQuantizer {
+    /// Loads `rvq_first` (1 codebook) and `rvq_rest` (`num_quantizers - 1`) at `w` = `decoder.quantizer`.
+    pub(crate) fn new(cfg: &DecoderConfig, w: &Weights) -> Result<Self, ModelError> {
+        let first = ResidualVectorQuantizer::new(1, cfg, &w.pp("rvq_first"))?;
+        let rest = ResidualVectorQuantizer::new(cfg.num_quantizers - 1, cfg, &w.pp("rvq_rest"))?;
+        let all: Vec<&Tensor> = first.projected.iter().chain(&rest.projected).collect();
+        Ok(Self {
+            table: Tensor::cat(&all, 0)?,
+            num_quantizers: cfg.num_quantizers,
+            codebook_size: cfg.codebook_size,
+            device: w.device().clone(),
+        })
+    }
+
+    /// Decodes validated codes (`frames` rows of `num_quantizers` ids, each `< codebook_size`)
+    /// → `[1, codebook_dim, frames]`.
+    pub(crate) fn decode(&self, codes: &[Vec<u32>]) -> Result<Tensor, ModelError> {
+        let n = codes.len();
+        let cb = self.codebook_size as u32;
+        let rows: Vec<u32> = codes
+            .iter()
+            .flat_map(|frame| {
+                frame
+                    .iter()
+                    .enumerate()
+                    .map(move |(q, &id)| q as u32 * cb + id)
+            })
+            .collect();
+        let ids = Tensor::from_vec(rows, n * self.num_quantizers, &self.device)?;
+        let dim = self.table.dim(1)?;
+        let x = self
+            .table
+            .index_select(&ids, 0)?
+            .reshape((n, self.num_quantizers, dim))?
+            .sum(1)?; // [n, dim]
+        Ok(x.t()?.unsqueeze(0)?.contiguous()?)
+    }
+}
