@@ -316,7 +316,7 @@ fn decoder_layout(st: &Value) -> Result<Vec<TensorSpec>> {
     );
     let size = get(c, "codebook_size")?;
     let mut out = Vec::new();
-    let mut add = |out: &mut Vec<TensorSpec>, n: String, s: Vec<usize>| out.push(spec(n, s));
+    let add = |out: &mut Vec<TensorSpec>, n: String, s: Vec<usize>| out.push(spec(n, s));
     for (group, layers) in [("rvq_first", 1), ("rvq_rest", q - 1)] {
         for i in 0..layers {
             let p = format!("decoder.quantizer.{group}.vq.layers.{i}._codebook");

@@ -225,7 +225,11 @@ fn real_main() -> Result<bool> {
         for dt in [DType::F32, DType::BF16] {
             let mut m = ArModel::load(&ckpt, &dev, dt)?;
             let r = m.enable_cuda_graphs();
-            graphed.push((m, r.err().map(|e| e.to_string())));
+            // First line only: candle appends a backtrace when RUST_BACKTRACE is set.
+            let err = r
+                .err()
+                .map(|e| e.to_string().lines().next().unwrap_or("").to_string());
+            graphed.push((m, err));
         }
         eprintln!(
             "{name}: 4 models loaded in {:.0} ms",
@@ -309,7 +313,7 @@ fn real_main() -> Result<bool> {
         "device_bf16_max_logits0_rel_diff": results.iter().filter_map(|r| r["device_bf16_vs_cpu_f32"]["logits0_rel_diff"].as_f64()).fold(0f64, f64::max),
         "device_f32_max_logits0_abs_diff": results.iter().filter_map(|r| r["device_f32_vs_cpu_f32"]["logits0_max_abs_diff"].as_f64()).fold(0f64, f64::max),
         "cuda_graphs_identical_to_eager": results.iter().filter(|r| r["cuda_graphs"].as_array().is_some_and(|a| a.iter().all(|v| v["identical_to_eager"] == true))).count(),
-        "cuda_graph_errors": results.iter().flat_map(|r| r["cuda_graphs"].as_array().cloned().unwrap_or_default()).filter_map(|v| v.get("error").cloned()).collect::<Vec<_>>(),
+        "cuda_graph_errors": results.iter().flat_map(|r| r["cuda_graphs"].as_array().cloned().unwrap_or_default()).filter_map(|v| v.get("error").and_then(Value::as_str).map(str::to_string)).collect::<std::collections::BTreeSet<_>>(),
         "cpu_bf16_identical": results.iter().filter(|r| r["cpu_bf16_vs_cpu_f32"]["identical"] == true).count(),
         "cpu_bf16_mean_code_match": mean("cpu_bf16_vs_cpu_f32", "code_match_fraction"),
     });

@@ -7,7 +7,8 @@
 # PACK_DIR (made by scripts/gpu-pack.sh) holds bins.tar.xz (gpu_parity, bench_gpu), fixtures.tar.xz
 # (tests/fixtures subset), bench/ (ref_bench.py, tok/), whl/ (the reference's wheels) and
 # bench_compare.py. Knobs: FRAMES (250), REPEATS (2), REF_REPEATS (1), SIZES (0.6b,1.7b),
-# GRAPHS (both), STEPS ("parity bench ref"), AR_DEVICE / DECODER_DEVICE (cuda:0).
+# GRAPHS (both), STEPS ("parity bench ref"), AR_DEVICE / DECODER_DEVICE (cuda:0), and per-step time
+# limits PARITY_TIMEOUT (150 s), BENCH_TIMEOUT (330 s), REF_TIMEOUT (120 s per size).
 set -uo pipefail
 pack=$1
 out=$2
@@ -26,13 +27,13 @@ bin=/tmp/omnitts/bin fx=/tmp/omnitts/fixtures
 
 if [[ " $STEPS " == *" parity "* ]]; then
     stamp parity
-    "$bin/gpu_parity" --fixtures "$fx" --device "$AR_DEVICE" --json "$out/parity.json" >"$out/parity.log" 2>&1
+    timeout "${PARITY_TIMEOUT:-150}" "$bin/gpu_parity" --fixtures "$fx" --device "$AR_DEVICE" --json "$out/parity.json" >"$out/parity.log" 2>&1
     echo "gpu_parity exit $?"
     grep -v '^{' "$out/parity.log" | tail -30
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
     stamp bench
-    "$bin/bench_gpu" --template "$fx/tiny-customvoice" --sizes "$SIZES" --frames "$FRAMES" \
+    timeout "${BENCH_TIMEOUT:-330}" "$bin/bench_gpu" --template "$fx/tiny-customvoice" --sizes "$SIZES" --frames "$FRAMES" \
         --repeats "$REPEATS" --graphs "$GRAPHS" --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" \
         --workdir /tmp --json "$out/omnitts.json" >"$out/omnitts.log" 2>&1
     echo "bench_gpu exit $?"
@@ -43,7 +44,7 @@ if [[ " $STEPS " == *" ref "* ]]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         "$pack"/whl/*.whl >"$out/pip.log" 2>&1 || { echo "pip failed"; tail "$out/pip.log"; }
     for s in ${SIZES//,/ }; do
-        PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 "$pack/bench/ref_bench.py" --size "$s" --device cuda \
+        PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout "${REF_TIMEOUT:-120}" python3 "$pack/bench/ref_bench.py" --size "$s" --device cuda \
             --dtype bf16 --frames "$FRAMES" --repeats "$REF_REPEATS" --warmup-frames 20 \
             --tokenizer-dir "$pack/bench/tok" --json-out "$out/ref.jsonl" >"$out/ref_$s.log" 2>&1
         echo "ref_bench $s exit $?"
