@@ -21,8 +21,10 @@
 //!   those k frames → TTFA; then the rest in chunks of `--chunk` frames. RTF is for this serial
 //!   schedule (the engine overlaps the two stages on two threads, so its RTF is lower).
 //! - Peak device memory: `cuMemGetInfo` (total − free, so the CUDA context is included) polled after
-//!   every frame and decode, minus the reading before the model was loaded (`peak_model_gib`, the
-//!   figure comparable to PyTorch's `max_memory_allocated`), and the absolute peak.
+//!   every frame and decode, minus the reading before the model was loaded, after the memory pool
+//!   was trimmed (`peak_model_gib`: weights, KV caches, activations, graph memory and lazily loaded
+//!   kernel modules; the figure closest to PyTorch's `max_memory_allocated`), and the absolute
+//!   peak (`peak_used_gib`, context included).
 //!
 //! Random weights (as `ref_bench.py`'s `init_random_`): every tensor N(0, 0.02²) except norm
 //! weights 1, codebook `cluster_usage` 1; the `codec_head` row of the EOS id is zero so greedy never
@@ -122,6 +124,31 @@ fn mem_used(dev: &Device) -> Option<u64> {
     None
 }
 
+/// Waits for `dev` and returns the unused memory of its default memory pool (where candle's
+/// stream-ordered allocations come from) to the driver, so that [`mem_used`] counts live tensors,
+/// the context and loaded kernels only.
+fn trim_pool(dev: &Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(c) = dev {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        let _ = dev.synchronize();
+        let stream = c.cuda_stream();
+        let ctx = stream.context();
+        if ctx.bind_to_thread().is_ok() {
+            // SAFETY: plain driver calls on the bound context's device with a valid out-pointer.
+            unsafe {
+                let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+                if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+                    == sys::CUresult::CUDA_SUCCESS
+                {
+                    sys::cuMemPoolTrimTo(pool, 0);
+                }
+            }
+        }
+    }
+    let _ = dev;
+}
+
 /// Peak of [`mem_used`] over the points where it is polled.
 struct MemPeak {
     devs: Vec<Device>,
@@ -131,6 +158,7 @@ struct MemPeak {
 
 impl MemPeak {
     fn new(devs: &[Device]) -> Self {
+        devs.iter().for_each(trim_pool);
         let base: Vec<u64> = devs.iter().map(|d| mem_used(d).unwrap_or(0)).collect();
         Self {
             devs: devs.to_vec(),
