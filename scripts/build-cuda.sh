@@ -42,7 +42,7 @@ if [ ! -f "$link/lib/libcuda.so" ]; then
     for l in libcublas.so.13 libcublasLt.so.13 libnvrtc.so.13 libcudart.so.13 libcurand.so.10; do
         ln -sf "$cu13/lib/$l" "$link/lib/${l%%.so.*}.so"
     done
-    cudarc=$(cargo metadata --format-version 1 | python3 -c \
+    cudarc=$(cargo metadata --format-version 1 --features cuda | python3 -c \
         'import json,sys; print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"]=="cudarc").rsplit("/",1)[0])')
     grep -oE 'pub unsafe fn cu[A-Za-z0-9_]+' "$cudarc/src/driver/sys/mod.rs" | sort -u |
         sed -E 's/pub unsafe fn (.*)/void \1(void) {}/' > "$link/libcuda_stub.c"

@@ -11,10 +11,30 @@ use super::transformer::TransformerConfig;
 use super::weights::{WeightError, Weights};
 
 /// Growable key/value cache of one attention layer. Keys and values are stored as
-/// `[batch, kv_heads, seq, head_dim]` in the activation dtype.
-#[derive(Debug, Clone)]
+/// `[batch, kv_heads, capacity, head_dim]` buffers in the activation dtype; appends copy into the
+/// buffers in place and [`KvCache::reset`] keeps them, so a cache reused across utterances (the
+/// code predictor resets its cache every frame) allocates nothing after the first use and its
+/// device addresses stay fixed (what a CUDA graph replay needs). A clone copies the buffers.
+#[derive(Debug)]
 pub struct KvCache {
-    inner: candle_nn::kv_cache::KvCache,
+    k: Option<Tensor>,
+    v: Option<Tensor>,
+    len: usize,
+    capacity_hint: usize,
+}
+
+impl Clone for KvCache {
+    fn clone(&self) -> Self {
+        let copy = |t: &Option<Tensor>| t.as_ref().and_then(|t| t.copy().ok());
+        let (k, v) = (copy(&self.k), copy(&self.v));
+        let ok = k.is_some() == self.k.is_some() && v.is_some() == self.v.is_some();
+        Self {
+            len: if ok { self.len } else { 0 },
+            k: if ok { k } else { None },
+            v: if ok { v } else { None },
+            capacity_hint: self.capacity_hint,
+        }
+    }
 }
 
 impl KvCache {
@@ -22,22 +42,63 @@ impl KvCache {
     /// amount when full).
     pub fn new(capacity_hint: usize) -> Self {
         Self {
-            inner: candle_nn::kv_cache::KvCache::new(2, capacity_hint.max(1)),
+            k: None,
+            v: None,
+            len: 0,
+            capacity_hint: capacity_hint.max(1),
         }
     }
 
     /// Number of cached positions.
     pub fn seq_len(&self) -> usize {
-        self.inner.current_seq_len()
+        self.len
     }
 
     /// Drops every cached position (keeps the allocation).
     pub fn reset(&mut self) {
-        self.inner.reset();
+        self.len = 0;
     }
 
+    /// Appends `k`/`v` (`[batch, kv_heads, t, head_dim]`); returns views of all cached positions.
     fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        self.inner.append(&k.contiguous()?, &v.contiguous()?)
+        let t = k.dim(2)?;
+        let matches = |b: &Tensor| b.dims()[..2] == k.dims()[..2] && b.dtype() == k.dtype();
+        let cap = match &self.k {
+            Some(b) if matches(b) => b.dim(2)?,
+            Some(b) if self.len > 0 => candle_core::bail!(
+                "KV cache holds {:?} {:?}, cannot append {:?} {:?}",
+                b.dims(),
+                b.dtype(),
+                k.dims(),
+                k.dtype()
+            ),
+            _ => 0, // never allocated, or empty with another batch/head count/dtype
+        };
+        if self.len + t > cap {
+            let mut new_cap = cap;
+            while new_cap < self.len + t {
+                new_cap += self.capacity_hint;
+            }
+            let grow = |old: &Option<Tensor>, like: &Tensor| -> Result<Tensor> {
+                let mut shape = like.dims().to_vec();
+                shape[2] = new_cap;
+                let buf = Tensor::zeros(shape, like.dtype(), like.device())?;
+                if let (true, Some(old)) = (self.len > 0, old) {
+                    buf.slice_set(&old.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+                }
+                Ok(buf)
+            };
+            let (nk, nv) = (grow(&self.k, k)?, grow(&self.v, v)?);
+            self.k = Some(nk);
+            self.v = Some(nv);
+        }
+        let (Some(kb), Some(vb)) = (&self.k, &self.v) else {
+            candle_core::bail!("KV cache buffers missing after allocation");
+        };
+        kb.slice_set(&k.contiguous()?, 2, self.len)?;
+        vb.slice_set(&v.contiguous()?, 2, self.len)?;
+        self.len += t;
+        Ok((kb.narrow(2, 0, self.len)?, vb.narrow(2, 0, self.len)?))
     }
 }
 
@@ -99,7 +160,8 @@ impl Attention {
         })
     }
 
-    /// `x`: `[batch, t, hidden]`; `cos`/`sin`: f32 `[t, head_dim/2]` for the positions
+    /// `x`: `[batch, t, hidden]`; `cos`/`sin`: `[t, head_dim/2]` (f32, or already in the
+    /// activation dtype) for the positions
     /// `cache.seq_len()..cache.seq_len()+t`. Appends the new keys/values to `cache`.
     /// Returns `[batch, t, hidden]`.
     pub fn forward(
@@ -157,6 +219,48 @@ impl Attention {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_cache_grows_resets_and_keeps_its_buffers() {
+        let dev = Device::Cpu;
+        let mk = |t: usize, base: f32| {
+            let n = 2 * t * 3;
+            let data: Vec<f32> = (0..n).map(|i| base + i as f32).collect();
+            Tensor::from_vec(data, (1, 2, t, 3), &dev).unwrap()
+        };
+        let mut c = KvCache::new(2);
+        let (k, v) = c.append(&mk(1, 0.0), &mk(1, 100.0)).unwrap();
+        assert_eq!((k.dims(), v.dims()), (&[1, 2, 1, 3][..], &[1, 2, 1, 3][..]));
+        // Grows past the hint (2) and keeps the earlier positions.
+        let (k, _) = c.append(&mk(3, 10.0), &mk(3, 200.0)).unwrap();
+        assert_eq!(c.seq_len(), 4);
+        let want = Tensor::cat(&[mk(1, 0.0), mk(3, 10.0)], 2).unwrap();
+        assert_eq!(
+            k.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            want.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
+        // A clone is independent.
+        let snapshot = c.clone();
+        c.reset();
+        assert_eq!(c.seq_len(), 0);
+        let (k, v) = c.append(&mk(2, 50.0), &mk(2, 60.0)).unwrap();
+        assert_eq!(k.dims(), &[1, 2, 2, 3]);
+        assert_eq!(
+            v.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            mk(2, 60.0).flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
+        assert_eq!(snapshot.seq_len(), 4);
+        let kept = snapshot.k.as_ref().unwrap().narrow(2, 0, 4).unwrap();
+        assert_eq!(
+            kept.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            want.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
+        // Another head count after a reset reallocates; while positions are held it is an error.
+        c.reset();
+        let other = Tensor::zeros((1, 4, 1, 3), DType::F32, &dev).unwrap();
+        assert_eq!(c.append(&other, &other).unwrap().0.dims(), &[1, 4, 1, 3]);
+        assert!(c.append(&mk(1, 0.0), &mk(1, 0.0)).is_err());
+    }
 
     #[test]
     fn mask_is_causal_with_past_and_window() {

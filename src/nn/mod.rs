@@ -6,6 +6,8 @@
 
 pub mod attention;
 pub mod conv;
+#[cfg(feature = "cuda")]
+pub mod cuda_graph;
 pub mod mlp;
 pub mod rms_norm;
 pub mod rope;

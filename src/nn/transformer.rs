@@ -107,6 +107,8 @@ impl LayerCaches {
     ) -> Result<Tensor> {
         let t = x.dim(1)?;
         let (cos, sin) = rope.cos_sin(self.seq_len(), t)?;
+        // Cast once per stack (the reference casts the f32 tables to the activation dtype too).
+        let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
         let mut h = x.clone();
         for (layer, cache) in layers.iter().zip(self.caches.iter_mut()) {
             h = layer.forward(&h, &cos, &sin, cache)?;

@@ -116,15 +116,39 @@ impl CodePredictor {
         }
     }
 
-    fn step(&self, x: &Tensor, head: usize, cache: &mut LayerCaches) -> Result<Vec<f32>> {
+    /// One step on the device: `x` `[1, t, talker hidden]` at the next positions of `cache` →
+    /// f32 logits of head `head`, `[1, 1, vocab_size]`.
+    fn step_logits(&self, x: &Tensor, head: usize, cache: &mut LayerCaches) -> Result<Tensor> {
         let t = x.dim(1)?;
         let h = cache.run(&self.model.layers, &self.rope, &self.project(x)?)?;
         let last = self.model.norm.forward(&h.narrow(1, t - 1, 1)?)?;
-        self.lm_head[head]
-            .forward(&last)?
-            .to_dtype(DType::F32)?
+        self.lm_head[head].forward(&last)?.to_dtype(DType::F32)
+    }
+
+    fn step(&self, x: &Tensor, head: usize, cache: &mut LayerCaches) -> Result<Vec<f32>> {
+        self.step_logits(x, head, cache)?
             .flatten_all()?
             .to_vec1::<f32>()
+    }
+
+    /// Captures the `num_code_groups - 1` steps of a frame as CUDA graphs (see [`CpGraphs`]).
+    /// `dtype` is the activation dtype (the model's). Runs one eager frame first to allocate the
+    /// KV buffers and upload the kernel parameters. Errors on a non-CUDA device or a build without
+    /// the `cuda` feature.
+    pub fn capture_graphs(&self, dtype: DType) -> Result<CpGraphs> {
+        CpGraphs::capture(self, dtype)
+    }
+
+    /// [`Self::generate`] by replaying graphs captured with [`Self::capture_graphs`]: the same
+    /// kernels on the same data, so the same logits bit for bit; sampling stays on the host.
+    pub fn generate_graphed(
+        &self,
+        graphs: &mut CpGraphs,
+        talker_hidden: &Tensor,
+        code0_embed: &Tensor,
+        choose: impl FnMut(usize, &mut [f32]) -> u32,
+    ) -> Result<Vec<u32>> {
+        graphs.generate(self, talker_hidden, code0_embed, choose)
     }
 
     /// Generates codebooks 1..num_code_groups of one frame.
@@ -153,6 +177,123 @@ impl CodePredictor {
             if q + 1 < self.num_code_groups {
                 let x = self.codec_embed(q - 1, code)?.unsqueeze(0)?;
                 logits = self.step(&x, q, cache)?;
+            }
+        }
+        Ok(codes)
+    }
+}
+
+/// The code predictor's per-frame steps as CUDA graphs, one per step (the prefill of 2 positions
+/// with head 0, then 1 position with head q at position q + 1): positions and shapes are the same
+/// in every frame, so each step is captured once and replayed per frame (field-lessons §5: capture
+/// at start-up; graph output = eager output). Inputs go through static buffers (`input2`
+/// `[1, 2, talker hidden]`, `input1` `[1, 1, talker hidden]`), the logits come out in the static
+/// f32 `logits` `[1, 1, vocab]`, and the graphs own their KV cache. The host still picks every
+/// code (greedy or sampled, unchanged), so each step is one graph launch + one 8 KiB copy back
+/// instead of ~150 kernel launches.
+pub struct CpGraphs {
+    #[cfg(feature = "cuda")]
+    steps: Vec<crate::nn::cuda_graph::Graph>,
+    #[cfg(feature = "cuda")]
+    input2: Tensor,
+    #[cfg(feature = "cuda")]
+    input1: Tensor,
+    #[cfg(feature = "cuda")]
+    logits: Tensor,
+    /// Holds the KV buffers the graphs write (kept alive, never touched on the host again).
+    #[cfg(feature = "cuda")]
+    _cache: LayerCaches,
+}
+
+impl std::fmt::Debug for CpGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CpGraphs")
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+impl CpGraphs {
+    fn capture(_cp: &CodePredictor, _dtype: DType) -> Result<CpGraphs> {
+        candle_core::bail!("CUDA graphs need a build with the `cuda` feature")
+    }
+
+    fn generate(
+        &mut self,
+        _cp: &CodePredictor,
+        _talker_hidden: &Tensor,
+        _code0_embed: &Tensor,
+        _choose: impl FnMut(usize, &mut [f32]) -> u32,
+    ) -> Result<Vec<u32>> {
+        candle_core::bail!("CUDA graphs need a build with the `cuda` feature")
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl CpGraphs {
+    fn capture(cp: &CodePredictor, dtype: DType) -> Result<CpGraphs> {
+        use crate::nn::cuda_graph::{Graph, htod_cache};
+        let dev = &cp.device;
+        if !dev.is_cuda() {
+            candle_core::bail!("CUDA graphs need a CUDA device, the code predictor is on {dev:?}");
+        }
+        let d = cp.model.codec_embedding[0].embeddings().dim(1)?;
+        let input2 = Tensor::zeros((1, 2, d), dtype, dev)?;
+        let input1 = Tensor::zeros((1, 1, d), dtype, dev)?;
+        let logits = Tensor::zeros((1, 1, cp.vocab_size), DType::F32, dev)?;
+        let mut cache = cp.new_cache();
+        let steps = cp.num_code_groups - 1;
+        let _htod = htod_cache(dev)?;
+        let step = |q: usize, cache: &mut LayerCaches| -> Result<()> {
+            let x = if q == 0 { &input2 } else { &input1 };
+            let out = cp.step_logits(x, q, cache)?;
+            logits.slice_set(&out, 2, 0)
+        };
+        // Eager frame: allocates the KV buffers, uploads the parameter vectors, loads modules.
+        cache.reset();
+        for q in 0..steps {
+            step(q, &mut cache)?;
+        }
+        dev.synchronize()?;
+        cache.reset();
+        let mut graphs = Vec::with_capacity(steps);
+        for q in 0..steps {
+            graphs.push(Graph::capture(dev, || step(q, &mut cache))?);
+        }
+        cache.reset();
+        dev.synchronize()?;
+        Ok(CpGraphs {
+            steps: graphs,
+            input2,
+            input1,
+            logits,
+            _cache: cache,
+        })
+    }
+
+    fn generate(
+        &mut self,
+        cp: &CodePredictor,
+        talker_hidden: &Tensor,
+        code0_embed: &Tensor,
+        mut choose: impl FnMut(usize, &mut [f32]) -> u32,
+    ) -> Result<Vec<u32>> {
+        let groups = cp.num_code_groups;
+        let mut codes = Vec::with_capacity(groups - 1);
+        let prefill = Tensor::cat(&[talker_hidden, code0_embed], 1)?;
+        self.input2.slice_set(&prefill, 1, 0)?;
+        self.steps[0].launch()?;
+        let mut logits = self.logits.flatten_all()?.to_vec1::<f32>()?;
+        for q in 1..groups {
+            let code = choose(q, &mut logits);
+            if code as usize >= cp.vocab_size {
+                candle_core::bail!("codebook {q}: chosen code {code} >= {}", cp.vocab_size);
+            }
+            codes.push(code);
+            if q + 1 < groups {
+                let x = cp.codec_embed(q - 1, code)?.unsqueeze(0)?;
+                self.input1.slice_set(&x, 1, 0)?;
+                self.steps[q].launch()?;
+                logits = self.logits.flatten_all()?.to_vec1::<f32>()?;
             }
         }
         Ok(codes)

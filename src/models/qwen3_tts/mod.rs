@@ -313,6 +313,8 @@ pub struct ArModel {
     codec_encoder: Option<CodecEncoder>,
     device: Device,
     dtype: DType,
+    /// The code predictor's steps as CUDA graphs, when enabled ([`ArModel::enable_cuda_graphs`]).
+    cp_graphs: Option<std::sync::Mutex<code_predictor::CpGraphs>>,
 }
 
 /// Shortest reference audio [`ArModel::create_voice_clone_prompt`] accepts: 0.5 s at 24 kHz.
@@ -373,7 +375,29 @@ impl ArModel {
             codec_encoder,
             device: device.clone(),
             dtype,
+            cp_graphs: None,
         })
+    }
+
+    /// Captures the code predictor's 15 per-frame steps as CUDA graphs, replayed by every later
+    /// frame instead of launching each kernel (same kernels, same data: identical codes). Call it
+    /// once at start-up, before serving (capture needs the stream to itself). On error nothing
+    /// changes and frames keep running eagerly. Errors: not a CUDA device, a build without the
+    /// `cuda` feature, or a failed capture (the message names the CUDA call).
+    pub fn enable_cuda_graphs(&mut self) -> Result<(), ModelError> {
+        let g = self.code_predictor.capture_graphs(self.dtype)?;
+        self.cp_graphs = Some(std::sync::Mutex::new(g));
+        Ok(())
+    }
+
+    /// Back to eager execution (drops the graphs).
+    pub fn disable_cuda_graphs(&mut self) {
+        self.cp_graphs = None;
+    }
+
+    /// Whether frames replay CUDA graphs.
+    pub fn cuda_graphs_enabled(&self) -> bool {
+        self.cp_graphs.is_some()
     }
 
     pub fn config(&self) -> &Qwen3TtsConfig {
@@ -647,6 +671,7 @@ impl ArModel {
             history: Vec::new(),
             frames: 0,
             finished: None,
+            timing: StepTiming::default(),
         })
     }
 }
@@ -673,6 +698,17 @@ pub struct ArSession<'a> {
     history: Vec<u32>,
     frames: usize,
     finished: Option<FinishReason>,
+    timing: StepTiming,
+}
+
+/// Wall-clock split of the last [`ArSession::next_frame`] that produced a frame, in ms. Both parts
+/// end with a device-to-host copy of logits, so on a GPU they include the device work.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTiming {
+    /// The code predictor's 15 steps (codebooks 1..), sampling included.
+    pub code_predictor_ms: f64,
+    /// The talker decode step that follows (input sum, 1 position, codec-head logits).
+    pub talker_ms: f64,
 }
 
 impl ArSession<'_> {
@@ -711,6 +747,18 @@ impl ArSession<'_> {
             .and_then(|v| v.ref_codes.as_deref())
     }
 
+    /// The talker's codec-head logits (f32, `vocab_size` values, before any logits processor) that
+    /// the next [`Self::next_frame`] samples codebook 0 from; right after [`ArModel::start`] these
+    /// are the prefill logits. Empty once finished.
+    pub fn pending_logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Timing of the last frame (see [`StepTiming`]).
+    pub fn last_timing(&self) -> StepTiming {
+        self.timing
+    }
+
     /// Codebook-0 tokens sampled so far (frames plus a final EOS/limit token).
     pub fn tokens_sampled(&self) -> usize {
         self.history.len() + usize::from(self.finished == Some(FinishReason::Eos))
@@ -740,12 +788,30 @@ impl ArSession<'_> {
         let c0 = m.talker.codec_embed(&[a0])?; // [1, d]
         let chooser = self.cp_chooser;
         let rng = &mut self.rng;
-        let rest = m.code_predictor.generate(
-            &self.hidden,
-            &c0.unsqueeze(0)?,
-            &mut self.cp_cache,
-            |_, l| chooser.choose(l, rng),
-        )?;
+        let t_cp = std::time::Instant::now();
+        let code0_embed = c0.unsqueeze(0)?;
+        let rest = match &m.cp_graphs {
+            Some(graphs) => {
+                let mut graphs = graphs.lock().map_err(|_| {
+                    ModelError::Candle(candle_core::Error::Msg(
+                        "code predictor CUDA graphs: lock poisoned by a panic".into(),
+                    ))
+                })?;
+                m.code_predictor.generate_graphed(
+                    &mut graphs,
+                    &self.hidden,
+                    &code0_embed,
+                    |_, l| chooser.choose(l, rng),
+                )?
+            }
+            None => m.code_predictor.generate(
+                &self.hidden,
+                &code0_embed,
+                &mut self.cp_cache,
+                |_, l| chooser.choose(l, rng),
+            )?,
+        };
+        let t_talker = std::time::Instant::now();
         let mut codes = Vec::with_capacity(m.num_code_groups());
         codes.push(a0);
         codes.extend_from_slice(&rest);
@@ -770,6 +836,11 @@ impl ArSession<'_> {
         self.hidden = hidden;
         self.logits = logits;
         self.frames += 1;
+        let done = std::time::Instant::now();
+        self.timing = StepTiming {
+            code_predictor_ms: (t_talker - t_cp).as_secs_f64() * 1e3,
+            talker_ms: (done - t_talker).as_secs_f64() * 1e3,
+        };
         Ok(ArStep::Frame(codes))
     }
 

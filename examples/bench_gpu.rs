@@ -1,0 +1,990 @@
+//! GPU benchmark of both stages on the real Qwen3-TTS CustomVoice shapes, with random weights made
+//! on the machine that runs it (nothing is carried): TTFA, ms/frame per stage, RTF and peak device
+//! memory, as a table and a JSON document. Meant to run side by side with the official PyTorch
+//! reference (`shared/bench/ref_bench.py`, same shapes, same text, same frame count, greedy, EOS
+//! made unreachable the same way); `scripts/gpu-bench.sh` runs both and prints the ratios.
+//!
+//! ```sh
+//! scripts/build-cuda.sh --example bench_gpu
+//! target-cuda/release/examples/bench_gpu --sizes 0.6b,1.7b --frames 250 --json bench.json
+//! # stage 1 on a second GPU
+//! target-cuda/release/examples/bench_gpu --ar-device cuda:0 --decoder-device cuda:1
+//! ```
+//!
+//! What is measured (single thread, both stages called in turn, every timed region ends with a
+//! device-to-host copy, so wall clock = device work + host overhead):
+//! - **batch**: `ArModel::start` (tokenize + prefill) and exactly `--frames` frames, then
+//!   `Code2Wav::decode` of all frames. `ar_ms_per_frame` = AR wall time / frames (prefill included,
+//!   as the reference reports it); `cp_ms_per_frame` / `talker_ms_per_frame` split the per-frame
+//!   step ([`StepTiming`]); RTF = wall time / audio duration.
+//! - **streaming k** (k = `--first-chunks`): prefill, k frames, `Code2WavStream::decode_chunk` of
+//!   those k frames → TTFA; then the rest in chunks of `--chunk` frames. RTF is for this serial
+//!   schedule (the engine overlaps the two stages on two threads, so its RTF is lower).
+//! - Peak device memory: `cuMemGetInfo` (total − free, so the CUDA context is included) polled after
+//!   every frame and decode, minus the reading before the model was loaded, after the memory pool
+//!   was trimmed (`peak_model_gib`: weights, KV caches, activations, graph memory and lazily loaded
+//!   kernel modules; the figure closest to PyTorch's `max_memory_allocated`), and the absolute
+//!   peak (`peak_used_gib`, context included).
+//!
+//! Random weights (as `ref_bench.py`'s `init_random_`): every tensor N(0, 0.02²) except norm
+//! weights 1, codebook `cluster_usage` 1; the `codec_head` row of the EOS id is zero so greedy never
+//! picks EOS and every run has exactly `--frames` frames. Talker + code predictor are stored bf16,
+//! the codec decoder f32, in the real checkpoint layout (config, tokenizer files from the tiny
+//! CustomVoice fixture, which uses the same tokenizer files as `shared/bench/tok`) in a temp dir.
+//! The tensor layout is derived from the configs and first checked against the tiny fixture.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use candle_core::{DType, Device, Tensor};
+use clap::Parser;
+use gstomnitts::models::qwen3_tts::code2wav::Code2Wav;
+use gstomnitts::models::qwen3_tts::{
+    ArModel, ArStep, Checkpoint, PromptMode, SamplingParams, VoiceRequest,
+};
+use serde_json::{Value, json};
+
+const FRAME_MS: f64 = 80.0;
+const CODEC_EOS: usize = 2150;
+const DEFAULT_TEXT: &str = "The quick brown fox jumps over the lazy dog. The weather is nice today, and the park is full of people. Please read the following sentence slowly and clearly. This is a test of the speech synthesis system. We are going to the station at seven o'clock in the morning; the train leaves at 7:45 from platform 3.";
+
+#[derive(Parser, Debug)]
+#[command(about = "omnitts GPU benchmark: real CustomVoice shapes, random weights")]
+struct Args {
+    /// Model sizes, comma separated: 0.6b, 1.7b.
+    #[arg(long, default_value = "0.6b,1.7b", value_delimiter = ',')]
+    sizes: Vec<String>,
+    /// Device of stage 0 (talker + code predictor): cuda:N or cpu.
+    #[arg(long, default_value = "cuda:0")]
+    ar_device: String,
+    /// Device of stage 1 (Code2Wav, always f32). Default: the stage-0 device.
+    #[arg(long)]
+    decoder_device: Option<String>,
+    /// Stage-0 dtype: bf16 or f32.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// Frames per utterance (80 ms each).
+    #[arg(long, default_value_t = 250)]
+    frames: usize,
+    /// Timed repeats of each mode (after one warm-up utterance); the median is reported.
+    #[arg(long, default_value_t = 2)]
+    repeats: usize,
+    /// Frames of the warm-up utterance.
+    #[arg(long, default_value_t = 16)]
+    warmup_frames: usize,
+    /// First-chunk sizes of the streaming modes (frames), comma separated.
+    #[arg(long, default_value = "1,2", value_delimiter = ',')]
+    first_chunks: Vec<usize>,
+    /// Chunk size after the first chunk (frames).
+    #[arg(long, default_value_t = 25)]
+    chunk: usize,
+    /// The tiny CustomVoice fixture (config + tokenizer template).
+    #[arg(long, default_value = "tests/fixtures/tiny-customvoice")]
+    template: PathBuf,
+    /// Where to write the random checkpoints (default: the system temp dir); removed afterwards.
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+    #[arg(long, default_value = DEFAULT_TEXT)]
+    text: String,
+    #[arg(long, default_value = "Vivian")]
+    speaker: String,
+    #[arg(long, default_value = "English")]
+    language: String,
+    /// Code predictor CUDA graphs: off, on, or both (every mode is run without, then with).
+    #[arg(long, default_value = "both")]
+    graphs: String,
+    /// Also write the JSON document here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn open_device(spec: &str) -> Result<Device> {
+    let s = spec.trim().to_ascii_lowercase();
+    if s == "cpu" {
+        return Ok(Device::Cpu);
+    }
+    if let Some(i) = s.strip_prefix("cuda:") {
+        let i: usize = i.parse().with_context(|| format!("device {spec:?}"))?;
+        return Device::new_cuda(i).with_context(|| format!("opening {spec}"));
+    }
+    bail!("unknown device {spec:?} (cpu | cuda:N)")
+}
+
+/// Bytes of device memory in use (total − free) on `dev`; `None` on the CPU.
+fn mem_used(dev: &Device) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(c) = dev {
+        let (free, total) = c.cuda_stream().context().mem_get_info().ok()?;
+        return Some((total - free) as u64);
+    }
+    let _ = dev;
+    None
+}
+
+/// Waits for `dev` and returns the unused memory of its default memory pool (where candle's
+/// stream-ordered allocations come from) to the driver, so that [`mem_used`] counts live tensors,
+/// the context and loaded kernels only.
+fn trim_pool(dev: &Device) {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(c) = dev {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        let _ = dev.synchronize();
+        let stream = c.cuda_stream();
+        let ctx = stream.context();
+        if ctx.bind_to_thread().is_ok() {
+            // SAFETY: plain driver calls on the bound context's device with a valid out-pointer.
+            unsafe {
+                let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+                if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+                    == sys::CUresult::CUDA_SUCCESS
+                {
+                    sys::cuMemPoolTrimTo(pool, 0);
+                }
+            }
+        }
+    }
+    let _ = dev;
+}
+
+/// Peak of [`mem_used`] over the points where it is polled.
+struct MemPeak {
+    devs: Vec<Device>,
+    base: Vec<u64>,
+    peak: Vec<u64>,
+}
+
+impl MemPeak {
+    fn new(devs: &[Device]) -> Self {
+        devs.iter().for_each(trim_pool);
+        let base: Vec<u64> = devs.iter().map(|d| mem_used(d).unwrap_or(0)).collect();
+        Self {
+            devs: devs.to_vec(),
+            peak: base.clone(),
+            base,
+        }
+    }
+    fn poll(&mut self) {
+        for (d, p) in self.devs.iter().zip(self.peak.iter_mut()) {
+            *p = (*p).max(mem_used(d).unwrap_or(0));
+        }
+    }
+    fn json(&self) -> Value {
+        let g = |b: u64| b as f64 / (1u64 << 30) as f64;
+        json!({
+            "peak_model_gib": self.peak.iter().zip(&self.base).map(|(p, b)| g(p - b)).collect::<Vec<_>>(),
+            "peak_used_gib": self.peak.iter().map(|&p| g(p)).collect::<Vec<_>>(),
+            "base_used_gib": self.base.iter().map(|&p| g(p)).collect::<Vec<_>>(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random checkpoint in the real layout
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq)]
+enum Init {
+    Const(f32),
+    Normal,
+}
+
+struct TensorSpec {
+    name: String,
+    shape: Vec<usize>,
+    init: Init,
+}
+
+fn spec(name: String, shape: Vec<usize>) -> TensorSpec {
+    let init = if name.ends_with("norm.weight") || name.ends_with("cluster_usage") {
+        Init::Const(1.0)
+    } else {
+        Init::Normal
+    };
+    TensorSpec { name, shape, init }
+}
+
+fn get(v: &Value, path: &str) -> Result<usize> {
+    let mut cur = v;
+    for p in path.split('.') {
+        cur = cur
+            .get(p)
+            .with_context(|| format!("config field {path} missing"))?;
+    }
+    cur.as_u64()
+        .map(|x| x as usize)
+        .with_context(|| format!("config field {path}: expected an integer, got {cur}"))
+}
+
+fn set(v: &mut Value, path: &str, x: Value) -> Result<()> {
+    let mut cur = v;
+    let parts: Vec<&str> = path.split('.').collect();
+    for p in &parts[..parts.len() - 1] {
+        cur = cur
+            .get_mut(*p)
+            .with_context(|| format!("config field {path}"))?;
+    }
+    cur.as_object_mut()
+        .with_context(|| format!("config field {path}"))?
+        .insert(parts[parts.len() - 1].to_string(), x);
+    Ok(())
+}
+
+/// One Qwen3 decoder layer: `(d, heads, kv heads, head_dim, intermediate, q/k norm)`.
+fn layer(out: &mut Vec<TensorSpec>, p: &str, dims: (usize, usize, usize, usize, usize, bool)) {
+    let (d, h, kv, hd, inter, qk_norm) = dims;
+    let mut add = |n: &str, s: Vec<usize>| out.push(spec(format!("{p}.{n}"), s));
+    add("self_attn.q_proj.weight", vec![h * hd, d]);
+    add("self_attn.k_proj.weight", vec![kv * hd, d]);
+    add("self_attn.v_proj.weight", vec![kv * hd, d]);
+    add("self_attn.o_proj.weight", vec![d, h * hd]);
+    if qk_norm {
+        add("self_attn.q_norm.weight", vec![hd]);
+        add("self_attn.k_norm.weight", vec![hd]);
+    }
+    add("mlp.gate_proj.weight", vec![inter, d]);
+    add("mlp.up_proj.weight", vec![inter, d]);
+    add("mlp.down_proj.weight", vec![d, inter]);
+    add("input_layernorm.weight", vec![d]);
+    add("post_attention_layernorm.weight", vec![d]);
+}
+
+fn stack_dims(c: &Value, qk_norm: bool) -> Result<(usize, usize, usize, usize, usize, bool)> {
+    Ok((
+        get(c, "hidden_size")?,
+        get(c, "num_attention_heads")?,
+        get(c, "num_key_value_heads")?,
+        get(c, "head_dim")?,
+        get(c, "intermediate_size")?,
+        qk_norm,
+    ))
+}
+
+/// `model.safetensors` of a CustomVoice checkpoint (talker + code predictor; no speaker encoder).
+fn talker_layout(cfg: &Value) -> Result<Vec<TensorSpec>> {
+    let t = cfg.get("talker_config").context("talker_config")?;
+    let cp = t
+        .get("code_predictor_config")
+        .context("code_predictor_config")?;
+    let (d, dc) = (get(t, "hidden_size")?, get(cp, "hidden_size")?);
+    let td = get(t, "text_hidden_size")?;
+    let vocab = get(t, "vocab_size")?;
+    let mut out = vec![
+        spec(
+            "talker.model.text_embedding.weight".into(),
+            vec![get(t, "text_vocab_size")?, td],
+        ),
+        spec("talker.model.codec_embedding.weight".into(), vec![vocab, d]),
+        spec(
+            "talker.text_projection.linear_fc1.weight".into(),
+            vec![td, td],
+        ),
+        spec("talker.text_projection.linear_fc1.bias".into(), vec![td]),
+        spec(
+            "talker.text_projection.linear_fc2.weight".into(),
+            vec![d, td],
+        ),
+        spec("talker.text_projection.linear_fc2.bias".into(), vec![d]),
+    ];
+    for i in 0..get(t, "num_hidden_layers")? {
+        layer(
+            &mut out,
+            &format!("talker.model.layers.{i}"),
+            stack_dims(t, true)?,
+        );
+    }
+    out.push(spec("talker.model.norm.weight".into(), vec![d]));
+    out.push(spec("talker.codec_head.weight".into(), vec![vocab, d]));
+    for i in 0..get(cp, "num_hidden_layers")? {
+        layer(
+            &mut out,
+            &format!("talker.code_predictor.model.layers.{i}"),
+            stack_dims(cp, true)?,
+        );
+    }
+    out.push(spec(
+        "talker.code_predictor.model.norm.weight".into(),
+        vec![dc],
+    ));
+    let cpv = get(cp, "vocab_size")?;
+    for i in 0..get(t, "num_code_groups")? - 1 {
+        out.push(spec(
+            format!("talker.code_predictor.model.codec_embedding.{i}.weight"),
+            vec![cpv, d],
+        ));
+        out.push(spec(
+            format!("talker.code_predictor.lm_head.{i}.weight"),
+            vec![cpv, dc],
+        ));
+    }
+    if dc != d {
+        out.push(spec(
+            "talker.code_predictor.small_to_mtp_projection.weight".into(),
+            vec![dc, d],
+        ));
+        out.push(spec(
+            "talker.code_predictor.small_to_mtp_projection.bias".into(),
+            vec![dc],
+        ));
+    }
+    Ok(out)
+}
+
+/// The decoder tensors of `speech_tokenizer/model.safetensors` (the encoder is not needed).
+fn decoder_layout(st: &Value) -> Result<Vec<TensorSpec>> {
+    let c = st.get("decoder_config").context("decoder_config")?;
+    let cbd = get(c, "codebook_dim")?;
+    let cb = cbd / 2;
+    let (latent, h, q) = (
+        get(c, "latent_dim")?,
+        get(c, "hidden_size")?,
+        get(c, "num_quantizers")?,
+    );
+    let size = get(c, "codebook_size")?;
+    let mut out = Vec::new();
+    let add = |out: &mut Vec<TensorSpec>, n: String, s: Vec<usize>| out.push(spec(n, s));
+    for (group, layers) in [("rvq_first", 1), ("rvq_rest", q - 1)] {
+        for i in 0..layers {
+            let p = format!("decoder.quantizer.{group}.vq.layers.{i}._codebook");
+            add(&mut out, format!("{p}.embedding_sum"), vec![size, cb]);
+            add(&mut out, format!("{p}.cluster_usage"), vec![size]);
+        }
+        add(
+            &mut out,
+            format!("decoder.quantizer.{group}.output_proj.weight"),
+            vec![cbd, cb, 1],
+        );
+        add(
+            &mut out,
+            format!("decoder.quantizer.{group}.input_proj.weight"),
+            vec![cb, cbd, 1],
+        );
+    }
+    add(
+        &mut out,
+        "decoder.pre_conv.conv.weight".into(),
+        vec![latent, cbd, 3],
+    );
+    add(&mut out, "decoder.pre_conv.conv.bias".into(), vec![latent]);
+    let pt = "decoder.pre_transformer";
+    add(&mut out, format!("{pt}.input_proj.weight"), vec![h, latent]);
+    add(&mut out, format!("{pt}.input_proj.bias"), vec![h]);
+    add(
+        &mut out,
+        format!("{pt}.output_proj.weight"),
+        vec![latent, h],
+    );
+    add(&mut out, format!("{pt}.output_proj.bias"), vec![latent]);
+    add(&mut out, format!("{pt}.norm.weight"), vec![h]);
+    for i in 0..get(c, "num_hidden_layers")? {
+        let p = format!("{pt}.layers.{i}");
+        layer(&mut out, &p, stack_dims(c, false)?);
+        add(
+            &mut out,
+            format!("{p}.self_attn_layer_scale.scale"),
+            vec![h],
+        );
+        add(&mut out, format!("{p}.mlp_layer_scale.scale"), vec![h]);
+    }
+    let ratios: Vec<usize> = serde_json::from_value(
+        c.get("upsampling_ratios")
+            .cloned()
+            .context("upsampling_ratios")?,
+    )?;
+    for (i, r) in ratios.iter().enumerate() {
+        let p = format!("decoder.upsample.{i}");
+        add(
+            &mut out,
+            format!("{p}.0.conv.weight"),
+            vec![latent, latent, *r],
+        );
+        add(&mut out, format!("{p}.0.conv.bias"), vec![latent]);
+        add(
+            &mut out,
+            format!("{p}.1.dwconv.conv.weight"),
+            vec![latent, 1, 7],
+        );
+        add(&mut out, format!("{p}.1.dwconv.conv.bias"), vec![latent]);
+        add(&mut out, format!("{p}.1.norm.weight"), vec![latent]);
+        add(&mut out, format!("{p}.1.norm.bias"), vec![latent]);
+        add(&mut out, format!("{p}.1.gamma"), vec![latent]);
+        add(
+            &mut out,
+            format!("{p}.1.pwconv1.weight"),
+            vec![4 * latent, latent],
+        );
+        add(&mut out, format!("{p}.1.pwconv1.bias"), vec![4 * latent]);
+        add(
+            &mut out,
+            format!("{p}.1.pwconv2.weight"),
+            vec![latent, 4 * latent],
+        );
+        add(&mut out, format!("{p}.1.pwconv2.bias"), vec![latent]);
+    }
+    let dd = get(c, "decoder_dim")?;
+    add(
+        &mut out,
+        "decoder.decoder.0.conv.weight".into(),
+        vec![dd, latent, 7],
+    );
+    add(&mut out, "decoder.decoder.0.conv.bias".into(), vec![dd]);
+    let rates: Vec<usize> =
+        serde_json::from_value(c.get("upsample_rates").cloned().context("upsample_rates")?)?;
+    let mut ch = dd;
+    for (i, r) in rates.iter().enumerate() {
+        let p = format!("decoder.decoder.{}.block", i + 1);
+        let o = ch / 2;
+        add(&mut out, format!("{p}.0.alpha"), vec![ch]);
+        add(&mut out, format!("{p}.0.beta"), vec![ch]);
+        add(&mut out, format!("{p}.1.conv.weight"), vec![ch, o, 2 * r]);
+        add(&mut out, format!("{p}.1.conv.bias"), vec![o]);
+        for u in 2..5 {
+            for a in ["act1", "act2"] {
+                add(&mut out, format!("{p}.{u}.{a}.alpha"), vec![o]);
+                add(&mut out, format!("{p}.{u}.{a}.beta"), vec![o]);
+            }
+            add(
+                &mut out,
+                format!("{p}.{u}.conv1.conv.weight"),
+                vec![o, o, 7],
+            );
+            add(&mut out, format!("{p}.{u}.conv1.conv.bias"), vec![o]);
+            add(
+                &mut out,
+                format!("{p}.{u}.conv2.conv.weight"),
+                vec![o, o, 1],
+            );
+            add(&mut out, format!("{p}.{u}.conv2.conv.bias"), vec![o]);
+        }
+        ch = o;
+    }
+    let n = rates.len() + 1;
+    add(&mut out, format!("decoder.decoder.{n}.alpha"), vec![ch]);
+    add(&mut out, format!("decoder.decoder.{n}.beta"), vec![ch]);
+    add(
+        &mut out,
+        format!("decoder.decoder.{}.conv.weight", n + 1),
+        vec![1, ch, 7],
+    );
+    add(
+        &mut out,
+        format!("decoder.decoder.{}.conv.bias", n + 1),
+        vec![1],
+    );
+    Ok(out)
+}
+
+fn read_header(path: &Path) -> Result<BTreeMap<String, Vec<usize>>> {
+    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    ensure!(bytes.len() >= 8, "{}: too short", path.display());
+    let n = u64::from_le_bytes(bytes[..8].try_into()?) as usize;
+    let h: Value = serde_json::from_slice(bytes.get(8..8 + n).context("header length")?)?;
+    let mut out = BTreeMap::new();
+    for (k, v) in h.as_object().context("header")? {
+        if k != "__metadata__" {
+            out.insert(k.clone(), serde_json::from_value(v["shape"].clone())?);
+        }
+    }
+    Ok(out)
+}
+
+/// The layout functions must reproduce the tiny fixture's files exactly (names and shapes).
+fn check_layout(dir: &Path) -> Result<()> {
+    let cfg: Value = serde_json::from_slice(&fs::read(dir.join("config.json"))?)?;
+    let st: Value = serde_json::from_slice(&fs::read(dir.join("speech_tokenizer/config.json"))?)?;
+    for (mine, file, prefix) in [
+        (talker_layout(&cfg)?, "model.safetensors", "talker."),
+        (
+            decoder_layout(&st)?,
+            "speech_tokenizer/model.safetensors",
+            "decoder.",
+        ),
+    ] {
+        let theirs: BTreeMap<_, _> = read_header(&dir.join(file))?
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .collect();
+        let mine: BTreeMap<_, _> = mine.into_iter().map(|t| (t.name, t.shape)).collect();
+        ensure!(
+            mine == theirs,
+            "layout of {file} differs from {}: {} vs {} tensors, first difference {:?}",
+            dir.display(),
+            mine.len(),
+            theirs.len(),
+            mine.iter().zip(theirs.iter()).find(|(a, b)| a != b)
+        );
+    }
+    Ok(())
+}
+
+/// Random tensors made on `maker` (a GPU when there is one), saved as safetensors in `dtype`.
+fn write_random(path: &Path, specs: &[TensorSpec], dtype: DType, maker: &Device) -> Result<usize> {
+    let mut map = HashMap::new();
+    let mut params = 0;
+    for s in specs {
+        params += s.shape.iter().product::<usize>();
+        let t = match s.init {
+            Init::Const(c) => Tensor::full(c, s.shape.as_slice(), maker)?,
+            Init::Normal => Tensor::randn(0f32, 0.02, s.shape.as_slice(), maker)?,
+        };
+        let t = if s.name == "talker.codec_head.weight" {
+            // EOS row zero: its logit is exactly 0 while the code logits spread around 0, so greedy
+            // never picks EOS (same trick as ref_bench.py).
+            let rows = s.shape[0];
+            Tensor::cat(
+                &[
+                    t.narrow(0, 0, CODEC_EOS)?,
+                    t.narrow(0, CODEC_EOS, 1)?.zeros_like()?,
+                    t.narrow(0, CODEC_EOS + 1, rows - CODEC_EOS - 1)?,
+                ],
+                0,
+            )?
+        } else {
+            t
+        };
+        map.insert(s.name.clone(), t.to_dtype(dtype)?.to_device(&Device::Cpu)?);
+    }
+    candle_core::safetensors::save(&map, path).with_context(|| path.display().to_string())?;
+    Ok(params)
+}
+
+/// Writes a random CustomVoice checkpoint of `size` into `dir`.
+fn build_random(size: &str, template: &Path, dir: &Path, maker: &Device) -> Result<Value> {
+    check_layout(template).context("layout self-check against the tiny fixture")?;
+    fs::create_dir_all(dir.join("speech_tokenizer"))?;
+    for f in [
+        "generation_config.json",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer_config.json",
+        "speech_tokenizer/preprocessor_config.json",
+    ] {
+        fs::copy(template.join(f), dir.join(f)).with_context(|| format!("copying {f}"))?;
+    }
+    // qwen3-tts.md §1.3.
+    let (d, inter, tag) = match size {
+        "0.6b" => (1024, 3072, "0b6"),
+        "1.7b" => (2048, 6144, "1b7"),
+        other => bail!("unknown size {other:?} (0.6b | 1.7b)"),
+    };
+    let mut cfg: Value = serde_json::from_slice(&fs::read(template.join("config.json"))?)?;
+    let tc = "talker_config";
+    let cp = "talker_config.code_predictor_config";
+    for (k, v) in [
+        (format!("{tc}.hidden_size"), json!(d)),
+        (format!("{tc}.intermediate_size"), json!(inter)),
+        (format!("{tc}.num_hidden_layers"), json!(28)),
+        (format!("{tc}.num_attention_heads"), json!(16)),
+        (format!("{tc}.num_key_value_heads"), json!(8)),
+        (format!("{tc}.head_dim"), json!(128)),
+        (format!("{tc}.text_hidden_size"), json!(2048)),
+        (
+            format!("{tc}.rope_scaling.mrope_section"),
+            json!([24, 20, 20]),
+        ),
+        (format!("{cp}.hidden_size"), json!(1024)),
+        (format!("{cp}.intermediate_size"), json!(3072)),
+        (format!("{cp}.num_hidden_layers"), json!(5)),
+        (format!("{cp}.num_attention_heads"), json!(16)),
+        (format!("{cp}.num_key_value_heads"), json!(8)),
+        (format!("{cp}.head_dim"), json!(128)),
+        ("speaker_encoder_config.enc_dim".into(), json!(d)),
+        ("tts_model_size".into(), json!(tag)),
+        ("tts_model_type".into(), json!("custom_voice")),
+    ] {
+        set(&mut cfg, &k, v)?;
+    }
+    fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&cfg)?)?;
+    // §1.5 (identical for both sizes).
+    let mut st: Value =
+        serde_json::from_slice(&fs::read(template.join("speech_tokenizer/config.json"))?)?;
+    for (k, v) in [
+        ("codebook_dim", 512),
+        ("latent_dim", 1024),
+        ("hidden_size", 512),
+        ("intermediate_size", 1024),
+        ("num_hidden_layers", 8),
+        ("num_attention_heads", 16),
+        ("num_key_value_heads", 16),
+        ("head_dim", 64),
+        ("decoder_dim", 1536),
+    ] {
+        set(&mut st, &format!("decoder_config.{k}"), json!(v))?;
+    }
+    fs::write(
+        dir.join("speech_tokenizer/config.json"),
+        serde_json::to_vec_pretty(&st)?,
+    )?;
+    let t = Instant::now();
+    let p_main = write_random(
+        &dir.join("model.safetensors"),
+        &talker_layout(&cfg)?,
+        DType::BF16,
+        maker,
+    )?;
+    let p_dec = write_random(
+        &dir.join("speech_tokenizer/model.safetensors"),
+        &decoder_layout(&st)?,
+        DType::F32,
+        maker,
+    )?;
+    let s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "random {size} CustomVoice: talker+code predictor {:.1} M params (bf16), decoder {:.1} M (f32), made and written in {s:.1} s",
+        p_main as f64 / 1e6,
+        p_dec as f64 / 1e6
+    );
+    Ok(json!({"main_M": p_main as f64 / 1e6, "decoder_M": p_dec as f64 / 1e6, "build_s": s}))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timing
+// ---------------------------------------------------------------------------------------------
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// One timed utterance.
+#[derive(Default, Clone)]
+struct Sample {
+    ttfa_ms: f64,
+    prefill_ms: f64,
+    ar_ms: f64,
+    cp_ms: f64,
+    talker_ms: f64,
+    decode_ms: f64,
+    total_ms: f64,
+    frames: usize,
+    samples: usize,
+    /// FNV-1a hash of every code of the utterance (greedy: equal in every run and mode).
+    codes_hash: u64,
+}
+
+fn fnv(h: u64, codes: &[u32]) -> u64 {
+    codes.iter().fold(h, |h, &c| {
+        c.to_le_bytes()
+            .iter()
+            .fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    })
+}
+
+struct Stages<'a> {
+    ar: &'a ArModel,
+    dec: &'a Code2Wav,
+    req: VoiceRequest,
+    sampling: SamplingParams,
+}
+
+impl Stages<'_> {
+    /// `first_chunk = None`: batch mode. `Some(k)`: streaming, first chunk k, then `chunk`.
+    fn run(
+        &self,
+        frames: usize,
+        first_chunk: Option<usize>,
+        chunk: usize,
+        mem: &mut MemPeak,
+    ) -> Result<Sample> {
+        let mut sp = self.sampling.clone();
+        sp.max_new_tokens = frames + 1; // the last sampled code-0 token is dropped (reference rule)
+        let mut s = Sample {
+            codes_hash: 0xcbf29ce484222325,
+            ..Sample::default()
+        };
+        let t0 = Instant::now();
+        let mut sess = self.ar.start(&self.req, &sp)?;
+        s.prefill_ms = ms(t0);
+        mem.poll();
+        let mut stream = self.dec.stream();
+        let mut pending: Vec<Vec<u32>> = Vec::new();
+        let mut all: Vec<Vec<u32>> = Vec::new();
+        let mut next_chunk = first_chunk.unwrap_or(usize::MAX);
+        loop {
+            let t = Instant::now();
+            let step = sess.next_frame()?;
+            s.ar_ms += ms(t);
+            match step {
+                ArStep::Frame(f) => {
+                    let tm = sess.last_timing();
+                    s.cp_ms += tm.code_predictor_ms;
+                    s.talker_ms += tm.talker_ms;
+                    s.frames += 1;
+                    s.codes_hash = fnv(s.codes_hash, &f);
+                    mem.poll();
+                    if first_chunk.is_some() {
+                        pending.push(f);
+                        if pending.len() >= next_chunk {
+                            let t = Instant::now();
+                            let wav = stream.decode_chunk(&pending)?;
+                            s.decode_ms += ms(t);
+                            mem.poll();
+                            if s.samples == 0 {
+                                s.ttfa_ms = ms(t0);
+                            }
+                            s.samples += wav.len();
+                            pending.clear();
+                            next_chunk = chunk;
+                        }
+                    } else {
+                        all.push(f);
+                    }
+                }
+                ArStep::Finished(_) => break,
+            }
+        }
+        let t = Instant::now();
+        let wav = if first_chunk.is_some() {
+            if pending.is_empty() {
+                Vec::new()
+            } else {
+                stream.decode_chunk(&pending)?
+            }
+        } else {
+            self.dec.decode(&all)?
+        };
+        s.decode_ms += ms(t);
+        mem.poll();
+        if s.samples == 0 {
+            s.ttfa_ms = ms(t0);
+        }
+        s.samples += wav.len();
+        s.total_ms = ms(t0);
+        s.ar_ms += s.prefill_ms;
+        ensure!(
+            s.frames == frames,
+            "run produced {} frames, expected {frames} (EOS should be unreachable)",
+            s.frames
+        );
+        ensure!(
+            s.samples == frames * self.dec.samples_per_frame(),
+            "decoded {} samples for {frames} frames",
+            s.samples
+        );
+        Ok(s)
+    }
+}
+
+fn summarize(mode: &str, v: &[Sample]) -> Value {
+    let m = |f: &dyn Fn(&Sample) -> f64| median(v.iter().map(f).collect());
+    let n = v.first().map_or(1, |s| s.frames).max(1) as f64;
+    let audio_ms = n * FRAME_MS;
+    json!({
+        "mode": mode,
+        "frames": n,
+        "ttfa_ms": m(&|s| s.ttfa_ms),
+        "prefill_ms": m(&|s| s.prefill_ms),
+        "ar_ms_per_frame": m(&|s| s.ar_ms / n),
+        "cp_ms_per_frame": m(&|s| s.cp_ms / n),
+        "talker_ms_per_frame": m(&|s| s.talker_ms / n),
+        "decoder_ms_total": m(&|s| s.decode_ms),
+        "decoder_ms_per_frame": m(&|s| s.decode_ms / n),
+        "total_ms": m(&|s| s.total_ms),
+        "rtf": m(&|s| s.total_ms / audio_ms),
+        "runs": v.len(),
+        "codes_hash": v.first().map(|s| format!("{:016x}", s.codes_hash)),
+        "codes_identical_across_runs": v.windows(2).all(|w| w[0].codes_hash == w[1].codes_hash),
+    })
+}
+
+fn bench_size(args: &Args, size: &str, ar_dev: &Device, dec_dev: &Device) -> Result<Value> {
+    let dtype = match args.dtype.as_str() {
+        "bf16" => DType::BF16,
+        "f32" => DType::F32,
+        other => bail!("--dtype {other:?} (bf16 | f32)"),
+    };
+    let root = args.workdir.clone().unwrap_or_else(std::env::temp_dir);
+    let dir = root.join(format!("omnitts-bench-{size}-{}", std::process::id()));
+    let built = build_random(size, &args.template, &dir, ar_dev);
+    let result = built.and_then(|params| {
+        let mut mem = MemPeak::new(&[ar_dev.clone(), dec_dev.clone()]);
+        let t = Instant::now();
+        let ckpt = Checkpoint::open(&dir)?;
+        let mut ar = ArModel::load(&ckpt, ar_dev, dtype)?;
+        let dec = Code2Wav::load(&dir, dec_dev)?;
+        let load_ms = ms(t);
+        mem.poll();
+        let weights = mem.json();
+        let graph_settings: Vec<bool> = match args.graphs.as_str() {
+            "off" => vec![false],
+            "on" => vec![true],
+            "both" => vec![false, true],
+            other => bail!("--graphs {other:?} (off | on | both)"),
+        };
+        let mut modes = Vec::new();
+        let mut graph_capture_ms = None;
+        let mut warm_ms = 0.0;
+        let mut prefill_len = 0;
+        for graphs in graph_settings {
+            if graphs && !ar.cuda_graphs_enabled() {
+                let t = Instant::now();
+                ar.enable_cuda_graphs()?;
+                graph_capture_ms = Some(ms(t));
+                eprintln!(
+                    "{size}: code predictor CUDA graphs captured in {:.0} ms",
+                    ms(t)
+                );
+            } else if !graphs {
+                ar.disable_cuda_graphs();
+            }
+            let (m, w, p) = run_modes(args, size, &ar, &dec, &ckpt, &mut mem, graphs)?;
+            modes.extend(m);
+            warm_ms += w;
+            prefill_len = p;
+        }
+        let hashes: Vec<&Value> = modes.iter().map(|m| &m["codes_hash"]).collect();
+        let same = hashes.windows(2).all(|w| w[0] == w[1])
+            && modes
+                .iter()
+                .all(|m| m["codes_identical_across_runs"] == true);
+        eprintln!("{size}: codes identical in every run, mode and graph setting: {same}");
+        Ok(json!({
+            "size": size, "dtype": args.dtype, "params": params, "prefill_len": prefill_len,
+            "codes_identical_everywhere": same,
+            "load_ms": load_ms, "warmup_ms": warm_ms, "graph_capture_ms": graph_capture_ms,
+            "memory_after_load": weights, "memory": mem.json(), "modes": modes,
+        }))
+    });
+    if dir.exists() {
+        let _ = fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+/// Warm-up, then every mode `--repeats` times. Returns (mode summaries, warm-up ms, prefill rows).
+fn run_modes(
+    args: &Args,
+    size: &str,
+    ar: &ArModel,
+    dec: &Code2Wav,
+    ckpt: &Checkpoint,
+    mem: &mut MemPeak,
+    graphs: bool,
+) -> Result<(Vec<Value>, f64, usize)> {
+    {
+        let stages = Stages {
+            ar,
+            dec,
+            req: VoiceRequest {
+                text: args.text.clone(),
+                speaker: Some(args.speaker.clone()),
+                language: Some(args.language.clone()),
+                instruct: None,
+                prompt_mode: Some(PromptMode::NonStreaming),
+            },
+            sampling: SamplingParams::from_generation_config(&ckpt.generation).greedy(),
+        };
+        let prefill_len = ar.plan(&stages.req)?.rows.len();
+        let t = Instant::now();
+        stages.run(args.warmup_frames, Some(2), 3, mem)?;
+        stages.run(args.warmup_frames, None, 0, mem)?;
+        let warm_ms = ms(t);
+        eprintln!(
+            "{size} (graphs {graphs}): warm-up {warm_ms:.0} ms, prefill {prefill_len} positions"
+        );
+        let mut modes = Vec::new();
+        let tag = if graphs { "+g" } else { "" };
+        let mut list: Vec<(String, Option<usize>)> = vec![(format!("batch{tag}"), None)];
+        for &k in &args.first_chunks {
+            list.push((format!("stream{k}{tag}"), Some(k)));
+        }
+        for (name, first) in list {
+            let mut v = Vec::new();
+            for r in 0..args.repeats {
+                let s = stages.run(args.frames, first, args.chunk, mem)?;
+                eprintln!(
+                    "{size} {name} run {}: total {:.0} ms, TTFA {:.1} ms, AR {:.2} ms/frame (cp {:.2}, talker {:.2}), decode {:.1} ms",
+                    r + 1,
+                    s.total_ms,
+                    s.ttfa_ms,
+                    s.ar_ms / s.frames as f64,
+                    s.cp_ms / s.frames as f64,
+                    s.talker_ms / s.frames as f64,
+                    s.decode_ms
+                );
+                v.push(s);
+            }
+            let mut m = summarize(&name, &v);
+            m["cuda_graphs"] = json!(graphs);
+            modes.push(m);
+        }
+        Ok((modes, warm_ms, prefill_len))
+    }
+}
+
+fn print_table(results: &[Value]) {
+    println!();
+    println!(
+        "{:<6} {:<9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>7} {:>9}",
+        "size",
+        "mode",
+        "TTFA ms",
+        "AR ms/f",
+        "CP ms/f",
+        "talk ms/f",
+        "dec ms/f",
+        "total ms",
+        "RTF",
+        "peak GiB"
+    );
+    for r in results {
+        let peak = r["memory"]["peak_model_gib"]
+            .as_array()
+            .and_then(|a| a.first())
+            .and_then(Value::as_f64)
+            .unwrap_or(f64::NAN);
+        for m in r["modes"].as_array().into_iter().flatten() {
+            let f = |k: &str| m[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "{:<6} {:<9} {:>9.1} {:>9.2} {:>9.2} {:>9.2} {:>10.3} {:>10.0} {:>7.3} {:>9.2}",
+                r["size"].as_str().unwrap_or("?"),
+                m["mode"].as_str().unwrap_or("?"),
+                f("ttfa_ms"),
+                f("ar_ms_per_frame"),
+                f("cp_ms_per_frame"),
+                f("talker_ms_per_frame"),
+                f("decoder_ms_per_frame"),
+                f("total_ms"),
+                f("rtf"),
+                peak
+            );
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let ar_dev = open_device(&args.ar_device)?;
+    let dec_spec = args
+        .decoder_device
+        .clone()
+        .unwrap_or(args.ar_device.clone());
+    // Each stage gets its own device handle (its own stream), as in the engine.
+    let dec_dev = open_device(&dec_spec)?;
+    let mut results = Vec::new();
+    for size in &args.sizes {
+        results.push(bench_size(&args, size, &ar_dev, &dec_dev).with_context(|| size.clone())?);
+    }
+    print_table(&results);
+    let doc = json!({
+        "bench": "omnitts-gpu", "ar_device": args.ar_device, "decoder_device": dec_spec,
+        "frames": args.frames, "repeats": args.repeats, "chunk": args.chunk,
+        "cuda_feature": cfg!(feature = "cuda"), "results": results,
+    });
+    let line = serde_json::to_string(&doc)?;
+    if let Some(p) = &args.json {
+        fs::write(p, &line).with_context(|| p.display().to_string())?;
+    }
+    println!("{line}");
+    Ok(())
+}

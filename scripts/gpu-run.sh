@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs omnitts' CUDA checks and benchmark side by side with the official PyTorch reference, on a GPU
+# machine that has no Rust toolchain (binaries built elsewhere with scripts/build-cuda.sh).
+#
+#   scripts/gpu-run.sh PACK_DIR OUT_DIR
+#
+# PACK_DIR (made by scripts/gpu-pack.sh) holds bins.tar.xz (gpu_parity, bench_gpu), fixtures.tar.xz
+# (tests/fixtures subset), bench/ (ref_bench.py, tok/), whl/ (the reference's wheels) and
+# bench_compare.py. Knobs: FRAMES (250), REPEATS (2), REF_REPEATS (1), SIZES (0.6b,1.7b),
+# GRAPHS (both), STEPS ("parity bench ref"), AR_DEVICE / DECODER_DEVICE (cuda:0), and per-step time
+# limits PARITY_TIMEOUT (150 s), BENCH_TIMEOUT (330 s), REF_TIMEOUT (120 s per size).
+set -uo pipefail
+pack=$1
+out=$2
+mkdir -p "$out" /tmp/omnitts
+FRAMES=${FRAMES:-250} REPEATS=${REPEATS:-2} REF_REPEATS=${REF_REPEATS:-1} SIZES=${SIZES:-0.6b,1.7b}
+GRAPHS=${GRAPHS:-both} STEPS=${STEPS:-parity bench ref}
+AR_DEVICE=${AR_DEVICE:-cuda:0} DECODER_DEVICE=${DECODER_DEVICE:-$AR_DEVICE}
+t0=$(date +%s)
+stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
+
+nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used,clocks.sm --format=csv | tee "$out/gpu.txt"
+stamp unpack
+tar -C /tmp/omnitts -xJf "$pack/bins.tar.xz" || exit 3
+tar -C /tmp/omnitts -xJf "$pack/fixtures.tar.xz" || exit 3
+bin=/tmp/omnitts/bin fx=/tmp/omnitts/fixtures
+
+if [[ " $STEPS " == *" parity "* ]]; then
+    stamp parity
+    timeout "${PARITY_TIMEOUT:-150}" "$bin/gpu_parity" --fixtures "$fx" --device "$AR_DEVICE" --json "$out/parity.json" >"$out/parity.log" 2>&1
+    echo "gpu_parity exit $?"
+    grep -v '^{' "$out/parity.log" | tail -30
+fi
+if [[ " $STEPS " == *" bench "* ]]; then
+    stamp bench
+    timeout "${BENCH_TIMEOUT:-330}" "$bin/bench_gpu" --template "$fx/tiny-customvoice" --sizes "$SIZES" --frames "$FRAMES" \
+        --repeats "$REPEATS" --graphs "$GRAPHS" --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" \
+        --workdir /tmp --json "$out/omnitts.json" >"$out/omnitts.log" 2>&1
+    echo "bench_gpu exit $?"
+    grep -v '^{' "$out/omnitts.log" | tail -32
+fi
+if [[ " $STEPS " == *" ref "* ]]; then
+    stamp reference
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$pack"/whl/*.whl >"$out/pip.log" 2>&1 || { echo "pip failed"; tail "$out/pip.log"; }
+    for s in ${SIZES//,/ }; do
+        PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout "${REF_TIMEOUT:-120}" python3 "$pack/bench/ref_bench.py" --size "$s" --device cuda \
+            --dtype bf16 --frames "$FRAMES" --repeats "$REF_REPEATS" --warmup-frames 20 \
+            --tokenizer-dir "$pack/bench/tok" --json-out "$out/ref.jsonl" >"$out/ref_$s.log" 2>&1
+        echo "ref_bench $s exit $?"
+        grep -v '^{' "$out/ref_$s.log" | tail -14
+    done
+    stamp compare
+    python3 "$pack/bench_compare.py" "$out/omnitts.json" "$out/ref.jsonl" --json "$out/compare.json" | grep -v '^{'
+fi
+stamp done
