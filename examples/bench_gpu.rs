@@ -881,6 +881,7 @@ fn run_modes(
                 language: Some(args.language.clone()),
                 instruct: None,
                 prompt_mode: Some(PromptMode::NonStreaming),
+                voice_clone: None,
             },
             sampling: SamplingParams::from_generation_config(&ckpt.generation).greedy(),
         };

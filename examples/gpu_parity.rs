@@ -81,6 +81,7 @@ fn request(case: &Value) -> Result<VoiceRequest> {
             Some("non_streaming") => PromptMode::NonStreaming,
             other => bail!("case prompt_mode {other:?}"),
         }),
+        voice_clone: None,
     })
 }
 
