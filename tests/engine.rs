@@ -385,3 +385,13 @@ fn api_types_cross_threads() {
     send_sync::<EngineEvent>();
     send_sync::<EngineError>();
 }
+
+/// CUDA graphs are captured only for a CUDA stage 0; on the CPU the engine says so.
+#[test]
+fn cuda_graphs_status_on_cpu() {
+    let engine = load("tiny-customvoice", config(|_| {}));
+    assert_eq!(
+        engine.cuda_graphs(),
+        &gstomnitts::engine::CudaGraphs::NotApplicable
+    );
+}

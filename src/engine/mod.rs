@@ -45,6 +45,7 @@ pub use metrics::Metrics;
 use crate::models::qwen3_tts::{
     Checkpoint, ModelVariant, Qwen3TtsConfig, SamplingParams, VoiceRequest, prompt,
 };
+pub use stages::CudaGraphs;
 use stages::{LoadedInfo, RequestCore, RequestShared, StageQueue, Threads};
 
 /// What [`Engine::load`] needs.
@@ -416,6 +417,11 @@ impl Engine {
     /// The devices the stages actually run on (after resolving `auto`).
     pub fn devices(&self) -> (DeviceSpec, DeviceSpec) {
         (self.info.ar_device, self.info.decoder_device)
+    }
+
+    /// Whether stage 0's code predictor replays CUDA graphs (captured during [`Engine::load`]).
+    pub fn cuda_graphs(&self) -> &CudaGraphs {
+        &self.info.cuda_graphs
     }
 
     /// `generation_config.json` overridden by the stage config's `default_sampling_params` /

@@ -221,9 +221,22 @@ pub(crate) struct LoadedInfo {
     pub samples_per_frame: usize,
     pub ar_device: DeviceSpec,
     pub decoder_device: DeviceSpec,
+    pub cuda_graphs: CudaGraphs,
+}
+
+/// Whether stage 0 replays the code predictor from CUDA graphs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CudaGraphs {
+    /// Stage 0 is not on a CUDA device.
+    NotApplicable,
+    /// Captured at load, before the engine reported ready; every frame replays them.
+    Enabled,
+    /// Capture failed; frames run eagerly. The reason names the CUDA call.
+    Fallback(String),
 }
 
 struct ArInfo {
+    cuda_graphs: CudaGraphs,
     variant: ModelVariant,
     speakers: Vec<String>,
     languages: Vec<String>,
@@ -302,6 +315,7 @@ pub(crate) fn spawn(
             samples_per_frame: dec.samples_per_frame,
             ar_device: ar.device,
             decoder_device: dec.device,
+            cuda_graphs: ar.cuda_graphs,
         }),
     };
     match result {
@@ -350,9 +364,20 @@ fn ar_thread(
                 });
             }
         };
-        Ok(model)
+        // Capture the code predictor's graphs before reporting ready (field-lessons.md §5): the
+        // stream is still ours alone. A failed capture leaves the model eager.
+        let mut model = model;
+        let graphs = if dev.is_cuda() {
+            match model.enable_cuda_graphs() {
+                Ok(()) => CudaGraphs::Enabled,
+                Err(e) => CudaGraphs::Fallback(e.to_string()),
+            }
+        } else {
+            CudaGraphs::NotApplicable
+        };
+        Ok((model, graphs))
     })();
-    let model = match loaded {
+    let (model, cuda_graphs) = match loaded {
         Ok(m) => m,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -360,6 +385,7 @@ fn ar_thread(
         }
     };
     let info = ArInfo {
+        cuda_graphs,
         variant: model.variant(),
         speakers: model.speakers(),
         languages: model.languages(),
