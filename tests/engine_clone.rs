@@ -1,16 +1,20 @@
 //! Voice cloning through the engine (tiny Base fixture, CPU): the ICL reference codes are the
 //! decoder's left context for every chunk, so the streamed output of every chunk schedule equals
 //! the reference waveform (after its cut of exactly `ref_frames × 1920` samples); two engines with
-//! different references running at once never mix.
+//! different references running at once never mix; the engine encodes a reference recording exactly
+//! like the official front end, once per (recording, transcript, mode).
 
 mod engine_common;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::thread;
 
 use candle_core::{Device, Tensor};
 use engine_common::*;
-use gstomnitts::engine::{Engine, EngineRequest, FinishReason, StageConfig};
+use gstomnitts::engine::{
+    Engine, EngineError, EngineRequest, FinishReason, StageConfig, VoiceCloneStats,
+};
 use gstomnitts::models::qwen3_tts::{PromptMode, VoiceClonePrompt, VoiceRequest};
 use serde_json::Value;
 
@@ -164,4 +168,119 @@ fn concurrent_clones_do_not_mix() {
             }
         }
     });
+}
+
+/// `Engine::voice_clone_prompt` on the official reference recording: the official x-vector and
+/// codes, one encoding per (recording, transcript, mode) with later calls served from the cache,
+/// invalid references refused without being cached, and an ICL utterance equal to the official
+/// waveform.
+#[test]
+fn voice_clone_prompt_from_audio_is_exact_and_cached() {
+    let refdir = fixture("tiny-base").parent().unwrap().join("reference");
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(refdir.join("tiny-base.json")).unwrap())
+            .unwrap();
+    let tensors: HashMap<String, Tensor> = candle_core::safetensors::load(
+        refdir.join(json["safetensors"].as_str().unwrap()),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let clone = |k: &str| tensors[json["clone"]["tensors"][k].as_str().unwrap()].clone();
+    let audio = f32s(&clone("audio"));
+    let want_codes: Vec<Vec<u32>> = clone("codes")
+        .to_dtype(candle_core::DType::I64)
+        .unwrap()
+        .to_vec2::<i64>()
+        .unwrap()
+        .into_iter()
+        .map(|f| f.into_iter().map(|c| c as u32).collect())
+        .collect();
+    let case = json["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["ref_audio"] == "clone/audio" && c["icl_mode"] == true)
+        .expect("an ICL case cloned from the reference audio");
+    let ref_text = case["ref_text"].as_str().unwrap();
+
+    let engine = load("tiny-base", StageConfig::default_async());
+    assert_eq!(engine.voice_clone_stats(), VoiceCloneStats::default());
+    let p = engine
+        .voice_clone_prompt(&audio, Some(ref_text), false)
+        .unwrap();
+    let xe = rel_l2(&p.x_vector, &f32s(&clone("xvector")));
+    assert!(xe < TOL, "x-vector rel L2 {xe:e}");
+    assert_eq!(p.ref_codes.as_ref(), Some(&want_codes));
+    assert_eq!((p.icl, p.ref_text.as_deref()), (true, Some(ref_text)));
+    let stats = |encodes, cache_hits| VoiceCloneStats {
+        encodes,
+        cache_hits,
+    };
+    assert_eq!(engine.voice_clone_stats(), stats(1, 0));
+    let again = engine
+        .voice_clone_prompt(&audio, Some(ref_text), false)
+        .unwrap();
+    assert!(
+        Arc::ptr_eq(&p, &again),
+        "second call must come from the cache"
+    );
+    assert_eq!(engine.voice_clone_stats(), stats(1, 1));
+    // x-vector only: another entry, whatever the (ignored) transcript.
+    let x = engine
+        .voice_clone_prompt(&audio, Some("ignored"), true)
+        .unwrap();
+    assert!(!x.icl && x.ref_codes.is_none() && x.ref_text.is_none());
+    assert_eq!(x.x_vector, p.x_vector);
+    engine.voice_clone_prompt(&audio, None, true).unwrap();
+    assert_eq!(engine.voice_clone_stats(), stats(2, 2));
+    // Another transcript: another entry.
+    engine
+        .voice_clone_prompt(&audio, Some("Other words."), false)
+        .unwrap();
+    assert_eq!(engine.voice_clone_stats(), stats(3, 2));
+    // Invalid references: errors naming the field, nothing encoded or cached.
+    let field = |r: Result<Arc<VoiceClonePrompt>, EngineError>| match r {
+        Err(EngineError::InvalidRequest { field, .. }) => field,
+        other => panic!("expected InvalidRequest, got {other:?}"),
+    };
+    assert_eq!(
+        field(engine.voice_clone_prompt(&vec![0.0; 24_000], None, true)),
+        "ref_audio"
+    );
+    assert_eq!(
+        field(engine.voice_clone_prompt(&audio[..1000], None, true)),
+        "ref_audio"
+    );
+    assert_eq!(
+        field(engine.voice_clone_prompt(&audio, None, false)),
+        "ref_text"
+    );
+    assert_eq!(engine.voice_clone_stats(), stats(3, 2));
+
+    // The cached prompt speaks like the official generator.
+    let voice = VoiceRequest {
+        text: case["text"].as_str().unwrap().to_string(),
+        language: case["language"].as_str().map(str::to_string),
+        prompt_mode: Some(PromptMode::Streaming),
+        voice_clone: Some(VoiceClonePrompt::clone(&p)),
+        ..Default::default()
+    };
+    let r = run(
+        &engine,
+        greedy(
+            &engine,
+            voice,
+            case["max_new_tokens"].as_u64().unwrap() as usize,
+        ),
+    );
+    let want = f32s(&tensors[case["tensors"]["wav"].as_str().unwrap()]);
+    let e = rel_l2(&r.audio, &want);
+    assert!(e < TOL, "{}: rel L2 {e:e}", case["id"]);
+
+    // Not a Base checkpoint.
+    let cv = load("tiny-customvoice", StageConfig::default_async());
+    assert_eq!(
+        field(cv.voice_clone_prompt(&audio, Some(ref_text), false)),
+        "model"
+    );
 }

@@ -19,6 +19,10 @@
 //! stage 1 falls behind). Stage 1 decodes each scheduled chunk (exact streaming, windowed, or the
 //! whole utterance in batch mode) and sends `FirstAudio` then `Audio`. When both stages are done
 //! with it, stage 1 sends `Finished` with the reason and the [`Metrics`]; nothing follows it.
+//!
+//! Voice cloning (Base): [`Engine::voice_clone_prompt`] encodes a reference recording on stage 0
+//! (which owns the speaker and codec encoders) and caches the prompt; each request carries its own
+//! copy in `VoiceRequest::voice_clone`, so concurrent requests with different voices share nothing.
 
 mod chunk_buffer;
 mod config;
@@ -26,6 +30,7 @@ mod device;
 mod error;
 mod metrics;
 mod stages;
+mod voice_clone;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -41,12 +46,15 @@ pub use config::{
 pub use device::{DTypeSpec, DeviceSpec};
 pub use error::EngineError;
 pub use metrics::Metrics;
+pub use voice_clone::{VOICE_CLONE_CACHE_ENTRIES, VoiceCloneStats};
 
 use crate::models::qwen3_tts::{
-    Checkpoint, ModelVariant, Qwen3TtsConfig, SamplingParams, VoiceRequest, prompt,
+    Checkpoint, ModelVariant, Qwen3TtsConfig, SamplingParams, VoiceClonePrompt, VoiceRequest,
+    prompt,
 };
 pub use stages::CudaGraphs;
-use stages::{LoadedInfo, RequestCore, RequestShared, StageQueue, Threads};
+use stages::{EncodeJob, LoadedInfo, RequestCore, RequestShared, StageQueue, Threads};
+use voice_clone::{CloneCache, CloneKey};
 
 /// What [`Engine::load`] needs.
 #[derive(Debug, Clone)]
@@ -339,6 +347,8 @@ pub struct Engine {
     dec_queue: Arc<StageQueue>,
     next_id: AtomicU64,
     threads: Mutex<Option<Threads>>,
+    /// Encoded voice-clone references ([`Engine::voice_clone_prompt`]).
+    voice_clones: Mutex<CloneCache>,
 }
 
 impl fmt::Debug for Engine {
@@ -381,6 +391,7 @@ impl Engine {
             dec_queue,
             next_id: AtomicU64::new(1),
             threads: Mutex::new(Some(threads)),
+            voice_clones: Mutex::new(CloneCache::default()),
         })
     }
 
@@ -428,6 +439,68 @@ impl Engine {
     /// `subtalker_sampling_params`.
     pub fn default_sampling_params(&self) -> SamplingParams {
         self.default_sampling.clone()
+    }
+
+    /// The voice-clone prompt of a reference recording (Base checkpoints), for
+    /// `VoiceRequest::voice_clone`: the x-vector of the speaker encoder and, unless
+    /// `x_vector_only`, the reference codes (codec encoder, `ceil(samples / 1920)` frames) and
+    /// `ref_text` for ICL — the reference wrapper's `create_voice_clone_prompt`.
+    ///
+    /// `audio_24k`: mono samples at 24 kHz, nominally in [-1, 1], 0.5 s to 60 s
+    /// ([`crate::models::qwen3_tts::MIN_REF_AUDIO_SAMPLES`] / `MAX_REF_AUDIO_SAMPLES`).
+    /// `ref_text`: the transcript of the recording, required unless `x_vector_only` (then it is
+    /// ignored, as in the reference `generate_voice_clone`).
+    ///
+    /// Encoding runs on stage 0 (which owns the Base model's encoders) between two rounds of
+    /// frames; the result is cached (see [`VOICE_CLONE_CACHE_ENTRIES`], [`Engine::voice_clone_stats`]),
+    /// so calling this per utterance with the same reference costs a hash of the samples.
+    /// Blocks until stage 0 has encoded the reference (a cache miss) or returns at once (a hit).
+    ///
+    /// Errors: [`EngineError::InvalidRequest`] with `field` `model` (not a Base checkpoint),
+    /// `ref_audio` (too short, too long, non-finite or silent: peak below −60 dBFS) or `ref_text`
+    /// (missing in ICL mode); [`EngineError::Stage`] if stage 0 failed or is gone.
+    pub fn voice_clone_prompt(
+        &self,
+        audio_24k: &[f32],
+        ref_text: Option<&str>,
+        x_vector_only: bool,
+    ) -> Result<Arc<VoiceClonePrompt>, EngineError> {
+        let key = CloneKey::new(audio_24k, ref_text, x_vector_only);
+        let cache = || {
+            self.voice_clones
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        };
+        if let Some(hit) = cache().get(&key) {
+            return Ok(hit);
+        }
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job = EncodeJob {
+            audio_24k: audio_24k.to_vec(),
+            ref_text: if x_vector_only {
+                None
+            } else {
+                ref_text.map(str::to_string)
+            },
+            x_vector_only,
+            reply,
+        };
+        let gone = || EngineError::Stage {
+            stage: 0,
+            msg: "the stage thread is no longer running".to_string(),
+        };
+        self.ar_queue.push_job(job).map_err(|_| gone())?;
+        let prompt = Arc::new(answer.recv().map_err(|_| gone())??);
+        cache().insert(key, prompt.clone());
+        Ok(prompt)
+    }
+
+    /// How many references [`Engine::voice_clone_prompt`] encoded and how many it found cached.
+    pub fn voice_clone_stats(&self) -> VoiceCloneStats {
+        self.voice_clones
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .stats()
     }
 
     fn validate(&self, req: &EngineRequest) -> Result<(), EngineError> {

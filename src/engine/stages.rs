@@ -5,7 +5,9 @@
 //! and up to `max_num_seqs` active ones, gives every active request one unit of work per round
 //! (stage 0: one AR frame; stage 1: one scheduled chunk), and sleeps on its stage [`Signal`] when
 //! none can progress. The signal is advanced by new requests, by the request buffers (space freed,
-//! frames pushed, finish, cancel) and by shutdown, so no wake-up is lost.
+//! frames pushed, finish, cancel) and by shutdown, so no wake-up is lost. Stage 0 also runs the
+//! voice-clone encoding jobs of [`super::Engine::voice_clone_prompt`] (Base: speaker encoder and
+//! codec encoder, owned by its `ArModel`), each before its next round of frames.
 //!
 //! Stage 0 lets go of a request by recording its outcome and then finishing (or cancelling) the
 //! request's buffer; stage 1 sends `Finished` only after that, so when a handle sees `Finished`
@@ -148,9 +150,20 @@ impl RequestShared {
     }
 }
 
+/// A voice-clone reference to encode on stage 0 ([`super::Engine::voice_clone_prompt`]); the
+/// result goes back on `reply` (dropped unanswered if the stage shuts down first).
+pub(crate) struct EncodeJob {
+    pub audio_24k: Vec<f32>,
+    pub ref_text: Option<String>,
+    pub x_vector_only: bool,
+    pub reply: mpsc::SyncSender<Result<model::VoiceClonePrompt, EngineError>>,
+}
+
 #[derive(Default)]
 struct QueueState {
     items: VecDeque<Arc<RequestShared>>,
+    /// Stage 0 only: references to encode, served before the next round of frames.
+    jobs: VecDeque<EncodeJob>,
     shutdown: bool,
     /// The stage thread has exited; nothing will serve this queue any more.
     dead: bool,
@@ -183,6 +196,23 @@ impl StageQueue {
         Ok(())
     }
 
+    /// Queues an encoding job; refused when the stage thread has exited or is shutting down.
+    pub fn push_job(&self, job: EncodeJob) -> Result<(), EncodeJob> {
+        {
+            let mut g = lock(&self.state);
+            if g.dead || g.shutdown {
+                return Err(job);
+            }
+            g.jobs.push_back(job);
+        }
+        self.signal.notify();
+        Ok(())
+    }
+
+    fn take_jobs(&self) -> Vec<EncodeJob> {
+        lock(&self.state).jobs.drain(..).collect()
+    }
+
     pub fn shut_down(&self) {
         lock(&self.state).shutdown = true;
         self.signal.notify();
@@ -200,11 +230,13 @@ struct DeadOnExit(Arc<StageQueue>);
 
 impl Drop for DeadOnExit {
     fn drop(&mut self) {
-        let left = {
+        let (left, jobs) = {
             let mut g = lock(&self.0.state);
             g.dead = true;
-            std::mem::take(&mut g.items)
+            (std::mem::take(&mut g.items), std::mem::take(&mut g.jobs))
         };
+        // Unanswered jobs: their callers see the reply channel close.
+        drop(jobs);
         for r in left {
             r.cancel();
         }
@@ -450,7 +482,9 @@ impl<'m> ArStage<'m> {
             let seen = queue.signal.epoch();
             let (new, shutdown) = queue.drain();
             waiting.extend(new);
+            let jobs = queue.take_jobs();
             if shutdown {
+                drop(jobs);
                 for a in active.drain(..) {
                     a.req.cancel();
                     a.req.release_from_ar(FinishReason::Cancelled, a.timing);
@@ -461,7 +495,10 @@ impl<'m> ArStage<'m> {
                 }
                 return;
             }
-            let mut progress = false;
+            let mut progress = !jobs.is_empty();
+            for job in jobs {
+                self.encode(job);
+            }
             // Cancelled before they started: let go at once.
             waiting.retain(|r| {
                 if r.is_cancelled() {
@@ -506,6 +543,38 @@ impl<'m> ArStage<'m> {
                 queue.signal.wait_past(seen, None);
             }
         }
+    }
+
+    /// Runs one voice-clone encoding job (speaker encoder + codec encoder) and answers it. Invalid
+    /// references come back as `InvalidRequest` naming the field (`ref_audio`, `ref_text`,
+    /// `model`); a model failure or panic as a stage-0 error.
+    fn encode(&self, job: EncodeJob) {
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.model.create_voice_clone_prompt(
+                &job.audio_24k,
+                job.ref_text.as_deref(),
+                job.x_vector_only,
+            )
+        }));
+        let result = match result {
+            Ok(Ok(prompt)) => Ok(prompt),
+            Ok(Err(ModelError::InvalidRequest { field, value, msg })) => {
+                Err(EngineError::InvalidRequest { field, value, msg })
+            }
+            Ok(Err(e)) => Err(EngineError::Stage {
+                stage: 0,
+                msg: format!("encoding the voice-clone reference: {e}"),
+            }),
+            Err(p) => Err(EngineError::Stage {
+                stage: 0,
+                msg: format!(
+                    "encoding the voice-clone reference panicked: {}",
+                    panic_message(p.as_ref())
+                ),
+            }),
+        };
+        // The caller may have given up; then nobody listens.
+        let _ = job.reply.send(result);
     }
 
     fn start(&self, req: Arc<RequestShared>) -> Option<ArActive<'m>> {
