@@ -10,8 +10,9 @@
 //! CustomVoice/VoiceDesign). Writes the codes as JSON (array of frames, `num_code_groups` ints
 //! each, EOS excluded) and a 24 kHz mono WAV decoded by `Code2Wav`.
 //!
-//! Base checkpoints clone a voice from `--ref-audio ref.wav` (mono or multi-channel, mixed down;
-//! **must be 24 kHz**, no resampling yet) with `--ref-text "transcript"` (ICL mode) or
+//! Base checkpoints clone a voice from `--ref-audio REF` (a file path or URI in any format
+//! GStreamer decodes, resampled to 24 kHz mono by the element's own reader,
+//! `gstomnitts::omnittssrc::ref_audio`; 0.5 s to 60 s) with `--ref-text "transcript"` (ICL mode) or
 //! `--x-vector-only` (speaker embedding only):
 //!
 //! ```sh
@@ -29,8 +30,9 @@ use gstomnitts::models::qwen3_tts::code2wav::{
     Code2Wav, REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES,
 };
 use gstomnitts::models::qwen3_tts::{
-    ArModel, ArStep, Checkpoint, PromptMode, SamplingParams, VoiceRequest,
+    ArModel, ArStep, Checkpoint, MAX_REF_AUDIO_SAMPLES, PromptMode, SamplingParams, VoiceRequest,
 };
+use gstomnitts::omnittssrc::ref_audio::decode_ref_audio;
 
 #[derive(Parser, Debug)]
 #[command(about = "Qwen3-TTS synthesis (stage 0 + codec decode)")]
@@ -74,44 +76,16 @@ struct Args {
     /// Where to write the 24 kHz mono WAV.
     #[arg(long)]
     wav_out: Option<PathBuf>,
-    /// Base: reference audio to clone (WAV, 24 kHz; channels are averaged).
+    /// Base: reference audio to clone: a file path or URI in any format GStreamer decodes
+    /// (resampled to 24 kHz, channels mixed down).
     #[arg(long)]
-    ref_audio: Option<PathBuf>,
+    ref_audio: Option<String>,
     /// Base: transcript of the reference audio (ICL mode; required unless --x-vector-only).
     #[arg(long)]
     ref_text: Option<String>,
     /// Base: clone from the speaker embedding only (no reference text/codes in the prompt).
     #[arg(long)]
     x_vector_only: bool,
-}
-
-/// Reads a WAV as mono f32 in [-1, 1] (channels averaged); requires 24 kHz.
-fn read_ref_audio(path: &std::path::Path) -> Result<Vec<f32>> {
-    let mut r =
-        hound::WavReader::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let spec = r.spec();
-    if spec.sample_rate != 24_000 {
-        bail!(
-            "{}: sample rate {} Hz; the reference audio must be 24000 Hz (resample it first, e.g. \
-             `sox in.wav -r 24000 out.wav`)",
-            path.display(),
-            spec.sample_rate
-        );
-    }
-    let ch = spec.channels.max(1) as usize;
-    let interleaved: Vec<f32> = match spec.sample_format {
-        hound::SampleFormat::Float => r.samples::<f32>().collect::<Result<_, _>>()?,
-        hound::SampleFormat::Int => {
-            let scale = 1.0 / (1u64 << (spec.bits_per_sample - 1)) as f32;
-            r.samples::<i32>()
-                .map(|x| x.map(|v| v as f32 * scale))
-                .collect::<Result<_, _>>()?
-        }
-    };
-    Ok(interleaved
-        .chunks(ch)
-        .map(|c| c.iter().sum::<f32>() / c.len() as f32)
-        .collect())
 }
 
 fn device(spec: &str) -> Result<Device> {
@@ -156,12 +130,13 @@ fn main() -> Result<()> {
         sampling = sampling.greedy();
     }
     let voice_clone = match &args.ref_audio {
-        Some(path) => {
-            let audio = read_ref_audio(path)?;
+        Some(location) => {
+            let audio = decode_ref_audio(location, MAX_REF_AUDIO_SAMPLES)
+                .with_context(|| format!("reference audio {location}"))?;
             let t = Instant::now();
             let vc = model
                 .create_voice_clone_prompt(&audio, args.ref_text.as_deref(), args.x_vector_only)
-                .with_context(|| format!("reference audio {}", path.display()))?;
+                .with_context(|| format!("reference audio {location}"))?;
             eprintln!(
                 "voice clone prompt ({}, {} reference frames) in {:.2} s",
                 if vc.icl { "ICL" } else { "x-vector only" },

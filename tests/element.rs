@@ -310,6 +310,16 @@ fn property_round_trip() {
         ("speaker", v("ryan")),
         ("language", v("english")),
         ("instruct", v("calm")),
+        ("prompt-mode", {
+            let t = glib::Type::from_name("GstOmniTtsPromptMode").unwrap();
+            glib::EnumClass::with_type(t)
+                .unwrap()
+                .to_value_by_nick("non-streaming")
+                .unwrap()
+        }),
+        ("ref-audio", v("/some/voice.flac")),
+        ("ref-text", v("what the voice says")),
+        ("x-vector-only", v(true)),
         ("do-sample", v(false)),
         ("temperature", v(0.5f64)),
         ("top-k", v(7u32)),
@@ -322,7 +332,11 @@ fn property_round_trip() {
         ("samples-per-buffer", v(960u32)),
         ("is-live", v(true)),
     ];
-    let read_only = ["available-speakers", "available-languages"];
+    let read_only = [
+        "available-speakers",
+        "available-languages",
+        "voice-clone-encodes",
+    ];
     // Every property of GstOmniTtsSrc itself is covered (a new one needs a case here).
     let own: Vec<String> = e
         .list_properties()
@@ -358,12 +372,13 @@ fn property_round_trip() {
             "{name}: set/get round trip"
         );
     }
-    for name in read_only {
+    for name in ["available-speakers", "available-languages"] {
         assert!(
             e.property::<Option<String>>(name).is_none(),
             "{name} before start"
         );
     }
+    assert_eq!(e.property::<u64>("voice-clone-encodes"), 0);
 }
 
 #[test]
@@ -425,12 +440,13 @@ fn errors_missing_or_unreadable_model() {
         &start_error(&[("text", v("x")), ("model", v(&dir))]),
         &["model", &dir],
     );
-    // A Base (voice-clone) checkpoint: refused with a reason.
+    // A Base (voice-clone) checkpoint without a reference recording (tests/element_clone.rs
+    // covers voice cloning).
     let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-base");
     let base = base.display().to_string();
     assert_names(
         &start_error(&[("text", v("x")), ("model", v(&base))]),
-        &["model", &base, "Base"],
+        &["ref-audio", &base, "Base"],
     );
     // A repo id that is neither cached nor downloadable: tests/element_hub.rs (it needs its own
     // HF_* environment, so it runs in a child process there).

@@ -15,13 +15,17 @@ use gst_base::subclass::prelude::*;
 use crate::engine::{
     DeviceSpec, Engine, EngineOptions, EngineRequest, FinishReason, Metrics, StageConfig,
 };
-use crate::models::qwen3_tts::{ModelVariant, SamplingParams, VoiceRequest};
+use crate::models::qwen3_tts::{
+    MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES, ModelVariant, PromptMode, SamplingParams,
+    VoiceRequest,
+};
 
-use super::CAT;
 use super::hub;
 use super::runtime::{
     self, Current, Item, Shared, Utterance, done_message, messages, pos_of, pts_of,
 };
+use super::voice_clone::{CloneSpec, VoiceCloner, clone_spec};
+use super::{CAT, InputError, input_error};
 
 /// The only rate the element produces (Qwen3-TTS 12 Hz codec output); `audioresample` adapts.
 pub(super) const RATE: u32 = 24_000;
@@ -64,6 +68,43 @@ static SAMPLING_DEFAULTS: LazyLock<SamplingDefaults> = LazyLock::new(|| {
     }
 });
 
+/// The `prompt-mode` property: where the text goes in the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstOmniTtsPromptMode")]
+enum PromptModeSetting {
+    /// The variant's reference default.
+    #[default]
+    #[enum_value(
+        name = "The checkpoint variant's default: non-streaming for CustomVoice and VoiceDesign, \
+                streaming for Base",
+        nick = "auto"
+    )]
+    Auto = 0,
+    /// One text token per codec frame.
+    #[enum_value(
+        name = "Streaming: text fed one token per codec frame (qwen-tts non_streaming_mode=False)",
+        nick = "streaming"
+    )]
+    Streaming = 1,
+    /// All of the text in the prefill.
+    #[enum_value(
+        name = "Non-streaming: all of the text in the prompt (qwen-tts non_streaming_mode=True)",
+        nick = "non-streaming"
+    )]
+    NonStreaming = 2,
+}
+
+impl PromptModeSetting {
+    fn prompt_mode(self) -> Option<PromptMode> {
+        match self {
+            PromptModeSetting::Auto => None,
+            PromptModeSetting::Streaming => Some(PromptMode::Streaming),
+            PromptModeSetting::NonStreaming => Some(PromptMode::NonStreaming),
+        }
+    }
+}
+
 /// Property values. Sampling fields and devices are `None` until set: then the stage config
 /// (and, for sampling, the checkpoint's `generation_config.json`) decides.
 #[derive(Debug, Clone)]
@@ -76,6 +117,10 @@ struct Settings {
     speaker: Option<String>,
     language: String,
     instruct: Option<String>,
+    prompt_mode: PromptModeSetting,
+    ref_audio: Option<String>,
+    ref_text: Option<String>,
+    x_vector_only: bool,
     do_sample: Option<bool>,
     temperature: Option<f64>,
     top_k: Option<u32>,
@@ -100,6 +145,10 @@ impl Default for Settings {
             speaker: None,
             language: DEFAULT_LANGUAGE.to_string(),
             instruct: None,
+            prompt_mode: PromptModeSetting::Auto,
+            ref_audio: None,
+            ref_text: None,
+            x_vector_only: false,
             do_sample: None,
             temperature: None,
             top_k: None,
@@ -134,6 +183,8 @@ impl SampleFormat {
 /// What start() learnt about the loaded model; fixed until stop().
 #[derive(Debug, Clone)]
 struct ModelInfo {
+    /// The `model` property as given (for messages).
+    model: String,
     dir: PathBuf,
     variant: ModelVariant,
     speakers: Vec<String>,
@@ -151,6 +202,8 @@ struct ModelInfo {
 
 /// Exists between start() and stop().
 struct Runtime {
+    /// Shared with the worker, which submits the utterances.
+    engine: Arc<Engine>,
     shared: Arc<Shared>,
     worker: Option<std::thread::JoinHandle<()>>,
     info: ModelInfo,
@@ -162,28 +215,6 @@ struct State {
     format: Option<SampleFormat>,
     /// Text pushed with `push-text` before start(); queued at start().
     early_texts: Vec<String>,
-}
-
-/// A rejected input, reported as "property 'value': why".
-#[derive(Debug)]
-struct InputError {
-    property: &'static str,
-    value: String,
-    why: String,
-}
-
-impl std::fmt::Display for InputError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} '{}': {}", self.property, self.value, self.why)
-    }
-}
-
-fn input_error(property: &'static str, value: &str, why: impl Into<String>) -> InputError {
-    InputError {
-        property,
-        value: value.to_string(),
-        why: why.into(),
-    }
 }
 
 /// The element's instance data: property values and stream state, each behind its own lock
@@ -227,8 +258,13 @@ fn find_ci<'a>(list: &'a [String], value: &str) -> Option<&'a String> {
     list.iter().find(|s| s.eq_ignore_ascii_case(value.trim()))
 }
 
-/// Builds the engine request for `text` from the property values `s`.
-fn build_request(s: &Settings, info: &ModelInfo, text: &str) -> Result<EngineRequest, InputError> {
+/// Builds the engine request for `text` from the property values `s`, and the reference voice it
+/// is to be spoken in (Base checkpoints; the worker turns it into the request's voice-clone prompt).
+fn build_request(
+    s: &Settings,
+    info: &ModelInfo,
+    text: &str,
+) -> Result<(EngineRequest, Option<CloneSpec>), InputError> {
     if text.trim().is_empty() {
         return Err(input_error(
             "text",
@@ -295,6 +331,13 @@ fn build_request(s: &Settings, info: &ModelInfo, text: &str) -> Result<EngineReq
         .map(str::trim)
         .filter(|v| !v.is_empty())
         .map(str::to_string);
+    let clone = clone_spec(
+        info.variant,
+        &info.model,
+        s.ref_audio.as_deref(),
+        s.ref_text.as_deref(),
+        s.x_vector_only,
+    )?;
 
     let mut sampling = info.base_sampling.clone();
     if let Some(v) = s.temperature {
@@ -321,13 +364,13 @@ fn build_request(s: &Settings, info: &ModelInfo, text: &str) -> Result<EngineReq
     if !sampling.do_sample || sampling.temperature <= 0.0 {
         sampling = sampling.greedy();
     }
-    Ok(EngineRequest {
+    let request = EngineRequest {
         voice: VoiceRequest {
             text: text.to_string(),
             speaker,
             language,
             instruct,
-            prompt_mode: None,
+            prompt_mode: s.prompt_mode.prompt_mode(),
             voice_clone: None,
         },
         sampling,
@@ -338,7 +381,8 @@ fn build_request(s: &Settings, info: &ModelInfo, text: &str) -> Result<EngineReq
         } else {
             info.default_chunk_frames
         },
-    })
+    };
+    Ok((request, clone))
 }
 
 impl OmniTtsSrc {
@@ -372,7 +416,7 @@ impl OmniTtsSrc {
         let shared = rt.shared.clone();
         let info = rt.info.clone();
         drop(state);
-        let request = match build_request(&settings, &info, text) {
+        let (request, clone) = match build_request(&settings, &info, text) {
             Ok(r) => r,
             Err(e) => {
                 self.post_input_error(&e);
@@ -405,6 +449,7 @@ impl OmniTtsSrc {
             id,
             text: text.to_string(),
             request,
+            clone,
             start_pos,
         });
         shared.cond.notify_all();
@@ -454,8 +499,10 @@ impl OmniTtsSrc {
         had
     }
 
-    /// Resolves, validates and loads everything `start()` needs. Errors name the property.
-    fn load(&self, s: &Settings) -> Result<(Engine, ModelInfo), gst::ErrorMessage> {
+    /// Resolves, validates and loads everything `start()` needs: the engine, what it tells about
+    /// the model, and (Base) the reference voice, decoded and encoded once here so that a bad
+    /// reference fails the state change. Errors name the property.
+    fn load(&self, s: &Settings) -> Result<(Engine, ModelInfo, VoiceCloner), gst::ErrorMessage> {
         let settings_error =
             |e: InputError| gst::error_msg!(gst::ResourceError::Settings, ["{}", e]);
         if let Some(t) = &s.text
@@ -540,16 +587,6 @@ impl OmniTtsSrc {
                 ]
             ));
         }
-        if engine.variant() == ModelVariant::Base {
-            return Err(gst::error_msg!(
-                gst::ResourceError::Settings,
-                [
-                    "model '{}' is a Base (voice-clone) checkpoint, which needs a reference voice \
-                     per request; omnittssrc speaks with CustomVoice and VoiceDesign checkpoints",
-                    s.model
-                ]
-            ));
-        }
         let samples_per_frame = engine.samples_per_frame();
         let initial = (s.initial_chunk_frames > 0).then_some(s.initial_chunk_frames as usize);
         let chunk = (s.chunk_frames > 0).then_some(s.chunk_frames as usize);
@@ -580,6 +617,7 @@ impl OmniTtsSrc {
         let chunk_time = pts_of((first_chunk_frames * samples_per_frame) as u64, RATE);
         let buffer_time = pts_of(s.samples_per_buffer as u64, RATE);
         let info = ModelInfo {
+            model: s.model.clone(),
             dir: resolved.dir,
             variant: engine.variant(),
             speakers: engine.speakers(),
@@ -591,10 +629,41 @@ impl OmniTtsSrc {
             live: s.is_live,
             samples_per_buffer: s.samples_per_buffer,
         };
-        // Validate the voice settings now, so that a bad speaker/language fails the state change.
+        // Validate the voice settings now, so that a bad speaker/language/reference fails the
+        // state change; this also puts the reference's prompt in the engine's cache.
         let probe_text = "probe";
-        build_request(s, &info, probe_text).map_err(settings_error)?;
-        Ok((engine, info))
+        let (_, clone) = build_request(s, &info, probe_text).map_err(settings_error)?;
+        let mut cloner = VoiceCloner::default();
+        if let Some(spec) = clone {
+            if spec.x_vector_only
+                && let Some(t) = s.ref_text.as_deref().filter(|t| !t.trim().is_empty())
+            {
+                gst::element_imp_warning!(
+                    self,
+                    gst::ResourceError::Settings,
+                    [
+                        "ref-text '{}': ignored, x-vector-only=true clones from the speaker \
+                         embedding alone (as qwen-tts generate_voice_clone does)",
+                        t
+                    ]
+                );
+            }
+            let t = Instant::now();
+            cloner.prompt(&engine, &spec).map_err(settings_error)?;
+            gst::info!(
+                CAT,
+                imp = self,
+                "reference voice '{}' ({}) ready in {:.0} ms",
+                spec.location,
+                if spec.x_vector_only {
+                    "x-vector only"
+                } else {
+                    "ICL"
+                },
+                t.elapsed().as_secs_f64() * 1000.0
+            );
+        }
+        Ok((engine, info, cloner))
     }
 
     /// Turns a non-audio item into bus messages and bookkeeping (called by `create()` with the
@@ -668,7 +737,7 @@ impl OmniTtsSrc {
                 msgs.push(
                     gst::message::Error::builder(
                         gst::ResourceError::Settings,
-                        &format!("utterance {id} refused by the engine: {error}"),
+                        &format!("utterance {id} refused: {error}"),
                     )
                     .debug(&format!("text: {text:?}"))
                     .src(src)
@@ -829,6 +898,49 @@ impl ObjectImpl for OmniTtsSrc {
                     )
                     .mutable_playing()
                     .build(),
+                glib::ParamSpecEnum::builder_with_default("prompt-mode", PromptModeSetting::Auto)
+                    .nick("Prompt mode")
+                    .blurb(
+                        "Where the text goes in the model's prompt: fed one token per frame \
+                         (streaming) or all at once (non-streaming); auto: the variant's default. \
+                         Applies to text queued after it is set",
+                    )
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("ref-audio")
+                    .nick("Reference audio")
+                    .blurb(&format!(
+                        "Base checkpoints only (required there): the recording whose voice is \
+                         cloned, a file path or URI in any format GStreamer decodes (resampled \
+                         to 24 kHz mono); {:.1} s to {:.0} s, not silent (peak above -60 dBFS). \
+                         Decoded once and encoded once per recording. Applies to text queued \
+                         after it is set",
+                        MIN_REF_AUDIO_SAMPLES as f64 / RATE as f64,
+                        MAX_REF_AUDIO_SAMPLES as f64 / RATE as f64
+                    ))
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecString::builder("ref-text")
+                    .nick("Reference text")
+                    .blurb(
+                        "Base checkpoints only: the transcript of ref-audio, for in-context \
+                         (ICL) cloning from the reference's speaker embedding and codec codes; \
+                         required unless x-vector-only=true (then ignored). Applies to text \
+                         queued after it is set",
+                    )
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecBoolean::builder("x-vector-only")
+                    .nick("X-vector only")
+                    .blurb(
+                        "Base checkpoints only: clone from the speaker embedding (x-vector) of \
+                         ref-audio alone, without its transcript and codes (ref-text ignored); \
+                         false: ICL cloning, which needs ref-text. Applies to text queued after \
+                         it is set",
+                    )
+                    .default_value(false)
+                    .mutable_playing()
+                    .build(),
                 glib::ParamSpecBoolean::builder("do-sample")
                     .nick("Sample")
                     .blurb(
@@ -941,6 +1053,15 @@ impl ObjectImpl for OmniTtsSrc {
                     .blurb("Languages of the loaded checkpoint, comma-separated (after start)")
                     .read_only()
                     .build(),
+                glib::ParamSpecUInt64::builder("voice-clone-encodes")
+                    .nick("Voice-clone encodes")
+                    .blurb(
+                        "Base checkpoints: how many times the engine has encoded a reference \
+                         (speaker and codec encoders) since start; utterances reusing a \
+                         reference take it from the engine's cache (0 before start)",
+                    )
+                    .read_only()
+                    .build(),
             ]
         });
         PROPERTIES.as_ref()
@@ -1004,6 +1125,10 @@ impl ObjectImpl for OmniTtsSrc {
                     .unwrap_or_else(|| DEFAULT_LANGUAGE.into())
             }
             "instruct" => s.instruct = value.get().expect("type checked upstream"),
+            "prompt-mode" => s.prompt_mode = value.get().expect("type checked upstream"),
+            "ref-audio" => s.ref_audio = value.get().expect("type checked upstream"),
+            "ref-text" => s.ref_text = value.get().expect("type checked upstream"),
+            "x-vector-only" => s.x_vector_only = value.get().expect("type checked upstream"),
             "do-sample" => s.do_sample = Some(value.get().expect("type checked upstream")),
             "temperature" => s.temperature = Some(value.get().expect("type checked upstream")),
             "top-k" => s.top_k = Some(value.get().expect("type checked upstream")),
@@ -1038,6 +1163,19 @@ impl ObjectImpl for OmniTtsSrc {
             "speaker" => s.speaker.to_value(),
             "language" => s.language.to_value(),
             "instruct" => s.instruct.to_value(),
+            "prompt-mode" => s.prompt_mode.to_value(),
+            "ref-audio" => s.ref_audio.to_value(),
+            "ref-text" => s.ref_text.to_value(),
+            "x-vector-only" => s.x_vector_only.to_value(),
+            "voice-clone-encodes" => {
+                drop(s);
+                let state = lock(&self.state);
+                state
+                    .runtime
+                    .as_ref()
+                    .map_or(0, |rt| rt.engine.voice_clone_stats().encodes)
+                    .to_value()
+            }
             "do-sample" => s
                 .do_sample
                 .unwrap_or(SAMPLING_DEFAULTS.do_sample)
@@ -1171,7 +1309,7 @@ impl BaseSrcImpl for OmniTtsSrc {
             .build(),
         );
         let t0 = Instant::now();
-        let (engine, info) = match self.load(&settings) {
+        let (engine, info, cloner) = match self.load(&settings) {
             Ok(v) => v,
             Err(e) => {
                 let _ = self.obj().post_message(
@@ -1197,7 +1335,7 @@ impl BaseSrcImpl for OmniTtsSrc {
         {
             let mut inner = shared.lock();
             for text in texts {
-                let request = build_request(&settings, &info, &text)
+                let (request, clone) = build_request(&settings, &info, &text)
                     .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ["{}", e]))?;
                 let id = inner.next_id;
                 inner.next_id += 1;
@@ -1205,18 +1343,21 @@ impl BaseSrcImpl for OmniTtsSrc {
                     id,
                     text,
                     request,
+                    clone,
                     start_pos: 0,
                 });
             }
         }
         let element: gst::Element = self.obj().clone().upcast();
+        let engine = Arc::new(engine);
         let worker =
-            runtime::spawn_worker(engine, shared.clone(), element.downgrade()).map_err(|e| {
-                gst::error_msg!(
-                    gst::ResourceError::Failed,
-                    ["could not start the worker thread: {}", e]
-                )
-            })?;
+            runtime::spawn_worker(engine.clone(), cloner, shared.clone(), element.downgrade())
+                .map_err(|e| {
+                    gst::error_msg!(
+                        gst::ResourceError::Failed,
+                        ["could not start the worker thread: {}", e]
+                    )
+                })?;
         let ready = format!(
             "omnittssrc: model '{}' ready ({}; {:?}; {} speakers; loaded in {:.0} ms; live latency {} ms)",
             settings.model,
@@ -1230,6 +1371,7 @@ impl BaseSrcImpl for OmniTtsSrc {
         {
             let mut state = lock(&self.state);
             state.runtime = Some(Runtime {
+                engine,
                 shared,
                 worker: Some(worker),
                 info,
@@ -1268,6 +1410,8 @@ impl BaseSrcImpl for OmniTtsSrc {
             {
                 gst::warning!(CAT, imp = self, "worker thread panicked");
             }
+            // The worker has let go of the engine: dropping the last reference joins its stages.
+            drop(rt);
             gst::debug!(CAT, imp = self, "stopped: worker joined, engine dropped");
         }
         Ok(())

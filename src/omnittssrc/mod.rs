@@ -11,6 +11,9 @@
 //! Per utterance it posts element messages (see [`messages`]): started, first audio (TTFA), and
 //! done (finish reason, frames, audio ms, RTF).
 //!
+//! Base checkpoints clone the voice of a reference recording (`ref-audio`, read by
+//! [`ref_audio`]; `ref-text` for ICL, or `x-vector-only`), encoded once by the engine's cache.
+//!
 //! ```text
 //! gst-launch-1.0 omnittssrc model=tests/fixtures/tiny-customvoice text="Hello." ! audioconvert ! wavenc ! filesink location=out.wav
 //! ```
@@ -21,7 +24,9 @@ use std::sync::LazyLock;
 
 pub mod hub;
 mod imp;
+pub mod ref_audio;
 mod runtime;
+mod voice_clone;
 
 pub use runtime::messages;
 
@@ -33,6 +38,32 @@ pub(crate) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
         Some("omnitts Qwen3-TTS source"),
     )
 });
+
+/// A rejected input, reported as "property 'value': why".
+#[derive(Debug)]
+pub(crate) struct InputError {
+    pub property: &'static str,
+    pub value: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for InputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} '{}': {}", self.property, self.value, self.why)
+    }
+}
+
+pub(crate) fn input_error(
+    property: &'static str,
+    value: &str,
+    why: impl Into<String>,
+) -> InputError {
+    InputError {
+        property,
+        value: value.to_string(),
+        why: why.into(),
+    }
+}
 
 glib::wrapper! {
     /// The `omnittssrc` element (GType `GstOmniTtsSrc`).

@@ -6,6 +6,10 @@
 //! push-text ─► pending (utterances) ─► worker ─► Engine::submit ─► events ─► items (bounded, samples) ─► create()
 //! ```
 //!
+//! Base checkpoints: before submitting, the worker gives the utterance its voice-clone prompt
+//! ([`VoiceCloner`]: the reference decoded once per `ref-audio`, encoded once by the engine's
+//! cache); a reference that cannot be used refuses only that utterance.
+//!
 //! One mutex ([`Inner`]) and one condvar guard everything; every state change calls
 //! `notify_all`. The worker never holds the lock while talking to the engine, and `create()`
 //! never holds it while posting bus messages (a synchronous bus handler may call back into the
@@ -22,6 +26,7 @@ use gst::prelude::*;
 use crate::engine::{Canceller, Engine, EngineEvent, EngineRequest, FinishReason, Metrics};
 
 use super::CAT;
+use super::voice_clone::{CloneSpec, VoiceCloner};
 
 /// One queued piece of text with the request built from the properties at the time it was queued.
 pub(super) struct Utterance {
@@ -29,8 +34,10 @@ pub(super) struct Utterance {
     pub id: u64,
     /// The text as given (for bus messages).
     pub text: String,
-    /// What the engine will be asked to do.
+    /// What the engine will be asked to do (without the voice-clone prompt).
     pub request: EngineRequest,
+    /// Base checkpoints: the reference voice, turned into `request`'s prompt by the worker.
+    pub clone: Option<CloneSpec>,
     /// Live mode: the sample position (stream sample counter) the text arrived at; speech is
     /// scheduled there, or right after the previous utterance. 0 in non-live mode.
     pub start_pos: u64,
@@ -54,7 +61,7 @@ pub(super) enum Item {
         reason: FinishReason,
         metrics: Metrics,
     },
-    /// The engine refused the utterance (validation error), nothing was started.
+    /// The utterance was refused (engine validation, unusable reference), nothing was started.
     Refused {
         id: u64,
         text: String,
@@ -246,10 +253,11 @@ const POLL: Duration = Duration::from_millis(20);
 /// How long the worker waits for a cancelled request to report Finished before giving up on it.
 const CANCEL_GRACE: Duration = Duration::from_secs(10);
 
-/// Spawns the worker. It owns the engine and drops it (joining the engine's threads) when
-/// it exits, which happens on `shutdown`.
+/// Spawns the worker. It holds a reference to the engine until it exits, which happens on
+/// `shutdown`; `cloner` comes with the reference decoded at start.
 pub(super) fn spawn_worker(
-    engine: Engine,
+    engine: Arc<Engine>,
+    mut cloner: VoiceCloner,
     shared: Arc<Shared>,
     element: glib::WeakRef<gst::Element>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
@@ -257,7 +265,7 @@ pub(super) fn spawn_worker(
         .name("omnitts-worker".into())
         .spawn(move || {
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                worker_loop(&engine, &shared, &element)
+                worker_loop(&engine, &mut cloner, &shared, &element)
             }));
             if let Err(panic) = run {
                 let what = panic
@@ -271,12 +279,17 @@ pub(super) fn spawn_worker(
                 inner.canceller = None;
                 shared.cond.notify_all();
             }
-            // Dropping the engine here joins its stage threads.
+            // The element's stop() drops the last reference, which joins the stage threads.
             drop(engine);
         })
 }
 
-fn worker_loop(engine: &Engine, shared: &Shared, element: &glib::WeakRef<gst::Element>) {
+fn worker_loop(
+    engine: &Engine,
+    cloner: &mut VoiceCloner,
+    shared: &Shared,
+    element: &glib::WeakRef<gst::Element>,
+) {
     loop {
         // Take the next utterance.
         let (utt, epoch) = {
@@ -296,20 +309,25 @@ fn worker_loop(engine: &Engine, shared: &Shared, element: &glib::WeakRef<gst::El
         let Utterance {
             id,
             text,
-            request,
+            mut request,
+            clone,
             start_pos,
         } = utt;
         gst::debug!(CAT, "worker: submitting utterance {id}: {text:?}");
-        let handle = match engine.submit(request) {
+        let submitted = match &clone {
+            Some(spec) => cloner
+                .prompt(engine, spec)
+                .map(|prompt| request.voice.voice_clone = Some(prompt))
+                .map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+        .and_then(|()| engine.submit(request).map_err(|e| e.to_string()));
+        let handle = match submitted {
             Ok(h) => h,
-            Err(e) => {
+            Err(error) => {
                 let mut inner = shared.lock();
                 if inner.epoch == epoch {
-                    inner.items.push_back(Item::Refused {
-                        id,
-                        text,
-                        error: e.to_string(),
-                    });
+                    inner.items.push_back(Item::Refused { id, text, error });
                 }
                 inner.worker_busy = false;
                 inner.busy_start = None;
