@@ -59,6 +59,25 @@ impl KvCache {
         self.len = 0;
     }
 
+    /// Slots allocated (positions the buffers hold before they must grow).
+    pub fn capacity(&self) -> usize {
+        self.k.as_ref().and_then(|k| k.dim(2).ok()).unwrap_or(0)
+    }
+
+    /// Counts `n` positions that were written into the buffers on the device
+    /// ([`Attention::forward_at_slot`]). Errors past the allocated capacity.
+    pub fn advance(&mut self, n: usize) -> Result<()> {
+        if self.len + n > self.capacity() {
+            candle_core::bail!(
+                "KV cache: {} + {n} positions exceed its {} slots",
+                self.len,
+                self.capacity()
+            );
+        }
+        self.len += n;
+        Ok(())
+    }
+
     /// Appends `k`/`v` (`[batch, kv_heads, t, head_dim]`); returns views of all cached positions.
     fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let t = k.dim(2)?;
@@ -173,9 +192,55 @@ impl Attention {
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let past = cache.seq_len();
-        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let rep = nh / nkv;
+        let (q, k, v) = self.qkv(x, cos, sin)?;
+        let (k, v) = cache.append(&k, &v)?;
+        let s = k.dim(2)?;
+        let mask = if t > 1 || self.sliding_window.is_some_and(|w| w < s) {
+            Some(causal_mask(t, past, self.sliding_window, x.device())?)
+        } else {
+            None
+        };
+        self.attend(&q, &k, &v, mask.as_ref(), b, t)
+    }
 
+    /// One decode position whose index lives on the device, for CUDA graphs (the same kernels at
+    /// every position): writes the new key/value into slot `p` of `cache`'s buffers with a scatter
+    /// (`slot`: u32 `[batch, kv_heads, 1, head_dim]`, every element `p`) and attends over the
+    /// first `mask.dim(1)` slots with the additive f32 `mask` `[1, bucket]` (0 for slots ≤ p,
+    /// −inf after). `x`: `[batch, 1, hidden]`; `cos`/`sin`: `[1, head_dim/2]` for position `p`.
+    /// Does not change `cache.seq_len()` (the caller advances it). No sliding window.
+    /// Errors when the cache buffers are missing or hold fewer than `bucket` slots.
+    pub fn forward_at_slot(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        slot: &Tensor,
+        mask: &Tensor,
+        cache: &KvCache,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let bucket = mask.dim(1)?;
+        if self.sliding_window.is_some() {
+            candle_core::bail!("slot decoding does not support a sliding window");
+        }
+        let (q, k, v) = self.qkv(x, cos, sin)?;
+        let (Some(kb), Some(vb)) = (&cache.k, &cache.v) else {
+            candle_core::bail!("slot decoding needs allocated KV buffers");
+        };
+        if kb.dim(2)? < bucket {
+            candle_core::bail!("KV buffers hold {} slots, bucket is {bucket}", kb.dim(2)?);
+        }
+        kb.scatter_set(slot, &k.contiguous()?, 2)?;
+        vb.scatter_set(slot, &v.contiguous()?, 2)?;
+        let (k, v) = (kb.narrow(2, 0, bucket)?, vb.narrow(2, 0, bucket)?);
+        self.attend(&q, &k, &v, Some(mask), b, t)
+    }
+
+    /// Projections, per-head norms and RoPE: `q` `[b, heads, t, hd]`, `k`/`v` `[b, kv_heads, t, hd]`.
+    fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t, _) = x.dims3()?;
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let q = self.q_proj.forward(x)?.reshape((b, t, nh, hd))?;
         let q = self.q_norm.forward(&q)?.transpose(1, 2)?.contiguous()?;
         let k = self.k_proj.forward(x)?.reshape((b, t, nkv, hd))?;
@@ -185,26 +250,37 @@ impl Attention {
             .forward(x)?
             .reshape((b, t, nkv, hd))?
             .transpose(1, 2)?;
-
         let q = RotaryEmbedding::apply(&q, cos, sin)?;
         let k = RotaryEmbedding::apply(&k, cos, sin)?;
-        let (k, v) = cache.append(&k, &v)?;
-        let s = k.dim(2)?;
+        Ok((q, k, v))
+    }
 
+    /// Scaled dot-product attention of `q` over `k`/`v` (`[b, kv_heads, s, hd]`) with an optional
+    /// additive f32 mask `[t, s]`, softmax in f32, then `o_proj`. Returns `[b, t, hidden]`.
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        b: usize,
+        t: usize,
+    ) -> Result<Tensor> {
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let rep = nh / nkv;
+        let s = k.dim(2)?;
         // Grouped-query attention without repeating k/v: query heads g*rep..g*rep+rep-1 share kv
         // head g (the reference's `repeat_kv` = repeat_interleave), so fold them into the rows.
         let dtype = q.dtype();
         let q = q.reshape((b, nkv, rep * t, hd))?;
         let scores = (q.matmul(&k.t()?)? * self.scaling)?;
         let scores = scores.to_dtype(DType::F32)?;
-        let scores = if t > 1 || self.sliding_window.is_some_and(|w| w < s) {
-            let mask = causal_mask(t, past, self.sliding_window, x.device())?;
-            scores
+        let scores = match mask {
+            Some(mask) => scores
                 .reshape((b, nkv, rep, t, s))?
-                .broadcast_add(&mask)?
-                .reshape((b, nkv, rep * t, s))?
-        } else {
-            scores
+                .broadcast_add(mask)?
+                .reshape((b, nkv, rep * t, s))?,
+            None => scores,
         };
         let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(dtype)?;
         let out = probs.matmul(&v.contiguous()?)?; // [b, nkv, rep*t, hd]

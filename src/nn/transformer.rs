@@ -71,6 +71,32 @@ impl DecoderLayer {
             .forward(&self.post_attention_layernorm.forward(&h)?)?;
         h + m
     }
+
+    /// [`Self::forward`] for one position whose index is on the device (see
+    /// [`Attention::forward_at_slot`]).
+    pub fn forward_at_slot(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        slot: &Tensor,
+        mask: &Tensor,
+        cache: &KvCache,
+    ) -> Result<Tensor> {
+        let h = self.self_attn.forward_at_slot(
+            &self.input_layernorm.forward(x)?,
+            cos,
+            sin,
+            slot,
+            mask,
+            cache,
+        )?;
+        let h = (x + h)?;
+        let m = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?;
+        h + m
+    }
 }
 
 /// One KV cache per layer of a stack.
@@ -95,6 +121,37 @@ impl LayerCaches {
 
     pub fn reset(&mut self) {
         self.caches.iter_mut().for_each(KvCache::reset);
+    }
+
+    /// Slots every layer's buffers hold (0 before the first append).
+    pub fn capacity(&self) -> usize {
+        self.caches.iter().map(KvCache::capacity).min().unwrap_or(0)
+    }
+
+    /// Counts `n` positions written on the device by [`Self::run_at_slot`].
+    pub fn advance(&mut self, n: usize) -> Result<()> {
+        self.caches.iter_mut().try_for_each(|c| c.advance(n))
+    }
+
+    /// Runs `layers` over one position `p` whose index is on the device: `x` `[batch, 1, hidden]`,
+    /// `cos`/`sin` `[1, head_dim/2]` in `x`'s dtype, `slot` u32 `[batch, kv_heads, 1, head_dim]`
+    /// filled with `p`, `mask` f32 `[1, bucket]` (see [`Attention::forward_at_slot`]). The same
+    /// kernels run for every `p` below `bucket`, so the call can be captured in a CUDA graph.
+    /// `seq_len()` is unchanged; call [`Self::advance`] after the work has run.
+    pub fn run_at_slot(
+        &self,
+        layers: &[DecoderLayer],
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        slot: &Tensor,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let mut h = x.clone();
+        for (layer, cache) in layers.iter().zip(self.caches.iter()) {
+            h = layer.forward_at_slot(&h, cos, sin, slot, mask, cache)?;
+        }
+        Ok(h)
     }
 
     /// Runs `layers` over `x` (`[batch, t, hidden]`) at positions `seq_len()..seq_len()+t`,

@@ -17,6 +17,7 @@ pub mod prompt;
 pub mod sampling;
 pub mod speaker_encoder;
 pub mod talker;
+pub mod talker_graphs;
 pub mod tokenizer;
 
 use std::path::{Path, PathBuf};
@@ -34,6 +35,7 @@ use codec_encoder::CodecEncoder;
 use sampling::{TalkerProcessors, TokenChooser};
 use speaker_encoder::{EcapaConfig, SpeakerEncoder};
 use talker::Talker;
+use talker_graphs::TalkerGraphs;
 use tokenizer::TextTokenizer;
 
 /// Errors of loading and running the model.
@@ -315,7 +317,14 @@ pub struct ArModel {
     dtype: DType,
     /// The code predictor's steps as CUDA graphs, when enabled ([`ArModel::enable_cuda_graphs`]).
     cp_graphs: Option<std::sync::Mutex<code_predictor::CpGraphs>>,
+    /// The talker's decode step at a device-side position (graphs captured on CUDA), with its own
+    /// KV cache: leased by one session at a time (`None` while leased or when not enabled).
+    talker_graphs: std::sync::Mutex<Option<TalkerGraphs>>,
 }
+
+/// Positions (prompt + frames) of the KV cache that the talker decode graphs own
+/// ([`ArModel::enable_cuda_graphs`]); a longer utterance continues eagerly past it.
+pub const TALKER_GRAPH_POSITIONS: usize = 4096;
 
 /// Shortest reference audio [`ArModel::create_voice_clone_prompt`] accepts: 0.5 s at 24 kHz.
 pub const MIN_REF_AUDIO_SAMPLES: usize = 12_000;
@@ -376,6 +385,7 @@ impl ArModel {
             device: device.clone(),
             dtype,
             cp_graphs: None,
+            talker_graphs: std::sync::Mutex::new(None),
         })
     }
 
@@ -384,20 +394,57 @@ impl ArModel {
     /// once at start-up, before serving (capture needs the stream to itself). On error nothing
     /// changes and frames keep running eagerly. Errors: not a CUDA device, a build without the
     /// `cuda` feature, or a failed capture (the message names the CUDA call).
+    ///
+    /// Two sets are captured: the code predictor's 15 steps, and the talker's decode step (one
+    /// graph per attention bucket over an owned KV cache of [`TALKER_GRAPH_POSITIONS`] positions;
+    /// see `talker_graphs.rs`). One utterance at a time replays the talker graphs; others run
+    /// eagerly meanwhile.
     pub fn enable_cuda_graphs(&mut self) -> Result<(), ModelError> {
-        let g = self.code_predictor.capture_graphs(self.dtype)?;
-        self.cp_graphs = Some(std::sync::Mutex::new(g));
+        let cp = self.code_predictor.capture_graphs(self.dtype)?;
+        let mut talker = TalkerGraphs::new(&self.talker, self.dtype, TALKER_GRAPH_POSITIONS)?;
+        talker.capture(&self.talker)?;
+        self.cp_graphs = Some(std::sync::Mutex::new(cp));
+        self.talker_graphs = std::sync::Mutex::new(Some(talker));
+        Ok(())
+    }
+
+    /// The talker decode step at a device-side position without capturing graphs (any device):
+    /// the graphs' work run directly, so tests can compare it with the eager step.
+    #[cfg(test)]
+    fn enable_slot_decode(&mut self, positions: usize) -> Result<(), ModelError> {
+        let g = TalkerGraphs::new(&self.talker, self.dtype, positions)?;
+        self.talker_graphs = std::sync::Mutex::new(Some(g));
         Ok(())
     }
 
     /// Back to eager execution (drops the graphs).
     pub fn disable_cuda_graphs(&mut self) {
         self.cp_graphs = None;
+        self.talker_graphs = std::sync::Mutex::new(None);
     }
 
     /// Whether frames replay CUDA graphs.
     pub fn cuda_graphs_enabled(&self) -> bool {
         self.cp_graphs.is_some()
+    }
+
+    /// Leases the talker decode graphs for an utterance of `prefill_len` prompt positions, if
+    /// enabled, free and large enough.
+    fn lease_talker_graphs(&self, prefill_len: usize) -> Option<TalkerGraphs> {
+        let mut slot = self.talker_graphs.lock().ok()?;
+        match slot.take() {
+            Some(g) if prefill_len < g.capacity() => Some(g),
+            other => {
+                *slot = other;
+                None
+            }
+        }
+    }
+
+    fn return_talker_graphs(&self, g: TalkerGraphs) {
+        if let Ok(mut slot) = self.talker_graphs.lock() {
+            *slot = Some(g);
+        }
     }
 
     pub fn config(&self) -> &Qwen3TtsConfig {
@@ -635,10 +682,22 @@ impl ArModel {
         let prompt = self.plan(req)?;
         let prefill = self.prompt_embeds(&prompt)?;
         let trailing = self.talker.text_embed(&prompt.trailing)?;
-        let mut cache = self
-            .talker
-            .new_cache(prompt.rows.len() + sampling.max_new_tokens.min(4096) + 1);
-        let (hidden, logits) = self.talker.forward(&prefill, &mut cache)?;
+        let (cache, (hidden, logits)) = match self.lease_talker_graphs(prompt.rows.len()) {
+            Some(mut g) => match g.prefill(&self.talker, &prefill) {
+                Ok(out) => (TalkerCache::Graphs(g), out),
+                Err(e) => {
+                    self.return_talker_graphs(g);
+                    return Err(e.into());
+                }
+            },
+            None => {
+                let mut cache = self
+                    .talker
+                    .new_cache(prompt.rows.len() + sampling.max_new_tokens.min(4096) + 1);
+                let out = self.talker.forward(&prefill, &mut cache)?;
+                (TalkerCache::Own(cache), out)
+            }
+        };
         let tc = &self.config.talker_config;
         Ok(ArSession {
             model: self,
@@ -676,7 +735,14 @@ impl ArModel {
     }
 }
 
-/// One utterance in progress: the talker KV cache and the sampling state.
+/// The talker KV cache of a session: its own (eager steps), or the one of the leased decode graphs.
+enum TalkerCache {
+    Own(LayerCaches),
+    Graphs(TalkerGraphs),
+}
+
+/// One utterance in progress: the talker KV cache and the sampling state. Dropping it gives
+/// leased talker decode graphs back to the model.
 pub struct ArSession<'a> {
     model: &'a ArModel,
     processors: TalkerProcessors,
@@ -688,7 +754,7 @@ pub struct ArSession<'a> {
     prefill: Tensor,
     /// `[trailing.len(), hidden]`.
     trailing: Tensor,
-    cache: LayerCaches,
+    cache: TalkerCache,
     cp_cache: LayerCaches,
     /// Final-normed talker hidden state of the last position, `[1, 1, hidden]`.
     hidden: Tensor,
@@ -832,7 +898,19 @@ impl ArSession<'_> {
             m.tts_pad_embed.clone()
         };
         let input = (sum + text)?.unsqueeze(0)?;
-        let (hidden, logits) = m.talker.forward(&input, &mut self.cache)?;
+        if let TalkerCache::Graphs(g) = &self.cache
+            && !g.has_room()
+        {
+            // Past the graphs' cache: continue eagerly on a copy and free the graphs.
+            let own = TalkerCache::Own(g.cache_copy());
+            if let TalkerCache::Graphs(g) = std::mem::replace(&mut self.cache, own) {
+                m.return_talker_graphs(g);
+            }
+        }
+        let (hidden, logits) = match &mut self.cache {
+            TalkerCache::Graphs(g) => g.step(&m.talker, &input)?,
+            TalkerCache::Own(cache) => m.talker.forward(&input, cache)?,
+        };
         self.hidden = hidden;
         self.logits = logits;
         self.frames += 1;
@@ -844,6 +922,11 @@ impl ArSession<'_> {
         Ok(ArStep::Frame(codes))
     }
 
+    /// Whether the talker's decode steps run on the leased decode graphs.
+    pub fn uses_talker_graphs(&self) -> bool {
+        matches!(self.cache, TalkerCache::Graphs(_))
+    }
+
     /// Runs [`Self::next_frame`] to the end; returns the frames and the reason.
     pub fn run_to_end(&mut self) -> Result<(Vec<Vec<u32>>, FinishReason), ModelError> {
         let mut frames = Vec::new();
@@ -851,6 +934,110 @@ impl ArSession<'_> {
             match self.next_frame()? {
                 ArStep::Frame(f) => frames.push(f),
                 ArStep::Finished(r) => return Ok((frames, r)),
+            }
+        }
+    }
+}
+
+impl Drop for ArSession<'_> {
+    fn drop(&mut self) {
+        let own = TalkerCache::Own(LayerCaches::new(0, 1));
+        if let TalkerCache::Graphs(g) = std::mem::replace(&mut self.cache, own) {
+            self.model.return_talker_graphs(g);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> (ArModel, GenerationConfig) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        let ckpt = Checkpoint::open(&dir).expect("fixture checkpoint");
+        let m = ArModel::load(&ckpt, &Device::Cpu, DType::F32).expect("load");
+        (m, ckpt.generation)
+    }
+
+    /// Greedy codes, finish reason, the logits before every frame and the prompt length.
+    fn generate(
+        m: &ArModel,
+        g: &GenerationConfig,
+        req: &VoiceRequest,
+        max: usize,
+    ) -> (Vec<Vec<u32>>, FinishReason, Vec<Vec<f32>>, usize, bool) {
+        let sampling = SamplingParams {
+            max_new_tokens: max,
+            ..SamplingParams::from_generation_config(g)
+        }
+        .greedy();
+        let mut s = m.start(req, &sampling).expect("start");
+        let prompt = s.prompt_ids().rows.len();
+        let mut frames = Vec::new();
+        let mut logits = vec![s.pending_logits().to_vec()];
+        loop {
+            match s.next_frame().expect("frame") {
+                ArStep::Frame(f) => {
+                    frames.push(f);
+                    logits.push(s.pending_logits().to_vec());
+                }
+                ArStep::Finished(r) => {
+                    return (frames, r, logits, prompt, s.uses_talker_graphs());
+                }
+            }
+        }
+    }
+
+    /// The talker decode step at a device-side position (the work the CUDA graphs capture: scatter
+    /// into the KV slot, bucketed masked attention, RoPE rows by index) gives the eager step's
+    /// greedy codes and logits, across bucket boundaries and past its capacity (eager fallback),
+    /// and the lease returns to the model after every utterance.
+    #[test]
+    fn slot_decode_equals_eager_decode() {
+        let mut fell_back = false;
+        for name in ["tiny-customvoice", "tiny-voicedesign"] {
+            let (eager, gen_cfg) = fixture(name);
+            let (mut slot, _) = fixture(name);
+            // Buckets 64, 128, 150: prompts of ~20-40 positions cross two boundaries in 90 frames,
+            // and the 140-frame run outgrows the cache and finishes eagerly.
+            slot.enable_slot_decode(150).expect("slot decode");
+            let speaker = eager.speakers().into_iter().next();
+            let instruct = (name == "tiny-voicedesign").then(|| "A calm low voice.".to_string());
+            for (text, max) in [("Hello world, this is a test.", 90), ("Short.", 140)] {
+                let req = VoiceRequest {
+                    text: text.into(),
+                    speaker: speaker.clone(),
+                    language: Some("english".into()),
+                    instruct: instruct.clone(),
+                    ..VoiceRequest::default()
+                };
+                let (codes_e, reason_e, logits_e, prompt, _) =
+                    generate(&eager, &gen_cfg, &req, max);
+                let (codes_s, reason_s, logits_s, _, on_graphs) =
+                    generate(&slot, &gen_cfg, &req, max);
+                let positions = prompt + codes_e.len();
+                assert!(
+                    positions > 64,
+                    "{name}: {positions} positions cross no bucket"
+                );
+                assert_eq!(on_graphs, positions <= 150, "{name}: {positions} positions");
+                fell_back |= !on_graphs;
+                assert_eq!(codes_s, codes_e, "{name} '{text}': codes differ");
+                assert_eq!(reason_s, reason_e, "{name} '{text}'");
+                for (i, (a, b)) in logits_s.iter().zip(&logits_e).enumerate() {
+                    let d = a
+                        .iter()
+                        .zip(b)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0f32, f32::max);
+                    assert!(d <= 1e-4, "{name} '{text}' frame {i}: logits differ by {d}");
+                }
+                assert!(
+                    slot.talker_graphs.lock().unwrap().is_some(),
+                    "lease not returned"
+                );
             }
         }
     }

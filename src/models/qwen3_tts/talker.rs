@@ -93,6 +93,16 @@ impl Talker {
         &self.cfg
     }
 
+    /// The device the weights are on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The RoPE tables (f32, cached on the device).
+    pub fn rope(&self) -> &RotaryEmbedding {
+        &self.rope
+    }
+
     pub fn hidden_size(&self) -> usize {
         self.cfg.transformer.hidden_size
     }
