@@ -163,6 +163,10 @@ fn bench_model(args: &Args, name: &str, dir: &Path, voice: &VoiceRequest) -> Res
         })
         .with_context(|| format!("loading {}", dir.display()))?;
         let load_s = t.elapsed().as_secs_f64();
+        eprintln!(
+            "{name} {mode}: loaded in {load_s:.1} s, CUDA graphs: {:?}",
+            engine.cuda_graphs()
+        );
         let mut voice = voice.clone();
         if voice.speaker.is_some() && engine.speakers().is_empty() {
             voice.speaker = None;

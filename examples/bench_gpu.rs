@@ -831,7 +831,7 @@ fn bench_size(args: &Args, size: &str, ar_dev: &Device, dec_dev: &Device) -> Res
                 ar.enable_cuda_graphs()?;
                 graph_capture_ms = Some(ms(t));
                 eprintln!(
-                    "{size}: code predictor CUDA graphs captured in {:.0} ms",
+                    "{size}: CUDA graphs (code predictor + talker) captured in {:.0} ms",
                     ms(t)
                 );
             } else if !graphs {

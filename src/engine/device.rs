@@ -88,16 +88,29 @@ impl DeviceSpec {
 
     /// Opens a fresh device handle. Call this on the stage thread that will own it. For CUDA every
     /// call creates its own stream on the device's context (`Device::new_cuda_with_stream`), so two
-    /// stages on one GPU queue their kernels independently and can overlap.
+    /// stages on one GPU queue their kernels independently and can overlap; cudarc's cross-stream
+    /// event tracking is turned off for it (nothing device-side crosses stages).
     pub fn open(&self) -> Result<Device, EngineError> {
         self.check_supported()?;
         match self.resolve() {
             DeviceSpec::Cpu => Ok(Device::Cpu),
             DeviceSpec::Cuda(n) => {
-                Device::new_cuda_with_stream(n).map_err(|e| EngineError::Device {
+                let dev = Device::new_cuda_with_stream(n).map_err(|e| EngineError::Device {
                     spec: self.to_string(),
                     msg: format!("cannot open CUDA device {n}: {e}"),
-                })
+                })?;
+                #[cfg(feature = "cuda")]
+                if let Device::Cuda(cuda) = &dev {
+                    // A second stream puts cudarc in multi-stream mode, where every use of a
+                    // buffer waits on and records CUDA events. A stage never shares device buffers
+                    // with another stream (codes and audio cross stages through the host), so the
+                    // events only cost launches, and a wait on an event recorded before a CUDA
+                    // graph capture invalidates the capture (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                    // then recorded as the context's error for every later call).
+                    // SAFETY: all of this handle's buffers are used and freed on its one stream.
+                    unsafe { cuda.cuda_stream().context().disable_event_tracking() };
+                }
+                Ok(dev)
             }
             DeviceSpec::Auto => unreachable!("resolve() never returns Auto"),
         }

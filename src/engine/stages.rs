@@ -256,7 +256,7 @@ pub(crate) struct LoadedInfo {
     pub cuda_graphs: CudaGraphs,
 }
 
-/// Whether stage 0 replays the code predictor from CUDA graphs.
+/// Whether stage 0 replays CUDA graphs (the code predictor's steps and the talker's decode step).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CudaGraphs {
     /// Stage 0 is not on a CUDA device.
