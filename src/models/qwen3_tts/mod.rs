@@ -1040,5 +1040,6 @@ mod tests {
                 );
             }
         }
+        assert!(fell_back, "no utterance outgrew the slot cache");
     }
 }
