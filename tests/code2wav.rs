@@ -3,11 +3,14 @@
 //!
 //! Run: `CARGO_TARGET_DIR=/work/target cargo test --test code2wav -- --nocapture`
 
+mod reference_util;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use gstomnitts::models::qwen3_tts::code2wav::{Code2Wav, ModelError};
+use reference_util::{frames, max_abs, rel_l2};
 
 const CHECKPOINTS: [&str; 3] = ["tiny-customvoice", "tiny-voicedesign", "tiny-base"];
 
@@ -59,38 +62,6 @@ impl Reference {
             })
             .collect()
     }
-}
-
-fn json_codes(v: &serde_json::Value) -> Vec<Vec<u32>> {
-    v.as_array()
-        .expect("codes array")
-        .iter()
-        .map(|f| {
-            f.as_array()
-                .unwrap()
-                .iter()
-                .map(|c| c.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect()
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len(), "length mismatch");
-    let (mut num, mut den) = (0f64, 0f64);
-    for (a, b) in got.iter().zip(want) {
-        num += (*a as f64 - *b as f64).powi(2);
-        den += (*b as f64).powi(2);
-    }
-    (num / den.max(1e-30)).sqrt()
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 fn rms(a: &[f32]) -> f64 {
@@ -158,11 +129,11 @@ fn greedy_case_codes_match_reference_wavs() {
         assert!(!cases.is_empty());
         for case in cases {
             let id = case["id"].as_str().unwrap();
-            let mut codes = json_codes(&case["codes"]);
+            let mut codes = frames(&case["codes"]);
             assert_eq!(codes.len(), case["num_frames"].as_u64().unwrap() as usize);
             let (key, ref_frames) = if case["icl_mode"].as_bool() == Some(true) {
                 // ICL: the wrapper decodes ref_code ++ codes, then cuts the front.
-                let mut all = json_codes(&case["ref_code"]);
+                let mut all = frames(&case["ref_code"]);
                 let fr = all.len();
                 all.append(&mut codes);
                 codes = all;

@@ -12,12 +12,13 @@
 
 mod element_util;
 mod engine_common;
+mod reference_util;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use element_util::{TempDir, drain, element_messages, errors, init, tiny_model};
 use engine_common::fixture;
 use gst::glib;
@@ -26,18 +27,11 @@ use gst_check::Harness;
 use gstomnitts::engine::{DeviceSpec, Engine, EngineOptions, StageConfig};
 use gstomnitts::omnittssrc::messages;
 use gstomnitts::omnittssrc::ref_audio::{decode_ref_audio, location_to_uri};
+use reference_util::{Suite, reference_suite, rel_l2};
 use serde_json::Value;
 
 const TOL: f64 = 1e-4;
 const SPF: usize = 1920;
-
-/// ‖a − b‖ / ‖b‖ (equal lengths).
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len(), "lengths differ");
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
-}
 
 /// The tiny-base reference: the recording the official generator cloned, its x-vector and codes,
 /// and the cases generated from that recording.
@@ -51,15 +45,7 @@ struct Reference {
 
 impl Reference {
     fn load() -> Reference {
-        let refdir = fixture("tiny-base").parent().unwrap().join("reference");
-        let json: Value =
-            serde_json::from_str(&std::fs::read_to_string(refdir.join("tiny-base.json")).unwrap())
-                .unwrap();
-        let tensors: HashMap<String, Tensor> = candle_core::safetensors::load(
-            refdir.join(json["safetensors"].as_str().unwrap()),
-            &Device::Cpu,
-        )
-        .unwrap();
+        let Suite { json, tensors, .. } = reference_suite("tiny-base");
         let t =
             |k: &str| -> Tensor { tensors[json["clone"]["tensors"][k].as_str().unwrap()].clone() };
         let f32s = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();

@@ -5,17 +5,17 @@
 //! like the official front end, once per (recording, transcript, mode).
 
 mod engine_common;
+mod reference_util;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread;
 
-use candle_core::{Device, Tensor};
 use engine_common::*;
 use gstomnitts::engine::{
     Engine, EngineError, EngineRequest, FinishReason, StageConfig, VoiceCloneStats,
 };
 use gstomnitts::models::qwen3_tts::{PromptMode, VoiceClonePrompt, VoiceRequest};
+use reference_util::{Suite, f32s, frames, reference_suite, rel_l2};
 use serde_json::Value;
 
 const TOL: f64 = 1e-4;
@@ -28,42 +28,9 @@ struct Case {
     wav: Vec<f32>,
 }
 
-fn frames(v: &Value) -> Vec<Vec<u32>> {
-    v.as_array()
-        .expect("frames")
-        .iter()
-        .map(|f| {
-            f.as_array()
-                .expect("frame")
-                .iter()
-                .map(|x| x.as_u64().expect("code") as u32)
-                .collect()
-        })
-        .collect()
-}
-
-fn f32s(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-}
-
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
-}
-
 /// The ICL cases of tiny-base with the reference's recorded x-vector and codes.
 fn icl_cases() -> Vec<Case> {
-    let refdir = fixture("tiny-base").parent().unwrap().join("reference");
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(refdir.join("tiny-base.json")).unwrap())
-            .unwrap();
-    let tensors: HashMap<String, Tensor> = candle_core::safetensors::load(
-        refdir.join(json["safetensors"].as_str().unwrap()),
-        &Device::Cpu,
-    )
-    .unwrap();
+    let Suite { json, tensors, .. } = reference_suite("tiny-base");
     let cases: Vec<Case> = json["cases"]
         .as_array()
         .unwrap()
@@ -176,15 +143,7 @@ fn concurrent_clones_do_not_mix() {
 /// waveform.
 #[test]
 fn voice_clone_prompt_from_audio_is_exact_and_cached() {
-    let refdir = fixture("tiny-base").parent().unwrap().join("reference");
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(refdir.join("tiny-base.json")).unwrap())
-            .unwrap();
-    let tensors: HashMap<String, Tensor> = candle_core::safetensors::load(
-        refdir.join(json["safetensors"].as_str().unwrap()),
-        &Device::Cpu,
-    )
-    .unwrap();
+    let Suite { json, tensors, .. } = reference_suite("tiny-base");
     let clone = |k: &str| tensors[json["clone"]["tensors"][k].as_str().unwrap()].clone();
     let audio = f32s(&clone("audio"));
     let want_codes: Vec<Vec<u32>> = clone("codes")

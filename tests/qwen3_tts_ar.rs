@@ -6,6 +6,8 @@
 //! number of sampled codebook-0 tokens; plus the error paths (missing tensor, wrong shape, bad
 //! config, unknown speaker/language, empty text, Base without a voice-clone prompt).
 
+mod reference_util;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -14,55 +16,8 @@ use gstomnitts::models::qwen3_tts::{
     ArModel, ArStep, Checkpoint, FinishReason, ModelError, ModelVariant, PromptMode,
     SamplingParams, VoiceRequest,
 };
+use reference_util::{fixtures_dir, ids, load_f32, reference_suites as suites};
 use serde_json::Value;
-
-fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-struct Suite {
-    name: String,
-    ckpt_dir: PathBuf,
-    json: Value,
-    tensors: HashMap<String, Tensor>,
-}
-
-fn suites() -> Vec<Suite> {
-    let refdir = fixtures_dir().join("reference");
-    let mut out = Vec::new();
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(&refdir)
-        .unwrap_or_else(|e| panic!("{}: {e}", refdir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    entries.sort();
-    for p in entries {
-        let json: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-        // Checkpoint case files only (reference/tokenizer.json is the tokenizer parity file).
-        if json.get("checkpoint").is_none() || json.get("cases").is_none() {
-            continue;
-        }
-        let name = json["checkpoint"].as_str().unwrap().to_string();
-        let st = refdir.join(json["safetensors"].as_str().unwrap());
-        let tensors = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
-        out.push(Suite {
-            ckpt_dir: fixtures_dir().join(&name),
-            name,
-            json,
-            tensors,
-        });
-    }
-    assert!(!out.is_empty(), "no reference JSON in {}", refdir.display());
-    out
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 fn is_voice_clone(case: &Value) -> bool {
     case["api"] == "generate_voice_clone"
@@ -84,27 +39,6 @@ fn request(case: &Value) -> VoiceRequest {
     }
 }
 
-fn sampling(suite: &Suite, ckpt: &Checkpoint, case: &Value) -> SamplingParams {
-    let g = &suite.json["generation"];
-    let mut p = SamplingParams::from_generation_config(&ckpt.generation);
-    p.do_sample = g["do_sample"].as_bool().unwrap();
-    p.subtalker_do_sample = g["subtalker_dosample"].as_bool().unwrap();
-    p.repetition_penalty = g["repetition_penalty"].as_f64().unwrap();
-    p.temperature = g["temperature"].as_f64().unwrap();
-    p.top_k = g["top_k"].as_u64().unwrap() as usize;
-    p.top_p = g["top_p"].as_f64().unwrap();
-    p.subtalker_temperature = g["subtalker_temperature"].as_f64().unwrap();
-    p.subtalker_top_k = g["subtalker_top_k"].as_u64().unwrap() as usize;
-    p.subtalker_top_p = g["subtalker_top_p"].as_f64().unwrap();
-    p.max_new_tokens = case["max_new_tokens"].as_u64().unwrap() as usize;
-    p
-}
-
-fn load(dir: &Path) -> ArModel {
-    let ckpt = Checkpoint::open(dir).unwrap();
-    ArModel::load(&ckpt, &Device::Cpu, DType::F32).unwrap()
-}
-
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
     (a - b)
@@ -122,7 +56,7 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
 #[test]
 fn checkpoints_load_and_report_variant() {
     for s in suites() {
-        let m = load(&s.ckpt_dir);
+        let m = load_f32(&s.ckpt_dir);
         let variant = match s.json["variant"].as_str().unwrap() {
             "custom_voice" => ModelVariant::CustomVoice,
             "voice_design" => ModelVariant::VoiceDesign,
@@ -145,7 +79,7 @@ fn checkpoints_load_and_report_variant() {
 fn prompt_ids_match_reference() {
     let mut checked = 0;
     for s in suites() {
-        let m = load(&s.ckpt_dir);
+        let m = load_f32(&s.ckpt_dir);
         assert_eq!(
             m.tokenizer().encode("<|im_start|>assistant\n").unwrap(),
             ids(&s.json["role_ids"]),
@@ -190,7 +124,7 @@ fn prompt_ids_match_reference() {
 #[test]
 fn prefill_embeds_match_reference() {
     for s in suites() {
-        let m = load(&s.ckpt_dir);
+        let m = load_f32(&s.ckpt_dir);
         let ckpt = Checkpoint::open(&s.ckpt_dir).unwrap();
         for case in s.json["cases"].as_array().unwrap() {
             let id = case["id"].as_str().unwrap();
@@ -198,7 +132,7 @@ fn prefill_embeds_match_reference() {
                 continue;
             }
             let sess = m
-                .start(&request(case), &sampling(&s, &ckpt, case))
+                .start(&request(case), &s.sampling(&ckpt, case))
                 .unwrap_or_else(|e| panic!("{}/{id}: {e}", s.name));
             let want = &s.tensors[case["tensors"]["inputs_embeds"].as_str().unwrap()];
             let got = sess.prefill_embeds().squeeze(0).unwrap();
@@ -215,7 +149,7 @@ fn prefill_embeds_match_reference() {
 fn greedy_codes_match_reference() {
     let mut checked = 0;
     for s in suites() {
-        let m = load(&s.ckpt_dir);
+        let m = load_f32(&s.ckpt_dir);
         let ckpt = Checkpoint::open(&s.ckpt_dir).unwrap();
         for case in s.json["cases"].as_array().unwrap() {
             let id = case["id"].as_str().unwrap();
@@ -223,7 +157,7 @@ fn greedy_codes_match_reference() {
                 continue;
             }
             let want: Vec<Vec<u32>> = case["codes"].as_array().unwrap().iter().map(ids).collect();
-            let params = sampling(&s, &ckpt, case);
+            let params = s.sampling(&ckpt, case);
             let mut sess = m.start(&request(case), &params).unwrap();
             let mut got = Vec::new();
             let reason = loop {
@@ -274,7 +208,7 @@ fn greedy_is_deterministic_and_sampling_is_seeded() {
                 .any(|c| !is_voice_clone(c))
         })
         .expect("a fixture with a non-clone case");
-    let m = load(&s.ckpt_dir);
+    let m = load_f32(&s.ckpt_dir);
     let ckpt = Checkpoint::open(&s.ckpt_dir).unwrap();
     let case = s.json["cases"]
         .as_array()
@@ -500,7 +434,7 @@ fn bad_config_field_is_named() {
 #[test]
 fn invalid_requests_name_the_field() {
     let src = customvoice_dir();
-    let m = load(&src);
+    let m = load_f32(&src);
     let ckpt = Checkpoint::open(&src).unwrap();
     let p = SamplingParams::from_generation_config(&ckpt.generation).greedy();
     let ok = VoiceRequest {
@@ -541,7 +475,7 @@ fn base_without_voice_clone_prompt_is_rejected() {
         if s.json["variant"] != "base" {
             continue;
         }
-        let m = load(&s.ckpt_dir);
+        let m = load_f32(&s.ckpt_dir);
         assert_eq!(m.variant(), ModelVariant::Base);
         let ckpt = Checkpoint::open(&s.ckpt_dir).unwrap();
         let p = SamplingParams::from_generation_config(&ckpt.generation);

@@ -5,109 +5,28 @@
 //! for every clone case of every `reference/*.json` of a Base checkpoint; plus the error paths of
 //! `create_voice_clone_prompt` and of requests.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+mod reference_util;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use gstomnitts::models::qwen3_tts::mel::{MelConfig, MelSpectrogram};
 use gstomnitts::models::qwen3_tts::{
     ArModel, ArStep, Checkpoint, FinishReason, MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES,
     ModelError, PromptMode, SamplingParams, VoiceClonePrompt, VoiceRequest,
 };
-use serde_json::Value;
+use reference_util::{
+    Suite, f32s, fixtures_dir, frames, ids, load_f32, max_abs, reference_suites, rel_l2,
+};
 
-fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
-struct Suite {
-    name: String,
-    ckpt_dir: PathBuf,
-    json: Value,
-    tensors: HashMap<String, Tensor>,
-}
-
-/// Every reference JSON whose checkpoint is a Base model (has a `clone` section).
+/// Every reference of a Base checkpoint (the ones with a `clone` section).
 fn base_suites() -> Vec<Suite> {
-    let refdir = fixtures_dir().join("reference");
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(&refdir)
-        .unwrap_or_else(|e| panic!("{}: {e}", refdir.display()))
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+    let base: Vec<Suite> = reference_suites()
+        .into_iter()
+        .filter(|s| s.json.get("variant").and_then(Value::as_str) == Some("base"))
         .collect();
-    entries.sort();
-    let mut out = Vec::new();
-    for p in entries {
-        let json: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-        if json.get("variant").and_then(Value::as_str) != Some("base") {
-            continue;
-        }
-        let name = json["checkpoint"].as_str().unwrap().to_string();
-        let st = refdir.join(json["safetensors"].as_str().unwrap());
-        let tensors = candle_core::safetensors::load(&st, &Device::Cpu).unwrap();
-        out.push(Suite {
-            ckpt_dir: fixtures_dir().join(&name),
-            name,
-            json,
-            tensors,
-        });
-    }
-    assert!(
-        !out.is_empty(),
-        "no Base reference JSON in {}",
-        refdir.display()
-    );
-    out
+    assert!(!base.is_empty(), "no Base reference JSON");
+    base
 }
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn frames(v: &Value) -> Vec<Vec<u32>> {
-    v.as_array().unwrap().iter().map(ids).collect()
-}
-
-fn f32s(t: &Tensor) -> Vec<f32> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-}
-
-/// ‖a − b‖ / ‖b‖.
-fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
-}
-
-fn load(dir: &Path) -> ArModel {
-    let ckpt = Checkpoint::open(dir).unwrap();
-    ArModel::load(&ckpt, &Device::Cpu, DType::F32).unwrap()
-}
-
-fn sampling(suite: &Suite, ckpt: &Checkpoint, case: &Value) -> SamplingParams {
-    let g = &suite.json["generation"];
-    let mut p = SamplingParams::from_generation_config(&ckpt.generation);
-    p.do_sample = g["do_sample"].as_bool().unwrap();
-    p.subtalker_do_sample = g["subtalker_dosample"].as_bool().unwrap();
-    p.repetition_penalty = g["repetition_penalty"].as_f64().unwrap();
-    p.temperature = g["temperature"].as_f64().unwrap();
-    p.top_k = g["top_k"].as_u64().unwrap() as usize;
-    p.top_p = g["top_p"].as_f64().unwrap();
-    p.subtalker_temperature = g["subtalker_temperature"].as_f64().unwrap();
-    p.subtalker_top_k = g["subtalker_top_k"].as_u64().unwrap() as usize;
-    p.subtalker_top_p = g["subtalker_top_p"].as_f64().unwrap();
-    p.max_new_tokens = case["max_new_tokens"].as_u64().unwrap() as usize;
-    p
-}
+use serde_json::Value;
 
 fn clone_audio(s: &Suite) -> Vec<f32> {
     f32s(&s.tensors[s.json["clone"]["tensors"]["audio"].as_str().unwrap()])
@@ -140,7 +59,7 @@ fn mel_matches_reference() {
 #[test]
 fn xvector_matches_reference() {
     for s in base_suites() {
-        let m = load(&s.ckpt_dir);
+        let m = load_f32(&s.ckpt_dir);
         let se = m.speaker_encoder().expect("Base has a speaker encoder");
         let want = f32s(&s.tensors[s.json["clone"]["tensors"]["xvector"].as_str().unwrap()]);
         assert_eq!(want.len(), s.json["hidden_size"].as_u64().unwrap() as usize);
@@ -163,7 +82,7 @@ fn xvector_matches_reference() {
 #[test]
 fn codec_encoder_codes_match_reference() {
     for s in base_suites() {
-        let m = load(&s.ckpt_dir);
+        let m = load_f32(&s.ckpt_dir);
         let ce = m.codec_encoder().expect("Base has a codec encoder");
         let audio = clone_audio(&s);
         let want = frames(&s.json["clone"]["codes"]);
@@ -256,7 +175,7 @@ fn request(case: &Value, vc: VoiceClonePrompt) -> VoiceRequest {
 fn clone_prompts_match_reference() {
     let mut checked = (0, 0);
     for s in base_suites() {
-        let m = load(&s.ckpt_dir);
+        let m = load_f32(&s.ckpt_dir);
         let ckpt = Checkpoint::open(&s.ckpt_dir).unwrap();
         for case in s.json["cases"].as_array().unwrap() {
             if !is_clone(case) {
@@ -296,7 +215,7 @@ fn clone_prompts_match_reference() {
                 "{}/{id} trailing rows",
                 s.name
             );
-            let sess = m.start(&req, &sampling(&s, &ckpt, case)).unwrap();
+            let sess = m.start(&req, &s.sampling(&ckpt, case)).unwrap();
             for (key, got) in [
                 ("inputs_embeds", sess.prefill_embeds().squeeze(0).unwrap()),
                 ("trailing_text_hidden", sess.trailing_embeds().clone()),
@@ -325,7 +244,7 @@ fn clone_prompts_match_reference() {
 fn clone_greedy_codes_match_reference() {
     let mut checked = 0;
     for s in base_suites() {
-        let m = load(&s.ckpt_dir);
+        let m = load_f32(&s.ckpt_dir);
         let ckpt = Checkpoint::open(&s.ckpt_dir).unwrap();
         for case in s.json["cases"].as_array().unwrap() {
             if !is_clone(case) {
@@ -334,7 +253,7 @@ fn clone_greedy_codes_match_reference() {
             let id = case["id"].as_str().unwrap();
             let req = request(case, clone_prompt(&s, &m, case));
             let want = frames(&case["codes"]);
-            let mut sess = m.start(&req, &sampling(&s, &ckpt, case)).unwrap();
+            let mut sess = m.start(&req, &s.sampling(&ckpt, case)).unwrap();
             let mut got = Vec::new();
             let reason = loop {
                 match sess.next_frame().unwrap() {
@@ -385,7 +304,7 @@ fn bad_field(r: Result<impl Sized, ModelError>) -> (String, String) {
 #[test]
 fn create_voice_clone_prompt_rejects_bad_references() {
     let s = &base_suites()[0];
-    let m = load(&s.ckpt_dir);
+    let m = load_f32(&s.ckpt_dir);
     let audio = clone_audio(s);
     let ok = m.create_voice_clone_prompt(&audio, Some("Hi there."), false);
     assert!(ok.is_ok());
@@ -432,7 +351,7 @@ fn create_voice_clone_prompt_rejects_bad_references() {
     );
 
     // Non-Base checkpoints cannot clone, and refuse a clone prompt in a request.
-    let cv = load(&fixtures_dir().join("tiny-customvoice"));
+    let cv = load_f32(&fixtures_dir().join("tiny-customvoice"));
     assert_eq!(
         bad_field(cv.create_voice_clone_prompt(&audio, None, true)).0,
         "model"
@@ -451,7 +370,7 @@ fn create_voice_clone_prompt_rejects_bad_references() {
 #[test]
 fn invalid_clone_requests_name_the_field() {
     let s = &base_suites()[0];
-    let m = load(&s.ckpt_dir);
+    let m = load_f32(&s.ckpt_dir);
     let ckpt = Checkpoint::open(&s.ckpt_dir).unwrap();
     let p = SamplingParams::from_generation_config(&ckpt.generation).greedy();
     let d = s.json["hidden_size"].as_u64().unwrap() as usize;
