@@ -27,6 +27,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use clap::Parser;
+use gstomnitts::engine::DeviceSpec;
 use gstomnitts::models::qwen3_tts::{
     ArModel, ArStep, Checkpoint, FinishReason, PromptMode, SamplingParams, VoiceRequest,
 };
@@ -49,16 +50,11 @@ struct Args {
     json: Option<PathBuf>,
 }
 
+/// `cpu`, `cuda:N` or `auto`, opened as the engine opens a stage's device
+/// ([`DeviceSpec::open`]).
 fn open_device(spec: &str) -> Result<Device> {
-    let s = spec.trim().to_ascii_lowercase();
-    if s == "cpu" {
-        return Ok(Device::Cpu);
-    }
-    if let Some(i) = s.strip_prefix("cuda:") {
-        let i: usize = i.parse().with_context(|| format!("device {spec:?}"))?;
-        return Device::new_cuda(i).with_context(|| format!("opening {spec}"));
-    }
-    bail!("unknown device {spec:?} (cpu | cuda:N)")
+    let spec: DeviceSpec = spec.parse()?;
+    Ok(spec.open()?)
 }
 
 /// One greedy run: frames, finish reason, prefill logits, wall time.
