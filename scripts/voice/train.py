@@ -1,0 +1,843 @@
+#!/usr/bin/env python3
+"""Training recipe for the bundled omnitts English voice, in the exact Qwen3-TTS checkpoint layout.
+
+Everything that is exported is an instance of the official classes of the PyPI package qwen-tts 0.1.1
+(transformers 4.57.3): `Qwen3TTSForConditionalGeneration` (talker + code predictor, CustomVoice with one speaker)
+and `Qwen3TTSTokenizerV2Model` (speech tokenizer: the 12 Hz Code2Wav decoder, plus a tiny untrained Mimi encoder kept
+only so the directory has the real layout; CustomVoice never uses the encoder). Sizes are small and come from a
+preset (SIZES below); every special id is written into the config JSON and read back from it.
+
+Steps (each writes into WORK; run them in order, or `all`):
+
+  tokenizer  byte-level BPE (Qwen2 pre-tokenizer regex, NFC, ByteLevel) trained on the training text; the special
+             tokens (<|im_start|>, <tts_pad>, ...) get ids after the BPE vocabulary; "assistant" and "\\n" are single
+             tokens so the reference prompt slicing (ids[:3] role, ids[3:-5] body) holds.
+  codec      defines the codes: a small conv encoder (training only, not exported) + the official decoder's split RVQ
+             (1 + n-1 codebooks of 2048, EMA k-means updates written straight into `embedding_sum`/`cluster_usage`)
+             + the official decoder, trained end to end on teacher audio (multi-scale mel + multi-resolution STFT,
+             optional multi-scale STFT discriminator).
+  codes      encodes every teacher utterance into [frames, n] codes (WORK/codes.pt).
+  talker     trains talker + code predictor on (text, codes) in the non-streaming CustomVoice prompt format (the
+             format omnitts and the reference use by default for CustomVoice): language "english" or "auto" at random,
+             speaker "joe". Loss: codebook-0 next-frame CE incl. EOS + code-predictor CE (official finetune hooks
+             `talker.forward(labels=...)` and `talker.forward_sub_talker_finetune`).
+  export     writes the checkpoint directory (bf16 model.safetensors, f32 speech_tokenizer/model.safetensors, configs,
+             vocab.json/merges.txt/tokenizer_config.json) and checks it loads through the official
+             `Qwen3TTSModel.from_pretrained` and speaks a sentence with `generate_custom_voice`.
+
+    python scripts/voice/train.py all --manifest /work/voice-data/teacher/manifest.jsonl \
+        --text /work/voice-data/corpus/train.txt --work /work/voice-data/run --out models/omnitts-en --size small
+
+Smoke test (CPU, a minute or two): --size toy --codec-steps 20 --talker-steps 20 --limit 16.
+Environment: tests/fixtures/requirements.txt (torch 2.5.1, qwen-tts 0.1.1, transformers 4.57.3, tokenizers 0.22.2).
+"""
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SR = 24000
+HOP = 1920                      # samples per 12.5 Hz frame
+SPEAKER = "joe"
+SPEAKER_ID = 3000               # codec_embedding row of the speaker (as the official finetune script uses)
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
+            "<tts_text_bos_single>"]
+LANGS = {"chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071,
+         "spanish": 2054, "japanese": 2058, "korean": 2064, "french": 2061, "russian": 2069}
+CODEC = dict(pad=2148, bos=2149, eos=2150, think=2154, nothink=2155, think_bos=2156, think_eos=2157)
+GENERATION_CONFIG = {"do_sample": True, "repetition_penalty": 1.05, "temperature": 0.9, "top_p": 1.0, "top_k": 50,
+                     "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_p": 1.0,
+                     "subtalker_top_k": 50, "max_new_tokens": 8192}
+PREPROCESSOR_CONFIG = {"chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor",
+                       "feature_size": 1, "overlap": None, "padding_side": "right", "padding_value": 0.0,
+                       "return_attention_mask": True, "sampling_rate": 24000}
+
+# Size presets. n_q = codebooks per frame (= talker num_code_groups = decoder num_quantizers); the code-predictor
+# tables ((n_q-1) x 2048 x talker hidden) and heads dominate the talker's size, so n_q is part of the budget.
+SIZES = {
+    "toy": dict(
+        bpe_vocab=400, n_q=4,
+        talker=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=32), mrope_section=[8, 4, 4], text_hidden_size=64,
+        cp=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=32),
+        dec=dict(codebook_dim=32, latent_dim=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=2, head_dim=32, decoder_dim=64),
+        enc_ch=64),
+    # ~ 20 MB bf16 talker + ~ 11 MB f32 speech tokenizer (checked at export against the 32 MiB budget)
+    "small": dict(
+        bpe_vocab=1024, n_q=8,
+        talker=dict(hidden_size=192, intermediate_size=640, num_hidden_layers=7, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64), mrope_section=[16, 8, 8], text_hidden_size=192,
+        cp=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=32),
+        dec=dict(codebook_dim=64, latent_dim=128, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=2, head_dim=64, decoder_dim=192),
+        enc_ch=256),
+}
+# The Mimi encoder that the speech_tokenizer layout requires (unused by CustomVoice; same tiny shape as the
+# repository's test fixtures).
+TINY_ENCODER = dict(hidden_size=32, num_filters=4, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                    head_dim=16, intermediate_size=64, codebook_dim=4, vector_quantization_hidden_dimension=4,
+                    upsample_groups=32)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# qwen-tts imports (librosa/sox/torchaudio/onnxruntime are imported at module level by the package but are not used
+# on these paths; stubs raise if called). Same approach as tests/fixtures/generate.py.
+# ------------------------------------------------------------------------------------------------------------
+def _stub(name, **attrs):
+    m = types.ModuleType(name)
+    m.__dict__.update(attrs)
+    m.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    sys.modules[name] = m
+    return m
+
+
+def import_qwen():
+    def unavailable(what):
+        def f(*a, **k):
+            raise RuntimeError(f"{what} is stubbed in train.py")
+        return f
+    if importlib.util.find_spec("sox") is None:
+        _stub("sox", Transformer=unavailable("sox.Transformer"))
+    if importlib.util.find_spec("onnxruntime") is None:
+        _stub("onnxruntime", InferenceSession=unavailable("onnxruntime"), SessionOptions=unavailable("onnxruntime"))
+    if importlib.util.find_spec("torchaudio") is None:
+        ta = _stub("torchaudio")
+        ta.__path__ = []
+        ta.compliance = _stub("torchaudio.compliance")
+        ta.compliance.__path__ = []
+        ta.compliance.kaldi = _stub("torchaudio.compliance.kaldi", fbank=unavailable("torchaudio fbank"))
+        ta.transforms = _stub("torchaudio.transforms")
+        ta.functional = _stub("torchaudio.functional")
+    from qwen_tts import Qwen3TTSModel
+    from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
+    from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
+    from transformers.modeling_utils import no_init_weights
+    return types.SimpleNamespace(**locals())
+
+
+def dump_json(path, obj):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def load_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def amp(torch, a):
+    """bf16 autocast on CUDA with --amp (the RVQ search, the losses and the EMA stay f32)."""
+    import contextlib
+    if a.amp and a.device.startswith("cuda"):
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def log(*a):
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 1. Tokenizer
+# ------------------------------------------------------------------------------------------------------------
+def build_pipeline(vocab, merges):
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def step_tokenizer(a, size):
+    """Trains the BPE and writes vocab.json, merges.txt, tokenizer_config.json into WORK/tok."""
+    from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    out = os.path.join(a.work, "tok")
+    os.makedirs(out, exist_ok=True)
+    with open(a.text) as f:
+        lines = [ln.strip() for ln in f if ln.strip()]
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=size["bpe_vocab"], min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    # the role words of the prompt must be single tokens: repeat them so that BPE merges them completely
+    extra = ["assistant\n", "user\n"] * 5000
+    tok.train_from_iterator(lines + extra, trainer=trainer)
+    d = json.loads(tok.to_str())
+    vocab = d["model"]["vocab"]
+    merges = d["model"]["merges"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
+    base = len(vocab)
+    added = {}
+    for i, s in enumerate(SPECIALS):
+        added[str(base + i)] = dict(content=s, lstrip=False, normalized=False, rstrip=False, single_word=False,
+                                    special=True)
+    with open(os.path.join(out, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(os.path.join(out, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
+    cfg = {"add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": added,
+           "additional_special_tokens": [s for s in SPECIALS if s != "<|endoftext|>"], "bos_token": None,
+           "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace",
+           "extra_special_tokens": {}, "model_max_length": 131072, "pad_token": "<|endoftext|>",
+           "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None}
+    dump_json(os.path.join(out, "tokenizer_config.json"), cfg)
+    ids = special_ids(out)
+    log(f"tokenizer: {base} BPE entries + {len(SPECIALS)} specials, text_vocab_size {ids['text_vocab_size']}")
+    return out
+
+
+def load_tokenizer(tok_dir):
+    from tokenizers import AddedToken
+    vocab = load_json(os.path.join(tok_dir, "vocab.json"))
+    with open(os.path.join(tok_dir, "merges.txt"), encoding="utf-8") as f:
+        merges = [tuple(ln.rstrip("\n").split(" ")) for ln in f if ln.strip() and not ln.startswith("#version")]
+    tok = build_pipeline(vocab, merges)
+    cfg = load_json(os.path.join(tok_dir, "tokenizer_config.json"))
+    for i, e in sorted(cfg["added_tokens_decoder"].items(), key=lambda kv: int(kv[0])):
+        tok.add_special_tokens([AddedToken(e["content"], special=True, normalized=False)])
+        assert tok.token_to_id(e["content"]) == int(i), (e, tok.token_to_id(e["content"]))
+    return tok
+
+
+def special_ids(tok_dir):
+    tok = load_tokenizer(tok_dir)
+    g = tok.token_to_id
+    ids = dict(im_start=g("<|im_start|>"), im_end=g("<|im_end|>"), tts_pad=g("<tts_pad>"), tts_bos=g("<tts_text_bos>"),
+               tts_eos=g("<tts_text_eod>"), assistant=g("assistant"), newline=g("\u010a"))
+    assert None not in ids.values(), ids
+    n = tok.get_vocab_size(with_added_tokens=True)
+    ids["text_vocab_size"] = int(math.ceil(n / 64) * 64)
+    # the reference slices the prompt by position: 3 header ids, 5 tail ids
+    head = tok.encode("<|im_start|>assistant\n", add_special_tokens=False).ids
+    tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False).ids
+    assert head == [ids["im_start"], ids["assistant"], ids["newline"]], head
+    assert len(tail) == 5, tail
+    return ids
+
+
+def text_body_ids(tok, text):
+    ids = tok.encode(f"<|im_start|>assistant\n{text.strip()}<|im_end|>\n<|im_start|>assistant\n",
+                     add_special_tokens=False).ids
+    return ids[:3], ids[3:-5]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Configs (same structure as the released checkpoints; values from the preset and the tokenizer)
+# ------------------------------------------------------------------------------------------------------------
+def main_config(size, ids):
+    cp = dict(attention_bias=False, attention_dropout=0.0, hidden_act="silu", initializer_range=0.02,
+              max_position_embeddings=65536, max_window_layers=28, num_code_groups=size["n_q"], rms_norm_eps=1e-06,
+              rope_scaling=None, rope_theta=1000000, sliding_window=None, use_cache=True, use_sliding_window=False,
+              vocab_size=2048, **size["cp"])
+    talker = dict(attention_bias=False, attention_dropout=0.0, code_predictor_config=cp,
+                  codec_bos_id=CODEC["bos"], codec_eos_token_id=CODEC["eos"], codec_language_id=dict(LANGS),
+                  codec_nothink_id=CODEC["nothink"], codec_pad_id=CODEC["pad"], codec_think_bos_id=CODEC["think_bos"],
+                  codec_think_eos_id=CODEC["think_eos"], codec_think_id=CODEC["think"], hidden_act="silu",
+                  initializer_range=0.02, max_position_embeddings=32768, num_code_groups=size["n_q"],
+                  position_id_per_seconds=13, rms_norm_eps=1e-06,
+                  rope_scaling={"interleaved": True, "mrope_section": list(size["mrope_section"]),
+                                "rope_type": "default"},
+                  rope_theta=1000000, sliding_window=None, spk_id={SPEAKER: SPEAKER_ID},
+                  spk_is_dialect={SPEAKER: False}, text_hidden_size=size["text_hidden_size"],
+                  text_vocab_size=ids["text_vocab_size"], use_cache=True, use_sliding_window=False, vocab_size=3072,
+                  **size["talker"])
+    spk_enc = dict(mel_dim=128, enc_dim=size["talker"]["hidden_size"], enc_channels=[512, 512, 512, 512, 1536],
+                   enc_kernel_sizes=[5, 3, 3, 3, 1], enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=128,
+                   enc_res2net_scale=8, enc_se_channels=128, sample_rate=24000)
+    # transformers_version 4.57.1: keeps the reference Python loader on the Qwen2 regex (qwen3-tts.md section 2)
+    return dict(architectures=["Qwen3TTSForConditionalGeneration"], assistant_token_id=ids["assistant"],
+                im_end_token_id=ids["im_end"], im_start_token_id=ids["im_start"], model_type="qwen3_tts",
+                speaker_encoder_config=spk_enc, talker_config=talker, tokenizer_type="qwen3_tts_tokenizer_12hz",
+                torch_dtype="bfloat16", transformers_version="4.57.1", tts_bos_token_id=ids["tts_bos"],
+                tts_eos_token_id=ids["tts_eos"], tts_model_size="0b6", tts_model_type="custom_voice",
+                tts_pad_token_id=ids["tts_pad"])
+
+
+def speech_tokenizer_config(size):
+    dec = dict(attention_bias=False, attention_dropout=0.0, codebook_size=2048, hidden_act="silu",
+               layer_scale_initial_scale=0.01, max_position_embeddings=8000, num_quantizers=size["n_q"],
+               num_semantic_quantizers=1, rms_norm_eps=1e-05, rope_theta=10000, semantic_codebook_size=4096,
+               sliding_window=72, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2],
+               vector_quantization_hidden_dimension=512, **size["dec"])
+    enc = dict(_frame_rate=12.5, attention_bias=False, attention_dropout=0.0, audio_channels=1, codebook_size=2048,
+               compress=2, dilation_growth_rate=2, hidden_act="gelu", initializer_range=0.02, kernel_size=7,
+               last_kernel_size=3, layer_scale_initial_scale=0.01, max_position_embeddings=8000, model_type="mimi",
+               norm_eps=1e-05, num_quantizers=32, num_residual_layers=1, num_semantic_quantizers=1,
+               pad_mode="constant", residual_kernel_size=3, rope_theta=10000.0, sampling_rate=24000,
+               sliding_window=250, trim_right_ratio=1.0, upsampling_ratios=[8, 6, 5, 4], use_cache=False,
+               use_causal_conv=True, use_conv_shortcut=False, use_streaming=False, **TINY_ENCODER)
+    return dict(architectures=["Qwen3TTSTokenizerV2Model"], model_type="qwen3_tts_tokenizer_12hz",
+                decode_upsample_rate=1920, decoder_config=dec, encode_downsample_rate=1920, encoder_config=enc,
+                encoder_valid_num_quantizers=size["n_q"], input_sample_rate=24000, output_sample_rate=24000,
+                transformers_version="4.57.1")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Data
+# ------------------------------------------------------------------------------------------------------------
+def load_manifest(path, limit=None):
+    rows = []
+    with open(path) as f:
+        for ln in f:
+            if ln.strip():
+                rows.append(json.loads(ln))
+    rows.sort(key=lambda r: r["id"])
+    return rows[:limit] if limit else rows
+
+
+def load_audio(manifest_path, rows):
+    """int16 tensors, zero-padded to a whole number of frames."""
+    import numpy as np
+    import soundfile as sf
+    import torch
+    base = os.path.dirname(os.path.abspath(manifest_path))
+    out = []
+    for r in rows:
+        a, sr = sf.read(os.path.join(base, r["wav"]), dtype="int16")
+        assert sr == SR, sr
+        n = int(math.ceil(len(a) / HOP)) * HOP
+        a = np.pad(a, (0, n - len(a)))
+        out.append(torch.from_numpy(a))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 2. Codec: encoder (training only) + official split RVQ + official decoder
+# ------------------------------------------------------------------------------------------------------------
+def make_mel(torch, n_fft, hop, n_mels, device):
+    import librosa
+    fb = torch.tensor(librosa.filters.mel(sr=SR, n_fft=n_fft, n_mels=n_mels, fmin=0, fmax=SR // 2),
+                      dtype=torch.float32, device=device)
+    win = torch.hann_window(n_fft, device=device)
+
+    def mel(x):                                     # x [B, N] -> [B, n_mels, N // hop]
+        s = torch.stft(x, n_fft, hop, window=win, center=True, return_complex=True).abs()
+        m = torch.matmul(fb, s)
+        return torch.log(m.clamp(min=1e-5))[..., : x.shape[-1] // hop]
+    return mel
+
+
+def build_codec_modules(ns, size, device):
+    import torch
+    import torch.nn as nn
+    tcfg = ns.Qwen3TTSTokenizerV2Config(**json.loads(json.dumps(speech_tokenizer_config(size))))
+    codec = ns.Qwen3TTSTokenizerV2Model._from_config(tcfg, dtype=torch.float32)
+    D = size["dec"]["codebook_dim"]
+    ch = size["enc_ch"]
+
+    class Res(nn.Module):
+        def __init__(self, c, dil):
+            super().__init__()
+            self.c1 = nn.Conv1d(c, c, 3, padding=dil, dilation=dil)
+            self.c2 = nn.Conv1d(c, c, 1)
+
+        def forward(self, x):
+            return x + self.c2(nn.functional.gelu(self.c1(nn.functional.gelu(x))))
+
+    class Encoder(nn.Module):
+        """log-mel at 100 Hz -> conv stack -> 12.5 Hz latents [B, codebook_dim, T] (training only)."""
+        def __init__(self):
+            super().__init__()
+            self.mel = make_mel(torch, 1024, 240, 80, device)
+            layers = [nn.Conv1d(80, ch, 5, padding=2), Res(ch, 1), Res(ch, 3)]
+            for _ in range(3):
+                layers += [nn.GELU(), nn.Conv1d(ch, ch, 4, stride=2, padding=1), Res(ch, 1), Res(ch, 3)]
+            layers += [nn.GELU(), nn.Conv1d(ch, D, 3, padding=1)]
+            self.net = nn.Sequential(*layers)
+
+        def forward(self, wav):                      # [B, N] float
+            return self.net(self.mel(wav))
+
+    return codec.to(device), Encoder().to(device)
+
+
+def rvq_quantize(torch, rvq, x, train, decay=0.99, eps=1e-5):
+    """One official ResidualVectorQuantizer: input_proj -> residual nearest-codebook search -> output_proj.
+    EMA k-means updates go into the official `embedding_sum` / `cluster_usage` (what `decode` divides).
+    Returns (quantized after output_proj with a straight-through gradient, codes [B, n, T], commitment loss)."""
+    xin = rvq.input_proj(x)                          # [B, d, T]
+    B, d, T = xin.shape
+    flat = xin.transpose(1, 2).reshape(-1, d)
+    residual = flat.detach()
+    qsum = torch.zeros_like(flat)
+    codes = []
+    for layer in rvq.vq.layers:
+        cb = layer._codebook
+        emb = cb.embedding_sum / cb.cluster_usage.clamp(min=cb.epsilon)[:, None]
+        dist = (residual.pow(2).sum(1, keepdim=True) - 2 * residual @ emb.t() + emb.pow(2).sum(1)[None])
+        idx = dist.argmin(1)
+        q = emb[idx]
+        if train:
+            with torch.no_grad():
+                onehot = torch.zeros(flat.shape[0], emb.shape[0], device=flat.device, dtype=flat.dtype)
+                onehot.scatter_(1, idx[:, None], 1.0)
+                counts = onehot.sum(0)
+                sums = onehot.t() @ residual
+                cb.cluster_usage.data.mul_(decay).add_(counts, alpha=1 - decay)
+                cb.embedding_sum.data.mul_(decay).add_(sums, alpha=1 - decay)
+                # dead codes: re-seed from the current residuals
+                dead = cb.cluster_usage.data < 0.02 * (flat.shape[0] / emb.shape[0]) + 1e-3
+                nd = int(dead.sum())
+                if nd:
+                    pick = residual[torch.randint(0, residual.shape[0], (nd,), device=flat.device)]
+                    cb.embedding_sum.data[dead] = pick
+                    cb.cluster_usage.data[dead] = 1.0
+        codes.append(idx.view(B, T))
+        qsum = qsum + q
+        residual = residual - q
+    commit = torch.nn.functional.mse_loss(flat, qsum.detach())
+    qst = flat + (qsum - flat).detach()
+    out = rvq.output_proj(qst.view(B, T, d).transpose(1, 2))
+    return out, torch.stack(codes, 1), commit
+
+
+def quantize(torch, dec, z, train):
+    """Official SplitResidualVectorQuantizer semantics: rvq_first (1 codebook) and rvq_rest (n-1) both quantize z;
+    decode() sums their outputs. codes: [B, n, T] in decoder order."""
+    q1, c1, l1 = rvq_quantize(torch, dec.quantizer.rvq_first, z, train)
+    q2, c2, l2 = rvq_quantize(torch, dec.quantizer.rvq_rest, z, train)
+    return q1 + q2, torch.cat([c1, c2], 1), l1 + l2
+
+
+def decoder_from_quantized(dec, hidden):
+    """Qwen3TTSTokenizerV2Decoder.forward after quantizer.decode (same modules, same order)."""
+    hidden = dec.pre_conv(hidden).transpose(1, 2)
+    hidden = dec.pre_transformer(inputs_embeds=hidden).last_hidden_state
+    hidden = hidden.permute(0, 2, 1)
+    for blocks in dec.upsample:
+        for block in blocks:
+            hidden = block(hidden)
+    wav = hidden
+    for block in dec.decoder:
+        wav = block(wav)
+    return wav.clamp(min=-1, max=1)
+
+
+def spectral_losses(torch, y, x, mels):
+    loss = 0.0
+    for mel in mels:
+        loss = loss + (mel(y) - mel(x)).abs().mean()
+    for n_fft in (512, 1024, 2048):
+        w = torch.hann_window(n_fft, device=x.device)
+        sy = torch.stft(y, n_fft, n_fft // 4, window=w, return_complex=True).abs()
+        sx = torch.stft(x, n_fft, n_fft // 4, window=w, return_complex=True).abs()
+        loss = loss + (torch.log(sy.clamp(min=1e-5)) - torch.log(sx.clamp(min=1e-5))).abs().mean()
+        loss = loss + torch.linalg.norm(sy - sx) / torch.linalg.norm(sx).clamp(min=1e-5)
+    return loss
+
+
+def make_disc(torch, device):
+    import torch.nn as nn
+
+    class STFTD(nn.Module):
+        def __init__(self, n_fft, ch=32):
+            super().__init__()
+            self.n_fft = n_fft
+            self.register_buffer("win", torch.hann_window(n_fft))
+            self.convs = nn.ModuleList([
+                nn.Conv2d(2, ch, (3, 9), padding=(1, 4)),
+                nn.Conv2d(ch, ch, (3, 9), stride=(1, 2), padding=(1, 4)),
+                nn.Conv2d(ch, ch, (3, 9), stride=(1, 2), padding=(1, 4)),
+                nn.Conv2d(ch, ch, (3, 3), padding=(1, 1))])
+            self.out = nn.Conv2d(ch, 1, (3, 3), padding=(1, 1))
+
+        def forward(self, x):
+            s = torch.stft(x, self.n_fft, self.n_fft // 4, window=self.win, return_complex=True)
+            z = torch.stack([s.real, s.imag], 1).transpose(2, 3)
+            feats = []
+            for c in self.convs:
+                z = nn.functional.leaky_relu(c(z), 0.2)
+                feats.append(z)
+            return self.out(z), feats
+
+    return nn.ModuleList([STFTD(n) for n in (512, 1024, 2048)]).to(device)
+
+
+def step_codec(a, size, ns):
+    import torch
+    dev = torch.device(a.device)
+    torch.manual_seed(a.seed)
+    rows = load_manifest(a.manifest, a.limit)
+    audio = load_audio(a.manifest, rows)
+    log(f"codec: {len(audio)} utterances, {sum(len(x) for x in audio) / SR / 3600:.2f} h")
+    codec, enc = build_codec_modules(ns, size, dev)
+    dec = codec.decoder
+    for n, p in dec.named_parameters():
+        if n.endswith("embedding_sum") or n.endswith("cluster_usage"):
+            p.requires_grad_(False)
+    # seed every codebook from encoder outputs of random crops (k-means++-lite)
+    gen_params = [p for p in list(enc.parameters()) + list(dec.parameters()) if p.requires_grad]
+    opt = torch.optim.AdamW(gen_params, lr=a.codec_lr, betas=(0.8, 0.99))
+    disc = make_disc(torch, dev) if a.gan_start >= 0 else None
+    dopt = torch.optim.AdamW(disc.parameters(), lr=a.codec_lr, betas=(0.8, 0.99)) if disc else None
+    mels = [make_mel(torch, n, n // 4, m, dev) for n, m in ((512, 64), (1024, 80), (2048, 128))]
+    seg = a.seg_frames * HOP
+    lens = [len(x) for x in audio]
+
+    def batch():
+        xs = []
+        for _ in range(a.codec_batch):
+            i = random.randrange(len(audio))
+            n = lens[i]
+            if n <= seg:
+                x = torch.nn.functional.pad(audio[i], (0, seg - n))
+            else:
+                s = random.randrange(0, (n - seg) // HOP + 1) * HOP
+                x = audio[i][s:s + seg]
+            xs.append(x)
+        return (torch.stack(xs).float() / 32768.0).to(dev)
+
+    out = os.path.join(a.work, "codec")
+    os.makedirs(out, exist_ok=True)
+    ckpt = os.path.join(out, "codec.pt")
+    start = 1
+    if a.resume and os.path.exists(ckpt):
+        st = torch.load(ckpt, map_location=dev)
+        codec.load_state_dict(st["codec"])
+        enc.load_state_dict(st["encoder"])
+        if "opt" in st:
+            opt.load_state_dict(st["opt"])
+        if disc is not None and "disc" in st:
+            disc.load_state_dict(st["disc"])
+            dopt.load_state_dict(st["dopt"])
+        start = st.get("step", 0) + 1
+        log(f"codec: resumed at step {start}")
+    with torch.no_grad():
+        z = enc(batch()) if start == 1 else None
+        for rvq in (dec.quantizer.rvq_first, dec.quantizer.rvq_rest) if start == 1 else ():
+            flat = rvq.input_proj(z).transpose(1, 2).reshape(-1, rvq.input_proj.out_channels)
+            for layer in rvq.vq.layers:
+                cb = layer._codebook
+                pick = flat[torch.randint(0, flat.shape[0], (cb.codebook_size,), device=dev)]
+                cb.embedding_sum.data.copy_(pick + 1e-3 * torch.randn_like(pick))
+                cb.cluster_usage.data.fill_(1.0)
+    t0 = time.time()
+    step = start - 1
+    for step in range(start, a.codec_steps + 1):
+        x = batch()
+        with amp(torch, a):
+            z = enc(x)
+        z = z.float()
+        q, codes, commit = quantize(torch, dec, z, train=True)
+        with amp(torch, a):
+            y = decoder_from_quantized(dec, q)[:, 0]
+        y = y.float()
+        rec = spectral_losses(torch, y, x, mels)
+        loss = rec + a.commit_weight * commit
+        use_gan = disc is not None and step >= a.gan_start
+        if use_gan:
+            adv, fm = 0.0, 0.0
+            for d in disc:
+                sy, fy = d(y)
+                with torch.no_grad():
+                    _, fx = d(x)
+                adv = adv + torch.relu(1 - sy).mean()
+                fm = fm + sum((u - v).abs().mean() for u, v in zip(fy, fx)) / len(fy)
+            loss = loss + a.adv_weight * adv + a.fm_weight * fm
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gen_params, 1.0)
+        opt.step()
+        if use_gan:
+            dl = 0.0
+            for d in disc:
+                sx, _ = d(x)
+                sy, _ = d(y.detach())
+                dl = dl + torch.relu(1 - sx).mean() + torch.relu(1 + sy).mean()
+            dopt.zero_grad(set_to_none=True)
+            dl.backward()
+            dopt.step()
+        if step % a.log_every == 0 or step == a.codec_steps:
+            used = [int((layer._codebook.cluster_usage > 0.5).sum()) for rvq in
+                    (dec.quantizer.rvq_first, dec.quantizer.rvq_rest) for layer in rvq.vq.layers]
+            log(f"codec step {step}: rec {rec.item():.3f} commit {commit.item():.4f} "
+                f"codes>0.5 use {min(used)}..{max(used)} ({time.time() - t0:.0f} s)")
+        if a.max_minutes and time.time() - t0 > 60 * a.max_minutes:
+            log(f"codec: time limit at step {step}")
+            break
+    st = {"codec": codec.state_dict(), "encoder": enc.state_dict(), "size": a.size, "step": step,
+          "opt": opt.state_dict()}
+    if disc is not None:
+        st.update(disc=disc.state_dict(), dopt=dopt.state_dict())
+    torch.save(st, ckpt)
+    return codec, enc
+
+
+def step_codes(a, size, ns, codec=None, enc=None):
+    import torch
+    dev = torch.device(a.device)
+    if codec is None:
+        codec, enc = build_codec_modules(ns, size, dev)
+        st = torch.load(os.path.join(a.work, "codec", "codec.pt"), map_location=dev)
+        codec.load_state_dict(st["codec"])
+        enc.load_state_dict(st["encoder"])
+    codec.eval()
+    enc.eval()
+    rows = load_manifest(a.manifest, a.limit)
+    audio = load_audio(a.manifest, rows)
+    out = []
+    with torch.no_grad():
+        for r, x in zip(rows, audio):
+            z = enc((x.float() / 32768.0).to(dev)[None])
+            _, codes, _ = quantize(torch, codec.decoder, z, train=False)
+            out.append(dict(id=r["id"], text=r["text"], codes=codes[0].t().to(torch.int16).cpu()))   # [T, n]
+    path = os.path.join(a.work, "codes.pt")
+    torch.save(out, path)
+    frames = sum(o["codes"].shape[0] for o in out)
+    log(f"codes: {len(out)} utterances, {frames} frames -> {path}")
+    # round trip through the official decode path (quantizer.decode + forward) on the first utterance
+    with torch.no_grad():
+        c = out[0]["codes"].t()[None].long().to(dev)
+        wav = codec.decoder(c)[0, 0].cpu().numpy()
+    import soundfile as sf
+    sf.write(os.path.join(a.work, "codec_roundtrip_0.wav"), wav, SR)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 3. Talker + code predictor
+# ------------------------------------------------------------------------------------------------------------
+def build_example(tok, ids, text, codes, language):
+    """Text-track ids, codec-track ids and masks for one utterance in the non-streaming CustomVoice prompt
+    (qwen3-tts.md section 3.4):
+      role (3):        T(im_start) T(assistant) T(\\n)                     no codec part
+      tags (m-1):      P+K..., P+C(speaker), B+C(pad)                     K = think,think_bos,LANG,think_eos | nothink,think_bos,think_eos
+      text (n+2):      T(x_i)+C(pad) ..., E+C(pad), P+C(bos)
+      frames (F):      P + sum_q Emb_q(codes[f, q])
+      end (1):         P + C(eos)   (input of the position after the last frame; never predicted from)
+    Labels (HF causal shift inside the loss): label[p] = codebook-0 code at frame positions, EOS at the end row."""
+    head, body = text_body_ids(tok, text)
+    if language == "auto":
+        K = [CODEC["nothink"], CODEC["think_bos"], CODEC["think_eos"]]
+    else:
+        K = [CODEC["think"], CODEC["think_bos"], LANGS[language], CODEC["think_eos"]]
+    tags_codec = K + [SPEAKER_ID, CODEC["pad"]]
+    text_tr = list(head) + [ids["tts_pad"]] * (len(tags_codec) - 1) + [ids["tts_bos"]]
+    codec_tr = [-1] * 3 + tags_codec
+    text_tr += list(body) + [ids["tts_eos"], ids["tts_pad"]]
+    codec_tr += [CODEC["pad"]] * (len(body) + 1) + [CODEC["bos"]]
+    F = codes.shape[0]
+    first = len(text_tr)
+    text_tr += [ids["tts_pad"]] * (F + 1)
+    codec_tr += [-2] * F + [CODEC["eos"]]          # -2: frame rows (sum of codebook embeddings)
+    labels = [-100] * first + [int(c) for c in codes[:, 0]] + [CODEC["eos"]]
+    return dict(text=text_tr, codec=codec_tr, labels=labels, first=first, codes=codes)
+
+
+def collate(torch, exs, dev):
+    B = len(exs)
+    L = max(len(e["text"]) for e in exs)
+    n_q = exs[0]["codes"].shape[1]
+    text = torch.zeros(B, L, dtype=torch.long)
+    codec = torch.full((B, L), -1, dtype=torch.long)
+    labels = torch.full((B, L), -100, dtype=torch.long)
+    att = torch.zeros(B, L, dtype=torch.long)
+    frames = torch.zeros(B, L, n_q, dtype=torch.long)
+    fmask = torch.zeros(B, L, dtype=torch.bool)
+    for i, e in enumerate(exs):
+        n = len(e["text"])
+        text[i, :n] = torch.tensor(e["text"])
+        codec[i, :n] = torch.tensor(e["codec"])
+        labels[i, :n] = torch.tensor(e["labels"])
+        att[i, :n] = 1
+        F = e["codes"].shape[0]
+        frames[i, e["first"]:e["first"] + F] = e["codes"].long()
+        fmask[i, e["first"]:e["first"] + F] = True
+    return [t.to(dev) for t in (text, codec, labels, att, frames, fmask)]
+
+
+def talker_loss(torch, model, batch, sub_weight):
+    text, codec, labels, att, frames, fmask = batch
+    t = model.talker
+    emb = t.text_projection(t.model.text_embedding(text)) * att[..., None]
+    cmask = (codec >= 0)[..., None]
+    emb = emb + t.model.codec_embedding(codec.clamp(min=0)) * cmask
+    femb = t.model.codec_embedding(frames[..., 0])
+    for q in range(1, frames.shape[-1]):
+        femb = femb + t.code_predictor.get_input_embeddings()[q - 1](frames[..., q])
+    emb = emb + femb * fmask[..., None]
+    out = t(inputs_embeds=emb, attention_mask=att, labels=labels, output_hidden_states=True)
+    hidden = out.hidden_states[0][-1][:, :-1]        # hidden at p-1 predicts the frame at p
+    h = hidden[fmask[:, 1:]]
+    c = frames[fmask]
+    _, sub_loss = t.forward_sub_talker_finetune(c, h)
+    return out.loss, sub_loss
+
+
+def step_talker(a, size, ns, data=None):
+    import torch
+    dev = torch.device(a.device)
+    torch.manual_seed(a.seed)
+    random.seed(a.seed)
+    tok_dir = os.path.join(a.work, "tok")
+    tok = load_tokenizer(tok_dir)
+    ids = special_ids(tok_dir)
+    if data is None:
+        data = torch.load(os.path.join(a.work, "codes.pt"))
+    cfg = ns.Qwen3TTSConfig(**json.loads(json.dumps(main_config(size, ids))))
+    model = ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32).to(dev)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=a.talker_lr, weight_decay=0.01, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / max(1, a.warmup)) * max(0.05, 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, a.talker_steps))))))
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"talker: {n_params / 1e6:.2f} M parameters, {len(data)} utterances")
+    out = os.path.join(a.work, "talker")
+    os.makedirs(out, exist_ok=True)
+    ckpt = os.path.join(out, "talker.pt")
+    start = 1
+    if a.resume and os.path.exists(ckpt):
+        st = torch.load(ckpt, map_location=dev)
+        model.load_state_dict(st["model"])
+        if "opt" in st:
+            opt.load_state_dict(st["opt"])
+            sched.load_state_dict(st["sched"])
+        start = st.get("step", 0) + 1
+        log(f"talker: resumed at step {start}")
+    t0 = time.time()
+    step = start - 1
+    for step in range(start, a.talker_steps + 1):
+        exs = []
+        for _ in range(a.talker_batch):
+            d = data[random.randrange(len(data))]
+            lang = "english" if random.random() < a.p_english else "auto"
+            exs.append(build_example(tok, ids, d["text"], d["codes"], lang))
+        batch = collate(torch, exs, dev)
+        with amp(torch, a):
+            l0, l1 = talker_loss(torch, model, batch, a.sub_weight)
+        loss = l0 + a.sub_weight * l1
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % a.log_every == 0 or step == a.talker_steps:
+            log(f"talker step {step}: code0 {l0.item():.3f} sub {l1.item():.3f} ({time.time() - t0:.0f} s)")
+        if a.max_minutes and time.time() - t0 > 60 * a.max_minutes:
+            log(f"talker: time limit at step {step}")
+            break
+    torch.save({"model": model.state_dict(), "size": a.size, "step": step, "opt": opt.state_dict(),
+                "sched": sched.state_dict()}, ckpt)
+    return model
+
+
+# ------------------------------------------------------------------------------------------------------------
+# 4. Export in the exact layout + check with the official loader
+# ------------------------------------------------------------------------------------------------------------
+def step_export(a, size, ns):
+    import torch
+    from safetensors.torch import save_file
+    tok_dir = os.path.join(a.work, "tok")
+    ids = special_ids(tok_dir)
+    cfg_dict = main_config(size, ids)
+    tcfg_dict = speech_tokenizer_config(size)
+    cfg = ns.Qwen3TTSConfig(**json.loads(json.dumps(cfg_dict)))
+    model = ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32)
+    model.load_state_dict(torch.load(os.path.join(a.work, "talker", "talker.pt"), map_location="cpu", weights_only=False)["model"])
+    codec, _ = build_codec_modules(ns, size, torch.device("cpu"))
+    codec.load_state_dict(torch.load(os.path.join(a.work, "codec", "codec.pt"), map_location="cpu", weights_only=False)["codec"])
+
+    out = a.out
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(os.path.join(out, "speech_tokenizer"))
+    sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    save_file(sd, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    csd = {k: v.detach().to(torch.float32).contiguous() for k, v in codec.state_dict().items()}
+    save_file(csd, os.path.join(out, "speech_tokenizer", "model.safetensors"), metadata={"format": "pt"})
+    dump_json(os.path.join(out, "config.json"), cfg_dict)
+    dump_json(os.path.join(out, "generation_config.json"), GENERATION_CONFIG)
+    dump_json(os.path.join(out, "speech_tokenizer", "config.json"), tcfg_dict)
+    dump_json(os.path.join(out, "speech_tokenizer", "preprocessor_config.json"), PREPROCESSOR_CONFIG)
+    for f in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(tok_dir, f), os.path.join(out, f))
+    total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(out) for f in fs)
+    log(f"export: {out}, {total / 1e6:.2f} MB "
+        f"(talker {sum(v.numel() for v in sd.values()) / 1e6:.2f} M bf16, codec {sum(v.numel() for v in csd.values()) / 1e6:.2f} M f32)")
+    if total > 32 * 1024 * 1024:
+        log("WARNING: over the 32 MB budget")
+
+    # official loader + generate_custom_voice (greedy, short)
+    tts = ns.Qwen3TTSModel.from_pretrained(out, dtype=torch.float32)
+    wavs, sr = tts.generate_custom_voice(text="Hello there.", speaker=SPEAKER, language="English",
+                                        do_sample=False, subtalker_dosample=False, max_new_tokens=a.check_frames)
+    import soundfile as sf
+    sf.write(os.path.join(a.work, "export_check.wav"), wavs[0], sr)
+    log(f"export check: official generate_custom_voice -> {len(wavs[0]) / sr:.2f} s at {sr} Hz")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("step", choices=["tokenizer", "codec", "codes", "talker", "export", "all"])
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--text", help="training sentences (tokenizer)")
+    ap.add_argument("--manifest", help="teacher.py manifest.jsonl")
+    ap.add_argument("--out", help="export directory")
+    ap.add_argument("--size", default="small", choices=sorted(SIZES))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--limit", type=int, default=None, help="use the first N utterances")
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--codec-steps", type=int, default=20000)
+    ap.add_argument("--codec-batch", type=int, default=16)
+    ap.add_argument("--codec-lr", type=float, default=3e-4)
+    ap.add_argument("--seg-frames", type=int, default=24, help="training crop, in 12.5 Hz frames")
+    ap.add_argument("--commit-weight", type=float, default=1.0)
+    ap.add_argument("--gan-start", type=int, default=-1, help="step to switch the discriminator on (-1: never)")
+    ap.add_argument("--adv-weight", type=float, default=1.0)
+    ap.add_argument("--fm-weight", type=float, default=2.0)
+    ap.add_argument("--talker-steps", type=int, default=20000)
+    ap.add_argument("--talker-batch", type=int, default=16)
+    ap.add_argument("--talker-lr", type=float, default=5e-4)
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--sub-weight", type=float, default=1.0)
+    ap.add_argument("--p-english", type=float, default=0.5, help="share of prompts with language=english (else auto)")
+    ap.add_argument("--check-frames", type=int, default=40)
+    ap.add_argument("--resume", action="store_true", help="continue codec/talker from WORK/*/ *.pt (step count kept)")
+    ap.add_argument("--max-minutes", type=float, default=0, help="stop a training step after this long and save")
+    ap.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA")
+    a = ap.parse_args()
+    size = SIZES[a.size]
+    os.makedirs(a.work, exist_ok=True)
+    random.seed(a.seed)
+    ns = import_qwen()
+    import torch
+    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 8)) if a.device == "cpu" else torch.get_num_threads())
+    codec = enc = data = None
+    if a.step in ("tokenizer", "all"):
+        step_tokenizer(a, size)
+    if a.step in ("codec", "all"):
+        codec, enc = step_codec(a, size, ns)
+    if a.step in ("codes", "all"):
+        data = step_codes(a, size, ns, codec, enc)
+    if a.step in ("talker", "all"):
+        step_talker(a, size, ns, data)
+    if a.step in ("export", "all"):
+        step_export(a, size, ns)
+
+
+if __name__ == "__main__":
+    main()
