@@ -19,8 +19,9 @@ Steps (each writes into WORK; run them in order, or `all`):
   codes      encodes every teacher utterance into [frames, n] codes (WORK/codes.pt).
   talker     trains talker + code predictor on (text, codes) in the non-streaming CustomVoice prompt format (the
              format omnitts and the reference use by default for CustomVoice): language "english" or "auto" at random,
-             speaker "joe". Loss: codebook-0 next-frame CE incl. EOS + code-predictor CE (official finetune hooks
-             `talker.forward(labels=...)` and `talker.forward_sub_talker_finetune`).
+             speaker "joe". Loss: codebook-0 next-frame CE incl. EOS (official `talker.forward(labels=...)`) + code-predictor
+             CE on the logits of the official `talker.forward_sub_talker_finetune` (its built-in loss shifts the
+             labels once too often, so it is not used).
   export     writes the checkpoint directory (bf16 model.safetensors, f32 speech_tokenizer/model.safetensors, configs,
              vocab.json/merges.txt/tokenizer_config.json) and checks it loads through the official
              `Qwen3TTSModel.from_pretrained` and speaks a sentence with `generate_custom_voice`.
@@ -681,7 +682,11 @@ def talker_loss(torch, model, batch, sub_weight):
     hidden = out.hidden_states[0][-1][:, :-1]        # hidden at p-1 predicts the frame at p
     h = hidden[fmask[:, 1:]]
     c = frames[fmask]
-    _, sub_loss = t.forward_sub_talker_finetune(c, h)
+    # forward_sub_talker_finetune's own loss goes through the causal-LM loss, which shifts the labels by one
+    # more position (lm_head[i-1] at position i would learn code i+1); the logits are right, so score them here.
+    logits, _ = t.forward_sub_talker_finetune(c, h)            # [N, n_q-1, 2048]: logits[:, i-1] -> code i
+    sub_loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                 c[:, 1:].reshape(-1))
     return out.loss, sub_loss
 
 
@@ -788,10 +793,39 @@ def step_export(a, size, ns):
     return out
 
 
+def step_check(a, size, ns):
+    """Greedy official generation (Qwen3TTSModel.generate_custom_voice, non-streaming, language english) for the
+    first --check-n training texts, compared frame by frame with their training codes: on a model that has learned
+    (or memorised) them this shows that the training prompt format is the one inference uses."""
+    import torch
+    data = torch.load(os.path.join(a.work, "codes.pt"), weights_only=False)[: a.check_n]
+    tts = ns.Qwen3TTSModel.from_pretrained(a.out, dtype=torch.float32)
+    cap = {}
+    orig = tts.model.generate
+
+    def generate(*x, **k):
+        out = orig(*x, **k)
+        cap["codes"] = out[0][0]
+        return out
+    tts.model.generate = generate
+    res = []
+    for d in data:
+        ref = d["codes"].long()
+        tts.generate_custom_voice(text=d["text"], speaker=SPEAKER, language="English", do_sample=False,
+                                  subtalker_dosample=False, max_new_tokens=ref.shape[0] + 10)
+        got = torch.as_tensor(cap["codes"]).long().cpu()
+        n = min(len(got), len(ref))
+        res.append(dict(frames_ref=len(ref), frames_got=len(got),
+                        code0_match=float((got[:n, 0] == ref[:n, 0]).float().mean()) if n else 0.0,
+                        all_match=float((got[:n] == ref[:n]).float().mean()) if n else 0.0))
+        log(f"check: {d['text'][:50]!r}: {res[-1]}")
+    return res
+
+
 # ------------------------------------------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["tokenizer", "codec", "codes", "talker", "export", "all"])
+    ap.add_argument("step", choices=["tokenizer", "codec", "codes", "talker", "export", "check", "all"])
     ap.add_argument("--work", required=True)
     ap.add_argument("--text", help="training sentences (tokenizer)")
     ap.add_argument("--manifest", help="teacher.py manifest.jsonl")
@@ -816,6 +850,7 @@ def main():
     ap.add_argument("--sub-weight", type=float, default=1.0)
     ap.add_argument("--p-english", type=float, default=0.5, help="share of prompts with language=english (else auto)")
     ap.add_argument("--check-frames", type=int, default=40)
+    ap.add_argument("--check-n", type=int, default=4, help="check: number of training texts")
     ap.add_argument("--resume", action="store_true", help="continue codec/talker from WORK/*/ *.pt (step count kept)")
     ap.add_argument("--max-minutes", type=float, default=0, help="stop a training step after this long and save")
     ap.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA")
@@ -837,6 +872,8 @@ def main():
         step_talker(a, size, ns, data)
     if a.step in ("export", "all"):
         step_export(a, size, ns)
+    if a.step == "check":
+        step_check(a, size, ns)
 
 
 if __name__ == "__main__":

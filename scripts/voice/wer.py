@@ -183,6 +183,8 @@ def main():
     src.add_argument("--omnitts-model")
     src.add_argument("--synth-cmd")
     ap.add_argument("--gst", action="store_true", help="with --omnitts-model: use gst-launch-1.0 omnittssrc")
+    ap.add_argument("--synth-bin", default=None,
+                    help="with --omnitts-model: an already built synth example (skips `cargo build`)")
     ap.add_argument("--synth-arg", action="append", default=[],
                     help="extra argument for synth / gst element property (repeatable), e.g. --synth-arg=--greedy")
     ap.add_argument("--work", default="/tmp/omnitts-wer", help="where synthesised WAVs go")
@@ -204,7 +206,7 @@ def main():
         wavs = [wav_from_dir(a.wav_dir, i) for i in range(len(refs))]
     else:
         os.makedirs(a.work, exist_ok=True)
-        exe = build_synth() if (a.omnitts_model and not a.gst) else None
+        exe = (a.synth_bin or build_synth()) if (a.omnitts_model and not a.gst) else None
         for i, text in enumerate(refs):
             wav = os.path.join(a.work, f"{i:06d}.wav")
             t0 = time.time()
