@@ -31,6 +31,9 @@ Steps (each writes into WORK; run them in order, or `all`):
 
 Smoke test (CPU, a minute or two): --size toy --codec-steps 20 --talker-steps 20 --limit 16.
 Environment: tests/fixtures/requirements.txt (torch 2.5.1, qwen-tts 0.1.1, transformers 4.57.3, tokenizers 0.22.2).
+Needs only torch, numpy, safetensors, tokenizers, transformers (+ accelerate) and qwen-tts: audio I/O is the
+standard `wave` module, and the packages qwen-tts imports but these paths never use (librosa, soundfile, sox,
+torchaudio, onnxruntime) are stubbed when absent, as in tests/fixtures/generate.py.
 """
 import argparse
 import importlib.machinery
@@ -110,6 +113,12 @@ def import_qwen():
         def f(*a, **k):
             raise RuntimeError(f"{what} is stubbed in train.py")
         return f
+    if importlib.util.find_spec("librosa") is None:
+        lib = _stub("librosa", load=unavailable("librosa.load"), resample=unavailable("librosa.resample"))
+        lib.__path__ = []
+        lib.filters = _stub("librosa.filters", mel=unavailable("librosa.filters.mel"))
+    if importlib.util.find_spec("soundfile") is None:
+        _stub("soundfile", read=unavailable("soundfile.read"), write=unavailable("soundfile.write"))
     if importlib.util.find_spec("sox") is None:
         _stub("sox", Transformer=unavailable("sox.Transformer"))
     if importlib.util.find_spec("onnxruntime") is None:
@@ -307,16 +316,28 @@ def load_manifest(path, limit=None):
     return rows[:limit] if limit else rows
 
 
+def write_wav(path, x):
+    import wave
+    import numpy as np
+    pcm = (np.clip(np.asarray(x, dtype=np.float32), -1.0, 1.0) * 32767.0).round().astype("<i2")
+    with wave.open(path, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SR)
+        w.writeframes(pcm.tobytes())
+
+
 def load_audio(manifest_path, rows):
     """int16 tensors, zero-padded to a whole number of frames."""
+    import wave
     import numpy as np
-    import soundfile as sf
     import torch
     base = os.path.dirname(os.path.abspath(manifest_path))
     out = []
     for r in rows:
-        a, sr = sf.read(os.path.join(base, r["wav"]), dtype="int16")
-        assert sr == SR, sr
+        with wave.open(os.path.join(base, r["wav"]), "rb") as w:
+            assert w.getframerate() == SR and w.getsampwidth() == 2 and w.getnchannels() == 1, r["wav"]
+            a = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").copy()
         n = int(math.ceil(len(a) / HOP)) * HOP
         a = np.pad(a, (0, n - len(a)))
         out.append(torch.from_numpy(a))
@@ -326,10 +347,25 @@ def load_audio(manifest_path, rows):
 # ------------------------------------------------------------------------------------------------------------
 # 2. Codec: encoder (training only) + official split RVQ + official decoder
 # ------------------------------------------------------------------------------------------------------------
+def mel_filterbank(n_fft, n_mels, sr=SR):
+    """Triangular filters on the HTK mel scale, area-normalised ([n_mels, n_fft // 2 + 1]); numpy only."""
+    import numpy as np
+    def hz2mel(f):
+        return 2595.0 * np.log10(1.0 + f / 700.0)
+    def mel2hz(m):
+        return 700.0 * (10.0 ** (m / 2595.0) - 1.0)
+    freqs = np.linspace(0, sr / 2, n_fft // 2 + 1)
+    pts = mel2hz(np.linspace(hz2mel(0.0), hz2mel(sr / 2), n_mels + 2))
+    fb = np.zeros((n_mels, len(freqs)), dtype=np.float32)
+    for i in range(n_mels):
+        lo, c, hi = pts[i], pts[i + 1], pts[i + 2]
+        fb[i] = np.maximum(0.0, np.minimum((freqs - lo) / (c - lo), (hi - freqs) / (hi - c)))
+        fb[i] *= 2.0 / (hi - lo)
+    return fb
+
+
 def make_mel(torch, n_fft, hop, n_mels, device):
-    import librosa
-    fb = torch.tensor(librosa.filters.mel(sr=SR, n_fft=n_fft, n_mels=n_mels, fmin=0, fmax=SR // 2),
-                      dtype=torch.float32, device=device)
+    fb = torch.tensor(mel_filterbank(n_fft, n_mels), dtype=torch.float32, device=device)
     win = torch.hann_window(n_fft, device=device)
 
     def mel(x):                                     # x [B, N] -> [B, n_mels, N // hop]
@@ -611,8 +647,7 @@ def step_codes(a, size, ns, codec=None, enc=None):
     with torch.no_grad():
         c = out[0]["codes"].t()[None].long().to(dev)
         wav = codec.decoder(c)[0, 0].cpu().numpy()
-    import soundfile as sf
-    sf.write(os.path.join(a.work, "codec_roundtrip_0.wav"), wav, SR)
+    write_wav(os.path.join(a.work, "codec_roundtrip_0.wav"), wav)
     return out
 
 
@@ -787,8 +822,7 @@ def step_export(a, size, ns):
     tts = ns.Qwen3TTSModel.from_pretrained(out, dtype=torch.float32)
     wavs, sr = tts.generate_custom_voice(text="Hello there.", speaker=SPEAKER, language="English",
                                         do_sample=False, subtalker_dosample=False, max_new_tokens=a.check_frames)
-    import soundfile as sf
-    sf.write(os.path.join(a.work, "export_check.wav"), wavs[0], sr)
+    write_wav(os.path.join(a.work, "export_check.wav"), wavs[0])
     log(f"export check: official generate_custom_voice -> {len(wavs[0]) / sr:.2f} s at {sr} Hz")
     return out
 
