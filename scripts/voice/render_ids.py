@@ -44,7 +44,7 @@ def write_wav(path, x):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--manifest", required=True)
+    ap.add_argument("--manifest", required=True, help="teacher.py's manifest.jsonl (or .jsonl.gz)")
     ap.add_argument("--onnx", required=True, help="the Piper voice model (fp32 or a reduced-precision copy)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--providers", default="CPUExecutionProvider")
@@ -63,7 +63,8 @@ def main():
     sess = ort.InferenceSession(a.onnx, sess_options=so, providers=a.providers.split(","))
     in_types = {i.name: i.type for i in sess.get_inputs()}
     scale_dtype = np.float16 if in_types.get("scales") == "tensor(float16)" else np.float32
-    with open(a.manifest) as f:
+    import gzip
+    with (gzip.open(a.manifest, "rt") if a.manifest.endswith(".gz") else open(a.manifest)) as f:
         rows = [json.loads(ln) for ln in f if ln.strip()]
     rows = rows[: a.limit] if a.limit else rows
     os.makedirs(os.path.join(a.out, "wav"), exist_ok=True)

@@ -10,6 +10,7 @@ Manifest lines (OUT/manifest.jsonl, one per sentence, in input order):
     {"id": "000123", "text": "...", "wav": "wav/000123.wav", "samples": 52800, "seconds": 2.2,
      "phoneme_ids": [[...], ...]}   # espeak-ng phoneme ids per Piper sentence chunk (for re-rendering elsewhere)
 
+--ids-only writes the same manifest without rendering (phonemisation only; render_ids.py renders it elsewhere).
 Already rendered ids are skipped, so an interrupted run resumes. Speed is printed at the end (real-time factor =
 audio seconds / wall seconds).
 """
@@ -62,6 +63,13 @@ def render(item):
             "phoneme_ids": ids}
 
 
+def phonemize_only(item):
+    """(id, text, _) -> manifest dict without audio (espeak-ng phonemes -> Piper ids, as synthesize() makes them)."""
+    uid, text, _ = item
+    ids = [[int(i) for i in _voice.phonemes_to_ids(ph)] for ph in _voice.phonemize(text) if ph]
+    return {"id": uid, "text": text, "samples": None, "seconds": 0.0, "phoneme_ids": ids}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--text", required=True, help="one sentence per line")
@@ -75,6 +83,8 @@ def main():
     ap.add_argument("--noise-w", type=float, default=None, help="default: the voice's config (0.8)")
     ap.add_argument("--volume", type=float, default=0.7, help="after peak normalisation (headroom below 1.0)")
     ap.add_argument("--id-width", type=int, default=6)
+    ap.add_argument("--ids-only", action="store_true",
+                    help="write the manifest with phoneme ids only (no audio), for render_ids.py elsewhere")
     a = ap.parse_args()
 
     with open(a.text) as f:
@@ -96,18 +106,20 @@ def main():
         items.append((uid, lines[i], os.path.join(a.out, "wav", uid + ".wav")))
 
     init = (a.threads, a.length_scale, a.noise_scale, a.noise_w, a.volume)
+    pool = None
     t0 = time.time()
     secs = 0.0
     n = 0
     with open(man_path, "a") as man:
+        fn = phonemize_only if a.ids_only else render
         if a.jobs <= 1:
             _init(*init)
-            results = map(render, items)
+            results = map(fn, items)
         else:
             pool = ProcessPoolExecutor(a.jobs, initializer=_init, initargs=init)
-            results = pool.map(render, items, chunksize=8)
+            results = pool.map(fn, items, chunksize=8)
         for r in results:
-            r["wav"] = os.path.join("wav", r["id"] + ".wav")
+            r["wav"] = None if a.ids_only else os.path.join("wav", r["id"] + ".wav")
             man.write(json.dumps(r) + "\n")
             secs += r["seconds"]
             n += 1
@@ -115,6 +127,8 @@ def main():
                 el = time.time() - t0
                 print(f"{n}/{len(items)} sentences, {secs / 3600:.2f} h audio, {el:.0f} s, "
                       f"{secs / max(el, 1e-9):.1f}x real time", file=sys.stderr, flush=True)
+    if pool is not None:
+        pool.shutdown()
     el = time.time() - t0
     summary = {"sentences": n, "audio_seconds": round(secs, 1), "wall_seconds": round(el, 1),
                "x_real_time": round(secs / max(el, 1e-9), 2), "jobs": a.jobs, "threads": a.threads}
