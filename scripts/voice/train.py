@@ -22,6 +22,8 @@ Steps (each writes into WORK; run them in order, or `all`):
              speaker "joe". Loss: codebook-0 next-frame CE incl. EOS (official `talker.forward(labels=...)`) + code-predictor
              CE on the logits of the official `talker.forward_sub_talker_finetune` (its built-in loss shifts the
              labels once too often, so it is not used).
+  roundtrip  (evaluation) encodes + decodes the utterances of --manifest with the trained codec, for wer.py: the
+             codec's own ceiling, separate from the talker's.
   export     writes the checkpoint directory (bf16 model.safetensors, f32 speech_tokenizer/model.safetensors, configs,
              vocab.json/merges.txt/tokenizer_config.json) and checks it loads through the official
              `Qwen3TTSModel.from_pretrained` and speaks a sentence with `generate_custom_voice`.
@@ -827,6 +829,30 @@ def step_export(a, size, ns):
     return out
 
 
+def step_roundtrip(a, size, ns):
+    """Codec ceiling: encode + decode (official decoder forward on the codes) every utterance of --manifest (e.g.
+    teacher.py's render of test_sentences.txt) into WORK/roundtrip/<line>.wav, for wer.py --wav-dir."""
+    import torch
+    dev = torch.device(a.device)
+    codec, enc = build_codec_modules(ns, size, dev)
+    st = torch.load(os.path.join(a.work, "codec", "codec.pt"), map_location=dev, weights_only=False)
+    codec.load_state_dict(st["codec"])
+    enc.load_state_dict(st["encoder"])
+    codec.eval()
+    enc.eval()
+    rows = load_manifest(a.manifest, a.limit)
+    audio = load_audio(a.manifest, rows)
+    out = os.path.join(a.work, "roundtrip")
+    os.makedirs(out, exist_ok=True)
+    with torch.no_grad():
+        for r, x in zip(rows, audio):
+            z = enc((x.float() / 32768.0).to(dev)[None])
+            _, codes, _ = quantize(torch, codec.decoder, z, train=False)
+            wav = codec.decoder(codes)[0, 0].cpu().numpy()
+            write_wav(os.path.join(out, r["id"] + ".wav"), wav)
+    log(f"roundtrip: {len(rows)} utterances -> {out} (codec trained {st.get('step')} steps)")
+
+
 def step_check(a, size, ns):
     """Greedy official generation (Qwen3TTSModel.generate_custom_voice, non-streaming, language english) for the
     first --check-n training texts, compared frame by frame with their training codes: on a model that has learned
@@ -859,7 +885,7 @@ def step_check(a, size, ns):
 # ------------------------------------------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["tokenizer", "codec", "codes", "talker", "export", "check", "all"])
+    ap.add_argument("step", choices=["tokenizer", "codec", "codes", "talker", "export", "check", "roundtrip", "all"])
     ap.add_argument("--work", required=True)
     ap.add_argument("--text", help="training sentences (tokenizer)")
     ap.add_argument("--manifest", help="teacher.py manifest.jsonl")
@@ -908,6 +934,8 @@ def main():
         step_export(a, size, ns)
     if a.step == "check":
         step_check(a, size, ns)
+    if a.step == "roundtrip":
+        step_roundtrip(a, size, ns)
 
 
 if __name__ == "__main__":
