@@ -54,23 +54,35 @@ def main():
     ap.add_argument("--noise-w", type=float, default=0.8)
     ap.add_argument("--volume", type=float, default=0.7)
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--shard", default=None, help="K/N: render rows K, K+N, ... and write OUT/manifest-K.jsonl")
+    ap.add_argument("--max-seconds", type=float, default=0, help="stop after this long (what is done is kept)")
     a = ap.parse_args()
 
     import onnxruntime as ort
     so = ort.SessionOptions()
     if a.threads:
         so.intra_op_num_threads = a.threads
-    sess = ort.InferenceSession(a.onnx, sess_options=so, providers=a.providers.split(","))
+    # CUDA: heuristic cuDNN algorithm choice (the default exhaustive search re-runs for every new input length)
+    providers = [(p, {"cudnn_conv_algo_search": "HEURISTIC"}) if p == "CUDAExecutionProvider" else p
+                 for p in a.providers.split(",")]
+    sess = ort.InferenceSession(a.onnx, sess_options=so, providers=providers)
     in_types = {i.name: i.type for i in sess.get_inputs()}
     scale_dtype = np.float16 if in_types.get("scales") == "tensor(float16)" else np.float32
     import gzip
     with (gzip.open(a.manifest, "rt") if a.manifest.endswith(".gz") else open(a.manifest)) as f:
         rows = [json.loads(ln) for ln in f if ln.strip()]
     rows = rows[: a.limit] if a.limit else rows
+    name = "manifest.jsonl"
+    if a.shard:
+        k, n_sh = (int(v) for v in a.shard.split("/"))
+        rows, name = rows[k::n_sh], f"manifest-{k}.jsonl"
     os.makedirs(os.path.join(a.out, "wav"), exist_ok=True)
-    t0, secs = time.time(), 0.0
-    with open(os.path.join(a.out, "manifest.jsonl"), "w") as man:
+    t0, secs, n = time.time(), 0.0, 0
+    with open(os.path.join(a.out, name), "w") as man:
         for n, r in enumerate(rows, 1):
+            if a.max_seconds and time.time() - t0 > a.max_seconds:
+                n -= 1
+                break
             chunks = []
             for ids in r["phoneme_ids"]:
                 x = np.array(ids, dtype=np.int64)[None]
@@ -91,7 +103,7 @@ def main():
                 el = time.time() - t0
                 print(f"{n}/{len(rows)}, {secs / 3600:.2f} h, {secs / el:.1f}x real time", file=sys.stderr, flush=True)
     el = time.time() - t0
-    print(json.dumps({"utterances": len(rows), "audio_seconds": round(secs, 1), "wall_seconds": round(el, 1),
+    print(json.dumps({"utterances": n, "audio_seconds": round(secs, 1), "wall_seconds": round(el, 1),
                       "x_real_time": round(secs / max(el, 1e-9), 2), "providers": sess.get_providers()}))
 
 

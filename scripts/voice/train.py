@@ -160,6 +160,21 @@ def amp(torch, a):
     return contextlib.nullcontext()
 
 
+def lr_factor(step, steps, warmup, t0, max_minutes):
+    """Linear warm-up, then cosine to 5 %; progress is the larger of step/steps and elapsed/max-minutes, so a run
+    cut by --max-minutes still anneals."""
+    prog = step / max(1, steps)
+    if max_minutes:
+        prog = max(prog, (time.time() - t0) / (60 * max_minutes))
+    return min(1.0, (step + 1) / max(1, warmup)) * max(0.05, 0.5 * (1 + math.cos(math.pi * min(1.0, prog))))
+
+
+def make_adamw(torch, params, a, **kw):
+    if a.device.startswith("cuda"):
+        kw["fused"] = True
+    return torch.optim.AdamW(params, **kw)
+
+
 def log(*a):
     print(time.strftime("%H:%M:%S"), *a, flush=True)
 
@@ -527,7 +542,7 @@ def step_codec(a, size, ns):
             p.requires_grad_(False)
     # seed every codebook from encoder outputs of random crops (k-means++-lite)
     gen_params = [p for p in list(enc.parameters()) + list(dec.parameters()) if p.requires_grad]
-    opt = torch.optim.AdamW(gen_params, lr=a.codec_lr, betas=(0.8, 0.99))
+    opt = make_adamw(torch, gen_params, a, lr=a.codec_lr, betas=(0.8, 0.99))
     disc = make_disc(torch, dev) if a.gan_start >= 0 else None
     dopt = torch.optim.AdamW(disc.parameters(), lr=a.codec_lr, betas=(0.8, 0.99)) if disc else None
     mels = [make_mel(torch, n, n // 4, m, dev) for n, m in ((512, 64), (1024, 80), (2048, 128))]
@@ -574,6 +589,8 @@ def step_codec(a, size, ns):
     t0 = time.time()
     step = start - 1
     for step in range(start, a.codec_steps + 1):
+        for g in opt.param_groups:
+            g["lr"] = a.codec_lr * lr_factor(step, a.codec_steps, a.codec_warmup, t0, a.max_minutes)
         x = batch()
         with amp(torch, a):
             z = enc(x)
@@ -610,7 +627,7 @@ def step_codec(a, size, ns):
         if step % a.log_every == 0 or step == a.codec_steps:
             used = [int((layer._codebook.cluster_usage > 0.5).sum()) for rvq in
                     (dec.quantizer.rvq_first, dec.quantizer.rvq_rest) for layer in rvq.vq.layers]
-            log(f"codec step {step}: rec {rec.item():.3f} commit {commit.item():.4f} "
+            log(f"codec step {step}: lr {opt.param_groups[0]['lr']:.2e} rec {rec.item():.3f} commit {commit.item():.4f} "
                 f"codes>0.5 use {min(used)}..{max(used)} ({time.time() - t0:.0f} s)")
         if a.max_minutes and time.time() - t0 > 60 * a.max_minutes:
             log(f"codec: time limit at step {step}")
@@ -635,12 +652,22 @@ def step_codes(a, size, ns, codec=None, enc=None):
     enc.eval()
     rows = load_manifest(a.manifest, a.limit)
     audio = load_audio(a.manifest, rows)
-    out = []
+    out = [None] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: len(audio[i]))
+    bs = a.codes_batch
     with torch.no_grad():
-        for r, x in zip(rows, audio):
-            z = enc((x.float() / 32768.0).to(dev)[None])
+        # batches of similar length, zero-padded to the longest; each utterance keeps its own frame count (the
+        # padding can only touch the last frame or two of the shorter ones, whose tails are near-silence anyway)
+        for b in range(0, len(order), bs):
+            idx = order[b:b + bs]
+            n = max(len(audio[i]) for i in idx)
+            x = torch.stack([torch.nn.functional.pad(audio[i], (0, n - len(audio[i]))) for i in idx])
+            z = enc((x.float() / 32768.0).to(dev))
             _, codes, _ = quantize(torch, codec.decoder, z, train=False)
-            out.append(dict(id=r["id"], text=r["text"], codes=codes[0].t().to(torch.int16).cpu()))   # [T, n]
+            codes = codes.to(torch.int16).cpu()
+            for j, i in enumerate(idx):
+                T = len(audio[i]) // HOP
+                out[i] = dict(id=rows[i]["id"], text=rows[i]["text"], codes=codes[j, :, :T].t().contiguous())   # [T, n]
     path = os.path.join(a.work, "codes.pt")
     torch.save(out, path)
     frames = sum(o["codes"].shape[0] for o in out)
@@ -740,9 +767,7 @@ def step_talker(a, size, ns, data=None):
     cfg = ns.Qwen3TTSConfig(**json.loads(json.dumps(main_config(size, ids))))
     model = ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32).to(dev)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=a.talker_lr, weight_decay=0.01, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(1, a.warmup)) * max(0.05, 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, a.talker_steps))))))
+    opt = make_adamw(torch, model.parameters(), a, lr=a.talker_lr, weight_decay=0.01, betas=(0.9, 0.98))
     n_params = sum(p.numel() for p in model.parameters())
     log(f"talker: {n_params / 1e6:.2f} M parameters, {len(data)} utterances")
     out = os.path.join(a.work, "talker")
@@ -754,12 +779,13 @@ def step_talker(a, size, ns, data=None):
         model.load_state_dict(st["model"])
         if "opt" in st:
             opt.load_state_dict(st["opt"])
-            sched.load_state_dict(st["sched"])
         start = st.get("step", 0) + 1
         log(f"talker: resumed at step {start}")
     t0 = time.time()
     step = start - 1
     for step in range(start, a.talker_steps + 1):
+        for g in opt.param_groups:
+            g["lr"] = a.talker_lr * lr_factor(step, a.talker_steps, a.warmup, t0, a.max_minutes)
         exs = []
         for _ in range(a.talker_batch):
             d = data[random.randrange(len(data))]
@@ -773,14 +799,13 @@ def step_talker(a, size, ns, data=None):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
         if step % a.log_every == 0 or step == a.talker_steps:
-            log(f"talker step {step}: code0 {l0.item():.3f} sub {l1.item():.3f} ({time.time() - t0:.0f} s)")
+            log(f"talker step {step}: code0 {l0.item():.3f} sub {l1.item():.3f} lr {opt.param_groups[0]['lr']:.2e} "
+                f"({time.time() - t0:.0f} s)")
         if a.max_minutes and time.time() - t0 > 60 * a.max_minutes:
             log(f"talker: time limit at step {step}")
             break
-    torch.save({"model": model.state_dict(), "size": a.size, "step": step, "opt": opt.state_dict(),
-                "sched": sched.state_dict()}, ckpt)
+    torch.save({"model": model.state_dict(), "size": a.size, "step": step, "opt": opt.state_dict()}, ckpt)
     return model
 
 
@@ -898,6 +923,8 @@ def main():
     ap.add_argument("--codec-steps", type=int, default=20000)
     ap.add_argument("--codec-batch", type=int, default=16)
     ap.add_argument("--codec-lr", type=float, default=3e-4)
+    ap.add_argument("--codec-warmup", type=int, default=200)
+    ap.add_argument("--codes-batch", type=int, default=1, help="codes: utterances per batch (sorted by length)")
     ap.add_argument("--seg-frames", type=int, default=24, help="training crop, in 12.5 Hz frames")
     ap.add_argument("--commit-weight", type=float, default=1.0)
     ap.add_argument("--gan-start", type=int, default=-1, help="step to switch the discriminator on (-1: never)")
