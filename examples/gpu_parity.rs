@@ -6,7 +6,8 @@
 //! ```
 //!
 //! For every `tests/fixtures/reference/<name>.json` and every case in it (voice-clone cases are
-//! skipped: Base prompts are not supported yet), greedy with the case's `max_new_tokens`:
+//! skipped here; their parity is tested on the CPU by tests/voice_clone.rs), greedy with the case's
+//! `max_new_tokens`:
 //! - CPU f32 → codes, which must equal the reference `codes` (a sanity check of the run itself);
 //! - `--device` f32 → codes must equal the CPU f32 codes frame for frame, and the finish reason too;
 //!   the talker's prefill logits are compared (max abs difference);
