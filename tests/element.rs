@@ -5,7 +5,8 @@
 mod element_util;
 
 use element_util::{
-    TempDir, drain, element_messages, errors, init, pts_of, tiny_model, wait_element_message,
+    TempDir, assert_names, drain, element_messages, errors, init, play_to_eos, pts_of,
+    start_must_fail, tiny_model, wait_element_message,
 };
 use gst::prelude::*;
 use gst_check::Harness;
@@ -398,25 +399,11 @@ fn available_speakers_and_languages_after_start() {
 fn start_error(props: &[(&str, glib::Value)]) -> Vec<String> {
     init();
     let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
     e.set_property("model", tiny_model());
     for (k, v) in props {
         e.set_property_from_value(k, v);
     }
-    let res = e.set_state(gst::State::Paused);
-    let _ = e.set_state(gst::State::Null);
-    assert!(res.is_err(), "state change succeeded with {props:?}");
-    let errs = errors(&drain(&bus));
-    assert!(!errs.is_empty(), "no error message for {props:?}");
-    errs
-}
-
-fn assert_names(errs: &[String], words: &[&str]) {
-    assert!(
-        errs.iter().any(|e| words.iter().all(|w| e.contains(w))),
-        "no error naming {words:?}: {errs:?}"
-    );
+    start_must_fail(&e, &format!("{props:?}"))
 }
 
 #[test]
@@ -574,30 +561,12 @@ fn parse_launch_to_wav_has_expected_length() {
     .unwrap();
     let src = pipeline.by_name("src").unwrap();
     src.emit_by_name::<bool>("push-text", &[&"And a second sentence."]);
-    let bus = pipeline.bus().unwrap();
-    pipeline.set_state(gst::State::Playing).unwrap();
-    let mut frames = 0u64;
-    let mut dones = 0;
-    loop {
-        let msg = bus
-            .timed_pop(gst::ClockTime::from_seconds(60))
-            .expect("pipeline stalled");
-        match msg.view() {
-            gst::MessageView::Eos(_) => break,
-            gst::MessageView::Error(e) => panic!("{} {:?}", e.error(), e.debug()),
-            gst::MessageView::Element(e) => {
-                if let Some(s) = e.structure()
-                    && s.name() == messages::DONE
-                {
-                    frames += s.get::<u64>("frames").unwrap();
-                    dones += 1;
-                }
-            }
-            _ => {}
-        }
-    }
-    pipeline.set_state(gst::State::Null).unwrap();
-    assert_eq!(dones, 2);
+    let dones = play_to_eos(pipeline.upcast_ref());
+    assert_eq!(dones.len(), 2);
+    let frames: u64 = dones
+        .iter()
+        .map(|s| s.get::<u64>("frames").expect("frames"))
+        .sum();
     let reader = hound::WavReader::open(&wav).unwrap();
     let spec = reader.spec();
     assert_eq!((spec.sample_rate, spec.channels), (24000, 1));

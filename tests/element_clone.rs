@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use candle_core::Tensor;
-use element_util::{TempDir, drain, element_messages, errors, init, tiny_model};
+use element_util::{
+    TempDir, assert_names, drain, element_messages, errors, init, start_must_fail, tiny_model,
+};
 use engine_common::fixture;
 use gst::glib;
 use gst::prelude::*;
@@ -27,7 +29,7 @@ use gst_check::Harness;
 use gstomnitts::engine::{DeviceSpec, Engine, EngineOptions, StageConfig};
 use gstomnitts::omnittssrc::messages;
 use gstomnitts::omnittssrc::ref_audio::{decode_ref_audio, location_to_uri};
-use reference_util::{Suite, reference_suite, rel_l2};
+use reference_util::{Suite, code_rows, f32s, reference_suite, rel_l2};
 use serde_json::Value;
 
 const TOL: f64 = 1e-4;
@@ -45,19 +47,11 @@ struct Reference {
 
 impl Reference {
     fn load() -> Reference {
-        let Suite { json, tensors, .. } = reference_suite("tiny-base");
-        let t =
-            |k: &str| -> Tensor { tensors[json["clone"]["tensors"][k].as_str().unwrap()].clone() };
-        let f32s = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let codes = t("codes");
-        let codes: Vec<Vec<u32>> = codes
-            .to_dtype(candle_core::DType::I64)
-            .unwrap()
-            .to_vec2::<i64>()
-            .unwrap()
-            .into_iter()
-            .map(|f| f.into_iter().map(|c| c as u32).collect())
-            .collect();
+        let suite = reference_suite("tiny-base");
+        let codes = code_rows(&suite.clone_tensor("codes"));
+        let audio = f32s(&suite.clone_tensor("audio"));
+        let xvector = f32s(&suite.clone_tensor("xvector"));
+        let Suite { json, tensors, .. } = suite;
         let cases: Vec<Value> = json["cases"]
             .as_array()
             .unwrap()
@@ -71,8 +65,8 @@ impl Reference {
             "the fixture needs an ICL and an x-vector case cloned from its reference audio"
         );
         Reference {
-            audio: f32s(t("audio")),
-            xvector: f32s(t("xvector")),
+            audio,
+            xvector,
             codes,
             cases,
             tensors,
@@ -471,26 +465,12 @@ fn concurrent_elements_do_not_mix() {
 fn start_error(model: &str, props: &[(&str, glib::SendValue)]) -> Vec<String> {
     init();
     let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
     e.set_property("model", model);
     e.set_property("text", "Hello.");
     for (k, val) in props {
         set(&e, k, val);
     }
-    let res = e.set_state(gst::State::Paused);
-    let _ = e.set_state(gst::State::Null);
-    assert!(res.is_err(), "state change succeeded with {props:?}");
-    let errs = errors(&drain(&bus));
-    assert!(!errs.is_empty(), "no error message for {props:?}");
-    errs
-}
-
-fn assert_names(errs: &[String], words: &[&str]) {
-    assert!(
-        errs.iter().any(|e| words.iter().all(|w| e.contains(w))),
-        "no error naming {words:?}: {errs:?}"
-    );
+    start_must_fail(&e, &format!("{props:?}"))
 }
 
 /// A folder with reference files: good, silent, too short, too long, not a media file, video only.

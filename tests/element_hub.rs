@@ -232,34 +232,14 @@ fn element_loads_a_repo_id_through_the_hub_cache() {
 #[test]
 #[ignore = "run by element_loads_a_repo_id_through_the_hub_cache in a child process"]
 fn element_child_speaks_from_repo_id() {
-    use gst::prelude::*;
     let repo = std::env::var("OMNITTS_TEST_REPO").expect("OMNITTS_TEST_REPO");
     element_util::init();
     let pipeline = gst::parse::launch(&format!(
         "omnittssrc model={repo} do-sample=false max-new-tokens=4 text=\"From the hub.\" ! fakesink"
     ))
     .unwrap();
-    let bus = pipeline.bus().unwrap();
-    pipeline.set_state(gst::State::Playing).unwrap();
-    let mut frames = None;
-    loop {
-        let msg = bus
-            .timed_pop(gst::ClockTime::from_seconds(60))
-            .expect("pipeline stalled");
-        match msg.view() {
-            gst::MessageView::Eos(_) => break,
-            gst::MessageView::Error(e) => panic!("{} {:?}", e.error(), e.debug()),
-            gst::MessageView::Element(e) => {
-                if let Some(s) = e.structure()
-                    && s.name() == gstomnitts::omnittssrc::messages::DONE
-                {
-                    frames = Some(s.get::<u64>("frames").unwrap());
-                }
-            }
-            _ => {}
-        }
-    }
-    pipeline.set_state(gst::State::Null).unwrap();
+    let dones = element_util::play_to_eos(&pipeline);
+    let frames = dones.first().and_then(|s| s.get::<u64>("frames").ok());
     assert!(
         frames.is_some_and(|f| f >= 2),
         "no done message with frames"

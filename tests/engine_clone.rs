@@ -15,7 +15,7 @@ use gstomnitts::engine::{
     Engine, EngineError, EngineRequest, FinishReason, StageConfig, VoiceCloneStats,
 };
 use gstomnitts::models::qwen3_tts::{PromptMode, VoiceClonePrompt, VoiceRequest};
-use reference_util::{Suite, f32s, frames, reference_suite, rel_l2};
+use reference_util::{Suite, code_rows, f32s, frames, reference_suite, rel_l2};
 use serde_json::Value;
 
 const TOL: f64 = 1e-4;
@@ -143,17 +143,11 @@ fn concurrent_clones_do_not_mix() {
 /// waveform.
 #[test]
 fn voice_clone_prompt_from_audio_is_exact_and_cached() {
-    let Suite { json, tensors, .. } = reference_suite("tiny-base");
-    let clone = |k: &str| tensors[json["clone"]["tensors"][k].as_str().unwrap()].clone();
+    let suite = reference_suite("tiny-base");
+    let clone = |k: &str| suite.clone_tensor(k);
     let audio = f32s(&clone("audio"));
-    let want_codes: Vec<Vec<u32>> = clone("codes")
-        .to_dtype(candle_core::DType::I64)
-        .unwrap()
-        .to_vec2::<i64>()
-        .unwrap()
-        .into_iter()
-        .map(|f| f.into_iter().map(|c| c as u32).collect())
-        .collect();
+    let want_codes = code_rows(&clone("codes"));
+    let (json, tensors) = (&suite.json, &suite.tensors);
     let case = json["cases"]
         .as_array()
         .unwrap()

@@ -7,14 +7,14 @@
 
 mod reference_util;
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 use gstomnitts::models::qwen3_tts::mel::{MelConfig, MelSpectrogram};
 use gstomnitts::models::qwen3_tts::{
     ArModel, ArStep, Checkpoint, FinishReason, MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES,
     ModelError, PromptMode, SamplingParams, VoiceClonePrompt, VoiceRequest,
 };
 use reference_util::{
-    Suite, f32s, fixtures_dir, frames, ids, load_f32, max_abs, reference_suites, rel_l2,
+    Suite, code_rows, f32s, fixtures_dir, frames, ids, load_f32, max_abs, reference_suites, rel_l2,
 };
 
 /// Every reference of a Base checkpoint (the ones with a `clone` section).
@@ -29,7 +29,7 @@ fn base_suites() -> Vec<Suite> {
 use serde_json::Value;
 
 fn clone_audio(s: &Suite) -> Vec<f32> {
-    f32s(&s.tensors[s.json["clone"]["tensors"]["audio"].as_str().unwrap()])
+    f32s(&s.clone_tensor("audio"))
 }
 
 const TOL: f64 = 1e-4;
@@ -42,7 +42,7 @@ fn mel_matches_reference() {
             audio.len(),
             s.json["clone"]["ref_audio_samples"].as_u64().unwrap() as usize
         );
-        let want = &s.tensors[s.json["clone"]["tensors"]["mel"].as_str().unwrap()];
+        let want = &s.clone_tensor("mel");
         let (frames, mels) = want.dims2().unwrap();
         let mel = MelSpectrogram::new(MelConfig::speaker_encoder());
         assert_eq!(mel.num_frames(audio.len()), frames);
@@ -61,10 +61,10 @@ fn xvector_matches_reference() {
     for s in base_suites() {
         let m = load_f32(&s.ckpt_dir);
         let se = m.speaker_encoder().expect("Base has a speaker encoder");
-        let want = f32s(&s.tensors[s.json["clone"]["tensors"]["xvector"].as_str().unwrap()]);
+        let want = f32s(&s.clone_tensor("xvector"));
         assert_eq!(want.len(), s.json["hidden_size"].as_u64().unwrap() as usize);
         // From the reference mel (encoder alone) and from the audio (front end + encoder).
-        let mel = &s.tensors[s.json["clone"]["tensors"]["mel"].as_str().unwrap()];
+        let mel = &s.clone_tensor("mel");
         let from_mel = f32s(&se.forward(mel).unwrap());
         let r = rel_l2(&from_mel, &want);
         assert!(
@@ -91,15 +91,7 @@ fn codec_encoder_codes_match_reference() {
             s.json["clone"]["codes_frames"].as_u64().unwrap() as usize
         );
         assert_eq!(want.len(), audio.len().div_ceil(1920));
-        let st = &s.tensors[s.json["clone"]["tensors"]["codes"].as_str().unwrap()];
-        let st: Vec<Vec<u32>> = st
-            .to_dtype(DType::I64)
-            .unwrap()
-            .to_vec2::<i64>()
-            .unwrap()
-            .into_iter()
-            .map(|r| r.into_iter().map(|x| x as u32).collect())
-            .collect();
+        let st = code_rows(&s.clone_tensor("codes"));
         assert_eq!(st, want, "{}: JSON and safetensors codes agree", s.name);
         let got = ce.encode(&audio).unwrap();
         assert_eq!(got.len(), want.len(), "{}: frames", s.name);

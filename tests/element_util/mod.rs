@@ -290,6 +290,61 @@ pub fn errors(msgs: &[gst::Message]) -> Vec<String> {
         .collect()
 }
 
+/// Plays `pipeline` to EOS (panics on an error message or after 60 s without a message), sets it
+/// back to NULL and returns the element's `omnitts/utterance-done` structures.
+pub fn play_to_eos(pipeline: &gst::Element) -> Vec<gst::Structure> {
+    use gst::prelude::ElementExt;
+    let bus = pipeline.bus().expect("pipeline bus");
+    pipeline
+        .set_state(gst::State::Playing)
+        .expect("pipeline to PLAYING");
+    let mut dones = Vec::new();
+    loop {
+        let msg = bus
+            .timed_pop(gst::ClockTime::from_seconds(60))
+            .expect("pipeline stalled");
+        match msg.view() {
+            gst::MessageView::Eos(_) => break,
+            gst::MessageView::Error(e) => panic!("{} {:?}", e.error(), e.debug()),
+            gst::MessageView::Element(e) => {
+                if let Some(s) = e
+                    .structure()
+                    .filter(|s| s.name() == gstomnitts::omnittssrc::messages::DONE)
+                {
+                    dones.push(s.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    pipeline
+        .set_state(gst::State::Null)
+        .expect("pipeline to NULL");
+    dones
+}
+
+/// Takes `e` (properties already set) to PAUSED; asserts that the state change fails and that an
+/// error is posted, and returns the error messages (`what` names the case in failures).
+pub fn start_must_fail(e: &gst::Element, what: &str) -> Vec<String> {
+    use gst::prelude::ElementExt;
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    let res = e.set_state(gst::State::Paused);
+    let _ = e.set_state(gst::State::Null);
+    assert!(res.is_err(), "state change succeeded with {what}");
+    let errs = errors(&drain(&bus));
+    assert!(!errs.is_empty(), "no error message for {what}");
+    errs
+}
+
+/// Asserts that one of `errs` contains every one of `words`.
+pub fn assert_names(errs: &[String], words: &[&str]) {
+    assert!(
+        errs.iter().any(|e| words.iter().all(|w| e.contains(w))),
+        "no error naming {words:?}: {errs:?}"
+    );
+}
+
 /// Waits up to `timeout` for an element message named `name` on `bus`, keeping every message
 /// popped meanwhile in `seen`.
 pub fn wait_element_message(

@@ -26,6 +26,14 @@ pub struct Suite {
 }
 
 impl Suite {
+    /// Tensor `key` of the Base reference's `clone` section (`audio`, `mel`, `xvector`, `codes`).
+    pub fn clone_tensor(&self, key: &str) -> Tensor {
+        let name = self.json["clone"]["tensors"][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("{}: clone.tensors.{key}", self.name));
+        self.tensors[name].clone()
+    }
+
     /// The reference's sampling settings for `case` (its `generation` block over the checkpoint's
     /// `generation_config.json`, and the case's `max_new_tokens`).
     pub fn sampling(&self, ckpt: &Checkpoint, case: &Value) -> SamplingParams {
@@ -110,6 +118,20 @@ pub fn frames(v: &Value) -> Vec<Vec<u32>> {
         .expect("JSON array of frames")
         .iter()
         .map(ids)
+        .collect()
+}
+
+/// A 2-D integer tensor (codes, `[frames, codebooks]`) as rows of u32.
+pub fn code_rows(t: &Tensor) -> Vec<Vec<u32>> {
+    t.to_dtype(DType::I64)
+        .and_then(|t| t.to_vec2::<i64>())
+        .expect("2-D integer tensor")
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .map(|c| u32::try_from(c).expect("code ≥ 0"))
+                .collect()
+        })
         .collect()
 }
 
