@@ -5,8 +5,8 @@
 mod element_util;
 
 use element_util::{
-    TempDir, assert_names, drain, element_messages, errors, init, play_to_eos, pts_of,
-    start_must_fail, tiny_model, wait_element_message,
+    TempDir, assert_names, block_first_buffer, drain, element_messages, errors, init, play_to_eos,
+    pts_of, start_must_fail, tiny_model, wait_element_message,
 };
 use gst::prelude::*;
 use gst_check::Harness;
@@ -59,25 +59,6 @@ fn f32_samples(bufs: &[gst::Buffer]) -> Vec<f32> {
         );
     }
     out
-}
-
-/// Blocks the element's streaming thread at its first buffer (so that text pushed meanwhile is
-/// certain to arrive before EOS). Returns the pad, the probe and a receiver fired when blocked.
-fn block_first_buffer(
-    e: &gst::Element,
-) -> (gst::Pad, gst::PadProbeId, std::sync::mpsc::Receiver<()>) {
-    let pad = e.static_pad("src").unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let probe = pad
-        .add_probe(
-            gst::PadProbeType::BLOCK | gst::PadProbeType::BUFFER,
-            move |_, _| {
-                let _ = tx.send(());
-                gst::PadProbeReturn::Ok
-            },
-        )
-        .unwrap();
-    (pad, probe, rx)
 }
 
 const LONG_TEXT: &str = "This is a long utterance that keeps going, sentence after sentence, so that \

@@ -20,7 +20,8 @@ use std::time::Duration;
 
 use candle_core::Tensor;
 use element_util::{
-    TempDir, assert_names, drain, element_messages, errors, init, start_must_fail, tiny_model,
+    TempDir, assert_names, block_first_buffer, drain, element_messages, errors, init,
+    start_must_fail, tiny_model,
 };
 use engine_common::fixture;
 use gst::glib;
@@ -665,17 +666,7 @@ fn runtime_bad_reference_refuses_only_its_utterance() {
         set(&e, k, &val);
     }
     // Hold the first buffer so that the texts below are queued before EOS.
-    let pad = e.static_pad("src").unwrap();
-    let (tx, blocked) = std::sync::mpsc::channel();
-    let probe = pad
-        .add_probe(
-            gst::PadProbeType::BLOCK | gst::PadProbeType::BUFFER,
-            move |_, _| {
-                let _ = tx.send(());
-                gst::PadProbeReturn::Ok
-            },
-        )
-        .unwrap();
+    let (pad, probe, blocked) = block_first_buffer(&e);
     h.play();
     blocked
         .recv_timeout(Duration::from_secs(60))

@@ -290,6 +290,26 @@ pub fn errors(msgs: &[gst::Message]) -> Vec<String> {
         .collect()
 }
 
+/// Blocks the element's streaming thread at its first buffer (so that text pushed meanwhile is
+/// certain to arrive before EOS). Returns the pad, the probe and a receiver fired when blocked.
+pub fn block_first_buffer(
+    e: &gst::Element,
+) -> (gst::Pad, gst::PadProbeId, std::sync::mpsc::Receiver<()>) {
+    use gst::prelude::{ElementExt, PadExtManual};
+    let pad = e.static_pad("src").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let probe = pad
+        .add_probe(
+            gst::PadProbeType::BLOCK | gst::PadProbeType::BUFFER,
+            move |_, _| {
+                let _ = tx.send(());
+                gst::PadProbeReturn::Ok
+            },
+        )
+        .unwrap();
+    (pad, probe, rx)
+}
+
 /// Plays `pipeline` to EOS (panics on an error message or after 60 s without a message), sets it
 /// back to NULL and returns the element's `omnitts/utterance-done` structures.
 pub fn play_to_eos(pipeline: &gst::Element) -> Vec<gst::Structure> {
