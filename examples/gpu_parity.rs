@@ -19,6 +19,9 @@
 //! - `--device` f32 and bf16 with the code predictor replayed from CUDA graphs
 //!   (`ArModel::enable_cuda_graphs`) → codes must equal the eager run of the same dtype.
 //!
+//! `--check-kernels` instead checks each fused CUDA decode kernel against the unfused candle ops on
+//! random tensors (`kernel_check/mod.rs`; tolerances stated there) and exits 0 / 1.
+//!
 //! Prints a table and a JSON document. Exit code 0 when every f32 device run equals the CPU, every
 //! CPU f32 run equals the reference and every graph run equals eager, 1 otherwise, 2 on an error.
 
@@ -33,6 +36,10 @@ use gstomnitts::models::qwen3_tts::{
     ArModel, ArStep, Checkpoint, FinishReason, PromptMode, SamplingParams, VoiceRequest,
 };
 use serde_json::{Value, json};
+
+#[cfg(feature = "cuda")]
+#[path = "kernel_check/mod.rs"]
+mod kernel_check;
 
 #[derive(Parser, Debug)]
 #[command(about = "stage-0 greedy parity: CUDA f32/bf16 vs CPU vs the reference fixtures")]
@@ -49,6 +56,9 @@ struct Args {
     /// Also write the JSON document here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Only check the fused CUDA decode kernels against the unfused ops (random tensors) and exit.
+    #[arg(long)]
+    check_kernels: bool,
 }
 
 /// `cpu`, `cuda:N` or `auto`, opened as the engine opens a stage's device
@@ -183,6 +193,12 @@ fn main() {
 fn real_main() -> Result<bool> {
     let args = Args::parse();
     let dev = open_device(&args.device)?;
+    if args.check_kernels {
+        #[cfg(feature = "cuda")]
+        return kernel_check::run(&dev);
+        #[cfg(not(feature = "cuda"))]
+        bail!("--check-kernels needs a build with the `cuda` feature");
+    }
     let refdir = args.fixtures.join("reference");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&refdir)
         .with_context(|| refdir.display().to_string())?

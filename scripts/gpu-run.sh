@@ -7,8 +7,10 @@
 # PACK_DIR (made by scripts/gpu-pack.sh) holds bins.tar.xz (gpu_parity, bench_gpu), fixtures.tar.xz
 # (tests/fixtures subset), bench/ (ref_bench.py, tok/), whl/ (the reference's wheels) and
 # bench_compare.py. Knobs: FRAMES (250), REPEATS (2), REF_REPEATS (1), SIZES (0.6b,1.7b),
-# GRAPHS (both), STEPS ("parity bench ref"), AR_DEVICE / DECODER_DEVICE (cuda:0), and per-step time
-# limits PARITY_TIMEOUT (150 s), BENCH_TIMEOUT (330 s), REF_TIMEOUT (120 s per size).
+# GRAPHS (both), STEPS ("parity bench ref"; also "kernels": the fused CUDA kernels against the
+# unfused ops, and "unfused": the benchmark again with OMNITTS_FUSED_KERNELS=0, graphs on, 1 repeat),
+# AR_DEVICE / DECODER_DEVICE (cuda:0), and per-step time limits KERNELS_TIMEOUT (60 s),
+# PARITY_TIMEOUT (150 s), BENCH_TIMEOUT (330 s), UNFUSED_TIMEOUT (150 s), REF_TIMEOUT (120 s per size).
 set -uo pipefail
 pack=$1
 out=$2
@@ -25,6 +27,12 @@ tar -C /tmp/omnitts -xJf "$pack/bins.tar.xz" || exit 3
 tar -C /tmp/omnitts -xJf "$pack/fixtures.tar.xz" || exit 3
 bin=/tmp/omnitts/bin fx=/tmp/omnitts/fixtures
 
+if [[ " $STEPS " == *" kernels "* ]]; then
+    stamp kernels
+    timeout "${KERNELS_TIMEOUT:-60}" "$bin/gpu_parity" --check-kernels --device "$AR_DEVICE" >"$out/kernels.log" 2>&1
+    echo "gpu_parity --check-kernels exit $?"
+    grep -E 'FAIL|kernel checks' "$out/kernels.log" | tail -20
+fi
 if [[ " $STEPS " == *" parity "* ]]; then
     stamp parity
     timeout "${PARITY_TIMEOUT:-150}" "$bin/gpu_parity" --fixtures "$fx" --device "$AR_DEVICE" --json "$out/parity.json" >"$out/parity.log" 2>&1
@@ -38,6 +46,14 @@ if [[ " $STEPS " == *" bench "* ]]; then
         --workdir /tmp --json "$out/omnitts.json" >"$out/omnitts.log" 2>&1
     echo "bench_gpu exit $?"
     grep -v '^{' "$out/omnitts.log" | tail -32
+fi
+if [[ " $STEPS " == *" unfused "* ]]; then
+    stamp "bench, fused kernels off"
+    OMNITTS_FUSED_KERNELS=0 timeout "${UNFUSED_TIMEOUT:-150}" "$bin/bench_gpu" --template "$fx/tiny-customvoice" --sizes "$SIZES" \
+        --frames "$FRAMES" --repeats 1 --graphs on --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" \
+        --workdir /tmp --json "$out/unfused.json" >"$out/unfused.log" 2>&1
+    echo "bench_gpu (unfused) exit $?"
+    grep -v '^{' "$out/unfused.log" | tail -8
 fi
 if [[ " $STEPS " == *" ref "* ]]; then
     stamp reference

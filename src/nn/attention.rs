@@ -78,18 +78,26 @@ impl KvCache {
         Ok(())
     }
 
-    /// Appends `k`/`v` (`[batch, kv_heads, t, head_dim]`); returns views of all cached positions.
-    fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
-        let t = k.dim(2)?;
-        let matches = |b: &Tensor| b.dims()[..2] == k.dims()[..2] && b.dtype() == k.dtype();
+    /// Makes room for `t` more positions of keys/values shaped like `dims`
+    /// (`[batch, kv_heads, _, head_dim]`) in `dtype`: allocates the buffers, or grows them by
+    /// `capacity_hint` steps keeping the cached positions. Errors when positions are held in
+    /// buffers of another batch/head count/dtype.
+    fn ensure_capacity(
+        &mut self,
+        dims: &[usize],
+        dtype: DType,
+        device: &Device,
+        t: usize,
+    ) -> Result<()> {
+        let matches = |b: &Tensor| b.dims()[..2] == dims[..2] && b.dtype() == dtype;
         let cap = match &self.k {
             Some(b) if matches(b) => b.dim(2)?,
             Some(b) if self.len > 0 => candle_core::bail!(
                 "KV cache holds {:?} {:?}, cannot append {:?} {:?}",
                 b.dims(),
                 b.dtype(),
-                k.dims(),
-                k.dtype()
+                dims,
+                dtype
             ),
             _ => 0, // never allocated, or empty with another batch/head count/dtype
         };
@@ -98,19 +106,26 @@ impl KvCache {
             while new_cap < self.len + t {
                 new_cap += self.capacity_hint;
             }
-            let grow = |old: &Option<Tensor>, like: &Tensor| -> Result<Tensor> {
-                let mut shape = like.dims().to_vec();
+            let grow = |old: &Option<Tensor>| -> Result<Tensor> {
+                let mut shape = dims.to_vec();
                 shape[2] = new_cap;
-                let buf = Tensor::zeros(shape, like.dtype(), like.device())?;
+                let buf = Tensor::zeros(shape, dtype, device)?;
                 if let (true, Some(old)) = (self.len > 0, old) {
                     buf.slice_set(&old.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
                 }
                 Ok(buf)
             };
-            let (nk, nv) = (grow(&self.k, k)?, grow(&self.v, v)?);
+            let (nk, nv) = (grow(&self.k)?, grow(&self.v)?);
             self.k = Some(nk);
             self.v = Some(nv);
         }
+        Ok(())
+    }
+
+    /// Appends `k`/`v` (`[batch, kv_heads, t, head_dim]`); returns views of all cached positions.
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let t = k.dim(2)?;
+        self.ensure_capacity(k.dims(), k.dtype(), k.device(), t)?;
         let (Some(kb), Some(vb)) = (&self.k, &self.v) else {
             candle_core::bail!("KV cache buffers missing after allocation");
         };
@@ -148,6 +163,11 @@ pub struct Attention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
+    /// q, k and v projections as one matmul (weights concatenated; `q_proj`/`k_proj`/`v_proj` are
+    /// then row views of it): set on CUDA when the fused decode kernels are on and there is no
+    /// bias. Used by the fused decode path only.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    qkv_proj: Option<Linear>,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
     num_heads: usize,
@@ -164,10 +184,28 @@ impl Attention {
         let qd = cfg.num_attention_heads * cfg.head_dim;
         let kvd = cfg.num_key_value_heads * cfg.head_dim;
         let b = cfg.attention_bias;
+        let q_proj = vb.linear(h, qd, b, "q_proj")?;
+        let k_proj = vb.linear(h, kvd, b, "k_proj")?;
+        let v_proj = vb.linear(h, kvd, b, "v_proj")?;
+        #[allow(unused_mut)]
+        let (mut q_proj, mut k_proj, mut v_proj, mut qkv_proj) = (q_proj, k_proj, v_proj, None);
+        #[cfg(feature = "cuda")]
+        if vb.device().is_cuda() && super::cuda_kernels::enabled() {
+            // On failure (a bias) the separate projections stay.
+            if let Ok((parts, fused)) =
+                super::cuda_kernels::fused_linear::fuse_linears(&[&q_proj, &k_proj, &v_proj])
+            {
+                let mut parts = parts.into_iter();
+                if let (Some(q), Some(k), Some(v)) = (parts.next(), parts.next(), parts.next()) {
+                    (q_proj, k_proj, v_proj, qkv_proj) = (q, k, v, Some(fused));
+                }
+            }
+        }
         Ok(Self {
-            q_proj: vb.linear(h, qd, b, "q_proj")?,
-            k_proj: vb.linear(h, kvd, b, "k_proj")?,
-            v_proj: vb.linear(h, kvd, b, "v_proj")?,
+            q_proj,
+            k_proj,
+            v_proj,
+            qkv_proj,
             o_proj: vb.linear(qd, h, b, "o_proj")?,
             q_norm: RmsNorm::new(cfg.head_dim, cfg.rms_norm_eps, &vb.pp("q_norm"))?,
             k_norm: RmsNorm::new(cfg.head_dim, cfg.rms_norm_eps, &vb.pp("k_norm"))?,
@@ -235,6 +273,101 @@ impl Attention {
         vb.scatter_set(slot, &v.contiguous()?, 2)?;
         let (k, v) = (kb.narrow(2, 0, bucket)?, vb.narrow(2, 0, bucket)?);
         self.attend(&q, &k, &v, Some(mask), b, t)
+    }
+
+    /// Whether [`Self::forward_fused`] can run `t` query rows attending to at most `max_keys`
+    /// keys on `x`'s device and dtype (CUDA, bf16/f32, kernels enabled, no sliding window,
+    /// supported head width).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn fused_ok(&self, x: &Tensor, t: usize, max_keys: usize) -> bool {
+        use super::cuda_kernels::decode_attention::{MAX_KEYS, supports_head_dim};
+        super::cuda_kernels::usable_for(x)
+            && self.sliding_window.is_none()
+            && (1..=super::transformer::FUSED_MAX_ROWS).contains(&t)
+            && max_keys <= MAX_KEYS
+            && supports_head_dim(self.head_dim)
+            && self.num_kv_heads > 0
+            && self.num_heads % self.num_kv_heads == 0
+            && self.q_norm.eps() == self.k_norm.eps()
+    }
+
+    /// Ensures `cache` has buffers with room for `t` more positions of this layer's keys/values
+    /// (`batch` rows, `dtype`), as [`Self::forward`] would allocate them.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn reserve(
+        &self,
+        cache: &mut KvCache,
+        batch: usize,
+        t: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<()> {
+        cache.ensure_capacity(
+            &[batch, self.num_kv_heads, t, self.head_dim],
+            dtype,
+            device,
+            t,
+        )
+    }
+
+    /// The decode path with the fused CUDA kernels (`src/nn/cuda_kernels`): `x` `[batch, t,
+    /// hidden]` (already input-normed) at positions `pos + i`; `cos`/`sin` the f32 RoPE tables from
+    /// position 0 (`[positions, head_dim/2]`). Writes the new keys/values into slots `pos + i` of
+    /// `cache`'s buffers (does not change `cache.seq_len()`) and attends causally to at most
+    /// `max_keys` slots. Returns `[batch, t, hidden]` as [`Self::forward`]. Launches: 1 matmul
+    /// (q/k/v fused, 3 otherwise) + 1 norm/RoPE/cache write + 1 attention + 1 `o_proj`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn forward_fused(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        pos: super::cuda_kernels::Pos<'_>,
+        max_keys: usize,
+        cache: &KvCache,
+    ) -> Result<Tensor> {
+        use super::cuda_kernels::{decode_attention, qk_norm_rope};
+        let qd = self.num_heads * self.head_dim;
+        let kvd = self.num_kv_heads * self.head_dim;
+        let (q, k, v) = match &self.qkv_proj {
+            Some(qkv) => {
+                let qkv = qkv.forward(x)?;
+                (
+                    qkv.narrow(2, 0, qd)?,
+                    qkv.narrow(2, qd, kvd)?,
+                    qkv.narrow(2, qd + kvd, kvd)?,
+                )
+            }
+            None => (
+                self.q_proj.forward(x)?,
+                self.k_proj.forward(x)?,
+                self.v_proj.forward(x)?,
+            ),
+        };
+        let (Some(kb), Some(vb)) = (&cache.k, &cache.v) else {
+            candle_core::bail!("fused decoding needs allocated KV buffers");
+        };
+        let dtype = x.dtype();
+        let q = qk_norm_rope::qk_norm_rope_kv(
+            &q,
+            &k,
+            &v,
+            &self.q_norm.weight_as(dtype)?,
+            &self.k_norm.weight_as(dtype)?,
+            self.q_norm.eps(),
+            cos,
+            sin,
+            pos,
+            kb,
+            vb,
+            qk_norm_rope::Heads {
+                nh: self.num_heads,
+                nkv: self.num_kv_heads,
+                hd: self.head_dim,
+            },
+        )?;
+        let out = decode_attention::decode_attention(&q, kb, vb, pos, max_keys, self.scaling)?;
+        self.o_proj.forward(&out)
     }
 
     /// Projections, per-head norms and RoPE: `q` `[b, heads, t, hd]`, `k`/`v` `[b, kv_heads, t, hd]`.

@@ -11,6 +11,10 @@ pub struct Mlp {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    /// gate and up as one matmul (weights concatenated; `gate_proj`/`up_proj` are then row views
+    /// of it): set on CUDA when the fused decode kernels are on. Used by [`Self::forward_fused`].
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    gate_up: Option<Linear>,
 }
 
 impl Mlp {
@@ -19,10 +23,26 @@ impl Mlp {
         intermediate: usize,
         vb: &Weights,
     ) -> std::result::Result<Self, WeightError> {
+        let gate_proj = vb.linear(hidden, intermediate, false, "gate_proj")?;
+        let up_proj = vb.linear(hidden, intermediate, false, "up_proj")?;
+        #[allow(unused_mut)]
+        let (mut gate_proj, mut up_proj, mut gate_up) = (gate_proj, up_proj, None);
+        #[cfg(feature = "cuda")]
+        if vb.device().is_cuda()
+            && super::cuda_kernels::enabled()
+            && let Ok((parts, fused)) =
+                super::cuda_kernels::fused_linear::fuse_linears(&[&gate_proj, &up_proj])
+        {
+            let mut parts = parts.into_iter();
+            if let (Some(g), Some(u)) = (parts.next(), parts.next()) {
+                (gate_proj, up_proj, gate_up) = (g, u, Some(fused));
+            }
+        }
         Ok(Self {
-            gate_proj: vb.linear(hidden, intermediate, false, "gate_proj")?,
-            up_proj: vb.linear(hidden, intermediate, false, "up_proj")?,
+            gate_proj,
+            up_proj,
             down_proj: vb.linear(intermediate, hidden, false, "down_proj")?,
+            gate_up,
         })
     }
 
@@ -31,5 +51,22 @@ impl Mlp {
         let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;
         let up = self.up_proj.forward(x)?;
         self.down_proj.forward(&(gate * up)?)
+    }
+
+    /// [`Self::forward`] with the fused CUDA kernels (`src/nn/cuda_kernels`): one gate/up matmul
+    /// (two without the fused weight), one SiLU·up kernel, the down matmul. `x` `[batch, t,
+    /// hidden]`, bf16 or f32 on CUDA.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
+        let (gate, up) = match &self.gate_up {
+            Some(gu) => {
+                let gu = gu.forward(x)?;
+                let n = gu.dim(2)? / 2;
+                (gu.narrow(2, 0, n)?, gu.narrow(2, n, n)?)
+            }
+            None => (self.gate_proj.forward(x)?, self.up_proj.forward(x)?),
+        };
+        self.down_proj
+            .forward(&super::cuda_kernels::silu_mul::silu_mul(&gate, &up)?)
     }
 }

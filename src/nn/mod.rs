@@ -8,6 +8,8 @@ pub mod attention;
 pub mod conv;
 #[cfg(feature = "cuda")]
 pub mod cuda_graph;
+#[cfg(feature = "cuda")]
+pub mod cuda_kernels;
 pub mod mlp;
 pub mod rms_norm;
 pub mod rope;

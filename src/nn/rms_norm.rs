@@ -28,6 +28,16 @@ impl RmsNorm {
         })
     }
 
+    /// Epsilon added to the mean square.
+    pub fn eps(&self) -> f64 {
+        self.eps
+    }
+
+    /// The weight `[dim]` in `dtype` (no copy when it already is).
+    pub fn weight_as(&self, dtype: DType) -> Result<Tensor> {
+        self.weight.to_dtype(dtype)
+    }
+
     /// `x`: `[..., dim]` in any float dtype → same shape and dtype.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let in_dtype = x.dtype();

@@ -9,6 +9,11 @@ use super::rms_norm::RmsNorm;
 use super::rope::RotaryEmbedding;
 use super::weights::{WeightError, Weights};
 
+/// Most query rows per call that take the fused CUDA decode path (decode steps: 1; the code
+/// predictor's first step: 2); longer inputs (prefills) run the unfused ops.
+#[cfg(feature = "cuda")]
+pub(crate) const FUSED_MAX_ROWS: usize = 4;
+
 /// The sizes of one Qwen3 decoder stack, taken from a checkpoint's config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransformerConfig {
@@ -99,6 +104,38 @@ impl DecoderLayer {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl DecoderLayer {
+    /// One layer on the fused CUDA decode path: `x` is the residual stream `[batch, t, hidden]`
+    /// and `normed` = `input_layernorm(x)` (computed by the caller, fused with the previous
+    /// layer's last add). Returns `(h, m)` with the layer output `h + m` left to the caller (so it
+    /// fuses with the next layer's norm). See [`super::Attention::forward_fused`] for the rest.
+    /// Launches: 4 (attention) + 1 (add + post-attention norm) + 3 (MLP).
+    fn forward_fused(
+        &self,
+        x: &Tensor,
+        normed: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        pos: super::cuda_kernels::Pos<'_>,
+        max_keys: usize,
+        cache: &KvCache,
+    ) -> Result<(Tensor, Tensor)> {
+        let a = self
+            .self_attn
+            .forward_fused(normed, cos, sin, pos, max_keys, cache)?;
+        let post = &self.post_attention_layernorm;
+        let (h, normed) = super::cuda_kernels::add_rms_norm::add_rms_norm(
+            x,
+            &a,
+            &post.weight_as(x.dtype())?,
+            post.eps(),
+        )?;
+        let m = self.mlp.forward_fused(&normed)?;
+        Ok((h, m))
+    }
+}
+
 /// One KV cache per layer of a stack.
 #[derive(Debug, Clone)]
 pub struct LayerCaches {
@@ -154,8 +191,56 @@ impl LayerCaches {
         Ok(h)
     }
 
+    /// Whether `layers` can run `x` (`t` rows, at most `max_keys` keys) on the fused CUDA decode
+    /// path ([`Self::run_fused`]).
+    #[cfg(feature = "cuda")]
+    pub fn fused_ok(&self, layers: &[DecoderLayer], x: &Tensor, max_keys: usize) -> bool {
+        let t = x.dim(1).unwrap_or(0);
+        !layers.is_empty()
+            && layers.len() <= self.caches.len()
+            && layers.iter().all(|l| l.self_attn.fused_ok(x, t, max_keys))
+    }
+
+    /// Runs `layers` over `x` (`[batch, t, hidden]`, `t` ≤ `FUSED_MAX_ROWS`) at positions
+    /// `pos..pos+t` with the fused CUDA kernels (9 launches per layer instead of ~30; docs/cuda.md):
+    /// writes the new keys/values into those slots of the caches' buffers (allocated, with room;
+    /// `seq_len()` unchanged) and attends causally to at most `max_keys` slots. `cos`/`sin`: f32
+    /// RoPE tables from position 0. With a device `pos` (u32 `[1]`) the launches are the same for
+    /// every position, so the call can be captured in a CUDA graph. Returns the last layer's output
+    /// (before any final norm), as [`Self::run`]. Check [`Self::fused_ok`] first.
+    #[cfg(feature = "cuda")]
+    pub fn run_fused(
+        &self,
+        layers: &[DecoderLayer],
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        pos: super::cuda_kernels::Pos<'_>,
+        max_keys: usize,
+    ) -> Result<Tensor> {
+        use super::cuda_kernels::add_rms_norm::add_rms_norm;
+        let Some(first) = layers.first() else {
+            candle_core::bail!("fused decode over an empty stack");
+        };
+        let mut x = x.clone();
+        let mut normed = first.input_layernorm.forward(&x)?;
+        for (i, (layer, cache)) in layers.iter().zip(self.caches.iter()).enumerate() {
+            let (h, m) = layer.forward_fused(&x, &normed, cos, sin, pos, max_keys, cache)?;
+            match layers.get(i + 1) {
+                Some(next) => {
+                    let norm = &next.input_layernorm;
+                    (x, normed) = add_rms_norm(&h, &m, &norm.weight_as(h.dtype())?, norm.eps())?;
+                }
+                None => x = (h + m)?,
+            }
+        }
+        Ok(x)
+    }
+
     /// Runs `layers` over `x` (`[batch, t, hidden]`) at positions `seq_len()..seq_len()+t`,
     /// appending to the caches. Returns the last layer's output (before any final norm).
+    /// On CUDA, a decode input (`t` ≤ `FUSED_MAX_ROWS`) takes the fused kernels
+    /// ([`Self::run_fused`]); everything else, and every CPU run, the ops below.
     pub fn run(
         &mut self,
         layers: &[DecoderLayer],
@@ -163,6 +248,27 @@ impl LayerCaches {
         x: &Tensor,
     ) -> Result<Tensor> {
         let t = x.dim(1)?;
+        #[cfg(feature = "cuda")]
+        {
+            let past = self.seq_len();
+            if self.fused_ok(layers, x, past + t) {
+                let (b, dtype, dev) = (x.dim(0)?, x.dtype(), x.device().clone());
+                for (layer, cache) in layers.iter().zip(self.caches.iter_mut()) {
+                    layer.self_attn.reserve(cache, b, t, dtype, &dev)?;
+                }
+                let (cos, sin) = rope.cos_sin(0, past + t)?;
+                let h = self.run_fused(
+                    layers,
+                    x,
+                    &cos,
+                    &sin,
+                    super::cuda_kernels::Pos::Host(past),
+                    past + t,
+                )?;
+                self.advance(t)?;
+                return Ok(h);
+            }
+        }
         let (cos, sin) = rope.cos_sin(self.seq_len(), t)?;
         // Cast once per stack (the reference casts the f32 tables to the activation dtype too).
         let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);

@@ -213,6 +213,23 @@ impl TalkerGraphs {
 
     /// The captured work: one talker position at `pos`, attending over `bucket` slots.
     fn run(&self, talker: &Talker, bucket: usize) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if self
+            .cache
+            .fused_ok(&talker.model.layers, &self.input, bucket)
+        {
+            // Fused kernels: the position is read on the device, no RoPE row pick, slot tensor or
+            // mask, and attention reads only the live slots 0..=p of the bucket.
+            let h = self.cache.run_fused(
+                &talker.model.layers,
+                &self.input,
+                &self.cos,
+                &self.sin,
+                crate::nn::cuda_kernels::Pos::Device(&self.pos),
+                bucket,
+            )?;
+            return self.finish(talker, &h);
+        }
         let t = &talker.config().transformer;
         let (nkv, hd) = (t.num_key_value_heads, t.head_dim);
         let cos = self.cos.index_select(&self.pos, 0)?.to_dtype(self.dtype)?;
@@ -235,7 +252,12 @@ impl TalkerGraphs {
         let h =
             self.cache
                 .run_at_slot(&talker.model.layers, &self.input, &cos, &sin, &slot, &mask)?;
-        let h = talker.model.norm.forward(&h)?;
+        self.finish(talker, &h)
+    }
+
+    /// Final norm and codec head of a step's last hidden state `h` into the static buffers.
+    fn finish(&self, talker: &Talker, h: &Tensor) -> Result<()> {
+        let h = talker.model.norm.forward(h)?;
         self.hidden.slice_set(&h, 1, 0)?;
         let logits = talker.codec_head.forward(&h)?.to_dtype(DType::F32)?;
         self.logits.slice_set(&logits, 2, 0)

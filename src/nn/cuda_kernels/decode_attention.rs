@@ -1,0 +1,121 @@
+//! Launcher of `decode_attention.cu`: softmax(q·kᵀ·scale)·v of a few query rows over a KV cache,
+//! scores and softmax in f32, causal limit from the position (reference: `Attention::attend` with
+//! the causal / bucket mask, `src/nn/attention.rs`).
+
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::{Result, Tensor};
+
+use super::{Args, Pos, cuda_device, dev_ptr, empty, expect, kernel_name};
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/decode_attention.ptx"));
+const MODULE: &str = "omnitts_decode_attention";
+/// Threads per block (`ATTN_THREADS` in the kernel).
+const THREADS: usize = 256;
+/// Most keys one query may attend to (the scores live in shared memory: 32 KiB at this bound).
+pub const MAX_KEYS: usize = 8192;
+
+/// Whether the kernel handles heads of width `hd` (a multiple of 8 whose 8-element lanes tile the
+/// block).
+pub fn supports_head_dim(hd: usize) -> bool {
+    hd >= 8 && hd % 8 == 0 && hd <= 8 * THREADS && THREADS % (hd / 8) == 0
+}
+
+/// Attention of `q` `[batch, nh, t, hd]` (query i at position `pos + i`) over keys/values
+/// `0..=pos + i` of `k_cache`/`v_cache` `[batch, nkv, cap, hd]` (contiguous, query head h reads
+/// kv head `h / (nh / nkv)`), at most `max_keys` keys (≤ [`MAX_KEYS`]; the dynamic shared memory
+/// is sized by it, so a device position must stay below it). `scale` multiplies the scores
+/// (1/√hd). Returns `[batch, t, nh·hd]` in `q`'s dtype, ready for `o_proj`.
+pub fn decode_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    pos: Pos<'_>,
+    max_keys: usize,
+    scale: f64,
+) -> Result<Tensor> {
+    let dtype = q.dtype();
+    expect(q, dtype, "queries")?;
+    expect(k_cache, dtype, "k cache")?;
+    expect(v_cache, dtype, "v cache")?;
+    let (b, nh, t, hd) = q.dims4()?;
+    let (cb, nkv, cap, cd) = k_cache.dims4()?;
+    if (cb, cd) != (b, hd) || v_cache.dims4()? != (b, nkv, cap, hd) || nkv == 0 || nh % nkv != 0 {
+        candle_core::bail!(
+            "decode_attention: q {:?} and caches {:?} / {:?} do not match",
+            q.dims(),
+            k_cache.dims(),
+            v_cache.dims()
+        );
+    }
+    if !supports_head_dim(hd) || max_keys == 0 || max_keys > MAX_KEYS {
+        candle_core::bail!("decode_attention: head width {hd} or {max_keys} keys unsupported");
+    }
+    // 16-byte loads: every row must start 16-byte aligned (buffers are, offsets must be too).
+    let align = 16 / dtype.size_in_bytes();
+    for (x, what) in [(q, "q"), (k_cache, "k cache"), (v_cache, "v cache")] {
+        if x.layout().start_offset() % align != 0 {
+            candle_core::bail!("decode_attention: {what} starts at an unaligned offset");
+        }
+    }
+    if let Pos::Host(p) = pos
+        && p + t > cap
+    {
+        candle_core::bail!(
+            "decode_attention: positions up to {} past the cache ({cap})",
+            p + t
+        );
+    }
+    let dev = cuda_device(q)?;
+    let out = empty(&dev, dtype, (b, t, nh * hd))?;
+    let (pq, pk, pv, pout) = (
+        dev_ptr(q, &dev)?,
+        dev_ptr(k_cache, &dev)?,
+        dev_ptr(v_cache, &dev)?,
+        dev_ptr(&out, &dev)?,
+    );
+    let (pos_ptr, pos_host, _pos_guard) = match pos {
+        Pos::Device(p) => {
+            if p.dtype() != candle_core::DType::U32 || p.elem_count() < 1 {
+                candle_core::bail!(
+                    "decode_attention: device position must be u32, got {:?}",
+                    p.dtype()
+                );
+            }
+            let g = dev_ptr(p, &dev)?;
+            (g.addr, 0, Some(g))
+        }
+        Pos::Host(p) => (0, p, None),
+    };
+    let args = Args::default()
+        .ptr(pq.addr)
+        .ptr(pk.addr)
+        .ptr(pv.addr)
+        .ptr(pout.addr)
+        .ptr(pos_ptr)
+        .u32(pos_host)?
+        .i32(t)?
+        .i32(nh)?
+        .i32(nkv)?
+        .i32(hd)?
+        .i32(cap)?
+        .i32(max_keys)?
+        .f32(scale as f32);
+    let shared = (max_keys + hd + THREADS * 8 + 32) * 4;
+    if shared > 48 * 1024 {
+        candle_core::bail!("decode_attention: {shared} bytes of shared memory for {max_keys} keys");
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (nh as u32, t as u32, b as u32),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: shared as u32,
+    };
+    args.launch(
+        &dev,
+        MODULE,
+        PTX,
+        &kernel_name("decode_attention", dtype)?,
+        cfg,
+    )?;
+    drop((pq, pk, pv, pout));
+    Ok(out)
+}

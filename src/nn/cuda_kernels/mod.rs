@@ -1,0 +1,223 @@
+//! Fused CUDA kernels for the single-token decode path of the Qwen3 decoder stacks (talker decode
+//! step, code-predictor steps), feature `cuda` only. Each kernel is one CUDA C file here, compiled
+//! to PTX by `build.rs` and loaded through candle's `CudaDevice::get_or_load_custom_func`; each has
+//! a Rust launcher module with its shapes. Per decoder layer they take a decode position from ~30
+//! launches to 9 (docs/cuda.md, "Fused decode kernels"):
+//!
+//! | kernel | replaces |
+//! |---|---|
+//! | [`qk_norm_rope::qk_norm_rope_kv`] | q/k RMSNorm, transposes, RoPE, KV-cache writes |
+//! | [`decode_attention::decode_attention`] | QKᵀ, scale, f32 cast, mask, softmax, casts, PV, copies |
+//! | [`add_rms_norm::add_rms_norm`] | residual add + the next RMSNorm |
+//! | [`silu_mul::silu_mul`] | SiLU(gate) · up |
+//!
+//! Numerics as docs/cuda.md states: norms and softmax accumulate in f32, RoPE tables are f32
+//! (rounded to the activation dtype as the reference casts them), activations bf16 (or f32).
+//! Only bf16 and f32 activations are supported; other dtypes take the unfused path.
+//!
+//! `OMNITTS_FUSED_KERNELS=0` in the environment turns the fused path off (read once per process),
+//! for A/B runs against the unfused candle ops.
+
+pub mod add_rms_norm;
+pub mod decode_attention;
+pub mod fused_linear;
+pub mod qk_norm_rope;
+pub mod silu_mul;
+
+use std::sync::OnceLock;
+
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
+use candle_core::op::BackpropOp;
+use candle_core::{DType, Device, Result, Shape, Storage, StorageRef, Tensor};
+
+/// Whether the fused decode kernels are on (`OMNITTS_FUSED_KERNELS` is not `0`).
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("OMNITTS_FUSED_KERNELS").map_or(true, |v| v.trim() != "0"))
+}
+
+/// Whether `x` is on a CUDA device in a dtype the kernels are built for, and they are enabled.
+pub fn usable_for(x: &Tensor) -> bool {
+    enabled() && x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F32)
+}
+
+/// Where a decode call's first query sits: a device u32 `[1]` (read by the kernel, so a CUDA graph
+/// replays for any position) or a host value baked into the launch.
+#[derive(Debug, Clone, Copy)]
+pub enum Pos<'a> {
+    Device(&'a Tensor),
+    Host(usize),
+}
+
+/// The kernel name for `dtype`: `{base}_bf16` or `{base}_f32`.
+fn kernel_name(base: &str, dtype: DType) -> Result<String> {
+    match dtype {
+        DType::BF16 => Ok(format!("{base}_bf16")),
+        DType::F32 => Ok(format!("{base}_f32")),
+        other => candle_core::bail!("{base}: no fused kernel for {other:?}"),
+    }
+}
+
+fn cuda_device(t: &Tensor) -> Result<CudaDevice> {
+    match t.device() {
+        Device::Cuda(d) => Ok(d.clone()),
+        other => candle_core::bail!("fused CUDA kernel called on {other:?}"),
+    }
+}
+
+/// A tensor's device address (start offset included) as a kernel argument, with the read guard
+/// on its storage that keeps it alive and unaliased by other threads until the launch is queued.
+struct DevPtr<'t> {
+    _guard: StorageRef<'t>,
+    addr: u64,
+}
+
+/// [`DevPtr`] of `t` (bf16, f32 or u32 elements). The kernel may write through it (the KV cache);
+/// all work is queued on the device's one stream, so ordering is preserved.
+fn dev_ptr<'t>(t: &'t Tensor, dev: &CudaDevice) -> Result<DevPtr<'t>> {
+    match t.dtype() {
+        DType::BF16 => typed_ptr::<half::bf16>(t, dev),
+        DType::F32 => typed_ptr::<f32>(t, dev),
+        DType::U32 => typed_ptr::<u32>(t, dev),
+        other => candle_core::bail!("fused CUDA kernel: no pointer for {other:?}"),
+    }
+}
+
+fn typed_ptr<'t, T: CudaDType>(t: &'t Tensor, dev: &CudaDevice) -> Result<DevPtr<'t>> {
+    let (guard, layout) = t.storage_and_layout();
+    let offset = layout.start_offset();
+    let addr = {
+        let Storage::Cuda(s) = &*guard else {
+            candle_core::bail!("fused CUDA kernel: tensor is not on a CUDA device");
+        };
+        let slice = s.as_cuda_slice::<T>()?;
+        let stream = dev.cuda_stream();
+        let (base, _sync) = slice.device_ptr(&stream);
+        base + (offset * std::mem::size_of::<T>()) as u64
+    };
+    Ok(DevPtr {
+        _guard: guard,
+        addr,
+    })
+}
+
+/// A new contiguous device tensor of `shape` whose elements are NOT initialised: only for kernel
+/// outputs that the kernel writes in full before anything reads them. No fill kernel runs.
+fn empty(dev: &CudaDevice, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
+    let shape = shape.into();
+    let n = shape.elem_count();
+    // SAFETY (both arms): every element is written by the launching kernel before any read.
+    let storage = match dtype {
+        DType::BF16 => {
+            let s = unsafe { dev.alloc::<half::bf16>(n) }?;
+            candle_core::CudaStorage::wrap_cuda_slice(s, dev.clone())
+        }
+        DType::F32 => {
+            let s = unsafe { dev.alloc::<f32>(n) }?;
+            candle_core::CudaStorage::wrap_cuda_slice(s, dev.clone())
+        }
+        other => candle_core::bail!("fused CUDA kernel: no output buffer for {other:?}"),
+    };
+    Ok(Tensor::from_storage(
+        Storage::Cuda(storage),
+        shape,
+        BackpropOp::none(),
+        false,
+    ))
+}
+
+/// Kernel argument list: device addresses and scalars, pushed in the kernel's parameter order.
+#[derive(Default)]
+struct Args {
+    values: Vec<ArgValue>,
+}
+
+enum ArgValue {
+    Ptr(u64),
+    I32(i32),
+    U32(u32),
+    F32(f32),
+}
+
+impl Args {
+    fn ptr(mut self, p: u64) -> Self {
+        self.values.push(ArgValue::Ptr(p));
+        self
+    }
+    fn i32(mut self, v: usize) -> Result<Self> {
+        let v = i32::try_from(v)
+            .map_err(|_| candle_core::Error::Msg(format!("kernel argument {v} exceeds i32")))?;
+        self.values.push(ArgValue::I32(v));
+        Ok(self)
+    }
+    fn u32(mut self, v: usize) -> Result<Self> {
+        let v = u32::try_from(v)
+            .map_err(|_| candle_core::Error::Msg(format!("kernel argument {v} exceeds u32")))?;
+        self.values.push(ArgValue::U32(v));
+        Ok(self)
+    }
+    fn f32(mut self, v: f32) -> Self {
+        self.values.push(ArgValue::F32(v));
+        self
+    }
+
+    /// Launches `name` of the PTX module `module` (loaded once per device) on the device stream.
+    fn launch(
+        self,
+        dev: &CudaDevice,
+        module: &str,
+        ptx: &'static str,
+        name: &str,
+        cfg: LaunchConfig,
+    ) -> Result<()> {
+        let func = dev.get_or_load_custom_func(name, module, ptx)?;
+        let mut builder = func.builder();
+        for v in &self.values {
+            match v {
+                ArgValue::Ptr(p) => builder.arg(p),
+                ArgValue::I32(x) => builder.arg(x),
+                ArgValue::U32(x) => builder.arg(x),
+                ArgValue::F32(x) => builder.arg(x),
+            };
+        }
+        // SAFETY: the argument list matches the kernel's parameters (each launcher documents them);
+        // the addresses come from live tensors whose guards the caller holds across this call.
+        unsafe { builder.launch(cfg) }.w()?;
+        Ok(())
+    }
+}
+
+/// Row stride (elements) of a `[batch, t, width]` tensor whose rows are unit-stride runs laid out
+/// at a fixed stride (contiguous, or a last-dim `narrow` of a contiguous tensor).
+fn row_stride(x: &Tensor) -> Result<usize> {
+    let (b, t, _) = x.dims3()?;
+    let stride = x.layout().stride();
+    if stride[2] != 1 || (b > 1 && t > 1 && stride[0] != t * stride[1]) {
+        candle_core::bail!(
+            "fused kernel: rows of {:?} (strides {stride:?}) are not evenly spaced",
+            x.dims()
+        );
+    }
+    Ok(if t > 1 {
+        stride[1]
+    } else if b > 1 {
+        stride[0]
+    } else {
+        x.dim(2)?
+    })
+}
+
+/// Errors unless `t` is contiguous with element type `dtype`.
+fn expect(t: &Tensor, dtype: DType, what: &str) -> Result<()> {
+    if t.dtype() != dtype {
+        candle_core::bail!(
+            "fused kernel: {what} is {:?}, expected {dtype:?}",
+            t.dtype()
+        );
+    }
+    if !t.is_contiguous() {
+        candle_core::bail!("fused kernel: {what} {:?} is not contiguous", t.dims());
+    }
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! Launcher of `qk_norm_rope.cu`: per-head RMSNorm of q and k, NeoX RoPE, and the write of the new
+//! key and value into their KV-cache slot, in one kernel (reference: `Attention::qkv` + the cache
+//! write of `Attention::forward` / `forward_at_slot`, `src/nn/attention.rs`).
+
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::{Result, Tensor};
+
+use super::{Args, Pos, cuda_device, dev_ptr, empty, expect, kernel_name, row_stride};
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/qk_norm_rope.ptx"));
+const MODULE: &str = "omnitts_qk_norm_rope";
+
+/// Head counts and width of the attention layer.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    /// Query heads.
+    pub nh: usize,
+    /// Key/value heads (`nh % nkv == 0`).
+    pub nkv: usize,
+    /// Per-head width (even, at most 2048).
+    pub hd: usize,
+}
+
+/// Normalises and rotates the new queries and keys, and writes keys and values into the cache.
+///
+/// - `q` `[batch, t, nh·hd]`, `k`/`v` `[batch, t, nkv·hd]`: projections, contiguous or last-dim
+///   narrows of one fused QKV output (evenly spaced unit-stride rows).
+/// - `q_w`/`k_w` `[hd]`: the head norms' weights; `eps` their epsilon (both norms share it).
+/// - `cos`/`sin` f32 `[positions, hd/2]`, row p = position p (tables from position 0).
+/// - `pos`: position of query 0; query i is at `pos + i` (must be `< positions`).
+/// - `k_cache`/`v_cache` `[batch, nkv, cap, hd]` contiguous: slot `pos + i` is overwritten
+///   (slots `>= cap` are skipped: the caller ensures room).
+///
+/// Returns the queries `[batch, nh, t, hd]` (what [`super::decode_attention::decode_attention`]
+/// takes). All tensors share `q`'s dtype (bf16 or f32) except the f32 tables.
+#[allow(clippy::too_many_arguments)]
+pub fn qk_norm_rope_kv(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    q_w: &Tensor,
+    k_w: &Tensor,
+    eps: f64,
+    cos: &Tensor,
+    sin: &Tensor,
+    pos: Pos<'_>,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    heads: Heads,
+) -> Result<Tensor> {
+    let Heads { nh, nkv, hd } = heads;
+    let dtype = q.dtype();
+    let (b, t, qw) = q.dims3()?;
+    if qw != nh * hd || k.dims3()? != (b, t, nkv * hd) || v.dims3()? != (b, t, nkv * hd) {
+        candle_core::bail!(
+            "qk_norm_rope_kv: q {:?} k {:?} v {:?} do not match {nh}/{nkv} heads of {hd}",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        );
+    }
+    if hd % 2 != 0 || hd > 2048 || nkv == 0 || nh % nkv != 0 {
+        candle_core::bail!("qk_norm_rope_kv: unsupported heads {heads:?}");
+    }
+    for (x, what) in [(k, "k"), (v, "v")] {
+        if x.dtype() != dtype {
+            candle_core::bail!("qk_norm_rope_kv: {what} is {:?}, q {dtype:?}", x.dtype());
+        }
+    }
+    expect(q_w, dtype, "q_norm weight")?;
+    expect(k_w, dtype, "k_norm weight")?;
+    expect(k_cache, dtype, "k cache")?;
+    expect(v_cache, dtype, "v cache")?;
+    expect(cos, candle_core::DType::F32, "cos table")?;
+    expect(sin, candle_core::DType::F32, "sin table")?;
+    let (cb, ch, cap, cd) = k_cache.dims4()?;
+    if (cb, ch, cd) != (b, nkv, hd) || v_cache.dims4()? != (b, nkv, cap, hd) {
+        candle_core::bail!(
+            "qk_norm_rope_kv: caches {:?} / {:?} do not hold [{b}, {nkv}, _, {hd}]",
+            k_cache.dims(),
+            v_cache.dims()
+        );
+    }
+    let (positions, half) = cos.dims2()?;
+    if half != hd / 2
+        || sin.dims2()? != (positions, half)
+        || q_w.dims1()? != hd
+        || k_w.dims1()? != hd
+    {
+        candle_core::bail!(
+            "qk_norm_rope_kv: tables {:?} or norm weights do not match hd {hd}",
+            cos.dims()
+        );
+    }
+    if let Pos::Host(p) = pos
+        && (p + t > positions || p + t > cap)
+    {
+        candle_core::bail!(
+            "qk_norm_rope_kv: positions {p}..{} past the tables ({positions}) or cache ({cap})",
+            p + t
+        );
+    }
+    let dev = cuda_device(q)?;
+    let out = empty(&dev, dtype, (b, nh, t, hd))?;
+    let (qs, ks, vs) = (row_stride(q)?, row_stride(k)?, row_stride(v)?);
+    let (pq, pk, pv) = (dev_ptr(q, &dev)?, dev_ptr(k, &dev)?, dev_ptr(v, &dev)?);
+    let (pqw, pkw) = (dev_ptr(q_w, &dev)?, dev_ptr(k_w, &dev)?);
+    let (pcos, psin) = (dev_ptr(cos, &dev)?, dev_ptr(sin, &dev)?);
+    let (pkc, pvc, pout) = (
+        dev_ptr(k_cache, &dev)?,
+        dev_ptr(v_cache, &dev)?,
+        dev_ptr(&out, &dev)?,
+    );
+    let (pos_ptr, pos_host, _pos_guard) = match pos {
+        Pos::Device(p) => {
+            if p.dtype() != candle_core::DType::U32 || p.elem_count() < 1 {
+                candle_core::bail!(
+                    "qk_norm_rope_kv: device position must be u32, got {:?}",
+                    p.dtype()
+                );
+            }
+            let g = dev_ptr(p, &dev)?;
+            (g.addr, 0, Some(g))
+        }
+        Pos::Host(p) => (0, p, None),
+    };
+    let args = Args::default()
+        .ptr(pq.addr)
+        .ptr(pk.addr)
+        .ptr(pv.addr)
+        .i32(qs)?
+        .i32(ks)?
+        .i32(vs)?
+        .ptr(pqw.addr)
+        .ptr(pkw.addr)
+        .ptr(pcos.addr)
+        .ptr(psin.addr)
+        .ptr(pos_ptr)
+        .u32(pos_host)?
+        .ptr(pout.addr)
+        .ptr(pkc.addr)
+        .ptr(pvc.addr)
+        .i32(t)?
+        .i32(nh)?
+        .i32(nkv)?
+        .i32(hd)?
+        .i32(cap)?
+        .f32(eps as f32);
+    let cfg = LaunchConfig {
+        grid_dim: ((nh + 2 * nkv) as u32, t as u32, b as u32),
+        block_dim: ((hd / 2) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    args.launch(
+        &dev,
+        MODULE,
+        PTX,
+        &kernel_name("qk_norm_rope_kv", dtype)?,
+        cfg,
+    )?;
+    drop((pq, pk, pv, pqw, pkw, pcos, psin, pkc, pvc, pout));
+    Ok(out)
+}
