@@ -222,7 +222,8 @@ impl LayerCaches {
         let Some(first) = layers.first() else {
             candle_core::bail!("fused decode over an empty stack");
         };
-        let mut x = x.clone();
+        // The residual stream goes through `add_rms_norm`, which needs contiguous rows.
+        let mut x = x.contiguous()?;
         let mut normed = first.input_layernorm.forward(&x)?;
         for (i, (layer, cache)) in layers.iter().zip(self.caches.iter()).enumerate() {
             let (h, m) = layer.forward_fused(&x, &normed, cos, sin, pos, max_keys, cache)?;
