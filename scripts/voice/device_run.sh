@@ -1,84 +1,140 @@
 #!/bin/bash
-# One device call: teacher renders -> codec -> codes -> talker -> export -> codec round trip of the test set;
-# everything that comes back is split into <= 15 MB parts under $OUT.
+# Device calls that train the bundled voice with the `mel` code scheme, on an nvidia-h200-x2 machine (2 GPUs,
+# 32 CPU cores; 10 minutes a call). Everything that comes back is tarred and split into <= 15 MB parts under $OUT.
 #
-# The folder it lives in (VP, carried to the device machine, ~53 MB) holds: train.py and render_ids.py (copies of
-# scripts/voice), wheels/ (transformers 4.57.3, accelerate 1.12.0, tokenizers 0.22.1, qwen-tts 0.1.1, einops,
-# safetensors, huggingface_hub 0.36.2, regex, pyyaml, tqdm, filelock, packaging, requests + deps, fsspec, psutil;
-# `pip download --no-deps --only-binary=:all: --python-version 3.12 ...`), joe-w16.onnx (onnx_fp16_weights.py),
-# ids.jsonl.gz (30,000 rows of teacher.py --ids-only's training manifest, shuffled with seed 0), test-ids.jsonl
-# (the 50 test sentences' ids) and work/tok (train.py tokenizer, run here). Device command: `bash VP/run.sh`
-# (timeout 590 s); dry run on a CPU: OUT=... W=... PYR=<python with onnxruntime> PYT=<python with torch> DEV=cpu
-# SIZE=toy AMP= WHEELS=0 RENDER_S=5 NGPU=1 NCPU=1 CODEC_MIN=0.1 CB=4 TB=4 DEADLINE=90 bash run.sh
+#   CALL=1  The CPUs render teacher audio (RENDER_S per process, NR processes). Then the quantizer (feature
+#           statistics + residual k-means) on GPU 0; the decoder (Code2Wav, a vocoder from the fixed codes) on GPU 0
+#           and, at the same time, the codes and the talker on GPU 1, both until DEADLINE; then export, official load
+#           check, codec round trip of the 50 test sentences. Back: exp/ (the checkpoint), codes1.pt,
+#           quantizer16.pt (centroids in f16, to extend the codes later), roundtrip/*.wav, log.txt.
+#   CALL=2  The talker only, continued from call 1's export (INIT=folder with model.safetensors) on the carried
+#           codes (CODES="a.pt b.pt"), as two variants at once: GPU 0 with TLR0, GPU 1 with TLR1. Back: the two
+#           model.safetensors (t0/, t1/) and log.txt.
+#
+# The folder it lives in (VP, carried) holds train.py and render_ids.py (copies of scripts/voice), wheels/
+# (transformers 4.57.3, accelerate 1.12.0, tokenizers 0.22.1, qwen-tts 0.1.1, einops, safetensors, huggingface_hub
+# 0.36.2, regex, pyyaml, tqdm, filelock, packaging, requests + deps, fsspec, psutil: `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 ...`), tok/ (train.py's tokenizer step, run here) and, for CALL=1,
+# joe-w16.onnx (onnx_fp16_weights.py), ids.jsonl.gz (every training row of teacher.py --ids-only, shuffled) and
+# test-ids.jsonl (the 50 test sentences' ids). Device command: `CALL=1 bash VP/run.sh` (run tool timeout 600 s).
+# CPU dry run: OUT=... W=... DEV=cpu AMP= WHEELS=0 NR=2 RENDER_S=30 DEADLINE=150 CB=4 TB=4 PYR=<venv with onnxruntime> \
+#   KM="--kmeans-k 64 --kmeans-iters 2" PY=<venv with torch> CALL=1 bash run.sh
 set -u
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
+at() { local w=$(( T0 + $1 - $(date +%s) )); [ "$w" -gt 0 ] && sleep "$w"; }
+left_min() { python3 -c "print(max(0.2, ($1 - ($(date +%s) - $T0)) / 60))"; }
 VP=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/vout}; mkdir -p "$OUT"
 W=${W:-/tmp/vw}; rm -rf "$W"; mkdir -p "$W"
-PYR=${PYR:-$(command -v python3 || command -v python)}    # render (onnxruntime)
-PYT=${PYT:-$PYR}                                           # train (torch)
-DEV=${DEV:-cuda}; SIZE=${SIZE:-small}; AMP=${AMP---amp}
-DEADLINE=${DEADLINE:-565}          # seconds after start by which everything must be packed
-RENDER_S=${RENDER_S:-65}; NGPU=${NGPU:-6}; NCPU=${NCPU:-9}
-CODEC_MIN=${CODEC_MIN:-2.3}; CB=${CB:-32}; CLR=${CLR:-1e-3}
-TB=${TB:-64}; TLR=${TLR:-1e-3}
+PY=${PY:-python3}; PYR=${PYR:-$PY}     # PYR: the Python with onnxruntime (render)
+CALL=${CALL:-1}; DEV=${DEV:-cuda}; SIZE=${SIZE:-small}; AMP=${AMP---amp}
+DEADLINE=${DEADLINE:-480}          # seconds after start by which everything is packed
+NR=${NR:-30}; RENDER_S=${RENDER_S:-150}
+KM=${KM:---kmeans-frames 400000 --kmeans-iters 20}
+CB=${CB:-64}; CLR=${CLR:-1e-3}; TB=${TB:-128}; TLR=${TLR:-1e-3}; TLR0=${TLR0:-5e-4}; TLR1=${TLR1:-1e-3}
 exec > >(tee "$OUT/log.txt") 2>&1
-el start "$(hostname)" nproc=$(nproc)
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null || true
+el start "$(hostname)" nproc=$(nproc) CALL=$CALL
+nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv 2>/dev/null || true
 if [ "${WHEELS:-1}" = 1 ]; then
-  $PYT -m pip install -q --no-index --no-deps --target /tmp/site "$VP"/wheels/*.whl 2>&1 | tail -3
+  $PY -m pip install -q --no-index --no-deps --target /tmp/site "$VP"/wheels/*.whl 2>&1 | tail -3
   export PYTHONPATH=/tmp/site
 fi
-$PYT -c "import torch, numpy, transformers, tokenizers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'numpy', numpy.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)"
-$PYR -c "import onnxruntime as o; print('ort', o.__version__, o.get_available_providers())"
-el wheels done
+$PY -c "import torch, transformers; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'transformers', transformers.__version__)"
+cp -r "$VP/tok" "$W/tok"
+gpu() { if [ "$DEV" = cuda ]; then echo "CUDA_VISIBLE_DEVICES=$1"; fi; }
+A=(--work "$W" --size "$SIZE" --device "$DEV" $AMP --log-every 100)
 
-# --- teacher audio --------------------------------------------------------------------------------------------
-$PYR "$VP/render_ids.py" --manifest "$VP/test-ids.jsonl" --onnx "$VP/joe-w16.onnx" --out "$W/test" --threads 1 \
-    > "$W/render-test.log" 2>&1 &
-PIDS="$!"
-NP=$((NGPU + NCPU))
-for k in $(seq 0 $((NP - 1))); do
-  if [ "$k" -lt "$NGPU" ]; then P=CUDAExecutionProvider,CPUExecutionProvider; else P=CPUExecutionProvider; fi
-  $PYR "$VP/render_ids.py" --manifest "$VP/ids.jsonl.gz" --onnx "$VP/joe-w16.onnx" --out "$W/teacher" \
-      --shard "$k/$NP" --max-seconds "$RENDER_S" --threads 1 --providers "$P" > "$W/render-$k.log" 2>&1 &
-  PIDS="$PIDS $!"
-done
-wait $PIDS
-cat "$W"/teacher/manifest-*.jsonl > "$W/teacher/manifest.jsonl"
-for f in "$W"/render-*.log; do echo "$(basename "$f"): $(tail -n 1 "$f")"; done
-el render done: $(wc -l < "$W/teacher/manifest.jsonl") utterances
-
-# --- training ---------------------------------------------------------------------------------------------------
-cp -r "$VP/work/tok" "$W/tok"
-A=(--work "$W" --manifest "$W/teacher/manifest.jsonl" --size "$SIZE" --device "$DEV" $AMP --log-every 100)
-$PYT "$VP/train.py" codec "${A[@]}" --codec-batch "$CB" --codec-lr "$CLR" --codec-steps 1000000 \
-    --max-minutes "$CODEC_MIN" ${CODEC_EXTRA:-}
-el codec done
-$PYT "$VP/train.py" codes "${A[@]}" --codes-batch 64
-el codes done
-TMIN=$(python3 -c "print(max(0.2, ($DEADLINE - ($(date +%s) - $T0) - 55) / 60))")
-el talker for "$TMIN" min
-$PYT "$VP/train.py" talker "${A[@]}" --talker-batch "$TB" --talker-lr "$TLR" --warmup 200 --talker-steps 1000000 \
-    --max-minutes "$TMIN" ${TALKER_EXTRA:-}
-el talker done
-$PYT "$VP/train.py" export "${A[@]}" --out "$W/omnitts-en-joe"
-el export done
-$PYT "$VP/train.py" roundtrip "${A[@]}" --manifest "$W/test/manifest.jsonl"
-el roundtrip done
-
-# --- pack -------------------------------------------------------------------------------------------------------
-mkdir -p "$W/pack"
-cp -r "$W/omnitts-en-joe" "$W/roundtrip" "$W/pack/" 2>/dev/null
-cp "$W"/*.wav "$W/pack/" 2>/dev/null
-$PYT - "$W" > "$W/pack/data.json" <<'EOF' || true
-import json, sys, torch
-w = sys.argv[1]
-d = torch.load(w + "/codes.pt", weights_only=False)
-print(json.dumps({"utterances": len(d), "frames": sum(x["codes"].shape[0] for x in d),
-                  "ids": [x["id"] for x in d]}))
+# Complete rows of the shard manifests written so far (a row is written after its WAV is closed), minus $2's rows.
+snapshot() {
+  $PY - "$W/teacher" "$1" "${2:-}" <<'EOF'
+import glob, json, os, sys
+d, out, minus = sys.argv[1], sys.argv[2], sys.argv[3]
+skip = set()
+if minus:
+    skip = {json.loads(l)["id"] for l in open(minus)}
+n = 0
+with open(out, "w") as f:
+    for p in sorted(glob.glob(os.path.join(d, "manifest-*.jsonl"))):
+        for l in open(p):
+            try:
+                r = json.loads(l)
+            except ValueError:
+                continue
+            if r["id"] not in skip and os.path.exists(os.path.join(d, r["wav"])):
+                f.write(json.dumps(dict(id=r["id"], text=r["text"], wav=os.path.join(d, r["wav"]))) + "\n")
+                n += 1
+print(f"{out}: {n} utterances", file=sys.stderr)
 EOF
-tar cf - -C "$W" pack | split -b 15M -d - "$OUT/pack.tar."
+}
+
+if [ "$CALL" = 1 ]; then
+  # --- teacher audio: the CPUs to themselves (Python data work beside 28 renderers was ~5x slower) --------------
+  $PYR "$VP/render_ids.py" --manifest "$VP/test-ids.jsonl" --onnx "$VP/joe-w16.onnx" --out "$W/test" --threads 1 \
+      > "$W/render-test.log" 2>&1 &
+  RP="$!"
+  for k in $(seq 0 $((NR - 1))); do
+    $PYR "$VP/render_ids.py" --manifest "$VP/ids.jsonl.gz" --onnx "$VP/joe-w16.onnx" --out "$W/teacher" \
+        --shard "$k/$NR" --max-seconds "$RENDER_S" --threads 1 > "$W/render-$k.log" 2>&1 &
+    RP="$RP $!"
+  done
+  wait $RP
+  el render done
+  for f in "$W"/render-*.log; do echo "$(basename "$f"): $(tail -n 1 "$f")"; done
+  snapshot "$W/a.jsonl"
+  # --- quantizer; then codes + talker on GPU 1 and the decoder on GPU 0 at the same time --------------------------
+  env $(gpu 0) $PY "$VP/train.py" quantizer "${A[@]}" --manifest "$W/a.jsonl" $KM
+  el quantizer done
+  DMIN=$(left_min $((DEADLINE - 70)))
+  el decoder for "$DMIN" min
+  env $(gpu 0) $PY "$VP/train.py" codec "${A[@]}" --manifest "$W/a.jsonl" --codec-batch "$CB" --codec-lr "$CLR" \
+      --codec-steps 1000000 --max-minutes "$DMIN" ${CODEC_EXTRA:-} > "$W/codec.log" 2>&1 &
+  DP=$!
+  env $(gpu 1) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/a.jsonl" --codes-out "$W/codes1.pt"
+  TMIN=$(left_min $((DEADLINE - 70)))
+  el talker for "$TMIN" min
+  env $(gpu 1) $PY "$VP/train.py" talker "${A[@]}" --codes "$W/codes1.pt" --talker-batch "$TB" --talker-lr "$TLR" \
+      --warmup 200 --talker-steps 1000000 --max-minutes "$TMIN" ${TALKER_EXTRA:-} > "$W/talker.log" 2>&1 &
+  TP=$!
+  wait $DP; el decoder done; grep -v "^\*\|^ *$\|Warning" "$W/codec.log" | tail -n 25
+  wait $TP; el talker done; grep -v "^\*\|^ *$\|Warning" "$W/talker.log" | tail -n 25
+  $PY "$VP/train.py" export "${A[@]}" --out "$W/exp"
+  el export done
+  $PY "$VP/train.py" roundtrip "${A[@]}" --manifest "$W/test/manifest.jsonl"
+  el roundtrip done
+  $PY -c "import torch, sys; q = torch.load(sys.argv[1], weights_only=False); q['centroids'] = q['centroids'].half(); torch.save(q, sys.argv[2])" \
+      "$W/quantizer.pt" "$W/quantizer16.pt"
+  ITEMS="exp codes1.pt quantizer16.pt roundtrip export_check.wav"
+else
+  # --- talker variants -------------------------------------------------------------------------------------------
+  C=(); for c in ${CODES}; do C+=("$VP/$c"); done
+  TMIN=$(left_min $((DEADLINE - 40)))
+  el talkers for "$TMIN" min
+  for v in 0 1; do
+    LR=TLR$v
+    mkdir -p "$W/t$v"; cp -r "$W/tok" "$W/t$v/"
+    env $(gpu $v) $PY "$VP/train.py" talker --work "$W/t$v" --size "$SIZE" --device "$DEV" $AMP --log-every 100 \
+        --codes "${C[@]}" --init-from "$VP/$INIT" --init-step "${INIT_STEP:-0}" --talker-batch "$TB" \
+        --talker-lr "${!LR}" --warmup "${WARMUP:-100}" --talker-steps 1000000 --max-minutes "$TMIN" \
+        --seed "$v" > "$W/talker$v.log" 2>&1 &
+    eval "P$v=$!"
+  done
+  wait $P0 $P1
+  for v in 0 1; do el talker $v; grep -v "^\*\|^ *$\|Warning" "$W/talker$v.log" | tail -n 20; done
+  $PY - "$W" <<'EOF'
+import os, sys, torch
+from safetensors.torch import save_file
+w = sys.argv[1]
+for v in (0, 1):
+    st = torch.load(os.path.join(w, f"t{v}", "talker", "talker.pt"), map_location="cpu", weights_only=False)
+    save_file({k: t.to(torch.bfloat16).contiguous() for k, t in st["model"].items()},
+              os.path.join(w, f"t{v}", "model.safetensors"), metadata={"format": "pt", "step": str(st["step"])})
+    print(f"t{v}: step {st['step']}")
+EOF
+  ITEMS="t0/model.safetensors t1/model.safetensors"
+fi
+
+# --- pack --------------------------------------------------------------------------------------------------------
+tar czf - -C "$W" $ITEMS 2>/dev/null | split -b 15M -d - "$OUT/pack.tgz."
 ls -la "$OUT"
 el all done

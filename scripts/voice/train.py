@@ -12,12 +12,16 @@ Steps (each writes into WORK; run them in order, or `all`):
   tokenizer  byte-level BPE (Qwen2 pre-tokenizer regex, NFC, ByteLevel) trained on the training text; the special
              tokens (<|im_start|>, <tts_pad>, ...) get ids after the BPE vocabulary; "assistant" and "\\n" are single
              tokens so the reference prompt slicing (ids[:3] role, ids[3:-5] body) holds.
-  codec      defines the codes: a small conv encoder (training only, not exported) + the official decoder's split RVQ
-             (1 + n-1 codebooks of 2048, EMA k-means updates written straight into `embedding_sum`/`cluster_usage`)
-             + the official decoder, trained end to end on teacher audio (multi-scale mel + multi-resolution STFT,
-             optional multi-scale STFT discriminator).
-  codes      encodes every teacher utterance into [frames, n] codes (WORK/codes.pt).
-  talker     trains talker + code predictor on (text, codes) in the non-streaming CustomVoice prompt format (the
+  quantizer  (--scheme mel, the default) defines the codes before any training: each 80 ms frame is 4 log-mel
+             sub-frames of 20 ms (320 values, normalised per value); codebook 0 is a k-means of whole frames, codebook q
+             a k-means of the residual left by codebooks < q (WORK/quantizer.pt).
+  codec      trains the official Code2Wav decoder on teacher audio (multi-scale mel + multi-resolution STFT, optional
+             multi-scale STFT discriminator): with --scheme mel as a vocoder from the fixed codes (its codebook vectors
+             are ordinary parameters, started from the centroids' principal axes); with --scheme learned (the first
+             device run) together with a small conv encoder (training only, not exported) and the official split RVQ
+             (EMA k-means updates written into `embedding_sum`/`cluster_usage`).
+  codes      encodes every teacher utterance into [frames, n] codes (WORK/codes.pt, or --codes-out).
+  talker     trains talker + code predictor on (text, codes; --codes: one or more files) in the non-streaming CustomVoice prompt format (the
              format omnitts and the reference use by default for CustomVoice): language "english" or "auto" at random,
              speaker "joe". Loss: codebook-0 next-frame CE incl. EOS (official `talker.forward(labels=...)`) + code-predictor
              CE on the logits of the official `talker.forward_sub_talker_finetune` (its built-in loss shifts the
@@ -392,6 +396,123 @@ def make_mel(torch, n_fft, hop, n_mels, device):
     return mel
 
 
+# ------------------------------------------------------------------------------------------------------------
+# 2a. Codes: a fixed residual k-means of log-mel frames (the `mel` code scheme)
+# ------------------------------------------------------------------------------------------------------------
+# One 12.5 Hz frame (80 ms) = SUB log-mel sub-frames of 20 ms; its code is the residual k-means of their
+# normalised concatenation ([SUB * n_mels]): stage 0 (the talker's codebook 0) clusters the whole frame, stage q the
+# residual left by stages < q. The codes are defined before any network is trained, so the decoder (a vocoder from
+# codes) and the talker (text -> codes) can be trained at the same time, on different GPUs, from the first step.
+FEAT = dict(n_fft=1024, hop=480, n_mels=80)
+SUB = HOP // FEAT["hop"]
+
+
+def frame_features(torch, mel, x):
+    """x [B, N] float audio (N a multiple of HOP) -> [B, N // HOP, SUB * n_mels] log-mel frames."""
+    m = mel(x)                                       # [B, n_mels, N // hop]
+    B, M, S = m.shape
+    T = S // SUB
+    return m[..., : T * SUB].reshape(B, M, T, SUB).permute(0, 2, 3, 1).reshape(B, T, SUB * M)
+
+
+def kmeans_assign(torch, X, C, chunk=32768):
+    """Nearest centroid of each row of X [N, D] among C [K, D] -> [N] long."""
+    cc = (C * C).sum(1)
+    return torch.cat([(cc[None] - 2 * X[s:s + chunk] @ C.t()).argmin(1) for s in range(0, X.shape[0], chunk)])
+
+
+def fit_rvq_kmeans(torch, X, n_q, K, iters):
+    """Residual k-means (Lloyd, random-sample init, empty clusters re-seeded): X [N, D] -> centroids [n_q, K, D]."""
+    R = X.clone()
+    cents = []
+    for q in range(n_q):
+        C = R[torch.randperm(R.shape[0], device=R.device)[:K]].clone()
+        for _ in range(iters):
+            idx = kmeans_assign(torch, R, C)
+            counts = torch.bincount(idx, minlength=K).float()
+            sums = torch.zeros_like(C).index_add_(0, idx, R)
+            seed = R[torch.randint(0, R.shape[0], (K,), device=R.device)]
+            C = torch.where((counts == 0)[:, None], seed, sums / counts.clamp(min=1)[:, None])
+        before = float(R.pow(2).mean())
+        R = R - C[kmeans_assign(torch, R, C)]
+        log(f"quantizer: stage {q}: residual energy {before:.4f} -> {float(R.pow(2).mean()):.4f}")
+        cents.append(C)
+    return torch.stack(cents)
+
+
+def rvq_encode(torch, X, cents):
+    """X [N, D] normalised features -> codes [N, n_q] (greedy residual assignment)."""
+    R = X.clone()
+    codes = []
+    for C in cents:
+        idx = kmeans_assign(torch, R, C)
+        R = R - C[idx]
+        codes.append(idx)
+    return torch.stack(codes, 1)
+
+
+def load_quantizer(torch, work, dev):
+    q = torch.load(os.path.join(work, "quantizer.pt"), map_location=dev, weights_only=False)
+    return q, make_mel(torch, FEAT["n_fft"], FEAT["hop"], FEAT["n_mels"], dev)
+
+
+def encode_audio(torch, q, mel, audio, dev, batch_seconds=600):
+    """int16 utterances (whole frames) -> list of codes [T, n_q] int16, in batches of similar length."""
+    out = [None] * len(audio)
+    order = sorted(range(len(audio)), key=lambda i: len(audio[i]))
+    b = 0
+    with torch.no_grad():
+        while b < len(order):
+            e = b + 1
+            while e < len(order) and (e - b + 1) * len(audio[order[e]]) <= batch_seconds * SR:
+                e += 1
+            idx = order[b:e]
+            n = max(len(audio[i]) for i in idx)
+            x = torch.stack([torch.nn.functional.pad(audio[i], (0, n - len(audio[i]))) for i in idx])
+            f = frame_features(torch, mel, (x.float() / 32768.0).to(dev))
+            B, T, D = f.shape
+            c = rvq_encode(torch, ((f - q["mean"]) / q["std"]).reshape(-1, D), q["centroids"]).view(B, T, -1)
+            for j, i in enumerate(idx):
+                out[i] = c[j, : len(audio[i]) // HOP].to(torch.int16).cpu()
+            b = e
+    return out
+
+
+def init_codebooks_from_centroids(torch, dec, cents):
+    """Decoder codebook q <- centroids of stage q projected on the leading principal axes of stage 0's centroids
+    (scaled to unit variance): a structured start for the vocoder's code embeddings."""
+    C0 = cents[0] - cents[0].mean(0)
+    _, _, V = torch.linalg.svd(C0, full_matrices=False)
+    layers = [l for rvq in (dec.quantizer.rvq_first, dec.quantizer.rvq_rest) for l in rvq.vq.layers]
+    d = layers[0]._codebook.embedding_sum.shape[1]
+    P = V[:d].t() / (C0 @ V[:d].t()).std()
+    for q, layer in enumerate(layers):
+        layer._codebook.embedding_sum.data[: cents.shape[1]].copy_(cents[q] @ P)
+        layer._codebook.cluster_usage.data.fill_(1.0)
+
+
+def step_quantizer(a, size, ns):
+    """Fits the feature normalisation and the residual k-means on (a sample of) the manifest's audio."""
+    import torch
+    dev = torch.device(a.device)
+    torch.manual_seed(a.seed)
+    rows = load_manifest(a.manifest, a.limit)
+    audio = load_audio(a.manifest, rows)
+    mel = make_mel(torch, FEAT["n_fft"], FEAT["hop"], FEAT["n_mels"], dev)
+    feats = []
+    with torch.no_grad():
+        for x in audio:
+            feats.append(frame_features(torch, mel, (x.float() / 32768.0).to(dev)[None])[0])
+    X = torch.cat(feats)
+    if X.shape[0] > a.kmeans_frames:
+        X = X[torch.randperm(X.shape[0], device=dev)[: a.kmeans_frames]]
+    mean, std = X.mean(0), X.std(0).clamp(min=1e-3)
+    log(f"quantizer: {X.shape[0]} frames of {X.shape[1]} features, {size['n_q']} x {a.kmeans_k} centroids")
+    cents = fit_rvq_kmeans(torch, (X - mean) / std, size["n_q"], a.kmeans_k, a.kmeans_iters)
+    torch.save({"mean": mean.cpu(), "std": std.cpu(), "centroids": cents.cpu(), "feat": FEAT},
+               os.path.join(a.work, "quantizer.pt"))
+
+
 def build_codec_modules(ns, size, device):
     import torch
     import torch.nn as nn
@@ -534,13 +655,18 @@ def step_codec(a, size, ns):
     torch.manual_seed(a.seed)
     rows = load_manifest(a.manifest, a.limit)
     audio = load_audio(a.manifest, rows)
-    log(f"codec: {len(audio)} utterances, {sum(len(x) for x in audio) / SR / 3600:.2f} h")
+    log(f"codec: {len(audio)} utterances, {sum(len(x) for x in audio) / SR / 3600:.2f} h, scheme {a.scheme}")
     codec, enc = build_codec_modules(ns, size, dev)
     dec = codec.decoder
+    mel_codes = None
+    if a.scheme == "mel":
+        # fixed codes: no encoder; the decoder's codebook vectors are ordinary trainable parameters
+        q, fmel = load_quantizer(torch, a.work, dev)
+        mel_codes = encode_audio(torch, q, fmel, audio, dev)
+        enc = torch.nn.Module()
     for n, p in dec.named_parameters():
-        if n.endswith("embedding_sum") or n.endswith("cluster_usage"):
+        if n.endswith("cluster_usage") or (n.endswith("embedding_sum") and mel_codes is None):
             p.requires_grad_(False)
-    # seed every codebook from encoder outputs of random crops (k-means++-lite)
     gen_params = [p for p in list(enc.parameters()) + list(dec.parameters()) if p.requires_grad]
     opt = make_adamw(torch, gen_params, a, lr=a.codec_lr, betas=(0.8, 0.99))
     disc = make_disc(torch, dev) if a.gan_start >= 0 else None
@@ -549,7 +675,18 @@ def step_codec(a, size, ns):
     seg = a.seg_frames * HOP
     lens = [len(x) for x in audio]
 
+    long_enough = [i for i in range(len(audio)) if lens[i] >= seg]
+
     def batch():
+        if mel_codes is not None:                    # aligned crops of audio and codes
+            xs, cs = [], []
+            for _ in range(a.codec_batch):
+                i = random.choice(long_enough)
+                f = random.randrange(0, lens[i] // HOP - a.seg_frames + 1)
+                xs.append(audio[i][f * HOP:f * HOP + seg])
+                cs.append(mel_codes[i][f:f + a.seg_frames])
+            return ((torch.stack(xs).float() / 32768.0).to(dev),
+                    torch.stack(cs).long().transpose(1, 2).to(dev))     # [B, n_q, F]
         xs = []
         for _ in range(a.codec_batch):
             i = random.randrange(len(audio))
@@ -578,8 +715,10 @@ def step_codec(a, size, ns):
         start = st.get("step", 0) + 1
         log(f"codec: resumed at step {start}")
     with torch.no_grad():
-        z = enc(batch()) if start == 1 else None
-        for rvq in (dec.quantizer.rvq_first, dec.quantizer.rvq_rest) if start == 1 else ():
+        if start == 1 and mel_codes is not None:
+            init_codebooks_from_centroids(torch, dec, q["centroids"].to(dev))
+        z = enc(batch()) if start == 1 and mel_codes is None else None
+        for rvq in (dec.quantizer.rvq_first, dec.quantizer.rvq_rest) if z is not None else ():
             flat = rvq.input_proj(z).transpose(1, 2).reshape(-1, rvq.input_proj.out_channels)
             for layer in rvq.vq.layers:
                 cb = layer._codebook
@@ -591,13 +730,19 @@ def step_codec(a, size, ns):
     for step in range(start, a.codec_steps + 1):
         for g in opt.param_groups:
             g["lr"] = a.codec_lr * lr_factor(step, a.codec_steps, a.codec_warmup, t0, a.max_minutes)
-        x = batch()
-        with amp(torch, a):
-            z = enc(x)
-        z = z.float()
-        q, codes, commit = quantize(torch, dec, z, train=True)
-        with amp(torch, a):
-            y = decoder_from_quantized(dec, q)[:, 0]
+        if mel_codes is not None:
+            x, codes = batch()
+            commit = torch.zeros((), device=dev)
+            with amp(torch, a):
+                y = dec(codes)[:, 0]                 # the official decode path: quantizer.decode + decoder
+        else:
+            x = batch()
+            with amp(torch, a):
+                z = enc(x)
+            z = z.float()
+            qz, codes, commit = quantize(torch, dec, z, train=True)
+            with amp(torch, a):
+                y = decoder_from_quantized(dec, qz)[:, 0]
         y = y.float()
         rec = spectral_losses(torch, y, x, mels)
         loss = rec + a.commit_weight * commit
@@ -627,8 +772,9 @@ def step_codec(a, size, ns):
         if step % a.log_every == 0 or step == a.codec_steps:
             used = [int((layer._codebook.cluster_usage > 0.5).sum()) for rvq in
                     (dec.quantizer.rvq_first, dec.quantizer.rvq_rest) for layer in rvq.vq.layers]
-            log(f"codec step {step}: lr {opt.param_groups[0]['lr']:.2e} rec {rec.item():.3f} commit {commit.item():.4f} "
-                f"codes>0.5 use {min(used)}..{max(used)} ({time.time() - t0:.0f} s)")
+            usage = "" if mel_codes is not None else f" codes>0.5 use {min(used)}..{max(used)}"
+            log(f"codec step {step}: lr {opt.param_groups[0]['lr']:.2e} rec {rec.item():.3f} commit {commit.item():.4f}"
+                f"{usage}{' (gan)' if use_gan else ''} ({time.time() - t0:.0f} s)")
         if a.max_minutes and time.time() - t0 > 60 * a.max_minutes:
             log(f"codec: time limit at step {step}")
             break
@@ -643,6 +789,16 @@ def step_codec(a, size, ns):
 def step_codes(a, size, ns, codec=None, enc=None):
     import torch
     dev = torch.device(a.device)
+    path = a.codes_out or os.path.join(a.work, "codes.pt")
+    if a.scheme == "mel":
+        rows = load_manifest(a.manifest, a.limit)
+        audio = load_audio(a.manifest, rows)
+        q, fmel = load_quantizer(torch, a.work, dev)
+        codes = encode_audio(torch, q, fmel, audio, dev)
+        out = [dict(id=r["id"], text=r["text"], codes=c) for r, c in zip(rows, codes)]
+        torch.save(out, path)
+        log(f"codes: {len(out)} utterances, {sum(len(c) for c in codes)} frames -> {path}")
+        return out
     if codec is None:
         codec, enc = build_codec_modules(ns, size, dev)
         st = torch.load(os.path.join(a.work, "codec", "codec.pt"), map_location=dev)
@@ -668,7 +824,6 @@ def step_codes(a, size, ns, codec=None, enc=None):
             for j, i in enumerate(idx):
                 T = len(audio[i]) // HOP
                 out[i] = dict(id=rows[i]["id"], text=rows[i]["text"], codes=codes[j, :, :T].t().contiguous())   # [T, n]
-    path = os.path.join(a.work, "codes.pt")
     torch.save(out, path)
     frames = sum(o["codes"].shape[0] for o in out)
     log(f"codes: {len(out)} utterances, {frames} frames -> {path}")
@@ -763,7 +918,7 @@ def step_talker(a, size, ns, data=None):
     tok = load_tokenizer(tok_dir)
     ids = special_ids(tok_dir)
     if data is None:
-        data = torch.load(os.path.join(a.work, "codes.pt"))
+        data = [d for p in (a.codes or [os.path.join(a.work, "codes.pt")]) for d in torch.load(p)]
     cfg = ns.Qwen3TTSConfig(**json.loads(json.dumps(main_config(size, ids))))
     model = ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32).to(dev)
     model.train()
@@ -781,16 +936,27 @@ def step_talker(a, size, ns, data=None):
             opt.load_state_dict(st["opt"])
         start = st.get("step", 0) + 1
         log(f"talker: resumed at step {start}")
+    elif a.init_from:
+        # weights of an exported checkpoint (bf16 model.safetensors); the optimiser starts afresh
+        from safetensors.torch import load_file
+        sd = load_file(os.path.join(a.init_from, "model.safetensors"))
+        model.load_state_dict({k: v.float() for k, v in sd.items()})
+        start = a.init_step + 1
+        log(f"talker: initialised from {a.init_from}, counting from step {start}")
+    cache = {}                                       # (utterance, language) -> prompt (built once)
+
+    def example(i, lang):
+        if (i, lang) not in cache:
+            d = data[i]
+            cache[(i, lang)] = build_example(tok, ids, d["text"], d["codes"], lang)
+        return cache[(i, lang)]
     t0 = time.time()
     step = start - 1
     for step in range(start, a.talker_steps + 1):
         for g in opt.param_groups:
             g["lr"] = a.talker_lr * lr_factor(step, a.talker_steps, a.warmup, t0, a.max_minutes)
-        exs = []
-        for _ in range(a.talker_batch):
-            d = data[random.randrange(len(data))]
-            lang = "english" if random.random() < a.p_english else "auto"
-            exs.append(build_example(tok, ids, d["text"], d["codes"], lang))
+        exs = [example(random.randrange(len(data)), "english" if random.random() < a.p_english else "auto")
+               for _ in range(a.talker_batch)]
         batch = collate(torch, exs, dev)
         with amp(torch, a):
             l0, l1 = talker_loss(torch, model, batch, a.sub_weight)
@@ -862,17 +1028,24 @@ def step_roundtrip(a, size, ns):
     codec, enc = build_codec_modules(ns, size, dev)
     st = torch.load(os.path.join(a.work, "codec", "codec.pt"), map_location=dev, weights_only=False)
     codec.load_state_dict(st["codec"])
-    enc.load_state_dict(st["encoder"])
     codec.eval()
-    enc.eval()
     rows = load_manifest(a.manifest, a.limit)
     audio = load_audio(a.manifest, rows)
+    if a.scheme == "mel":
+        q, fmel = load_quantizer(torch, a.work, dev)
+        mel_codes = encode_audio(torch, q, fmel, audio, dev)
+    else:
+        enc.load_state_dict(st["encoder"])
+        enc.eval()
     out = os.path.join(a.work, "roundtrip")
     os.makedirs(out, exist_ok=True)
     with torch.no_grad():
-        for r, x in zip(rows, audio):
-            z = enc((x.float() / 32768.0).to(dev)[None])
-            _, codes, _ = quantize(torch, codec.decoder, z, train=False)
+        for k, (r, x) in enumerate(zip(rows, audio)):
+            if a.scheme == "mel":
+                codes = mel_codes[k].t()[None].long().to(dev)
+            else:
+                z = enc((x.float() / 32768.0).to(dev)[None])
+                _, codes, _ = quantize(torch, codec.decoder, z, train=False)
             wav = codec.decoder(codes)[0, 0].cpu().numpy()
             write_wav(os.path.join(out, r["id"] + ".wav"), wav)
     log(f"roundtrip: {len(rows)} utterances -> {out} (codec trained {st.get('step')} steps)")
@@ -910,7 +1083,8 @@ def step_check(a, size, ns):
 # ------------------------------------------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("step", choices=["tokenizer", "codec", "codes", "talker", "export", "check", "roundtrip", "all"])
+    ap.add_argument("step", choices=["tokenizer", "quantizer", "codec", "codes", "talker", "export", "check",
+                                     "roundtrip", "all"])
     ap.add_argument("--work", required=True)
     ap.add_argument("--text", help="training sentences (tokenizer)")
     ap.add_argument("--manifest", help="teacher.py manifest.jsonl")
@@ -925,6 +1099,13 @@ def main():
     ap.add_argument("--codec-lr", type=float, default=3e-4)
     ap.add_argument("--codec-warmup", type=int, default=200)
     ap.add_argument("--codes-batch", type=int, default=1, help="codes: utterances per batch (sorted by length)")
+    ap.add_argument("--scheme", default="mel", choices=["mel", "learned"],
+                    help="codes: fixed residual k-means of log-mel frames (quantizer step) or a learned encoder + EMA RVQ")
+    ap.add_argument("--kmeans-frames", type=int, default=400000, help="quantizer: frames sampled for k-means")
+    ap.add_argument("--kmeans-k", type=int, default=2048, help="quantizer: centroids per stage (<= 2048)")
+    ap.add_argument("--kmeans-iters", type=int, default=20)
+    ap.add_argument("--codes-out", help="codes: output file (default WORK/codes.pt)")
+    ap.add_argument("--codes", nargs="*", help="talker: codes files to train on (default WORK/codes.pt)")
     ap.add_argument("--seg-frames", type=int, default=24, help="training crop, in 12.5 Hz frames")
     ap.add_argument("--commit-weight", type=float, default=1.0)
     ap.add_argument("--gan-start", type=int, default=-1, help="step to switch the discriminator on (-1: never)")
@@ -935,6 +1116,8 @@ def main():
     ap.add_argument("--talker-lr", type=float, default=5e-4)
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--sub-weight", type=float, default=1.0)
+    ap.add_argument("--init-from", help="talker: start from an exported checkpoint directory's weights")
+    ap.add_argument("--init-step", type=int, default=0, help="talker: step count of --init-from (logs, warm-up)")
     ap.add_argument("--p-english", type=float, default=0.5, help="share of prompts with language=english (else auto)")
     ap.add_argument("--check-frames", type=int, default=40)
     ap.add_argument("--check-n", type=int, default=4, help="check: number of training texts")
@@ -947,10 +1130,13 @@ def main():
     random.seed(a.seed)
     ns = import_qwen()
     import torch
-    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 8)) if a.device == "cpu" else torch.get_num_threads())
+    # at most 8 CPU threads (on the device machine the CPU work is data handling beside other processes)
+    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 8 if a.device == "cpu" else 4)))
     codec = enc = data = None
     if a.step in ("tokenizer", "all"):
         step_tokenizer(a, size)
+    if a.step == "quantizer" or (a.step == "all" and a.scheme == "mel"):
+        step_quantizer(a, size, ns)
     if a.step in ("codec", "all"):
         codec, enc = step_codec(a, size, ns)
     if a.step in ("codes", "all"):
