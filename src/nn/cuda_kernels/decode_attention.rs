@@ -73,19 +73,7 @@ pub fn decode_attention(
         dev_ptr(v_cache, &dev)?,
         dev_ptr(&out, &dev)?,
     );
-    let (pos_ptr, pos_host, _pos_guard) = match pos {
-        Pos::Device(p) => {
-            if p.dtype() != candle_core::DType::U32 || p.elem_count() < 1 {
-                candle_core::bail!(
-                    "decode_attention: device position must be u32, got {:?}",
-                    p.dtype()
-                );
-            }
-            let g = dev_ptr(p, &dev)?;
-            (g.addr, 0, Some(g))
-        }
-        Pos::Host(p) => (0, p, None),
-    };
+    let (pos_ptr, pos_host, _pos_guard) = pos.launch_args(&dev, "decode_attention")?;
     let args = Args::default()
         .ptr(pq.addr)
         .ptr(pk.addr)

@@ -50,6 +50,24 @@ pub enum Pos<'a> {
     Host(usize),
 }
 
+impl<'a> Pos<'a> {
+    /// The two position arguments of a kernel launch: the device address of the u32 position
+    /// (0 for a host position) and the host position (0 for a device one), plus the guard that
+    /// keeps the device position alive until the launch is queued. `op` names the kernel in errors.
+    fn launch_args(self, dev: &CudaDevice, op: &str) -> Result<(u64, usize, Option<DevPtr<'a>>)> {
+        match self {
+            Pos::Device(p) => {
+                if p.dtype() != DType::U32 || p.elem_count() < 1 {
+                    candle_core::bail!("{op}: device position must be u32, got {:?}", p.dtype());
+                }
+                let g = dev_ptr(p, dev)?;
+                Ok((g.addr, 0, Some(g)))
+            }
+            Pos::Host(p) => Ok((0, p, None)),
+        }
+    }
+}
+
 /// The kernel name for `dtype`: `{base}_bf16` or `{base}_f32`.
 fn kernel_name(base: &str, dtype: DType) -> Result<String> {
     match dtype {

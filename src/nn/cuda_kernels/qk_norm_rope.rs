@@ -111,19 +111,7 @@ pub fn qk_norm_rope_kv(
         dev_ptr(v_cache, &dev)?,
         dev_ptr(&out, &dev)?,
     );
-    let (pos_ptr, pos_host, _pos_guard) = match pos {
-        Pos::Device(p) => {
-            if p.dtype() != candle_core::DType::U32 || p.elem_count() < 1 {
-                candle_core::bail!(
-                    "qk_norm_rope_kv: device position must be u32, got {:?}",
-                    p.dtype()
-                );
-            }
-            let g = dev_ptr(p, &dev)?;
-            (g.addr, 0, Some(g))
-        }
-        Pos::Host(p) => (0, p, None),
-    };
+    let (pos_ptr, pos_host, _pos_guard) = pos.launch_args(&dev, "qk_norm_rope_kv")?;
     let args = Args::default()
         .ptr(pq.addr)
         .ptr(pk.addr)
