@@ -14,6 +14,10 @@ use super::weights::{WeightError, Weights};
 #[cfg(feature = "cuda")]
 pub(crate) const FUSED_MAX_ROWS: usize = 4;
 
+/// Longest input, in positions, that [`LayerCaches::run`] runs through the stack in one piece;
+/// longer ones (long text prompts) run in chunks of this many positions.
+pub const PREFILL_CHUNK: usize = 512;
+
 /// The sizes of one Qwen3 decoder stack, taken from a checkpoint's config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransformerConfig {
@@ -240,7 +244,10 @@ impl LayerCaches {
 
     /// Runs `layers` over `x` (`[batch, t, hidden]`) at positions `seq_len()..seq_len()+t`,
     /// appending to the caches. Returns the last layer's output (before any final norm).
-    /// On CUDA, a decode input (`t` ≤ `FUSED_MAX_ROWS`) takes the fused kernels
+    /// Inputs longer than [`PREFILL_CHUNK`] positions (long prompts) run in chunks of that many,
+    /// each attending to the cache and causally to itself, so a prefill's attention scores take
+    /// `O(PREFILL_CHUNK × positions)` memory instead of `O(positions²)`; shorter inputs run in one
+    /// piece. On CUDA, a decode input (`t` ≤ `FUSED_MAX_ROWS`) takes the fused kernels
     /// ([`Self::run_fused`]); everything else, and every CPU run, the ops below.
     pub fn run(
         &mut self,
@@ -248,7 +255,26 @@ impl LayerCaches {
         rope: &RotaryEmbedding,
         x: &Tensor,
     ) -> Result<Tensor> {
+        self.run_in_chunks(layers, rope, x, PREFILL_CHUNK)
+    }
+
+    /// [`Self::run`] with the chunk length as a parameter (`chunk` ≥ 1 positions).
+    pub(crate) fn run_in_chunks(
+        &mut self,
+        layers: &[DecoderLayer],
+        rope: &RotaryEmbedding,
+        x: &Tensor,
+        chunk: usize,
+    ) -> Result<Tensor> {
         let t = x.dim(1)?;
+        if t > chunk {
+            let mut outs = Vec::with_capacity(t.div_ceil(chunk));
+            for start in (0..t).step_by(chunk) {
+                let part = x.narrow(1, start, chunk.min(t - start))?;
+                outs.push(self.run_in_chunks(layers, rope, &part, chunk)?);
+            }
+            return Tensor::cat(&outs, 1);
+        }
         #[cfg(feature = "cuda")]
         {
             let past = self.seq_len();
