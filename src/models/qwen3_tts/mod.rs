@@ -316,7 +316,7 @@ pub struct ArModel {
     codec_encoder: Option<CodecEncoder>,
     device: Device,
     dtype: DType,
-    /// The code predictor's steps as CUDA graphs, when enabled ([`ArModel::enable_cuda_graphs`]).
+    /// The code predictor's frame as CUDA graphs, when enabled ([`ArModel::enable_cuda_graphs`]).
     cp_graphs: Option<std::sync::Mutex<code_predictor::CpGraphs>>,
     /// The talker's decode step at a device-side position (graphs captured on CUDA), with its own
     /// KV cache: leased by one session at a time (`None` while leased or when not enabled).
@@ -390,13 +390,14 @@ impl ArModel {
         })
     }
 
-    /// Captures the code predictor's 15 per-frame steps as CUDA graphs, replayed by every later
-    /// frame instead of launching each kernel (same kernels, same data: identical codes). Call it
+    /// Captures the code predictor's frame as CUDA graphs, replayed by every later frame instead
+    /// of launching each kernel (same kernels, same data: identical logits; by default one graph
+    /// per frame with the codes chosen on the device, see `CpGraphs`). Call it
     /// once at start-up, before serving (capture needs the stream to itself). On error nothing
     /// changes and frames keep running eagerly. Errors: not a CUDA device, a build without the
     /// `cuda` feature, or a failed capture (the message names the CUDA call).
     ///
-    /// Two sets are captured: the code predictor's 15 steps, and the talker's decode step (one
+    /// Two sets are captured: the code predictor's frame, and the talker's decode step (one
     /// graph per attention bucket over an owned KV cache of [`TALKER_GRAPH_POSITIONS`] positions;
     /// see `talker_graphs.rs`). One utterance at a time replays the talker graphs; others run
     /// eagerly meanwhile.
