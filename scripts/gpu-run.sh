@@ -12,9 +12,9 @@
 # AR_DEVICE / DECODER_DEVICE (cuda:0), and per-step time limits KERNELS_TIMEOUT (60 s),
 # PARITY_TIMEOUT (150 s), BENCH_TIMEOUT (330 s), UNFUSED_TIMEOUT (150 s), REF_TIMEOUT (120 s per size).
 # PARITY_ARGS: extra gpu_parity arguments (e.g. "--checkpoints tiny-customvoice --max-cases 3");
-# FIRST_CHUNKS (1,2): the streaming modes of the benchmark; step "perstep": the benchmark again with
-# the code predictor graphed per step (OMNITTS_CP_FRAME_GRAPH=0: host sampling), graphs on, 1 repeat,
-# sizes PERSTEP_SIZES (default SIZES), limit PERSTEP_TIMEOUT (150 s).
+# FIRST_CHUNKS (1,2): the streaming modes of the benchmark; step "framegraph": the benchmark again with
+# the code predictor's frame as one graph with sampling on the device (OMNITTS_CP_FRAME_GRAPH=1),
+# graphs on, 1 repeat, sizes FRAMEGRAPH_SIZES (default SIZES), limit FRAMEGRAPH_TIMEOUT (150 s).
 set -uo pipefail
 pack=$1
 out=$2
@@ -59,13 +59,13 @@ if [[ " $STEPS " == *" unfused "* ]]; then
     echo "bench_gpu (unfused) exit $?"
     grep -v '^{' "$out/unfused.log" | tail -8
 fi
-if [[ " $STEPS " == *" perstep "* ]]; then
-    stamp "bench, code predictor graphed per step"
-    OMNITTS_CP_FRAME_GRAPH=0 timeout "${PERSTEP_TIMEOUT:-150}" "$bin/bench_gpu" --template "$fx/tiny-customvoice" \
-        --sizes "${PERSTEP_SIZES:-$SIZES}" --frames "$FRAMES" --repeats 1 --graphs on --first-chunks "${FIRST_CHUNKS:-1,2}" \
-        --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" --workdir /tmp --json "$out/perstep.json" >"$out/perstep.log" 2>&1
-    echo "bench_gpu (per-step graphs) exit $?"
-    grep -v '^{' "$out/perstep.log" | tail -8
+if [[ " $STEPS " == *" framegraph "* ]]; then
+    stamp "bench, code predictor frame as one graph"
+    OMNITTS_CP_FRAME_GRAPH=1 timeout "${FRAMEGRAPH_TIMEOUT:-150}" "$bin/bench_gpu" --template "$fx/tiny-customvoice" \
+        --sizes "${FRAMEGRAPH_SIZES:-$SIZES}" --frames "$FRAMES" --repeats 1 --graphs on --first-chunks "${FIRST_CHUNKS:-1,2}" \
+        --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" --workdir /tmp --json "$out/framegraph.json" >"$out/framegraph.log" 2>&1
+    echo "bench_gpu (frame graph) exit $?"
+    grep -v '^{' "$out/framegraph.log" | tail -8
 fi
 if [[ " $STEPS " == *" ref "* ]]; then
     stamp reference

@@ -236,13 +236,14 @@ impl CodePredictor {
 /// The code predictor's frame as CUDA graphs, captured once at start-up (field-lessons §5:
 /// positions and shapes are the same in every frame; graph output = eager output). Two kinds:
 ///
-/// - **whole frame** (default): all `num_code_groups - 1` steps in one graph with the codes
+/// - **whole frame** (`OMNITTS_CP_FRAME_GRAPH=1`, opt-in until its bf16 check on a GPU passes,
+///   docs/cuda.md): all `num_code_groups - 1` steps in one graph with the codes
 ///   chosen on the device ([`CodePredictor::frame_on_device`]); two graphs, greedy and sampling.
 ///   Per frame the host uploads the prefill `[1, 2, talker hidden]` into a static buffer (and, when
 ///   sampling, the warper parameters and one pre-drawn uniform per step, f64
 ///   `[PARAM_HEADER + steps]`), replays once and copies the `steps` u32 codes back: one host round
 ///   trip per frame instead of one per step.
-/// - **per step** (`OMNITTS_CP_FRAME_GRAPH=0`, for A/B runs): one graph per step (the prefill of 2
+/// - **per step** (the default): one graph per step (the prefill of 2
 ///   positions with head 0, then 1 position with head q at position q + 1), the f32 logits
 ///   `[1, 1, vocab]` copied back after each and the code picked on the host.
 ///
@@ -317,7 +318,7 @@ impl CpGraphs {
         if !dev.is_cuda() {
             candle_core::bail!("CUDA graphs need a CUDA device, the code predictor is on {dev:?}");
         }
-        let whole_frame = std::env::var("OMNITTS_CP_FRAME_GRAPH").map_or(true, |v| v != "0");
+        let whole_frame = std::env::var("OMNITTS_CP_FRAME_GRAPH").is_ok_and(|v| v == "1");
         if whole_frame {
             Self::capture_frame(cp, dtype)
         } else {

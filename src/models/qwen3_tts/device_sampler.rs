@@ -6,7 +6,9 @@
 //! constants allocated up front). It mirrors the host code-predictor path of
 //! [`super::sampling::TokenChooser::choose`]:
 //!
-//! - greedy: first index of the maximum (`argmax`; candle's CPU argmax keeps the first maximum);
+//! - greedy: the first index of the maximum, as the host's `argmax` and torch's (the smallest
+//!   index among the logits equal to the maximum: bf16 logits tie often, and a device argmax
+//!   reduction does not promise which of the tied indices it returns);
 //! - sampling: temperature → top-k (keep logits ≥ the k-th largest) → top-p (drop the ascending
 //!   prefix whose cumulative probability is ≤ `1 - top_p`, never the most probable token) →
 //!   inverse-CDF multinomial over the vocabulary in index order with a uniform `u ∈ [0, 1)`:
@@ -70,6 +72,8 @@ pub struct DeviceSampler {
     tri_rows: Tensor,
     /// `[1, vocab]` f64: 0, 1, … vocab-1.
     arange: Tensor,
+    /// `[1, vocab]` f64: `vocab` (above every index).
+    past_end: Tensor,
     /// `[1, vocab]` f32: -inf.
     neg_inf: Tensor,
     /// `[1, 1]` f64: 0 and `vocab - 1`.
@@ -104,6 +108,7 @@ impl DeviceSampler {
             tri_block: upper(BLOCK, false)?,
             tri_rows: upper(rows, true)?,
             arange: Tensor::from_vec(arange, (1, vocab), device)?,
+            past_end: Tensor::full(vocab as f64, (1, vocab), device)?,
             neg_inf: Tensor::full(f32::NEG_INFINITY, (1, vocab), device)?,
             zero: Tensor::zeros((1, 1), DType::F64, device)?,
             last: Tensor::full((vocab - 1) as f64, (1, 1), device)?,
@@ -143,7 +148,13 @@ impl DeviceSampler {
     /// Greedy choice: `logits` (`vocab` values, any shape, f32 or lower) → the first index of the
     /// maximum as u32 `[1]`, on the logits' device.
     pub fn greedy(&self, logits: &Tensor) -> Result<Tensor> {
-        self.row(logits)?.argmax_keepdim(D::Minus1)?.reshape(1)
+        let row = self.row(logits)?;
+        let max = row.max_keepdim(D::Minus1)?;
+        row.broadcast_eq(&max)?
+            .where_cond(&self.arange, &self.past_end)?
+            .min_keepdim(D::Minus1)?
+            .to_dtype(DType::U32)?
+            .reshape(1)
     }
 
     /// Sampled choice for step `step`: `logits` (`vocab` values, any shape) and `params` (f64
@@ -230,6 +241,21 @@ mod tests {
         let l = [1.0f32, 3.0, 3.0, f32::NEG_INFINITY];
         let t = Tensor::from_slice(&l, 4, &Device::Cpu).expect("t");
         assert_eq!(pick(&s.greedy(&t).expect("greedy")), 1);
+        // bf16-rounded logits tie often: still the first of the tied maxima.
+        let s = DeviceSampler::new(2048, &Device::Cpu).expect("sampler");
+        for _ in 0..100 {
+            let l: Vec<f32> = random_logits(&mut rng, 2048, 2.0)
+                .iter()
+                .map(|v| (v * 4.0).round() / 4.0)
+                .collect();
+            let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert!(
+                l.iter().filter(|&&v| v == max).count() >= 2,
+                "no tie at the maximum"
+            );
+            let t = Tensor::from_slice(&l, 2048, &Device::Cpu).expect("t");
+            assert_eq!(pick(&s.greedy(&t).expect("greedy")), sampling::argmax(&l));
+        }
     }
 
     /// Whether `u` lies within `eps` (relative to the total) of a boundary of the host's CDF
