@@ -11,6 +11,10 @@
 # unfused ops, and "unfused": the benchmark again with OMNITTS_FUSED_KERNELS=0, graphs on, 1 repeat),
 # AR_DEVICE / DECODER_DEVICE (cuda:0), and per-step time limits KERNELS_TIMEOUT (60 s),
 # PARITY_TIMEOUT (150 s), BENCH_TIMEOUT (330 s), UNFUSED_TIMEOUT (150 s), REF_TIMEOUT (120 s per size).
+# PARITY_ARGS: extra gpu_parity arguments (e.g. "--checkpoints tiny-customvoice --max-cases 3");
+# FIRST_CHUNKS (1,2): the streaming modes of the benchmark; step "framegraph": the benchmark again with
+# the code predictor's frame as one graph with sampling on the device (OMNITTS_CP_FRAME_GRAPH=1),
+# graphs on, 1 repeat, sizes FRAMEGRAPH_SIZES (default SIZES), limit FRAMEGRAPH_TIMEOUT (150 s).
 set -uo pipefail
 pack=$1
 out=$2
@@ -35,14 +39,14 @@ if [[ " $STEPS " == *" kernels "* ]]; then
 fi
 if [[ " $STEPS " == *" parity "* ]]; then
     stamp parity
-    timeout "${PARITY_TIMEOUT:-150}" "$bin/gpu_parity" --fixtures "$fx" --device "$AR_DEVICE" --json "$out/parity.json" >"$out/parity.log" 2>&1
+    timeout "${PARITY_TIMEOUT:-150}" "$bin/gpu_parity" --fixtures "$fx" --device "$AR_DEVICE" ${PARITY_ARGS:-} --json "$out/parity.json" >"$out/parity.log" 2>&1
     echo "gpu_parity exit $?"
     grep -v '^{' "$out/parity.log" | tail -30
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
     stamp bench
     timeout "${BENCH_TIMEOUT:-330}" "$bin/bench_gpu" --template "$fx/tiny-customvoice" --sizes "$SIZES" --frames "$FRAMES" \
-        --repeats "$REPEATS" --graphs "$GRAPHS" --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" \
+        --repeats "$REPEATS" --graphs "$GRAPHS" --first-chunks "${FIRST_CHUNKS:-1,2}" --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" \
         --workdir /tmp --json "$out/omnitts.json" >"$out/omnitts.log" 2>&1
     echo "bench_gpu exit $?"
     grep -v '^{' "$out/omnitts.log" | tail -32
@@ -54,6 +58,14 @@ if [[ " $STEPS " == *" unfused "* ]]; then
         --workdir /tmp --json "$out/unfused.json" >"$out/unfused.log" 2>&1
     echo "bench_gpu (unfused) exit $?"
     grep -v '^{' "$out/unfused.log" | tail -8
+fi
+if [[ " $STEPS " == *" framegraph "* ]]; then
+    stamp "bench, code predictor frame as one graph"
+    OMNITTS_CP_FRAME_GRAPH=1 timeout "${FRAMEGRAPH_TIMEOUT:-150}" "$bin/bench_gpu" --template "$fx/tiny-customvoice" \
+        --sizes "${FRAMEGRAPH_SIZES:-$SIZES}" --frames "$FRAMES" --repeats 1 --graphs on --first-chunks "${FIRST_CHUNKS:-1,2}" \
+        --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" --workdir /tmp --json "$out/framegraph.json" >"$out/framegraph.log" 2>&1
+    echo "bench_gpu (frame graph) exit $?"
+    grep -v '^{' "$out/framegraph.log" | tail -8
 fi
 if [[ " $STEPS " == *" ref "* ]]; then
     stamp reference

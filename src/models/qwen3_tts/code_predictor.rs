@@ -6,7 +6,11 @@
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear};
 
+use rand_chacha::ChaCha20Rng;
+
 use super::config::TalkerConfig;
+use super::device_sampler::DeviceSampler;
+use super::sampling::TokenChooser;
 use crate::nn::{DecoderLayer, LayerCaches, RmsNorm, RotaryEmbedding, WeightError, Weights};
 
 /// `talker.code_predictor.model`.
@@ -131,8 +135,8 @@ impl CodePredictor {
             .to_vec1::<f32>()
     }
 
-    /// Captures the `num_code_groups - 1` steps of a frame as CUDA graphs (see [`CpGraphs`]).
-    /// `dtype` is the activation dtype (the model's). Runs one eager frame first to allocate the
+    /// Captures a frame of the code predictor as CUDA graphs (see [`CpGraphs`]).
+    /// `dtype` is the activation dtype (the model's). Runs eager frames first to allocate the
     /// KV buffers and upload the kernel parameters. Errors on a non-CUDA device or a build without
     /// the `cuda` feature.
     pub fn capture_graphs(&self, dtype: DType) -> Result<CpGraphs> {
@@ -140,15 +144,61 @@ impl CodePredictor {
     }
 
     /// [`Self::generate`] by replaying graphs captured with [`Self::capture_graphs`]: the same
-    /// kernels on the same data, so the same logits bit for bit; sampling stays on the host.
+    /// model kernels on the same data, so the same logits bit for bit. With whole-frame graphs
+    /// (the default) the codes are chosen on the device by [`DeviceSampler`] (greedy: the same
+    /// codes as the host; sampling: the host's codes for the same uniforms, which are drawn from
+    /// `rng` as the host sampler would, except for float-rounding ties at a CDF boundary); with
+    /// per-step graphs the host picks every code with `chooser`.
     pub fn generate_graphed(
         &self,
         graphs: &mut CpGraphs,
         talker_hidden: &Tensor,
         code0_embed: &Tensor,
-        choose: impl FnMut(usize, &mut [f32]) -> u32,
+        chooser: &TokenChooser,
+        rng: &mut ChaCha20Rng,
     ) -> Result<Vec<u32>> {
-        graphs.generate(self, talker_hidden, code0_embed, choose)
+        graphs.generate(self, talker_hidden, code0_embed, chooser, rng)
+    }
+
+    /// Number of codes a frame of the code predictor produces (`num_code_groups - 1`).
+    pub fn steps(&self) -> usize {
+        self.num_code_groups - 1
+    }
+
+    /// A whole frame with the codes chosen on the device, chained without leaving it (the work a
+    /// whole-frame CUDA graph captures; on the CPU the same ops run directly). `input2`:
+    /// `[1, 2, talker hidden]` = the talker's final-normed hidden state ++ `C_talker(a0)`, in the
+    /// model dtype. Step q's f32 logits `[1, 1, vocab]` go to `sampler` (greedy, or sampled with
+    /// `params` = [`super::device_sampler::frame_params`], f64 `[PARAM_HEADER + steps]`); the
+    /// chosen id, a u32 `[1]` tensor, is looked up in `codec_embedding[q]` for the next step.
+    /// `cache` is reset first (host-side only). Returns the codes, u32 `[num_code_groups - 1]`,
+    /// on the device.
+    pub fn frame_on_device(
+        &self,
+        input2: &Tensor,
+        cache: &mut LayerCaches,
+        sampler: &DeviceSampler,
+        params: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        cache.reset();
+        let steps = self.steps();
+        let mut ids = Vec::with_capacity(steps);
+        let mut x = input2.clone();
+        for q in 0..steps {
+            let logits = self.step_logits(&x, q, cache)?;
+            let id = match params {
+                Some(p) => sampler.sample(&logits, p, q)?,
+                None => sampler.greedy(&logits)?,
+            };
+            if q + 1 < steps {
+                x = self.model.codec_embedding[q]
+                    .embeddings()
+                    .index_select(&id, 0)?
+                    .unsqueeze(0)?;
+            }
+            ids.push(id);
+        }
+        Tensor::cat(&ids, 0)
     }
 
     /// Generates codebooks 1..num_code_groups of one frame.
@@ -183,31 +233,63 @@ impl CodePredictor {
     }
 }
 
-/// The code predictor's per-frame steps as CUDA graphs, one per step (the prefill of 2 positions
-/// with head 0, then 1 position with head q at position q + 1): positions and shapes are the same
-/// in every frame, so each step is captured once and replayed per frame (field-lessons §5: capture
-/// at start-up; graph output = eager output). Inputs go through static buffers (`input2`
-/// `[1, 2, talker hidden]`, `input1` `[1, 1, talker hidden]`), the logits come out in the static
-/// f32 `logits` `[1, 1, vocab]`, and the graphs own their KV cache. The host still picks every
-/// code (greedy or sampled, unchanged), so each step is one graph launch + one 8 KiB copy back
-/// instead of ~150 kernel launches.
+/// The code predictor's frame as CUDA graphs, captured once at start-up (field-lessons §5:
+/// positions and shapes are the same in every frame; graph output = eager output). Two kinds:
+///
+/// - **whole frame** (`OMNITTS_CP_FRAME_GRAPH=1`, opt-in until its bf16 check on a GPU passes,
+///   docs/cuda.md): all `num_code_groups - 1` steps in one graph with the codes
+///   chosen on the device ([`CodePredictor::frame_on_device`]); two graphs, greedy and sampling.
+///   Per frame the host uploads the prefill `[1, 2, talker hidden]` into a static buffer (and, when
+///   sampling, the warper parameters and one pre-drawn uniform per step, f64
+///   `[PARAM_HEADER + steps]`), replays once and copies the `steps` u32 codes back: one host round
+///   trip per frame instead of one per step.
+/// - **per step** (the default): one graph per step (the prefill of 2
+///   positions with head 0, then 1 position with head q at position q + 1), the f32 logits
+///   `[1, 1, vocab]` copied back after each and the code picked on the host.
+///
+/// The graphs own their KV cache and the device sampler's constants.
 pub struct CpGraphs {
     #[cfg(feature = "cuda")]
-    steps: Vec<crate::nn::cuda_graph::Graph>,
+    kind: GraphKind,
     #[cfg(feature = "cuda")]
     input2: Tensor,
-    #[cfg(feature = "cuda")]
-    input1: Tensor,
-    #[cfg(feature = "cuda")]
-    logits: Tensor,
     /// Holds the KV buffers the graphs write (kept alive, never touched on the host again).
     #[cfg(feature = "cuda")]
     _cache: LayerCaches,
 }
 
+#[cfg(feature = "cuda")]
+enum GraphKind {
+    Frame {
+        greedy: crate::nn::cuda_graph::Graph,
+        sample: crate::nn::cuda_graph::Graph,
+        /// f64 `[PARAM_HEADER + steps]`, read by the sampling graph.
+        params: Tensor,
+        /// u32 `[steps]`, written by both graphs.
+        codes: Tensor,
+        /// Constants the sampling graph reads (kept alive).
+        _sampler: DeviceSampler,
+    },
+    Steps {
+        steps: Vec<crate::nn::cuda_graph::Graph>,
+        input1: Tensor,
+        logits: Tensor,
+    },
+}
+
 impl std::fmt::Debug for CpGraphs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("CpGraphs")
+    }
+}
+
+impl CpGraphs {
+    /// Whether a frame is one graph with sampling on the device (else one graph per step).
+    pub fn whole_frame(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return matches!(self.kind, GraphKind::Frame { .. });
+        #[cfg(not(feature = "cuda"))]
+        false
     }
 }
 
@@ -222,7 +304,8 @@ impl CpGraphs {
         _cp: &CodePredictor,
         _talker_hidden: &Tensor,
         _code0_embed: &Tensor,
-        _choose: impl FnMut(usize, &mut [f32]) -> u32,
+        _chooser: &TokenChooser,
+        _rng: &mut ChaCha20Rng,
     ) -> Result<Vec<u32>> {
         candle_core::bail!("CUDA graphs need a build with the `cuda` feature")
     }
@@ -231,17 +314,67 @@ impl CpGraphs {
 #[cfg(feature = "cuda")]
 impl CpGraphs {
     fn capture(cp: &CodePredictor, dtype: DType) -> Result<CpGraphs> {
-        use crate::nn::cuda_graph::{Graph, htod_cache};
         let dev = &cp.device;
         if !dev.is_cuda() {
             candle_core::bail!("CUDA graphs need a CUDA device, the code predictor is on {dev:?}");
         }
+        let whole_frame = std::env::var("OMNITTS_CP_FRAME_GRAPH").is_ok_and(|v| v == "1");
+        if whole_frame {
+            Self::capture_frame(cp, dtype)
+        } else {
+            Self::capture_steps(cp, dtype)
+        }
+    }
+
+    fn capture_frame(cp: &CodePredictor, dtype: DType) -> Result<CpGraphs> {
+        use super::device_sampler::PARAM_HEADER;
+        use crate::nn::cuda_graph::{Graph, htod_cache};
+        let dev = &cp.device;
+        let d = cp.model.codec_embedding[0].embeddings().dim(1)?;
+        let steps = cp.steps();
+        let input2 = Tensor::zeros((1, 2, d), dtype, dev)?;
+        let codes = Tensor::zeros(steps, DType::U32, dev)?;
+        // Valid values for the warm-up (temperature 1, no top-k, no top-p, u = 0.5).
+        let mut init = vec![1.0, 0.0, -1.0];
+        init.resize(PARAM_HEADER + steps, 0.5);
+        let params = Tensor::from_vec(init, PARAM_HEADER + steps, dev)?;
+        let sampler = DeviceSampler::new(cp.vocab_size, dev)?;
+        let mut cache = cp.new_cache();
+        let _htod = htod_cache(dev)?;
+        let frame = |cache: &mut LayerCaches, sample: bool| -> Result<()> {
+            let out = cp.frame_on_device(&input2, cache, &sampler, sample.then_some(&params))?;
+            codes.slice_set(&out, 0, 0)
+        };
+        // Eager frames: allocate the KV buffers, upload the parameter vectors, load modules.
+        frame(&mut cache, false)?;
+        frame(&mut cache, true)?;
+        dev.synchronize()?;
+        let greedy = Graph::capture(dev, || frame(&mut cache, false))?;
+        let sample = Graph::capture(dev, || frame(&mut cache, true))?;
+        cache.reset();
+        dev.synchronize()?;
+        Ok(CpGraphs {
+            kind: GraphKind::Frame {
+                greedy,
+                sample,
+                params,
+                codes,
+                _sampler: sampler,
+            },
+            input2,
+            _cache: cache,
+        })
+    }
+
+    fn capture_steps(cp: &CodePredictor, dtype: DType) -> Result<CpGraphs> {
+        use crate::nn::cuda_graph::{Graph, htod_cache};
+        let dev = &cp.device;
         let d = cp.model.codec_embedding[0].embeddings().dim(1)?;
         let input2 = Tensor::zeros((1, 2, d), dtype, dev)?;
         let input1 = Tensor::zeros((1, 1, d), dtype, dev)?;
         let logits = Tensor::zeros((1, 1, cp.vocab_size), DType::F32, dev)?;
         let mut cache = cp.new_cache();
-        let steps = cp.num_code_groups - 1;
+        let steps = cp.steps();
         let _htod = htod_cache(dev)?;
         let step = |q: usize, cache: &mut LayerCaches| -> Result<()> {
             let x = if q == 0 { &input2 } else { &input1 };
@@ -262,10 +395,12 @@ impl CpGraphs {
         cache.reset();
         dev.synchronize()?;
         Ok(CpGraphs {
-            steps: graphs,
+            kind: GraphKind::Steps {
+                steps: graphs,
+                input1,
+                logits,
+            },
             input2,
-            input1,
-            logits,
             _cache: cache,
         })
     }
@@ -275,25 +410,58 @@ impl CpGraphs {
         cp: &CodePredictor,
         talker_hidden: &Tensor,
         code0_embed: &Tensor,
-        mut choose: impl FnMut(usize, &mut [f32]) -> u32,
+        chooser: &TokenChooser,
+        rng: &mut ChaCha20Rng,
     ) -> Result<Vec<u32>> {
         let groups = cp.num_code_groups;
-        let mut codes = Vec::with_capacity(groups - 1);
         let prefill = Tensor::cat(&[talker_hidden, code0_embed], 1)?;
         self.input2.slice_set(&prefill, 1, 0)?;
-        self.steps[0].launch()?;
-        let mut logits = self.logits.flatten_all()?.to_vec1::<f32>()?;
+        let (steps, input1, logits) = match &self.kind {
+            GraphKind::Frame {
+                greedy,
+                sample,
+                params,
+                codes,
+                ..
+            } => {
+                if chooser.do_sample {
+                    let p = super::device_sampler::frame_params(
+                        chooser,
+                        cp.vocab_size,
+                        cp.steps(),
+                        rng,
+                    );
+                    params.slice_set(&Tensor::from_vec(p, params.dims1()?, &cp.device)?, 0, 0)?;
+                    sample.launch()?;
+                } else {
+                    greedy.launch()?;
+                }
+                let codes = codes.to_vec1::<u32>()?;
+                if let Some(c) = codes.iter().find(|&&c| c as usize >= cp.vocab_size) {
+                    candle_core::bail!("code predictor graph: code {c} >= {}", cp.vocab_size);
+                }
+                return Ok(codes);
+            }
+            GraphKind::Steps {
+                steps,
+                input1,
+                logits,
+            } => (steps, input1, logits),
+        };
+        let mut codes = Vec::with_capacity(groups - 1);
+        steps[0].launch()?;
+        let mut host = logits.flatten_all()?.to_vec1::<f32>()?;
         for q in 1..groups {
-            let code = choose(q, &mut logits);
+            let code = chooser.choose(&mut host, rng);
             if code as usize >= cp.vocab_size {
                 candle_core::bail!("codebook {q}: chosen code {code} >= {}", cp.vocab_size);
             }
             codes.push(code);
             if q + 1 < groups {
                 let x = cp.codec_embed(q - 1, code)?.unsqueeze(0)?;
-                self.input1.slice_set(&x, 1, 0)?;
-                self.steps[q].launch()?;
-                logits = self.logits.flatten_all()?.to_vec1::<f32>()?;
+                input1.slice_set(&x, 1, 0)?;
+                steps[q].launch()?;
+                host = logits.flatten_all()?.to_vec1::<f32>()?;
             }
         }
         Ok(codes)

@@ -12,6 +12,7 @@ pub mod code2wav;
 pub mod code_predictor;
 pub mod codec_encoder;
 pub mod config;
+pub mod device_sampler;
 pub mod mel;
 pub mod prompt;
 pub mod sampling;
@@ -315,7 +316,7 @@ pub struct ArModel {
     codec_encoder: Option<CodecEncoder>,
     device: Device,
     dtype: DType,
-    /// The code predictor's steps as CUDA graphs, when enabled ([`ArModel::enable_cuda_graphs`]).
+    /// The code predictor's frame as CUDA graphs, when enabled ([`ArModel::enable_cuda_graphs`]).
     cp_graphs: Option<std::sync::Mutex<code_predictor::CpGraphs>>,
     /// The talker's decode step at a device-side position (graphs captured on CUDA), with its own
     /// KV cache: leased by one session at a time (`None` while leased or when not enabled).
@@ -389,13 +390,14 @@ impl ArModel {
         })
     }
 
-    /// Captures the code predictor's 15 per-frame steps as CUDA graphs, replayed by every later
-    /// frame instead of launching each kernel (same kernels, same data: identical codes). Call it
+    /// Captures the code predictor's frame as CUDA graphs, replayed by every later frame instead
+    /// of launching each kernel (same kernels, same data: identical logits; by default one graph
+    /// per frame with the codes chosen on the device, see `CpGraphs`). Call it
     /// once at start-up, before serving (capture needs the stream to itself). On error nothing
     /// changes and frames keep running eagerly. Errors: not a CUDA device, a build without the
     /// `cuda` feature, or a failed capture (the message names the CUDA call).
     ///
-    /// Two sets are captured: the code predictor's 15 steps, and the talker's decode step (one
+    /// Two sets are captured: the code predictor's frame, and the talker's decode step (one
     /// graph per attention bucket over an owned KV cache of [`TALKER_GRAPH_POSITIONS`] positions;
     /// see `talker_graphs.rs`). One utterance at a time replays the talker graphs; others run
     /// eagerly meanwhile.
@@ -867,7 +869,8 @@ impl ArSession<'_> {
                     &mut graphs,
                     &self.hidden,
                     &code0_embed,
-                    |_, l| chooser.choose(l, rng),
+                    &chooser,
+                    rng,
                 )?
             }
             None => m.code_predictor.generate(
@@ -1019,6 +1022,83 @@ mod tests {
             .expect("decode after chunks");
         let d = max_diff(&a, &b);
         assert!(d <= 1e-5, "decode after the prefill differs by {d}");
+    }
+
+    /// The code predictor's whole-frame CUDA graph work (`CodePredictor::frame_on_device`: codes
+    /// chosen on the device and embedded for the next step), run directly on the CPU, gives
+    /// `CodePredictor::generate`'s codes: greedy exactly; sampling with the uniforms drawn from
+    /// the same ChaCha20 stream position, equal up to rare CDF-boundary roundings.
+    #[test]
+    fn device_frame_equals_host_frame() {
+        use device_sampler::{DeviceSampler, frame_params};
+        use rand::Rng;
+        let (m, _) = fixture("tiny-customvoice");
+        let cp = &m.code_predictor;
+        let dev = Device::Cpu;
+        let sampler = DeviceSampler::new(cp.vocab_size(), &dev).expect("sampler");
+        let d = m.config.talker_config.transformer.hidden_size;
+        let mut data = ChaCha20Rng::seed_from_u64(3);
+        let (mut host_cache, mut dev_cache) = (cp.new_cache(), cp.new_cache());
+        let choosers = [
+            TokenChooser {
+                do_sample: true,
+                temperature: 0.9,
+                top_k: 50,
+                top_p: 1.0,
+            },
+            TokenChooser {
+                do_sample: true,
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 0.8,
+            },
+        ];
+        let (mut sampled, mut differ) = (0usize, 0usize);
+        for frame in 0..24u32 {
+            let h: Vec<f32> = (0..d).map(|_| data.random::<f32>() * 4.0 - 2.0).collect();
+            let hidden = Tensor::from_vec(h, (1, 1, d), &dev).expect("hidden");
+            let c0 = m
+                .talker
+                .codec_embed(&[frame * 5])
+                .expect("c0")
+                .unsqueeze(0)
+                .expect("c0");
+            let input2 = Tensor::cat(&[&hidden, &c0], 1).expect("input2");
+            let host = cp
+                .generate(&hidden, &c0, &mut host_cache, |_, l| sampling::argmax(l))
+                .expect("host frame");
+            let on_dev = cp
+                .frame_on_device(&input2, &mut dev_cache, &sampler, None)
+                .and_then(|t| t.to_vec1::<u32>())
+                .expect("device frame");
+            assert_eq!(on_dev, host, "frame {frame}: greedy codes differ");
+            assert_eq!(host.len(), m.num_code_groups() - 1);
+
+            let chooser = choosers[frame as usize % choosers.len()];
+            let mut rng = ChaCha20Rng::seed_from_u64(100 + u64::from(frame));
+            let mut host_rng = rng.clone();
+            let host = cp
+                .generate(&hidden, &c0, &mut host_cache, |_, l| {
+                    chooser.choose(l, &mut host_rng)
+                })
+                .expect("host frame");
+            let params = frame_params(&chooser, cp.vocab_size(), cp.steps(), &mut rng);
+            assert_eq!(
+                rng.random::<u64>(),
+                host_rng.random::<u64>(),
+                "streams diverged"
+            );
+            let params = Tensor::new(params.as_slice(), &dev).expect("params");
+            let on_dev = cp
+                .frame_on_device(&input2, &mut dev_cache, &sampler, Some(&params))
+                .and_then(|t| t.to_vec1::<u32>())
+                .expect("device frame");
+            // A different pick changes the rest of the frame: count frames, not codes.
+            sampled += 1;
+            differ += usize::from(on_dev != host);
+        }
+        eprintln!("device vs host frames, sampled: {differ} / {sampled} differ");
+        assert!(differ <= 1, "{differ} / {sampled} sampled frames differ");
     }
 
     /// The talker decode step at a device-side position (the work the CUDA graphs capture: scatter
