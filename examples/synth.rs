@@ -8,7 +8,9 @@
 //! Unset options default like the reference's generate call for the checkpoint's variant
 //! (`generation_config.json` sampling, `auto` language, non-streaming prompt for
 //! CustomVoice/VoiceDesign). Writes the codes as JSON (array of frames, `num_code_groups` ints
-//! each, EOS excluded) and a 24 kHz mono WAV decoded by `Code2Wav`.
+//! each, EOS excluded) and a 24 kHz mono WAV decoded by `Code2Wav`, each when asked for. Random-weight
+//! checkpoints (the repository's fixtures) never emit EOS: give them `--max-new-tokens` (e.g. 50),
+//! or they run to the checkpoint's limit (8192 frames, minutes on a CPU).
 //!
 //! Base checkpoints clone a voice from `--ref-audio REF` (a file path or URI in any format
 //! GStreamer decodes, resampled to 24 kHz mono by the element's own reader,
@@ -70,9 +72,9 @@ struct Args {
     /// `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Where to write the codes JSON.
+    /// Where to write the codes JSON (optional).
     #[arg(long)]
-    codes_out: PathBuf,
+    codes_out: Option<PathBuf>,
     /// Where to write the 24 kHz mono WAV.
     #[arg(long)]
     wav_out: Option<PathBuf>,
@@ -171,9 +173,10 @@ fn main() -> Result<()> {
     };
     let ar_s = t1.elapsed().as_secs_f64();
 
-    let json = serde_json::to_string(&frames)?;
-    std::fs::write(&args.codes_out, json)
-        .with_context(|| format!("writing {}", args.codes_out.display()))?;
+    if let Some(path) = &args.codes_out {
+        std::fs::write(path, serde_json::to_string(&frames)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
 
     let t2 = Instant::now();
     let code2wav = Code2Wav::load(&args.model, &dev)?;

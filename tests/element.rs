@@ -455,6 +455,13 @@ fn errors_unknown_speaker_language_bad_device_bad_stage_config() {
 #[test]
 fn errors_empty_or_whitespace_text() {
     assert_names(&start_error(&[("text", v("  \t "))]), &["text", "'  \t '"]);
+    // Only invisible format or control characters: nothing to speak either.
+    for t in ["\u{200b}\u{feff}\u{2060}", "\u{1}\u{2}\u{1b}\u{7f}"] {
+        assert_names(
+            &start_error(&[("text", v(t))]),
+            &["text", "nothing to speak"],
+        );
+    }
     // Non-live without any text has nothing to do.
     assert_names(&start_error(&[]), &["text"]);
 }

@@ -258,6 +258,21 @@ fn find_ci<'a>(list: &'a [String], value: &str) -> Option<&'a String> {
     list.iter().find(|s| s.eq_ignore_ascii_case(value.trim()))
 }
 
+/// Why `text` is refused as an utterance: nothing in it is spoken (empty, or only whitespace,
+/// control characters and invisible format characters such as zero-width spaces and BOMs).
+const NOTHING_TO_SPEAK: &str =
+    "nothing to speak (empty, or only whitespace, control or invisible characters)";
+
+/// Whether `text` has nothing to speak (see [`NOTHING_TO_SPEAK`]).
+fn nothing_to_speak(text: &str) -> bool {
+    let invisible = |c: char| {
+        matches!(c, '\u{00AD}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}' | '\u{FEFF}')
+    };
+    text.chars()
+        .all(|c| c.is_whitespace() || c.is_control() || invisible(c))
+}
+
 /// Builds the engine request for `text` from the property values `s`, and the reference voice it
 /// is to be spoken in (Base checkpoints; the worker turns it into the request's voice-clone prompt).
 fn build_request(
@@ -265,12 +280,8 @@ fn build_request(
     info: &ModelInfo,
     text: &str,
 ) -> Result<(EngineRequest, Option<CloneSpec>), InputError> {
-    if text.trim().is_empty() {
-        return Err(input_error(
-            "text",
-            text,
-            "empty or whitespace-only text, nothing to speak",
-        ));
+    if nothing_to_speak(text) {
+        return Err(input_error("text", text, NOTHING_TO_SPEAK));
     }
     let speaker = match s
         .speaker
@@ -391,7 +402,7 @@ impl OmniTtsSrc {
     }
 
     fn post_input_error(&self, e: &InputError) {
-        gst::element_imp_error!(self, gst::ResourceError::Settings, ["{}", e]);
+        gst::element_imp_error!(self, gst::ResourceError::Settings, ("{}", e));
     }
 
     /// Queues `text` as an utterance (the `push-text` action and `text` set while running).
@@ -400,13 +411,9 @@ impl OmniTtsSrc {
         let settings = self.settings();
         let mut state = lock(&self.state);
         let Some(rt) = state.runtime.as_ref() else {
-            if text.trim().is_empty() {
+            if nothing_to_speak(text) {
                 drop(state);
-                self.post_input_error(&input_error(
-                    "text",
-                    text,
-                    "empty or whitespace-only text, nothing to speak",
-                ));
+                self.post_input_error(&input_error("text", text, NOTHING_TO_SPEAK));
                 return false;
             }
             gst::debug!(CAT, imp = self, "not started: keeping {text:?} for start()");
@@ -504,16 +511,12 @@ impl OmniTtsSrc {
     /// reference fails the state change. Errors name the property.
     fn load(&self, s: &Settings) -> Result<(Engine, ModelInfo, VoiceCloner), gst::ErrorMessage> {
         let settings_error =
-            |e: InputError| gst::error_msg!(gst::ResourceError::Settings, ["{}", e]);
+            |e: InputError| gst::error_msg!(gst::ResourceError::Settings, ("{}", e));
         if let Some(t) = &s.text
             && !t.is_empty()
-            && t.trim().is_empty()
+            && nothing_to_speak(t)
         {
-            return Err(settings_error(input_error(
-                "text",
-                t,
-                "whitespace-only text, nothing to speak",
-            )));
+            return Err(settings_error(input_error("text", t, NOTHING_TO_SPEAK)));
         }
         let (stage_config, warnings) = match s.stage_config.as_deref().map(str::trim) {
             Some(p) if !p.is_empty() => StageConfig::from_yaml_file(Path::new(p))
@@ -524,11 +527,11 @@ impl OmniTtsSrc {
             gst::element_imp_warning!(
                 self,
                 gst::ResourceError::Settings,
-                [
+                (
                     "stage-config '{}': {}",
                     s.stage_config.as_deref().unwrap_or(""),
                     w
-                ]
+                )
             );
         }
         let ar_device = parse_device("ar-device", s.ar_device.as_deref(), stage_config.ar.device)
@@ -547,7 +550,7 @@ impl OmniTtsSrc {
                 }
                 _ => gst::ResourceError::Settings,
             };
-            gst::error_msg!(kind, ["{}", e])
+            gst::error_msg!(kind, ("{}", e))
         })?;
         gst::info!(
             CAT,
@@ -566,25 +569,25 @@ impl OmniTtsSrc {
         let engine = Engine::load(opts).map_err(|e| {
             gst::error_msg!(
                 gst::ResourceError::OpenRead,
-                [
+                (
                     "model '{}' ({}) could not be loaded (ar-device {}, decoder-device {}): {}",
                     s.model,
                     resolved.dir.display(),
                     ar_device,
                     decoder_device,
                     e
-                ]
+                )
             )
         })?;
         if engine.sample_rate() != RATE {
             return Err(gst::error_msg!(
                 gst::ResourceError::Settings,
-                [
+                (
                     "model '{}': the checkpoint outputs {} Hz, omnittssrc produces {} Hz only",
                     s.model,
                     engine.sample_rate(),
                     RATE
-                ]
+                )
             ));
         }
         let samples_per_frame = engine.samples_per_frame();
@@ -598,11 +601,11 @@ impl OmniTtsSrc {
                     gst::element_imp_warning!(
                         self,
                         gst::ResourceError::Settings,
-                        [
+                        (
                             "stage-config '{}' decodes whole utterances (async_chunk: false): in \
                              live mode speech starts only after each utterance is synthesised",
                             s.stage_config.as_deref().unwrap_or("")
-                        ]
+                        )
                     );
                 }
                 stage_config.decoder.codec_chunk_frames
@@ -641,11 +644,11 @@ impl OmniTtsSrc {
                 gst::element_imp_warning!(
                     self,
                     gst::ResourceError::Settings,
-                    [
+                    (
                         "ref-text '{}': ignored, x-vector-only=true clones from the speaker \
                          embedding alone (as qwen-tts generate_voice_clone does)",
                         t
-                    ]
+                    )
                 );
             }
             let t = Instant::now();
@@ -1289,14 +1292,12 @@ impl BaseSrcImpl for OmniTtsSrc {
         let (live, initial) = (settings.is_live, settings.text.clone());
         let early = std::mem::take(&mut lock(&self.state).early_texts);
         let has_text =
-            initial.as_deref().is_some_and(|t| !t.trim().is_empty()) || !early.is_empty();
+            initial.as_deref().is_some_and(|t| !nothing_to_speak(t)) || !early.is_empty();
         if !live && !has_text && initial.as_deref().is_none_or(str::is_empty) {
             return Err(gst::error_msg!(
                 gst::ResourceError::Settings,
-                [
-                    "text '': nothing to speak; set text, push-text before start, or use \
-                     is-live=true to wait for push-text"
-                ]
+                ("text '': nothing to speak; set text, push-text before start, or use \
+                     is-live=true to wait for push-text")
             ));
         }
         let _ = self.obj().post_message(
@@ -1336,7 +1337,7 @@ impl BaseSrcImpl for OmniTtsSrc {
             let mut inner = shared.lock();
             for text in texts {
                 let (request, clone) = build_request(&settings, &info, &text)
-                    .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ["{}", e]))?;
+                    .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ("{}", e)))?;
                 let id = inner.next_id;
                 inner.next_id += 1;
                 inner.pending.push_back(Utterance {
@@ -1355,7 +1356,7 @@ impl BaseSrcImpl for OmniTtsSrc {
                 .map_err(|e| {
                     gst::error_msg!(
                         gst::ResourceError::Failed,
-                        ["could not start the worker thread: {}", e]
+                        ("could not start the worker thread: {}", e)
                     )
                 })?;
         let ready = format!(
@@ -1377,7 +1378,7 @@ impl BaseSrcImpl for OmniTtsSrc {
                 info,
             });
         }
-        gst::element_imp_info!(self, gst::ResourceError::Settings, ["{}", ready]);
+        gst::element_imp_info!(self, gst::ResourceError::Settings, ("{}", ready));
         let _ = self.obj().post_message(
             gst::message::Progress::builder(gst::ProgressType::Complete, "load", &ready)
                 .src(&*self.obj())
@@ -1513,7 +1514,7 @@ impl PushSrcImpl for OmniTtsSrc {
                 gst::element_imp_error!(
                     self,
                     gst::CoreError::Negotiation,
-                    ["create() before caps were negotiated"]
+                    ("create() before caps were negotiated")
                 );
                 return Err(gst::FlowError::NotNegotiated);
             };
@@ -1544,7 +1545,7 @@ impl PushSrcImpl for OmniTtsSrc {
                 gst::element_imp_error!(
                     self,
                     gst::StreamError::Failed,
-                    ["the synthesis worker failed: {}", what]
+                    ("the synthesis worker failed: {}", what)
                 );
                 return Err(gst::FlowError::Error);
             }

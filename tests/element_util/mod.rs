@@ -357,11 +357,15 @@ pub fn start_must_fail(e: &gst::Element, what: &str) -> Vec<String> {
     errs
 }
 
-/// Asserts that one of `errs` contains every one of `words`.
+/// Asserts that the message of some error (the part of an [`errors`] string before " | ", the
+/// line applications show) contains every word of `words`.
 pub fn assert_names(errs: &[String], words: &[&str]) {
     assert!(
-        errs.iter().any(|e| words.iter().all(|w| e.contains(w))),
-        "no error naming {words:?}: {errs:?}"
+        errs.iter().any(|e| {
+            let message = e.split(" | ").next().unwrap_or(e);
+            words.iter().all(|w| message.contains(w))
+        }),
+        "no error message naming {words:?}: {errs:?}"
     );
 }
 
