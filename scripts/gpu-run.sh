@@ -14,7 +14,8 @@
 # PARITY_ARGS: extra gpu_parity arguments (e.g. "--checkpoints tiny-customvoice --max-cases 3");
 # FIRST_CHUNKS (1,2): the streaming modes of the benchmark; step "framegraph": the benchmark again with
 # the code predictor's frame as one graph with sampling on the device (OMNITTS_CP_FRAME_GRAPH=1),
-# graphs on, 1 repeat, sizes FRAMEGRAPH_SIZES (default SIZES), limit FRAMEGRAPH_TIMEOUT (150 s).
+# graphs on, 1 repeat, sizes FRAMEGRAPH_SIZES (default SIZES), limit FRAMEGRAPH_TIMEOUT (150 s);
+# step "framegraph-parity": gpu_parity with it (PARITY_ARGS, PARITY_TIMEOUT).
 set -uo pipefail
 pack=$1
 out=$2
@@ -58,6 +59,13 @@ if [[ " $STEPS " == *" unfused "* ]]; then
         --workdir /tmp --json "$out/unfused.json" >"$out/unfused.log" 2>&1
     echo "bench_gpu (unfused) exit $?"
     grep -v '^{' "$out/unfused.log" | tail -8
+fi
+if [[ " $STEPS " == *" framegraph-parity "* ]]; then
+    stamp "parity, code predictor frame as one graph"
+    OMNITTS_CP_FRAME_GRAPH=1 timeout "${PARITY_TIMEOUT:-150}" "$bin/gpu_parity" --fixtures "$fx" --device "$AR_DEVICE" \
+        ${PARITY_ARGS:-} --json "$out/framegraph-parity.json" >"$out/framegraph-parity.log" 2>&1
+    echo "gpu_parity (frame graph) exit $?"
+    grep -v '^{' "$out/framegraph-parity.log" | tail -30
 fi
 if [[ " $STEPS " == *" framegraph "* ]]; then
     stamp "bench, code predictor frame as one graph"

@@ -453,8 +453,21 @@ fn errors_unknown_speaker_language_bad_device_bad_stage_config() {
 }
 
 #[test]
+fn error_messages_quote_long_values_shortened() {
+    let long = "y".repeat(200);
+    let errs = start_error(&[("text", v("x")), ("speaker", v(long.as_str()))]);
+    let shortened = format!("'{}…'", "y".repeat(80));
+    assert_names(&errs, &["speaker", &shortened]);
+    assert!(
+        errs.iter()
+            .all(|e| !e.split(" | ").next().unwrap_or(e).contains(&long))
+    );
+}
+
+#[test]
 fn errors_empty_or_whitespace_text() {
-    assert_names(&start_error(&[("text", v("  \t "))]), &["text", "'  \t '"]);
+    // The value is quoted escaped (the tab as `\t`).
+    assert_names(&start_error(&[("text", v("  \t "))]), &["text", "'  \\t '"]);
     // Only invisible format or control characters: nothing to speak either.
     for t in ["\u{200b}\u{feff}\u{2060}", "\u{1}\u{2}\u{1b}\u{7f}"] {
         assert_names(

@@ -22,7 +22,6 @@
 set -u
 T0=$(date +%s)
 el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-at() { local w=$(( T0 + $1 - $(date +%s) )); [ "$w" -gt 0 ] && sleep "$w"; }
 left_min() { python3 -c "print(max(0.2, ($1 - ($(date +%s) - $T0)) / 60))"; }
 VP=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/vout}; mkdir -p "$OUT"
@@ -107,6 +106,7 @@ if [ "$CALL" = 1 ]; then
   ITEMS="exp codes1.pt quantizer16.pt roundtrip export_check.wav"
 else
   # --- talker variants -------------------------------------------------------------------------------------------
+  : "${CODES:?CALL=2 needs CODES (codes files in the carried folder)}" "${INIT:?CALL=2 needs INIT (an export folder)}"
   C=(); for c in ${CODES}; do C+=("$VP/$c"); done
   TMIN=$(left_min $((DEADLINE - 40)))
   el talkers for "$TMIN" min
@@ -116,7 +116,7 @@ else
     env $(gpu $v) $PY "$VP/train.py" talker --work "$W/t$v" --size "$SIZE" --device "$DEV" $AMP --log-every 100 \
         --codes "${C[@]}" --init-from "$VP/$INIT" --init-step "${INIT_STEP:-0}" --talker-batch "$TB" \
         --talker-lr "${!LR}" --warmup "${WARMUP:-100}" --talker-steps 1000000 --max-minutes "$TMIN" \
-        --seed "$v" > "$W/talker$v.log" 2>&1 &
+        > "$W/talker$v.log" 2>&1 &
     eval "P$v=$!"
   done
   wait $P0 $P1

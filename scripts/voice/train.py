@@ -164,13 +164,14 @@ def amp(torch, a):
     return contextlib.nullcontext()
 
 
-def lr_factor(step, steps, warmup, t0, max_minutes):
-    """Linear warm-up, then cosine to 5 %; progress is the larger of step/steps and elapsed/max-minutes, so a run
-    cut by --max-minutes still anneals."""
+def lr_factor(step, steps, warmup, t0, max_minutes, warmup_from=0):
+    """Linear warm-up over `warmup` steps from step `warmup_from` (a fresh optimiser's first step), then cosine to
+    5 %; progress is the larger of step/steps and elapsed/max-minutes, so a run cut by --max-minutes still anneals."""
     prog = step / max(1, steps)
     if max_minutes:
         prog = max(prog, (time.time() - t0) / (60 * max_minutes))
-    return min(1.0, (step + 1) / max(1, warmup)) * max(0.05, 0.5 * (1 + math.cos(math.pi * min(1.0, prog))))
+    return (min(1.0, (step - warmup_from + 1) / max(1, warmup))
+            * max(0.05, 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))))
 
 
 def make_adamw(torch, params, a, **kw):
@@ -954,7 +955,8 @@ def step_talker(a, size, ns, data=None):
     step = start - 1
     for step in range(start, a.talker_steps + 1):
         for g in opt.param_groups:
-            g["lr"] = a.talker_lr * lr_factor(step, a.talker_steps, a.warmup, t0, a.max_minutes)
+            g["lr"] = a.talker_lr * lr_factor(step, a.talker_steps, a.warmup, t0, a.max_minutes,
+                                              warmup_from=start if a.init_from else 0)
         exs = [example(random.randrange(len(data)), "english" if random.random() < a.p_english else "auto")
                for _ in range(a.talker_batch)]
         batch = collate(torch, exs, dev)

@@ -281,11 +281,13 @@ impl Attention {
     #[cfg(feature = "cuda")]
     pub(crate) fn fused_ok(&self, x: &Tensor, t: usize, max_keys: usize) -> bool {
         use super::cuda_kernels::decode_attention::{MAX_KEYS, supports_head_dim};
+        use super::cuda_kernels::qk_norm_rope::supports_head_dim as rope_supports_head_dim;
         super::cuda_kernels::usable_for(x)
             && self.sliding_window.is_none()
             && (1..=super::transformer::FUSED_MAX_ROWS).contains(&t)
             && max_keys <= MAX_KEYS
             && supports_head_dim(self.head_dim)
+            && rope_supports_head_dim(self.head_dim)
             && self.num_kv_heads > 0
             && self.num_heads % self.num_kv_heads == 0
             && self.q_norm.eps() == self.k_norm.eps()

@@ -201,12 +201,12 @@ impl LayerCaches {
     pub fn fused_ok(&self, layers: &[DecoderLayer], x: &Tensor, max_keys: usize) -> bool {
         let t = x.dim(1).unwrap_or(0);
         !layers.is_empty()
-            && layers.len() <= self.caches.len()
+            && layers.len() == self.caches.len()
             && layers.iter().all(|l| l.self_attn.fused_ok(x, t, max_keys))
     }
 
     /// Runs `layers` over `x` (`[batch, t, hidden]`, `t` ≤ `FUSED_MAX_ROWS`) at positions
-    /// `pos..pos+t` with the fused CUDA kernels (9 launches per layer instead of ~30; docs/cuda.md):
+    /// `pos..pos+t` with the fused CUDA kernels (9 launches per layer instead of ~27; docs/cuda.md):
     /// writes the new keys/values into those slots of the caches' buffers (allocated, with room;
     /// `seq_len()` unchanged) and attends causally to at most `max_keys` slots. `cos`/`sin`: f32
     /// RoPE tables from position 0. With a device `pos` (u32 `[1]`) the launches are the same for

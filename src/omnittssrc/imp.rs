@@ -15,6 +15,7 @@ use gst_base::subclass::prelude::*;
 use crate::engine::{
     DeviceSpec, Engine, EngineOptions, EngineRequest, FinishReason, Metrics, StageConfig,
 };
+use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak};
 use crate::models::qwen3_tts::{
     MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES, ModelVariant, PromptMode, SamplingParams,
     VoiceRequest,
@@ -256,21 +257,6 @@ fn parse_device(
 /// Matches `value` case-insensitively against `list`, returning the list's spelling.
 fn find_ci<'a>(list: &'a [String], value: &str) -> Option<&'a String> {
     list.iter().find(|s| s.eq_ignore_ascii_case(value.trim()))
-}
-
-/// Why `text` is refused as an utterance: nothing in it is spoken (empty, or only whitespace,
-/// control characters and invisible format characters such as zero-width spaces and BOMs).
-const NOTHING_TO_SPEAK: &str =
-    "nothing to speak (empty, or only whitespace, control or invisible characters)";
-
-/// Whether `text` has nothing to speak (see [`NOTHING_TO_SPEAK`]).
-fn nothing_to_speak(text: &str) -> bool {
-    let invisible = |c: char| {
-        matches!(c, '\u{00AD}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
-            | '\u{2060}'..='\u{2064}' | '\u{FEFF}')
-    };
-    text.chars()
-        .all(|c| c.is_whitespace() || c.is_control() || invisible(c))
 }
 
 /// Builds the engine request for `text` from the property values `s`, and the reference voice it
@@ -1329,7 +1315,7 @@ impl BaseSrcImpl for OmniTtsSrc {
 
         let shared = Shared::new(MAX_QUEUED_SAMPLES);
         let mut texts: Vec<String> = Vec::new();
-        if let Some(t) = initial.filter(|t| !t.trim().is_empty()) {
+        if let Some(t) = initial.filter(|t| !nothing_to_speak(t)) {
             texts.push(t);
         }
         texts.extend(early);

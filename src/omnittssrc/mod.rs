@@ -39,7 +39,12 @@ pub(crate) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
     )
 });
 
-/// A rejected input, reported as "property 'value': why".
+/// Longest value, in characters, quoted in an error message (longer ones are cut with "…").
+const QUOTED_VALUE_CHARS: usize = 80;
+
+/// A rejected input, reported as "property 'value': why"; the value is escaped (control and
+/// invisible characters as `\u{…}`, so no terminal escape reaches a log) and cut to
+/// [`QUOTED_VALUE_CHARS`] characters.
 #[derive(Debug)]
 pub(crate) struct InputError {
     pub property: &'static str,
@@ -49,7 +54,17 @@ pub(crate) struct InputError {
 
 impl std::fmt::Display for InputError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} '{}': {}", self.property, self.value, self.why)
+        let mut shown: String = self.value.chars().take(QUOTED_VALUE_CHARS).collect();
+        if self.value.chars().nth(QUOTED_VALUE_CHARS).is_some() {
+            shown.push('…');
+        }
+        write!(
+            f,
+            "{} '{}': {}",
+            self.property,
+            shown.escape_debug(),
+            self.why
+        )
     }
 }
 

@@ -145,7 +145,7 @@ impl CodePredictor {
 
     /// [`Self::generate`] by replaying graphs captured with [`Self::capture_graphs`]: the same
     /// model kernels on the same data, so the same logits bit for bit. With whole-frame graphs
-    /// (the default) the codes are chosen on the device by [`DeviceSampler`] (greedy: the same
+    /// (opt-in, `OMNITTS_CP_FRAME_GRAPH=1`) the codes are chosen on the device by [`DeviceSampler`] (greedy: the same
     /// codes as the host; sampling: the host's codes for the same uniforms, which are drawn from
     /// `rng` as the host sampler would, except for float-rounding ties at a CDF boundary); with
     /// per-step graphs the host picks every code with `chooser`.

@@ -18,9 +18,9 @@
 //! order, exactly as the host sampler consumes them) and uploaded with the warper parameters as one
 //! f64 vector per frame ([`frame_params`]). For the same uniform the device picks the host's code
 //! except where float rounding moves a cumulative sum across `u × total` or the top-p cut, and
-//! except among exactly equal logits at the top-k/top-p thresholds (the host keeps ties in index
-//! order, the device keeps all of them): cumulative sums are blocked matrix products in f64 here,
-//! sequential sums on the host.
+//! except among exactly equal logits at the top-p threshold (the host's cut walks ties one by one,
+//! the device keeps or drops them together): cumulative sums are blocked matrix products in f64
+//! here, sequential sums on the host.
 
 use candle_core::{D, DType, Device, Result, Tensor};
 use rand::Rng;
@@ -153,6 +153,7 @@ impl DeviceSampler {
         row.broadcast_eq(&max)?
             .where_cond(&self.arange, &self.past_end)?
             .min_keepdim(D::Minus1)?
+            .minimum(&self.last)? // no logit equals the maximum only with NaNs: stay in range
             .to_dtype(DType::U32)?
             .reshape(1)
     }

@@ -129,14 +129,29 @@ pub fn default_prompt_mode(variant: ModelVariant) -> PromptMode {
     }
 }
 
+/// Why a text is refused: nothing in it is spoken.
+pub const NOTHING_TO_SPEAK: &str =
+    "nothing to speak (empty, or only whitespace, control or invisible characters)";
+
+/// Whether `text` has nothing to speak: it is empty or holds only whitespace, control characters
+/// and invisible format characters (soft hyphen, zero-width and bidi marks, word joiners, BOM).
+pub fn nothing_to_speak(text: &str) -> bool {
+    let invisible = |c: char| {
+        matches!(c, '\u{00AD}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}')
+    };
+    text.chars()
+        .all(|c| c.is_whitespace() || c.is_control() || invisible(c))
+}
+
 /// Validates `req` like the reference wrapper (case-insensitive language and speaker, `auto`
 /// default, instruct dropped for 0.6B CustomVoice, empty instruct = none, empty speaker = none)
 /// and applies the dialect rule of `generate` (language `chinese` or `auto` with a dialect
 /// speaker → that dialect's row).
 pub fn resolve(cfg: &Qwen3TtsConfig, req: &VoiceRequest) -> Result<ResolvedRequest, ModelError> {
     let tc = &cfg.talker_config;
-    if req.text.trim().is_empty() {
-        return Err(invalid("text", &req.text, "text to synthesise is empty"));
+    if nothing_to_speak(&req.text) {
+        return Err(invalid("text", &req.text, NOTHING_TO_SPEAK));
     }
     let language = req
         .language

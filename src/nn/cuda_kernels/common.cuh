@@ -48,7 +48,8 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Sum of `v` over the whole block (any blockDim.x up to 1024); every thread gets the result.
+// Sum of `v` over the whole block (blockDim.x a multiple of 32, up to 1024: the warp shuffles
+// name all 32 lanes, so every lane must exist); every thread gets the result.
 // `scratch`: 32 floats of shared memory, free on entry and reusable after return.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -15,9 +15,18 @@ const THREADS: usize = 256;
 pub const MAX_KEYS: usize = 8192;
 
 /// Whether the kernel handles heads of width `hd` (a multiple of 8 whose 8-element lanes tile the
-/// block).
+/// block), and whose shared memory at [`MAX_KEYS`] keys fits in 48 KiB.
 pub fn supports_head_dim(hd: usize) -> bool {
-    hd >= 8 && hd % 8 == 0 && hd <= 8 * THREADS && THREADS % (hd / 8) == 0
+    hd >= 8
+        && hd % 8 == 0
+        && hd <= 8 * THREADS
+        && THREADS % (hd / 8) == 0
+        && shared_bytes(MAX_KEYS, hd) <= 48 * 1024
+}
+
+/// Dynamic shared memory of one block: the scores, the query, the partial sums, the scratch.
+fn shared_bytes(max_keys: usize, hd: usize) -> usize {
+    (max_keys + hd + THREADS * 8 + 32) * 4
 }
 
 /// Attention of `q` `[batch, nh, t, hd]` (query i at position `pos + i`) over keys/values
@@ -58,10 +67,10 @@ pub fn decode_attention(
         }
     }
     if let Pos::Host(p) = pos
-        && p + t > cap
+        && (p + t > cap || p + t > max_keys)
     {
         candle_core::bail!(
-            "decode_attention: positions up to {} past the cache ({cap})",
+            "decode_attention: positions up to {} past the cache ({cap}) or the key limit ({max_keys})",
             p + t
         );
     }
@@ -88,7 +97,7 @@ pub fn decode_attention(
         .i32(cap)?
         .i32(max_keys)?
         .f32(scale as f32);
-    let shared = (max_keys + hd + THREADS * 8 + 32) * 4;
+    let shared = shared_bytes(max_keys, hd);
     if shared > 48 * 1024 {
         candle_core::bail!("decode_attention: {shared} bytes of shared memory for {max_keys} keys");
     }

@@ -1,7 +1,7 @@
 //! Fused CUDA kernels for the single-token decode path of the Qwen3 decoder stacks (talker decode
 //! step, code-predictor steps), feature `cuda` only. Each kernel is one CUDA C file here, compiled
 //! to PTX by `build.rs` and loaded through candle's `CudaDevice::get_or_load_custom_func`; each has
-//! a Rust launcher module with its shapes. Per decoder layer they take a decode position from ~30
+//! a Rust launcher module with its shapes. Per decoder layer they take a decode position from ~27
 //! launches to 9 (docs/cuda.md, "Fused decode kernels"):
 //!
 //! | kernel | replaces |

@@ -17,8 +17,15 @@ pub struct Heads {
     pub nh: usize,
     /// Key/value heads (`nh % nkv == 0`).
     pub nkv: usize,
-    /// Per-head width (even, at most 2048).
+    /// Per-head width ([`supports_head_dim`]).
     pub hd: usize,
+}
+
+/// Whether the kernel handles heads of width `hd`: one thread per NeoX pair, `hd / 2` threads a
+/// block, which must be whole warps (its block reductions shuffle across all 32 lanes), so `hd` is
+/// a multiple of 64, at most 2048. Narrower heads (the tiny test checkpoints: 16) take the unfused ops.
+pub fn supports_head_dim(hd: usize) -> bool {
+    hd >= 64 && hd % 64 == 0 && hd <= 2048
 }
 
 /// Normalises and rotates the new queries and keys, and writes keys and values into the cache.
@@ -59,7 +66,7 @@ pub fn qk_norm_rope_kv(
             v.dims()
         );
     }
-    if hd % 2 != 0 || hd > 2048 || nkv == 0 || nh % nkv != 0 {
+    if !supports_head_dim(hd) || nkv == 0 || nh % nkv != 0 {
         candle_core::bail!("qk_norm_rope_kv: unsupported heads {heads:?}");
     }
     for (x, what) in [(k, "k"), (v, "v")] {
