@@ -25,6 +25,7 @@ GRAPHS=${GRAPHS:-both} STEPS=${STEPS:-parity bench ref}
 AR_DEVICE=${AR_DEVICE:-cuda:0} DECODER_DEVICE=${DECODER_DEVICE:-$AR_DEVICE}
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
+has_step() { [[ " $STEPS " == *" $1 "* ]]; }
 
 nvidia-smi --query-gpu=index,name,driver_version,memory.total,memory.used,clocks.sm --format=csv | tee "$out/gpu.txt"
 stamp unpack
@@ -32,50 +33,50 @@ tar -C /tmp/omnitts -xJf "$pack/bins.tar.xz" || exit 3
 tar -C /tmp/omnitts -xJf "$pack/fixtures.tar.xz" || exit 3
 bin=/tmp/omnitts/bin fx=/tmp/omnitts/fixtures
 
-if [[ " $STEPS " == *" kernels "* ]]; then
+if has_step kernels; then
     stamp kernels
     timeout "${KERNELS_TIMEOUT:-60}" "$bin/gpu_parity" --check-kernels --device "$AR_DEVICE" >"$out/kernels.log" 2>&1
     echo "gpu_parity --check-kernels exit $?"
     grep -E 'FAIL|kernel checks' "$out/kernels.log" | tail -20
 fi
-if [[ " $STEPS " == *" parity "* ]]; then
+# parity NAME LIMIT_S [ENV=VALUE ...]: gpu_parity on the fixtures -> OUT/NAME.{log,json}
+parity() {
+    local name=$1 limit=$2; shift 2
+    env "$@" timeout "$limit" "$bin/gpu_parity" --fixtures "$fx" --device "$AR_DEVICE" ${PARITY_ARGS:-} \
+        --json "$out/$name.json" >"$out/$name.log" 2>&1
+    echo "gpu_parity ($name) exit $?"
+    grep -v '^{' "$out/$name.log" | tail -30
+}
+# bench NAME LIMIT_S SIZES REPEATS GRAPHS [ENV=VALUE ...]: bench_gpu -> OUT/NAME.{log,json}
+bench() {
+    local name=$1 limit=$2 sizes=$3 repeats=$4 graphs=$5; shift 5
+    env "$@" timeout "$limit" "$bin/bench_gpu" --template "$fx/tiny-customvoice" --sizes "$sizes" --frames "$FRAMES" \
+        --repeats "$repeats" --graphs "$graphs" --first-chunks "${FIRST_CHUNKS:-1,2}" --ar-device "$AR_DEVICE" \
+        --decoder-device "$DECODER_DEVICE" --workdir /tmp --json "$out/$name.json" >"$out/$name.log" 2>&1
+    echo "bench_gpu ($name) exit $?"
+    grep -v '^{' "$out/$name.log" | tail -32
+}
+if has_step parity; then
     stamp parity
-    timeout "${PARITY_TIMEOUT:-150}" "$bin/gpu_parity" --fixtures "$fx" --device "$AR_DEVICE" ${PARITY_ARGS:-} --json "$out/parity.json" >"$out/parity.log" 2>&1
-    echo "gpu_parity exit $?"
-    grep -v '^{' "$out/parity.log" | tail -30
+    parity parity "${PARITY_TIMEOUT:-150}"
 fi
-if [[ " $STEPS " == *" bench "* ]]; then
+if has_step bench; then
     stamp bench
-    timeout "${BENCH_TIMEOUT:-330}" "$bin/bench_gpu" --template "$fx/tiny-customvoice" --sizes "$SIZES" --frames "$FRAMES" \
-        --repeats "$REPEATS" --graphs "$GRAPHS" --first-chunks "${FIRST_CHUNKS:-1,2}" --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" \
-        --workdir /tmp --json "$out/omnitts.json" >"$out/omnitts.log" 2>&1
-    echo "bench_gpu exit $?"
-    grep -v '^{' "$out/omnitts.log" | tail -32
+    bench omnitts "${BENCH_TIMEOUT:-330}" "$SIZES" "$REPEATS" "$GRAPHS"
 fi
-if [[ " $STEPS " == *" unfused "* ]]; then
+if has_step unfused; then
     stamp "bench, fused kernels off"
-    OMNITTS_FUSED_KERNELS=0 timeout "${UNFUSED_TIMEOUT:-150}" "$bin/bench_gpu" --template "$fx/tiny-customvoice" --sizes "$SIZES" \
-        --frames "$FRAMES" --repeats 1 --graphs on --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" \
-        --workdir /tmp --json "$out/unfused.json" >"$out/unfused.log" 2>&1
-    echo "bench_gpu (unfused) exit $?"
-    grep -v '^{' "$out/unfused.log" | tail -8
+    bench unfused "${UNFUSED_TIMEOUT:-150}" "$SIZES" 1 on OMNITTS_FUSED_KERNELS=0
 fi
-if [[ " $STEPS " == *" framegraph-parity "* ]]; then
+if has_step framegraph-parity; then
     stamp "parity, code predictor frame as one graph"
-    OMNITTS_CP_FRAME_GRAPH=1 timeout "${PARITY_TIMEOUT:-150}" "$bin/gpu_parity" --fixtures "$fx" --device "$AR_DEVICE" \
-        ${PARITY_ARGS:-} --json "$out/framegraph-parity.json" >"$out/framegraph-parity.log" 2>&1
-    echo "gpu_parity (frame graph) exit $?"
-    grep -v '^{' "$out/framegraph-parity.log" | tail -30
+    parity framegraph-parity "${PARITY_TIMEOUT:-150}" OMNITTS_CP_FRAME_GRAPH=1
 fi
-if [[ " $STEPS " == *" framegraph "* ]]; then
+if has_step framegraph; then
     stamp "bench, code predictor frame as one graph"
-    OMNITTS_CP_FRAME_GRAPH=1 timeout "${FRAMEGRAPH_TIMEOUT:-150}" "$bin/bench_gpu" --template "$fx/tiny-customvoice" \
-        --sizes "${FRAMEGRAPH_SIZES:-$SIZES}" --frames "$FRAMES" --repeats 1 --graphs on --first-chunks "${FIRST_CHUNKS:-1,2}" \
-        --ar-device "$AR_DEVICE" --decoder-device "$DECODER_DEVICE" --workdir /tmp --json "$out/framegraph.json" >"$out/framegraph.log" 2>&1
-    echo "bench_gpu (frame graph) exit $?"
-    grep -v '^{' "$out/framegraph.log" | tail -8
+    bench framegraph "${FRAMEGRAPH_TIMEOUT:-150}" "${FRAMEGRAPH_SIZES:-$SIZES}" 1 on OMNITTS_CP_FRAME_GRAPH=1
 fi
-if [[ " $STEPS " == *" ref "* ]]; then
+if has_step ref; then
     stamp reference
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         "$pack"/whl/*.whl >"$out/pip.log" 2>&1 || { echo "pip failed"; tail "$out/pip.log"; }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use candle_core::Tensor;
 use element_util::{
     TempDir, assert_names, block_first_buffer, drain, element_messages, errors, init,
-    start_must_fail, tiny_model,
+    start_must_fail, tiny_model, warnings,
 };
 use engine_common::fixture;
 use gst::glib;
@@ -627,19 +627,10 @@ fn x_vector_only_ignores_ref_text_with_a_warning() {
     let with = run_element(&tiny_base(), &props(Some("Ignored words.")), &[]);
     let without = run_element(&tiny_base(), &props(None), &[]);
     assert!(errors(&with.msgs).is_empty());
-    let warnings: Vec<String> = with
-        .msgs
-        .iter()
-        .filter_map(|m| match m.view() {
-            gst::MessageView::Warning(w) => Some(format!(
-                "{} | {}",
-                w.error(),
-                w.debug().map(|d| d.to_string()).unwrap_or_default()
-            )),
-            _ => None,
-        })
-        .collect();
-    assert_names(&warnings, &["ref-text", "'Ignored words.'", "ignored"]);
+    assert_names(
+        &warnings(&with.msgs),
+        &["ref-text", "'Ignored words.'", "ignored"],
+    );
     assert!(!with.audio.is_empty());
     assert_eq!(with.audio, without.audio);
 }

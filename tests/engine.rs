@@ -2,6 +2,7 @@
 //! counts, batch = async, windowed mode, finish reasons, cancellation, validation, devices.
 
 mod engine_common;
+mod reference_util;
 
 use std::sync::mpsc::RecvTimeoutError;
 use std::thread;
@@ -12,6 +13,7 @@ use gstomnitts::engine::{
     DecoderStreamingMode, DeviceSpec, Engine, EngineError, EngineEvent, EngineOptions,
     FinishReason, StageConfig,
 };
+use reference_util::max_abs;
 
 /// f32 tolerance of "streamed == whole decode". The fixture decoder is deliberately sensitive: its
 /// SnakeBeta stack amplifies f32 rounding so that two whole decodes with different internal pass
@@ -63,7 +65,7 @@ fn streamed_equals_whole_decode_for_every_schedule() {
                 left -= left.min(chunk);
             }
             assert_eq!(r.chunk_frames(spf), want, "chunk {chunk} initial {initial}");
-            let d = max_abs_diff(&r.audio, &whole.audio);
+            let d = max_abs(&r.audio, &whole.audio);
             assert!(
                 d <= TOL,
                 "chunk {chunk} initial {initial}: max abs diff {d}"
@@ -93,7 +95,7 @@ fn batch_equals_async_on_every_greedy_fixture() {
             assert_eq!(s.metrics.frames, w.metrics.frames, "{name} {t:?}");
             assert!(s.metrics.frames >= 2);
             assert_eq!(s.audio.len(), s.metrics.frames * spf);
-            let d = max_abs_diff(&s.audio, &w.audio);
+            let d = max_abs(&s.audio, &w.audio);
             assert!(d <= TOL, "{name} {t:?}: max abs diff {d}");
         }
     }
@@ -117,7 +119,7 @@ fn windowed_mode_counts_exactly_and_matches_with_full_context() {
     let r = run(&wide, greedy(&wide, voice(TEXT, Some("vivian")), 30));
     assert_eq!(r.audio.len(), whole.audio.len());
     assert_eq!(r.chunk_frames(spf), vec![1, 4, 4, 4, 4, 4, 4, 4]);
-    let d = max_abs_diff(&r.audio, &whole.audio);
+    let d = max_abs(&r.audio, &whole.audio);
     assert!(d <= TOL, "windowed with full context: max abs diff {d}");
     drop(wide);
     // No left context: still frames × 1920 samples, but not equal to the whole decode.
@@ -131,7 +133,7 @@ fn windowed_mode_counts_exactly_and_matches_with_full_context() {
     );
     let r = run(&narrow, greedy(&narrow, voice(TEXT, Some("vivian")), 30));
     assert_eq!(r.audio.len(), whole.audio.len());
-    assert!(max_abs_diff(&r.audio, &whole.audio) > 1e-3);
+    assert!(max_abs(&r.audio, &whole.audio) > 1e-3);
 }
 
 #[test]
@@ -298,8 +300,8 @@ fn two_interleaved_requests_equal_single_runs() {
         .unwrap();
     let (a2, _, _) = ha.collect().unwrap();
     let (b2, _, _) = hb.collect().unwrap();
-    assert!(max_abs_diff(&a1.audio, &a2) <= TOL);
-    assert!(max_abs_diff(&b1.audio, &b2) <= TOL);
+    assert!(max_abs(&a1.audio, &a2) <= TOL);
+    assert!(max_abs(&b1.audio, &b2) <= TOL);
 }
 
 #[test]

@@ -477,11 +477,7 @@ impl Engine {
         let (reply, answer) = mpsc::sync_channel(1);
         let job = EncodeJob {
             audio_24k: audio_24k.to_vec(),
-            ref_text: if x_vector_only {
-                None
-            } else {
-                ref_text.map(str::to_string)
-            },
+            ref_text: key.ref_text().map(str::to_string),
             x_vector_only,
             reply,
         };

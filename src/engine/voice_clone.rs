@@ -41,6 +41,11 @@ pub(crate) struct CloneKey {
 }
 
 impl CloneKey {
+    /// The transcript the encoding uses: none in x-vector-only mode.
+    pub fn ref_text(&self) -> Option<&str> {
+        self.ref_text.as_deref()
+    }
+
     pub fn new(audio_24k: &[f32], ref_text: Option<&str>, x_vector_only: bool) -> Self {
         let mut h = DefaultHasher::new();
         for x in audio_24k {

@@ -280,14 +280,27 @@ pub fn element_messages(msgs: &[gst::Message], name: &str) -> Vec<gst::Structure
 pub fn errors(msgs: &[gst::Message]) -> Vec<String> {
     msgs.iter()
         .filter_map(|m| match m.view() {
-            gst::MessageView::Error(e) => Some(format!(
-                "{} | {}",
-                e.error(),
-                e.debug().map(|d| d.to_string()).unwrap_or_default()
-            )),
+            gst::MessageView::Error(e) => Some(text_and_debug(&e.error(), e.debug())),
             _ => None,
         })
         .collect()
+}
+
+/// Warning messages as "text | debug" strings (as [`errors`]).
+pub fn warnings(msgs: &[gst::Message]) -> Vec<String> {
+    msgs.iter()
+        .filter_map(|m| match m.view() {
+            gst::MessageView::Warning(w) => Some(text_and_debug(&w.error(), w.debug())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn text_and_debug(error: &gst::glib::Error, debug: Option<gst::glib::GString>) -> String {
+    format!(
+        "{error} | {}",
+        debug.map(|d| d.to_string()).unwrap_or_default()
+    )
 }
 
 /// Blocks the element's streaming thread at its first buffer (so that text pushed meanwhile is

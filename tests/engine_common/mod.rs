@@ -141,11 +141,3 @@ pub fn check_protocol(events: &[EngineEvent]) -> Run {
         metrics,
     }
 }
-
-pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "lengths differ");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
