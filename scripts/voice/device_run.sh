@@ -7,9 +7,14 @@
 #           and, at the same time, the codes and the talker on GPU 1, both until DEADLINE; then export, official load
 #           check, codec round trip of the 50 test sentences. Back: exp/ (the checkpoint), codes1.pt,
 #           quantizer16.pt (centroids in f16, to extend the codes later), roundtrip/*.wav, log.txt.
-#   CALL=2  The talker only, continued from call 1's export (INIT=folder with model.safetensors) on the carried
-#           codes (CODES="a.pt b.pt"), as two variants at once: GPU 0 with TLR0, GPU 1 with TLR1. Back: the two
-#           model.safetensors (t0/, t1/) and log.txt.
+#   CALL=2  The talker only, continued from an export (INIT=folder with model.safetensors) on the carried codes
+#           (CODES="a.pt b.pt.xz"): with DDP=1 one run data-parallel over both GPUs (torchrun; batch TB per GPU,
+#           learning rate TLR1), else two variants at once: GPU 0 with TLR0, GPU 1 with TLR1. Back: model.safetensors
+#           of each run (t0/, t1/) and log.txt.
+#   CALL=3  More data only: the CPUs render teacher audio for the rows not in EXCLUDE (a file of ids), then GPU 0
+#           encodes it with the carried quantizer (QUANT, e.g. quantizer16.pt) into codes2.pt.xz (the compact codes
+#           format). With GPUPACK (a scripts/gpu-pack.sh folder, carried) GPU 1 meanwhile runs scripts/gpu-run.sh
+#           (GPU_STEPS) on CPU cores 0-3 while the renderers keep to the others. Back: codes2.pt.xz, gpu/, log.txt.
 #
 # The folder it lives in (VP, carried) holds train.py and render_ids.py (copies of scripts/voice), wheels/
 # (transformers 4.57.3, accelerate 1.12.0, tokenizers 0.22.1, qwen-tts 0.1.1, einops, safetensors, huggingface_hub
@@ -104,34 +109,63 @@ if [ "$CALL" = 1 ]; then
   $PY -c "import torch, sys; q = torch.load(sys.argv[1], weights_only=False); q['centroids'] = q['centroids'].half(); torch.save(q, sys.argv[2])" \
       "$W/quantizer.pt" "$W/quantizer16.pt"
   ITEMS="exp codes1.pt quantizer16.pt roundtrip export_check.wav"
+elif [ "$CALL" = 3 ]; then
+  # --- more teacher audio -> codes with the carried quantizer ------------------------------------------------------
+  : "${EXCLUDE:?CALL=3 needs EXCLUDE (ids already rendered)}" "${QUANT:?CALL=3 needs QUANT (the quantizer file)}"
+  cp "$VP/$QUANT" "$W/quantizer.pt"
+  PIN=""; GP=""
+  if [ -n "${GPUPACK:-}" ]; then
+    GPIN=""
+    if [ "$(nproc)" -ge 8 ]; then PIN="taskset -c 4-$(( $(nproc) - 1 ))"; GPIN="taskset -c 0-3"; fi
+    env $(gpu 1) STEPS="${GPU_STEPS:-parity perstep-parity bench perstep}" $GPIN \
+        bash "$VP/$GPUPACK/gpu-run.sh" \
+        "$VP/$GPUPACK" "$OUT/gpu" > "$W/gpu-run.log" 2>&1 &
+    GP=$!
+  fi
+  RP=""
+  for k in $(seq 0 $((NR - 1))); do
+    $PIN $PYR "$VP/render_ids.py" --manifest "$VP/ids.jsonl.gz" --onnx "$VP/joe-w16.onnx" --out "$W/teacher" \
+        --exclude "$VP/$EXCLUDE" --shard "$k/$NR" --max-seconds "$RENDER_S" --threads 1 > "$W/render-$k.log" 2>&1 &
+    RP="$RP $!"
+  done
+  wait $RP
+  el render done
+  for f in "$W"/render-*.log; do echo "$(basename "$f"): $(tail -n 1 "$f")"; done
+  snapshot "$W/a.jsonl"
+  env $(gpu 0) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/a.jsonl" --codes-out "$W/codes2.pt.xz"
+  el codes done
+  if [ -n "$GP" ]; then wait $GP; el gpu-run done; cat "$W/gpu-run.log"; fi
+  ITEMS="codes2.pt.xz"
 else
-  # --- talker variants -------------------------------------------------------------------------------------------
+  # --- talker: data parallel over both GPUs (DDP=1) or two variants ------------------------------------------------
   : "${CODES:?CALL=2 needs CODES (codes files in the carried folder)}" "${INIT:?CALL=2 needs INIT (an export folder)}"
   C=(); for c in ${CODES}; do C+=("$VP/$c"); done
   TMIN=$(left_min $((DEADLINE - 40)))
   el talkers for "$TMIN" min
-  for v in 0 1; do
+  RUNS="0 1"; [ "${DDP:-0}" = 1 ] && RUNS=1
+  for v in $RUNS; do
     LR=TLR$v
     mkdir -p "$W/t$v"; cp -r "$W/tok" "$W/t$v/"
-    env $(gpu $v) $PY "$VP/train.py" talker --work "$W/t$v" --size "$SIZE" --device "$DEV" $AMP --log-every 100 \
-        --codes "${C[@]}" --init-from "$VP/$INIT" --init-step "${INIT_STEP:-0}" --talker-batch "$TB" \
-        --talker-lr "${!LR}" --warmup "${WARMUP:-100}" --talker-steps 1000000 --max-minutes "$TMIN" \
-        > "$W/talker$v.log" 2>&1 &
+    if [ "${DDP:-0}" = 1 ]; then LAUNCH=($PY -m torch.distributed.run --standalone --nproc_per_node=2); GPUS=""
+    else LAUNCH=($PY); GPUS=$(gpu $v); fi
+    env $GPUS "${LAUNCH[@]}" "$VP/train.py" talker --work "$W/t$v" --size "$SIZE" --device "$DEV" $AMP \
+        --log-every 100 --codes "${C[@]}" --init-from "$VP/$INIT" --init-step "${INIT_STEP:-0}" \
+        --talker-batch "$TB" --talker-lr "${!LR}" --warmup "${WARMUP:-100}" --talker-steps 1000000 \
+        --max-minutes "$TMIN" > "$W/talker$v.log" 2>&1 &
     eval "P$v=$!"
   done
-  wait $P0 $P1
-  for v in 0 1; do el talker $v; grep -v "^\*\|^ *$\|Warning" "$W/talker$v.log" | tail -n 20; done
-  $PY - "$W" <<'EOF'
+  for v in $RUNS; do P=P$v; wait "${!P}"; el talker $v; grep -v "^\*\|^ *$\|Warning" "$W/talker$v.log" | tail -n 30; done
+  $PY - "$W" $RUNS <<'EOF'
 import os, sys, torch
 from safetensors.torch import save_file
 w = sys.argv[1]
-for v in (0, 1):
+for v in map(int, sys.argv[2:]):
     st = torch.load(os.path.join(w, f"t{v}", "talker", "talker.pt"), map_location="cpu", weights_only=False)
     save_file({k: t.to(torch.bfloat16).contiguous() for k, t in st["model"].items()},
               os.path.join(w, f"t{v}", "model.safetensors"), metadata={"format": "pt", "step": str(st["step"])})
     print(f"t{v}: step {st['step']}")
 EOF
-  ITEMS="t0/model.safetensors t1/model.safetensors"
+  ITEMS=$(for v in $RUNS; do echo "t$v/model.safetensors"; done)
 fi
 
 # --- pack --------------------------------------------------------------------------------------------------------

@@ -54,6 +54,8 @@ def main():
     ap.add_argument("--noise-w", type=float, default=0.8)
     ap.add_argument("--volume", type=float, default=0.7)
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--exclude", default=None, help="file of utterance ids (one a line) not to render, e.g. those "
+                    "an earlier call rendered")
     ap.add_argument("--shard", default=None, help="K/N: render rows K, K+N, ... and write OUT/manifest-K.jsonl")
     ap.add_argument("--max-seconds", type=float, default=0, help="stop after this long (what is done is kept)")
     a = ap.parse_args()
@@ -71,6 +73,10 @@ def main():
     import gzip
     with (gzip.open(a.manifest, "rt") if a.manifest.endswith(".gz") else open(a.manifest)) as f:
         rows = [json.loads(ln) for ln in f if ln.strip()]
+    if a.exclude:
+        with open(a.exclude) as f:
+            skip = {ln.strip() for ln in f if ln.strip()}
+        rows = [r for r in rows if r["id"] not in skip]
     rows = rows[: a.limit] if a.limit else rows
     name = "manifest.jsonl"
     if a.shard:

@@ -164,12 +164,13 @@ def amp(torch, a):
     return contextlib.nullcontext()
 
 
-def lr_factor(step, steps, warmup, t0, max_minutes, warmup_from=0):
+def lr_factor(step, steps, warmup, elapsed_s, max_minutes, warmup_from=0):
     """Linear warm-up over `warmup` steps from step `warmup_from` (a fresh optimiser's first step), then cosine to
-    5 %; progress is the larger of step/steps and elapsed/max-minutes, so a run cut by --max-minutes still anneals."""
+    5 %; progress is the larger of step/steps and elapsed_s/max-minutes, so a run cut by --max-minutes still
+    anneals."""
     prog = step / max(1, steps)
     if max_minutes:
-        prog = max(prog, (time.time() - t0) / (60 * max_minutes))
+        prog = max(prog, elapsed_s / (60 * max_minutes))
     return (min(1.0, (step - warmup_from + 1) / max(1, warmup))
             * max(0.05, 0.5 * (1 + math.cos(math.pi * min(1.0, prog)))))
 
@@ -328,6 +329,34 @@ def speech_tokenizer_config(size):
 # ------------------------------------------------------------------------------------------------------------
 # Data
 # ------------------------------------------------------------------------------------------------------------
+def save_codes(torch, path, out):
+    """Codes of many utterances: a list of dicts (id, text, codes [frames, n_q] int16). A path ending in .xz is
+    written compactly (one int16 tensor + lengths, xz-compressed: ~10 bits a code, small enough to carry)."""
+    if path.endswith(".xz"):
+        import io
+        import lzma
+        buf = io.BytesIO()
+        torch.save(dict(ids=[d["id"] for d in out], texts=[d["text"] for d in out],
+                        lengths=[int(d["codes"].shape[0]) for d in out],
+                        codes=torch.cat([d["codes"].to(torch.int16) for d in out])), buf)
+        with lzma.open(path, "wb", preset=6) as f:
+            f.write(buf.getvalue())
+    else:
+        torch.save(out, path)
+
+
+def load_codes(torch, path):
+    """The inverse of save_codes (either format)."""
+    if not path.endswith(".xz"):
+        return torch.load(path, weights_only=False)
+    import io
+    import lzma
+    with lzma.open(path, "rb") as f:
+        d = torch.load(io.BytesIO(f.read()), weights_only=False)
+    parts = torch.split(d["codes"], d["lengths"])
+    return [dict(id=i, text=t, codes=c) for i, t, c in zip(d["ids"], d["texts"], parts)]
+
+
 def load_manifest(path, limit=None):
     rows = []
     with open(path) as f:
@@ -454,6 +483,8 @@ def rvq_encode(torch, X, cents):
 
 def load_quantizer(torch, work, dev):
     q = torch.load(os.path.join(work, "quantizer.pt"), map_location=dev, weights_only=False)
+    # a carried copy may hold the centroids in f16 (quantizer16.pt)
+    q = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in q.items()}
     return q, make_mel(torch, FEAT["n_fft"], FEAT["hop"], FEAT["n_mels"], dev)
 
 
@@ -730,7 +761,7 @@ def step_codec(a, size, ns):
     step = start - 1
     for step in range(start, a.codec_steps + 1):
         for g in opt.param_groups:
-            g["lr"] = a.codec_lr * lr_factor(step, a.codec_steps, a.codec_warmup, t0, a.max_minutes)
+            g["lr"] = a.codec_lr * lr_factor(step, a.codec_steps, a.codec_warmup, time.time() - t0, a.max_minutes)
         if mel_codes is not None:
             x, codes = batch()
             commit = torch.zeros((), device=dev)
@@ -797,7 +828,7 @@ def step_codes(a, size, ns, codec=None, enc=None):
         q, fmel = load_quantizer(torch, a.work, dev)
         codes = encode_audio(torch, q, fmel, audio, dev)
         out = [dict(id=r["id"], text=r["text"], codes=c) for r, c in zip(rows, codes)]
-        torch.save(out, path)
+        save_codes(torch, path, out)
         log(f"codes: {len(out)} utterances, {sum(len(c) for c in codes)} frames -> {path}")
         return out
     if codec is None:
@@ -825,7 +856,7 @@ def step_codes(a, size, ns, codec=None, enc=None):
             for j, i in enumerate(idx):
                 T = len(audio[i]) // HOP
                 out[i] = dict(id=rows[i]["id"], text=rows[i]["text"], codes=codes[j, :, :T].t().contiguous())   # [T, n]
-    torch.save(out, path)
+    save_codes(torch, path, out)
     frames = sum(o["codes"].shape[0] for o in out)
     log(f"codes: {len(out)} utterances, {frames} frames -> {path}")
     # round trip through the official decode path (quantizer.decode + forward) on the first utterance
@@ -866,37 +897,52 @@ def build_example(tok, ids, text, codes, language):
     return dict(text=text_tr, codec=codec_tr, labels=labels, first=first, codes=codes)
 
 
+def example_tensors(torch, e):
+    """build_example's lists as tensors (built once per utterance and cached; collate then only pads)."""
+    return dict(text=torch.tensor(e["text"]), codec=torch.tensor(e["codec"]), labels=torch.tensor(e["labels"]),
+                first=e["first"], codes=e["codes"].long())
+
+
 def collate(torch, exs, dev):
+    """Pads example_tensors() of one batch to its longest prompt: text/codec ids, labels, attention mask, the frame
+    codes [B, L, n_q] at the frame rows and their mask."""
+    from torch.nn.utils.rnn import pad_sequence
     B = len(exs)
-    L = max(len(e["text"]) for e in exs)
+    text = pad_sequence([e["text"] for e in exs], batch_first=True)
+    codec = pad_sequence([e["codec"] for e in exs], batch_first=True, padding_value=-1)
+    labels = pad_sequence([e["labels"] for e in exs], batch_first=True, padding_value=-100)
+    L = text.shape[1]
+    lens = torch.tensor([len(e["text"]) for e in exs])
+    att = (torch.arange(L)[None] < lens[:, None]).long()
     n_q = exs[0]["codes"].shape[1]
-    text = torch.zeros(B, L, dtype=torch.long)
-    codec = torch.full((B, L), -1, dtype=torch.long)
-    labels = torch.full((B, L), -100, dtype=torch.long)
-    att = torch.zeros(B, L, dtype=torch.long)
     frames = torch.zeros(B, L, n_q, dtype=torch.long)
     fmask = torch.zeros(B, L, dtype=torch.bool)
     for i, e in enumerate(exs):
-        n = len(e["text"])
-        text[i, :n] = torch.tensor(e["text"])
-        codec[i, :n] = torch.tensor(e["codec"])
-        labels[i, :n] = torch.tensor(e["labels"])
-        att[i, :n] = 1
         F = e["codes"].shape[0]
-        frames[i, e["first"]:e["first"] + F] = e["codes"].long()
+        frames[i, e["first"]:e["first"] + F] = e["codes"]
         fmask[i, e["first"]:e["first"] + F] = True
-    return [t.to(dev) for t in (text, codec, labels, att, frames, fmask)]
+    return [t.to(dev, non_blocking=True) for t in (text, codec, labels, att, frames, fmask)]
 
 
-def talker_loss(torch, model, batch, sub_weight):
+def talker_loss(torch, model, batch, resid_noise=0.0):
+    """Codebook-0 CE (incl. EOS) and code-predictor CE of one collated batch. resid_noise: the share of frames whose
+    residual codes (codebooks 1..n_q-1) in the talker's *input* are replaced by uniformly random codes (targets stay
+    true). At inference those inputs are the code predictor's own samples, which carry nothing the talker's state did
+    not already hold, only sampling noise; a talker trained on the true residuals learns to read them (for k-means
+    residuals they nearly identify the utterance) and derails on sampled ones."""
     text, codec, labels, att, frames, fmask = batch
     t = model.talker
     emb = t.text_projection(t.model.text_embedding(text)) * att[..., None]
     cmask = (codec >= 0)[..., None]
     emb = emb + t.model.codec_embedding(codec.clamp(min=0)) * cmask
-    femb = t.model.codec_embedding(frames[..., 0])
+    frames_in = frames
+    if resid_noise > 0:
+        noisy = torch.rand(frames.shape[:2], device=frames.device) < resid_noise
+        rnd = torch.randint_like(frames[..., 1:], 0, t.code_predictor.get_input_embeddings()[0].num_embeddings)
+        frames_in = torch.cat([frames[..., :1], torch.where(noisy[..., None], rnd, frames[..., 1:])], -1)
+    femb = t.model.codec_embedding(frames_in[..., 0])
     for q in range(1, frames.shape[-1]):
-        femb = femb + t.code_predictor.get_input_embeddings()[q - 1](frames[..., q])
+        femb = femb + t.code_predictor.get_input_embeddings()[q - 1](frames_in[..., q])
     emb = emb + femb * fmask[..., None]
     out = t(inputs_embeds=emb, attention_mask=att, labels=labels, output_hidden_states=True)
     hidden = out.hidden_states[0][-1][:, :-1]        # hidden at p-1 predicts the frame at p
@@ -911,21 +957,35 @@ def talker_loss(torch, model, batch, sub_weight):
 
 
 def step_talker(a, size, ns, data=None):
+    """Talker + code predictor training. Data parallel when started by torchrun (WORLD_SIZE > 1): every process
+    draws its own batches of --talker-batch utterances, the gradients are averaged with one all-reduce, and the
+    clock that drives the learning rate and --max-minutes is the slowest process's, so all stay in step; only rank 0
+    logs and saves."""
     import torch
+    import torch.distributed as dist
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
     dev = torch.device(a.device)
+    if world > 1:
+        if a.device.startswith("cuda"):
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(dev)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     torch.manual_seed(a.seed)
-    random.seed(a.seed)
+    random.seed(a.seed + rank)
     tok_dir = os.path.join(a.work, "tok")
     tok = load_tokenizer(tok_dir)
     ids = special_ids(tok_dir)
     if data is None:
-        data = [d for p in (a.codes or [os.path.join(a.work, "codes.pt")]) for d in torch.load(p)]
+        data = [d for p in (a.codes or [os.path.join(a.work, "codes.pt")]) for d in load_codes(torch, p)]
     cfg = ns.Qwen3TTSConfig(**json.loads(json.dumps(main_config(size, ids))))
     model = ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32).to(dev)
     model.train()
     opt = make_adamw(torch, model.parameters(), a, lr=a.talker_lr, weight_decay=0.01, betas=(0.9, 0.98))
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"talker: {n_params / 1e6:.2f} M parameters, {len(data)} utterances")
+    say = log if rank == 0 else (lambda *_: None)
+    say(f"talker: {n_params / 1e6:.2f} M parameters, {len(data)} utterances, {sum(len(d['codes']) for d in data)} "
+        f"frames, {world} process(es) x batch {a.talker_batch}")
     out = os.path.join(a.work, "talker")
     os.makedirs(out, exist_ok=True)
     ckpt = os.path.join(out, "talker.pt")
@@ -936,44 +996,70 @@ def step_talker(a, size, ns, data=None):
         if "opt" in st:
             opt.load_state_dict(st["opt"])
         start = st.get("step", 0) + 1
-        log(f"talker: resumed at step {start}")
+        say(f"talker: resumed at step {start}")
     elif a.init_from:
         # weights of an exported checkpoint (bf16 model.safetensors); the optimiser starts afresh
         from safetensors.torch import load_file
         sd = load_file(os.path.join(a.init_from, "model.safetensors"))
         model.load_state_dict({k: v.float() for k, v in sd.items()})
         start = a.init_step + 1
-        log(f"talker: initialised from {a.init_from}, counting from step {start}")
-    cache = {}                                       # (utterance, language) -> prompt (built once)
+        say(f"talker: initialised from {a.init_from}, counting from step {start}")
+    if world > 1:                                    # identical start on every process
+        for p in model.parameters():
+            dist.broadcast(p.data, 0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    cache = {}                                       # (utterance, language) -> prompt tensors (built once)
 
     def example(i, lang):
         if (i, lang) not in cache:
             d = data[i]
-            cache[(i, lang)] = build_example(tok, ids, d["text"], d["codes"], lang)
+            cache[(i, lang)] = example_tensors(torch, build_example(tok, ids, d["text"], d["codes"], lang))
         return cache[(i, lang)]
+
+    def elapsed():
+        """Seconds since the start, the slowest process's (one small all-reduce)."""
+        e = time.time() - t0
+        if world > 1:
+            e_t = torch.tensor([e], device=dev, dtype=torch.float64)
+            dist.all_reduce(e_t, op=dist.ReduceOp.MAX)
+            e = e_t.item()
+        return e
+
     t0 = time.time()
     step = start - 1
     for step in range(start, a.talker_steps + 1):
+        el = elapsed()
         for g in opt.param_groups:
-            g["lr"] = a.talker_lr * lr_factor(step, a.talker_steps, a.warmup, t0, a.max_minutes,
+            g["lr"] = a.talker_lr * lr_factor(step, a.talker_steps, a.warmup, el, a.max_minutes,
                                               warmup_from=start if a.init_from else 0)
         exs = [example(random.randrange(len(data)), "english" if random.random() < a.p_english else "auto")
                for _ in range(a.talker_batch)]
         batch = collate(torch, exs, dev)
         with amp(torch, a):
-            l0, l1 = talker_loss(torch, model, batch, a.sub_weight)
+            l0, l1 = talker_loss(torch, model, batch, a.resid_noise)
         loss = l0 + a.sub_weight * l1
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=False)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if world > 1:
+            from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+            flat = _flatten_dense_tensors([p.grad for p in params])
+            dist.all_reduce(flat)
+            flat /= world
+            for p, g in zip(params, _unflatten_dense_tensors(flat, [p.grad for p in params])):
+                p.grad.copy_(g)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         if step % a.log_every == 0 or step == a.talker_steps:
-            log(f"talker step {step}: code0 {l0.item():.3f} sub {l1.item():.3f} lr {opt.param_groups[0]['lr']:.2e} "
-                f"({time.time() - t0:.0f} s)")
-        if a.max_minutes and time.time() - t0 > 60 * a.max_minutes:
-            log(f"talker: time limit at step {step}")
+            say(f"talker step {step}: code0 {l0.item():.3f} sub {l1.item():.3f} lr {opt.param_groups[0]['lr']:.2e} "
+                f"({el:.0f} s)")
+        if a.max_minutes and el > 60 * a.max_minutes:
+            say(f"talker: time limit at step {step}")
             break
-    torch.save({"model": model.state_dict(), "size": a.size, "step": step, "opt": opt.state_dict()}, ckpt)
+    if rank == 0:
+        torch.save({"model": model.state_dict(), "size": a.size, "step": step, "opt": opt.state_dict()}, ckpt)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
     return model
 
 
@@ -1058,7 +1144,7 @@ def step_check(a, size, ns):
     first --check-n training texts, compared frame by frame with their training codes: on a model that has learned
     (or memorised) them this shows that the training prompt format is the one inference uses."""
     import torch
-    data = torch.load(os.path.join(a.work, "codes.pt"), weights_only=False)[: a.check_n]
+    data = load_codes(torch, os.path.join(a.work, "codes.pt"))[: a.check_n]
     tts = ns.Qwen3TTSModel.from_pretrained(a.out, dtype=torch.float32)
     cap = {}
     orig = tts.model.generate
@@ -1118,6 +1204,8 @@ def main():
     ap.add_argument("--talker-lr", type=float, default=5e-4)
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--sub-weight", type=float, default=1.0)
+    ap.add_argument("--resid-noise", type=float, default=0.0,
+                    help="talker: share of frames whose residual-code inputs are random (see talker_loss)")
     ap.add_argument("--init-from", help="talker: start from an exported checkpoint directory's weights")
     ap.add_argument("--init-step", type=int, default=0, help="talker: step count of --init-from (logs, warm-up)")
     ap.add_argument("--p-english", type=float, default=0.5, help="share of prompts with language=english (else auto)")
@@ -1130,7 +1218,8 @@ def main():
     size = SIZES[a.size]
     os.makedirs(a.work, exist_ok=True)
     random.seed(a.seed)
-    ns = import_qwen()
+    # the mel scheme's quantizer and codes steps need torch only (no qwen-tts / transformers)
+    ns = None if (a.scheme == "mel" and a.step in ("quantizer", "codes")) else import_qwen()
     import torch
     # at most 8 CPU threads (on the device machine the CPU work is data handling beside other processes)
     torch.set_num_threads(max(1, min(os.cpu_count() or 1, 8 if a.device == "cpu" else 4)))
