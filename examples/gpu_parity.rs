@@ -19,9 +19,10 @@
 //! - `--device` f32 and bf16 with the code predictor replayed from CUDA graphs
 //!   (`ArModel::enable_cuda_graphs`) → codes must equal the eager run of the same dtype.
 //!   Also f32 graphs vs f32 eager with sampling on (seed 1234), reported as
-//!   `cuda_graphs_f32_sampled_vs_eager` (not a failure). It exercises the device sampler only with
-//!   the opt-in whole-frame code-predictor graph (`OMNITTS_CP_FRAME_GRAPH=1` in the environment;
-//!   `scripts/gpu-run.sh` step `framegraph-parity`): then equal up to rare CDF-boundary roundings.
+//!   `cuda_graphs_f32_sampled_vs_eager` (not a failure). With the default whole-frame
+//!   code-predictor graph it exercises the device sampler: equal up to rare CDF-boundary roundings;
+//!   `OMNITTS_CP_FRAME_GRAPH=0` (`scripts/gpu-run.sh` step `perstep-parity`) checks the per-step
+//!   graphs instead, where the host picks every code.
 //!
 //! `--checkpoints tiny-customvoice --max-cases 3` restricts the run (short device sessions).
 //!
@@ -303,10 +304,10 @@ fn real_main() -> Result<bool> {
                 all_ok &= v["identical_to_eager"] == true;
                 graph_json.push(v);
             }
-            // Sampling (talker and code predictor, fixed seed), f32. With OMNITTS_CP_FRAME_GRAPH=1
-            // the whole-frame graphs choose the code predictor's codes on the device from the
-            // host's uniforms, the eager path on the host: equal except where rounding moves a CDF
-            // boundary (reported, not failed); without it both pick on the host.
+            // Sampling (talker and code predictor, fixed seed), f32. The whole-frame graphs (the
+            // default) choose the code predictor's codes on the device from the host's uniforms,
+            // the eager path on the host: equal except where rounding moves a CDF boundary
+            // (reported, not failed); with OMNITTS_CP_FRAME_GRAPH=0 both pick on the host.
             let sampled = match &graphed[0] {
                 (gm, None) => {
                     let mut ss = sp.clone();

@@ -12,10 +12,11 @@
 # AR_DEVICE / DECODER_DEVICE (cuda:0), and per-step time limits KERNELS_TIMEOUT (60 s),
 # PARITY_TIMEOUT (150 s), BENCH_TIMEOUT (330 s), UNFUSED_TIMEOUT (150 s), REF_TIMEOUT (120 s per size).
 # PARITY_ARGS: extra gpu_parity arguments (e.g. "--checkpoints tiny-customvoice --max-cases 3");
-# FIRST_CHUNKS (1,2): the streaming modes of the benchmark; step "framegraph": the benchmark again with
-# the code predictor's frame as one graph with sampling on the device (OMNITTS_CP_FRAME_GRAPH=1),
-# graphs on, 1 repeat, sizes FRAMEGRAPH_SIZES (default SIZES), limit FRAMEGRAPH_TIMEOUT (150 s);
-# step "framegraph-parity": gpu_parity with it (PARITY_ARGS, PARITY_TIMEOUT).
+# FIRST_CHUNKS (1,2): the streaming modes of the benchmark; step "perstep": the benchmark again with
+# the code predictor as one graph per step and the codes picked on the host (OMNITTS_CP_FRAME_GRAPH=0;
+# the default is one graph per frame with the codes chosen on the device), graphs on, 1 repeat, sizes
+# PERSTEP_SIZES (default SIZES), limit PERSTEP_TIMEOUT (150 s); step "perstep-parity": gpu_parity
+# with it (PARITY_ARGS, PARITY_TIMEOUT).
 set -uo pipefail
 pack=$1
 out=$2
@@ -68,13 +69,13 @@ if has_step unfused; then
     stamp "bench, fused kernels off"
     bench unfused "${UNFUSED_TIMEOUT:-150}" "$SIZES" 1 on OMNITTS_FUSED_KERNELS=0
 fi
-if has_step framegraph-parity; then
-    stamp "parity, code predictor frame as one graph"
-    parity framegraph-parity "${PARITY_TIMEOUT:-150}" OMNITTS_CP_FRAME_GRAPH=1
+if has_step perstep-parity; then
+    stamp "parity, code predictor graphs per step"
+    parity perstep-parity "${PARITY_TIMEOUT:-150}" OMNITTS_CP_FRAME_GRAPH=0
 fi
-if has_step framegraph; then
-    stamp "bench, code predictor frame as one graph"
-    bench framegraph "${FRAMEGRAPH_TIMEOUT:-150}" "${FRAMEGRAPH_SIZES:-$SIZES}" 1 on OMNITTS_CP_FRAME_GRAPH=1
+if has_step perstep; then
+    stamp "bench, code predictor graphs per step"
+    bench perstep "${PERSTEP_TIMEOUT:-150}" "${PERSTEP_SIZES:-$SIZES}" 1 on OMNITTS_CP_FRAME_GRAPH=0
 fi
 if has_step ref; then
     stamp reference

@@ -145,7 +145,8 @@ impl CodePredictor {
 
     /// [`Self::generate`] by replaying graphs captured with [`Self::capture_graphs`]: the same
     /// model kernels on the same data, so the same logits bit for bit. With whole-frame graphs
-    /// (opt-in, `OMNITTS_CP_FRAME_GRAPH=1`) the codes are chosen on the device by [`DeviceSampler`] (greedy: the same
+    /// (the default; `OMNITTS_CP_FRAME_GRAPH=0` turns them off) the codes are chosen on the device by
+    /// [`DeviceSampler`] (greedy: the same
     /// codes as the host; sampling: the host's codes for the same uniforms, which are drawn from
     /// `rng` as the host sampler would, except for float-rounding ties at a CDF boundary); with
     /// per-step graphs the host picks every code with `chooser`.
@@ -236,14 +237,14 @@ impl CodePredictor {
 /// The code predictor's frame as CUDA graphs, captured once at start-up (field-lessons §5:
 /// positions and shapes are the same in every frame; graph output = eager output). Two kinds:
 ///
-/// - **whole frame** (`OMNITTS_CP_FRAME_GRAPH=1`, opt-in until its bf16 check on a GPU passes,
-///   docs/cuda.md): all `num_code_groups - 1` steps in one graph with the codes
+/// - **whole frame** (the default; docs/cuda.md has its GPU parity and speed): all
+///   `num_code_groups - 1` steps in one graph with the codes
 ///   chosen on the device ([`CodePredictor::frame_on_device`]); two graphs, greedy and sampling.
 ///   Per frame the host uploads the prefill `[1, 2, talker hidden]` into a static buffer (and, when
 ///   sampling, the warper parameters and one pre-drawn uniform per step, f64
 ///   `[PARAM_HEADER + steps]`), replays once and copies the `steps` u32 codes back: one host round
 ///   trip per frame instead of one per step.
-/// - **per step** (the default): one graph per step (the prefill of 2
+/// - **per step** (`OMNITTS_CP_FRAME_GRAPH=0`): one graph per step (the prefill of 2
 ///   positions with head 0, then 1 position with head q at position q + 1), the f32 logits
 ///   `[1, 1, vocab]` copied back after each and the code picked on the host.
 ///
@@ -318,7 +319,7 @@ impl CpGraphs {
         if !dev.is_cuda() {
             candle_core::bail!("CUDA graphs need a CUDA device, the code predictor is on {dev:?}");
         }
-        let whole_frame = std::env::var("OMNITTS_CP_FRAME_GRAPH").is_ok_and(|v| v == "1");
+        let whole_frame = !std::env::var("OMNITTS_CP_FRAME_GRAPH").is_ok_and(|v| v == "0");
         if whole_frame {
             Self::capture_frame(cp, dtype)
         } else {

@@ -391,8 +391,8 @@ impl ArModel {
     }
 
     /// Captures the code predictor's frame as CUDA graphs, replayed by every later frame instead
-    /// of launching each kernel (same kernels, same data: identical logits; one graph per step by
-    /// default, one per frame with the codes chosen on the device with `OMNITTS_CP_FRAME_GRAPH=1`,
+    /// of launching each kernel (same kernels, same data: identical logits; by default one graph per
+    /// frame with the codes chosen on the device, one graph per step with `OMNITTS_CP_FRAME_GRAPH=0`,
     /// see `CpGraphs`). Call it
     /// once at start-up, before serving (capture needs the stream to itself). On error nothing
     /// changes and frames keep running eagerly. Errors: not a CUDA device, a build without the
