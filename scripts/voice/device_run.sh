@@ -72,20 +72,28 @@ print(f"{out}: {n} utterances", file=sys.stderr)
 EOF
 }
 
-if [ "$CALL" = 1 ]; then
-  # --- teacher audio: the CPUs to themselves (Python data work beside 28 renderers was ~5x slower) --------------
-  $PYR "$VP/render_ids.py" --manifest "$VP/test-ids.jsonl" --onnx "$VP/joe-w16.onnx" --out "$W/test" --threads 1 \
-      > "$W/render-test.log" 2>&1 &
-  RP="$!"
+# render_teacher PIN [render_ids.py args]: NR renderers (each a shard of the carried ids, RENDER_S seconds, one
+# thread, prefixed by PIN, e.g. a taskset) -> $W/teacher; waits for them and for the pids already in RP; then
+# $W/a.jsonl lists what was rendered.
+render_teacher() {
+  local pin=$1; shift
   for k in $(seq 0 $((NR - 1))); do
-    $PYR "$VP/render_ids.py" --manifest "$VP/ids.jsonl.gz" --onnx "$VP/joe-w16.onnx" --out "$W/teacher" \
-        --shard "$k/$NR" --max-seconds "$RENDER_S" --threads 1 > "$W/render-$k.log" 2>&1 &
+    $pin $PYR "$VP/render_ids.py" --manifest "$VP/ids.jsonl.gz" --onnx "$VP/joe-w16.onnx" --out "$W/teacher" \
+        "$@" --shard "$k/$NR" --max-seconds "$RENDER_S" --threads 1 > "$W/render-$k.log" 2>&1 &
     RP="$RP $!"
   done
   wait $RP
   el render done
   for f in "$W"/render-*.log; do echo "$(basename "$f"): $(tail -n 1 "$f")"; done
   snapshot "$W/a.jsonl"
+}
+
+if [ "$CALL" = 1 ]; then
+  # --- teacher audio: the CPUs to themselves (Python data work beside 28 renderers was ~5x slower) --------------
+  $PYR "$VP/render_ids.py" --manifest "$VP/test-ids.jsonl" --onnx "$VP/joe-w16.onnx" --out "$W/test" --threads 1 \
+      > "$W/render-test.log" 2>&1 &
+  RP="$!"
+  render_teacher ""
   # --- quantizer; then codes + talker on GPU 1 and the decoder on GPU 0 at the same time --------------------------
   env $(gpu 0) $PY "$VP/train.py" quantizer "${A[@]}" --manifest "$W/a.jsonl" $KM
   el quantizer done
@@ -123,15 +131,7 @@ elif [ "$CALL" = 3 ]; then
     GP=$!
   fi
   RP=""
-  for k in $(seq 0 $((NR - 1))); do
-    $PIN $PYR "$VP/render_ids.py" --manifest "$VP/ids.jsonl.gz" --onnx "$VP/joe-w16.onnx" --out "$W/teacher" \
-        --exclude "$VP/$EXCLUDE" --shard "$k/$NR" --max-seconds "$RENDER_S" --threads 1 > "$W/render-$k.log" 2>&1 &
-    RP="$RP $!"
-  done
-  wait $RP
-  el render done
-  for f in "$W"/render-*.log; do echo "$(basename "$f"): $(tail -n 1 "$f")"; done
-  snapshot "$W/a.jsonl"
+  render_teacher "$PIN" --exclude "$VP/$EXCLUDE"
   env $(gpu 0) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/a.jsonl" --codes-out "$W/codes2.pt.xz"
   el codes done
   if [ -n "$GP" ]; then wait $GP; el gpu-run done; cat "$W/gpu-run.log"; fi
