@@ -167,6 +167,38 @@ fn non_live_caps_events_timestamps_and_eos() {
     assert!(samples.iter().all(|x| x.is_finite() && x.abs() <= 1.0));
 }
 
+/// With no `model` set the element uses the bundled voice (models/omnitts-en, speaker joe) and speaks
+/// with nothing downloaded: a checkpoint of the real layout, loaded through the same code path.
+#[test]
+fn default_model_is_the_bundled_voice() {
+    init();
+    let mut h = Harness::new("omnittssrc");
+    let e = h.element().expect("element");
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    let model = e.property::<String>("model");
+    let dir = std::path::Path::new(&model);
+    assert!(dir.ends_with("models/omnitts-en"), "default model {model}");
+    for f in ["config.json", "model.safetensors", "speech_tokenizer/model.safetensors", "vocab.json"] {
+        assert!(dir.join(f).is_file(), "{model}: no {f}");
+    }
+    e.set_property("text", "Good morning.");
+    e.set_property("do-sample", false);
+    e.set_property("max-new-tokens", 40u32);
+    h.play();
+    let bufs = pull_all(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    assert_eq!(e.property::<Option<String>>("speaker"), None);
+    let speakers = e.property::<Option<String>>("available-speakers");
+    assert_eq!(speakers.as_deref(), Some("joe"));
+    let n = check_timeline(&bufs, 4);
+    assert_eq!(n % SPF, 0, "{n} samples");
+    let x = f32_samples(&bufs);
+    let rms = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
+    assert!(rms > 1e-3, "silent: rms {rms}");
+}
+
 #[test]
 fn s16le_is_negotiated_and_matches_f32() {
     let props = [

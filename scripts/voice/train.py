@@ -28,6 +28,7 @@ Steps (each writes into WORK; run them in order, or `all`):
              labels once too often, so it is not used).
   roundtrip  (evaluation) encodes + decodes the utterances of --manifest with the trained codec, for wer.py: the
              codec's own ceiling, separate from the talker's.
+  probe      (diagnosis) teacher-forced CE of an export with altered inputs: wrong text, random residual codes.
   export     writes the checkpoint directory (bf16 model.safetensors, f32 speech_tokenizer/model.safetensors, configs,
              vocab.json/merges.txt/tokenizer_config.json) and checks it loads through the official
              `Qwen3TTSModel.from_pretrained` and speaks a sentence with `generate_custom_voice`.
@@ -1042,6 +1043,9 @@ def step_talker(a, size, ns, data=None):
         loss.backward()
         if world > 1:
             from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+            for p in params:                         # a parameter this batch did not reach still takes part
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
             flat = _flatten_dense_tensors([p.grad for p in params])
             dist.all_reduce(flat)
             flat /= world
@@ -1061,6 +1065,40 @@ def step_talker(a, size, ns, data=None):
         dist.barrier()
         dist.destroy_process_group()
     return model
+
+
+def step_probe(a, size, ns):
+    """Teacher-forced CE of an export (--init-from) on --probe-n random utterances of --codes, with the inputs
+    altered: the true text and codes; another utterance's text; random residual codes (codebooks 1..n_q-1) in the
+    talker's input; the previous frame's residual codes. Shows what the talker reads (scripts/voice/README.md,
+    third round): a talker that reads the residual codes derails on the code predictor's samples."""
+    import torch
+    from safetensors.torch import load_file
+    tok_dir = os.path.join(a.work, "tok")
+    tok, ids = load_tokenizer(tok_dir), special_ids(tok_dir)
+    cfg = ns.Qwen3TTSConfig(**json.loads(json.dumps(main_config(size, ids))))
+    model = ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32)
+    model.load_state_dict({k: v.float() for k, v in load_file(os.path.join(a.init_from, "model.safetensors")).items()})
+    model.eval()
+    data = [d for p in a.codes for d in load_codes(torch, p)]
+    rng = random.Random(a.seed)
+    idx = rng.sample(range(len(data)), a.probe_n)
+    other = idx[1:] + idx[:1]
+
+    def ce(texts, resid=None):
+        exs = [example_tensors(torch, build_example(tok, ids, t, data[i]["codes"], "english")) for t, i in zip(texts, idx)]
+        for e in exs:
+            if resid is not None:
+                e["codes"] = torch.cat([e["codes"][:, :1], resid(e["codes"][:, 1:])], 1)
+        with torch.no_grad():
+            l0, l1 = talker_loss(torch, model, collate(torch, exs, torch.device("cpu")))
+        return f"code-0 CE {l0.item():.3f}, code-predictor CE {l1.item():.3f}"
+    own = [data[i]["text"] for i in idx]
+    log(f"probe {a.init_from}, {a.probe_n} utterances:")
+    log(f"  true text, true codes:               {ce(own)}")
+    log(f"  another utterance's text:            {ce([data[j]['text'] for j in other])}")
+    log(f"  random residual codes in the input:  {ce(own, lambda r: torch.randint_like(r, 0, cfg.talker_config.code_predictor_config.vocab_size))}")
+    log(f"  previous frame's residual codes:     {ce(own, lambda r: torch.roll(r, 1, 0))}")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -1172,7 +1210,7 @@ def step_check(a, size, ns):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("step", choices=["tokenizer", "quantizer", "codec", "codes", "talker", "export", "check",
-                                     "roundtrip", "all"])
+                                     "roundtrip", "probe", "all"])
     ap.add_argument("--work", required=True)
     ap.add_argument("--text", help="training sentences (tokenizer)")
     ap.add_argument("--manifest", help="teacher.py manifest.jsonl")
@@ -1207,6 +1245,7 @@ def main():
     ap.add_argument("--resid-noise", type=float, default=0.0,
                     help="talker: share of frames whose residual-code inputs are random (see talker_loss)")
     ap.add_argument("--init-from", help="talker: start from an exported checkpoint directory's weights")
+    ap.add_argument("--probe-n", type=int, default=48, help="probe: utterances")
     ap.add_argument("--init-step", type=int, default=0, help="talker: step count of --init-from (logs, warm-up)")
     ap.add_argument("--p-english", type=float, default=0.5, help="share of prompts with language=english (else auto)")
     ap.add_argument("--check-frames", type=int, default=40)
@@ -1240,6 +1279,8 @@ def main():
         step_check(a, size, ns)
     if a.step == "roundtrip":
         step_roundtrip(a, size, ns)
+    if a.step == "probe":
+        step_probe(a, size, ns)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ use super::{CAT, InputError, input_error};
 /// The only rate the element produces (Qwen3-TTS 12 Hz codec output); `audioresample` adapts.
 pub(super) const RATE: u32 = 24_000;
 
-const DEFAULT_MODEL: &str = "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice";
+/// The bundled English voice (`models/omnitts-en` of the source tree this plugin was built from): a small
+/// CustomVoice checkpoint in the real Qwen3-TTS layout, so the element speaks with no download.
+const DEFAULT_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/omnitts-en");
 const DEFAULT_LANGUAGE: &str = "auto";
 const DEFAULT_INITIAL_CHUNK_FRAMES: u32 = 0;
 const DEFAULT_CHUNK_FRAMES: u32 = 0;
@@ -831,7 +833,8 @@ impl ObjectImpl for OmniTtsSrc {
                     .blurb(
                         "Qwen3-TTS checkpoint: a local directory, or a Hugging Face repo id \
                          resolved through the HF cache (HF_HOME / HF_HUB_CACHE) and downloaded \
-                         when online (HF_ENDPOINT, HF_HUB_OFFLINE)",
+                         when online (HF_ENDPOINT, HF_HUB_OFFLINE); default: the bundled small \
+                         English voice (speaker joe) in the source tree's models/omnitts-en",
                     )
                     .default_value(Some(DEFAULT_MODEL))
                     .mutable_ready()
