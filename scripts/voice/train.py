@@ -63,6 +63,9 @@ QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
             "<tts_text_bos_single>"]
+# The language the voice is trained on (prompts use it or "auto"); config.json lists only it, so the element refuses
+# the others by name instead of feeding untrained language rows.
+TRAIN_LANGUAGE = "english"
 LANGS = {"chinese": 2055, "english": 2050, "german": 2053, "italian": 2070, "portuguese": 2071,
          "spanish": 2054, "japanese": 2058, "korean": 2064, "french": 2061, "russian": 2069}
 CODEC = dict(pad=2148, bos=2149, eos=2150, think=2154, nothink=2155, think_bos=2156, think_eos=2157)
@@ -285,7 +288,7 @@ def main_config(size, ids):
               rope_scaling=None, rope_theta=1000000, sliding_window=None, use_cache=True, use_sliding_window=False,
               vocab_size=2048, **size["cp"])
     talker = dict(attention_bias=False, attention_dropout=0.0, code_predictor_config=cp,
-                  codec_bos_id=CODEC["bos"], codec_eos_token_id=CODEC["eos"], codec_language_id=dict(LANGS),
+                  codec_bos_id=CODEC["bos"], codec_eos_token_id=CODEC["eos"], codec_language_id={TRAIN_LANGUAGE: LANGS[TRAIN_LANGUAGE]},
                   codec_nothink_id=CODEC["nothink"], codec_pad_id=CODEC["pad"], codec_think_bos_id=CODEC["think_bos"],
                   codec_think_eos_id=CODEC["think_eos"], codec_think_id=CODEC["think"], hidden_act="silu",
                   initializer_range=0.02, max_position_embeddings=32768, num_code_groups=size["n_q"],
@@ -1033,7 +1036,7 @@ def step_talker(a, size, ns, data=None):
         for g in opt.param_groups:
             g["lr"] = a.talker_lr * lr_factor(step, a.talker_steps, a.warmup, el, a.max_minutes,
                                               warmup_from=start if a.init_from else 0)
-        exs = [example(random.randrange(len(data)), "english" if random.random() < a.p_english else "auto")
+        exs = [example(random.randrange(len(data)), TRAIN_LANGUAGE if random.random() < a.p_english else "auto")
                for _ in range(a.talker_batch)]
         batch = collate(torch, exs, dev)
         with amp(torch, a):

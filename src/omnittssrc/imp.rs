@@ -44,9 +44,9 @@ const DEFAULT_IS_LIVE: bool = false;
 const MAX_QUEUED_SAMPLES: usize = 10 * RATE as usize;
 
 /// What gst-inspect shows as the sampling defaults: the built-in stage config's
-/// `default_sampling_params` (configs/qwen3_tts.yaml), else the released checkpoints'
-/// `generation_config.json` values (qwen3-tts.md §1.4). An unset property takes the loaded stage
-/// config's value, else the loaded checkpoint's.
+/// `default_sampling_params` (configs/qwen3_tts.yaml: max-new-tokens and seed), else the released
+/// checkpoints' `generation_config.json` values (qwen3-tts.md §1.4). An unset property takes the
+/// loaded stage config's value, else the loaded checkpoint's (the bundled voice's: greedy).
 struct SamplingDefaults {
     do_sample: bool,
     temperature: f64,
@@ -938,7 +938,9 @@ impl ObjectImpl for OmniTtsSrc {
                     .blurb(
                         "Sample codes (true) or decode greedily, talker and code predictor \
                          (false, deterministic). Unset sampling properties: the stage config's \
-                         default_sampling_params, else the checkpoint's generation_config.json",
+                         default_sampling_params, else the checkpoint's generation_config.json \
+                         (the defaults shown are the released checkpoints'; the bundled voice's \
+                         is greedy)",
                     )
                     .default_value(SAMPLING_DEFAULTS.do_sample)
                     .mutable_playing()
