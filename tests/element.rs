@@ -179,7 +179,12 @@ fn default_model_is_the_bundled_voice() {
     let model = e.property::<String>("model");
     let dir = std::path::Path::new(&model);
     assert!(dir.ends_with("models/omnitts-en"), "default model {model}");
-    for f in ["config.json", "model.safetensors", "speech_tokenizer/model.safetensors", "vocab.json"] {
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "speech_tokenizer/model.safetensors",
+        "vocab.json",
+    ] {
         assert!(dir.join(f).is_file(), "{model}: no {f}");
     }
     e.set_property("text", "Good morning.");

@@ -960,6 +960,20 @@ def talker_loss(torch, model, batch, resid_noise=0.0):
     return out.loss, sub_loss
 
 
+def build_talker(ns, size, ids):
+    """The official Qwen3TTSForConditionalGeneration (talker + code predictor) of the size preset, f32, untrained."""
+    import torch
+    cfg = ns.Qwen3TTSConfig(**json.loads(json.dumps(main_config(size, ids))))
+    return ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32)
+
+
+def load_export_weights(model, export_dir):
+    """An exported checkpoint's model.safetensors (bf16) into `model` (as f32)."""
+    from safetensors.torch import load_file
+    sd = load_file(os.path.join(export_dir, "model.safetensors"))
+    model.load_state_dict({k: v.float() for k, v in sd.items()})
+
+
 def step_talker(a, size, ns, data=None):
     """Talker + code predictor training. Data parallel when started by torchrun (WORLD_SIZE > 1): every process
     draws its own batches of --talker-batch utterances, the gradients are averaged with one all-reduce, and the
@@ -982,8 +996,7 @@ def step_talker(a, size, ns, data=None):
     ids = special_ids(tok_dir)
     if data is None:
         data = [d for p in (a.codes or [os.path.join(a.work, "codes.pt")]) for d in load_codes(torch, p)]
-    cfg = ns.Qwen3TTSConfig(**json.loads(json.dumps(main_config(size, ids))))
-    model = ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32).to(dev)
+    model = build_talker(ns, size, ids).to(dev)
     model.train()
     opt = make_adamw(torch, model.parameters(), a, lr=a.talker_lr, weight_decay=0.01, betas=(0.9, 0.98))
     n_params = sum(p.numel() for p in model.parameters())
@@ -1002,10 +1015,7 @@ def step_talker(a, size, ns, data=None):
         start = st.get("step", 0) + 1
         say(f"talker: resumed at step {start}")
     elif a.init_from:
-        # weights of an exported checkpoint (bf16 model.safetensors); the optimiser starts afresh
-        from safetensors.torch import load_file
-        sd = load_file(os.path.join(a.init_from, "model.safetensors"))
-        model.load_state_dict({k: v.float() for k, v in sd.items()})
+        load_export_weights(model, a.init_from)   # the optimiser starts afresh
         start = a.init_step + 1
         say(f"talker: initialised from {a.init_from}, counting from step {start}")
     if world > 1:                                    # identical start on every process
@@ -1076,13 +1086,12 @@ def step_probe(a, size, ns):
     talker's input; the previous frame's residual codes. Shows what the talker reads (scripts/voice/README.md,
     third round): a talker that reads the residual codes derails on the code predictor's samples."""
     import torch
-    from safetensors.torch import load_file
     tok_dir = os.path.join(a.work, "tok")
     tok, ids = load_tokenizer(tok_dir), special_ids(tok_dir)
-    cfg = ns.Qwen3TTSConfig(**json.loads(json.dumps(main_config(size, ids))))
-    model = ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32)
-    model.load_state_dict({k: v.float() for k, v in load_file(os.path.join(a.init_from, "model.safetensors")).items()})
+    model = build_talker(ns, size, ids)
+    load_export_weights(model, a.init_from)
     model.eval()
+    n_codes = model.talker.code_predictor.get_input_embeddings()[0].num_embeddings
     data = [d for p in a.codes for d in load_codes(torch, p)]
     rng = random.Random(a.seed)
     idx = rng.sample(range(len(data)), a.probe_n)
@@ -1100,7 +1109,7 @@ def step_probe(a, size, ns):
     log(f"probe {a.init_from}, {a.probe_n} utterances:")
     log(f"  true text, true codes:               {ce(own)}")
     log(f"  another utterance's text:            {ce([data[j]['text'] for j in other])}")
-    log(f"  random residual codes in the input:  {ce(own, lambda r: torch.randint_like(r, 0, cfg.talker_config.code_predictor_config.vocab_size))}")
+    log(f"  random residual codes in the input:  {ce(own, lambda r: torch.randint_like(r, 0, n_codes))}")
     log(f"  previous frame's residual codes:     {ce(own, lambda r: torch.roll(r, 1, 0))}")
 
 
@@ -1114,8 +1123,7 @@ def step_export(a, size, ns):
     ids = special_ids(tok_dir)
     cfg_dict = main_config(size, ids)
     tcfg_dict = speech_tokenizer_config(size)
-    cfg = ns.Qwen3TTSConfig(**json.loads(json.dumps(cfg_dict)))
-    model = ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32)
+    model = build_talker(ns, size, ids)
     model.load_state_dict(torch.load(os.path.join(a.work, "talker", "talker.pt"), map_location="cpu", weights_only=False)["model"])
     codec, _ = build_codec_modules(ns, size, torch.device("cpu"))
     codec.load_state_dict(torch.load(os.path.join(a.work, "codec", "codec.pt"), map_location="cpu", weights_only=False)["codec"])

@@ -17,8 +17,8 @@ use crate::engine::{
 };
 use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak};
 use crate::models::qwen3_tts::{
-    MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES, ModelVariant, PromptMode, SamplingParams,
-    VoiceRequest,
+    GenerationConfig, MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES, ModelVariant, PromptMode,
+    SamplingParams, VoiceRequest,
 };
 
 use super::hub;
@@ -58,16 +58,24 @@ struct SamplingDefaults {
 }
 
 static SAMPLING_DEFAULTS: LazyLock<SamplingDefaults> = LazyLock::new(|| {
-    let o = StageConfig::default_async().ar.sampling;
-    let temperature = o.temperature.unwrap_or(0.9);
+    // The released generation_config.json (the reference wrapper's defaults, max_new_tokens 8192),
+    // under the built-in stage config, merged as the engine merges them for a loaded checkpoint.
+    let released = GenerationConfig {
+        max_new_tokens: 8192,
+        ..GenerationConfig::default()
+    };
+    let s = StageConfig::default_async()
+        .ar
+        .sampling
+        .apply(SamplingParams::from_generation_config(&released));
     SamplingDefaults {
-        do_sample: temperature > 0.0,
-        temperature,
-        top_k: o.top_k.unwrap_or(50).min(u32::MAX as usize) as u32,
-        top_p: o.top_p.unwrap_or(1.0),
-        repetition_penalty: o.repetition_penalty.unwrap_or(1.05),
-        max_new_tokens: o.max_tokens.unwrap_or(8192).min(u32::MAX as usize) as u32,
-        seed: o.seed.unwrap_or(0),
+        do_sample: s.do_sample,
+        temperature: s.temperature,
+        top_k: s.top_k.min(u32::MAX as usize) as u32,
+        top_p: s.top_p,
+        repetition_penalty: s.repetition_penalty,
+        max_new_tokens: s.max_new_tokens.min(u32::MAX as usize) as u32,
+        seed: s.seed,
     }
 });
 
@@ -869,7 +877,7 @@ impl ObjectImpl for OmniTtsSrc {
                     .blurb(
                         "Preset speaker of a CustomVoice checkpoint (case-insensitive, see \
                          available-speakers); unset: the checkpoint's alphabetically first speaker \
-                         (aiden in the released checkpoints). Applies to text queued after it is set",
+                         (joe in the bundled voice, aiden in the released checkpoints). Applies to text queued after it is set",
                     )
                     .mutable_playing()
                     .build(),
