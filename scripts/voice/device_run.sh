@@ -8,13 +8,19 @@
 #           check, codec round trip of the 50 test sentences. Back: exp/ (the checkpoint), codes1.pt,
 #           quantizer16.pt (centroids in f16, to extend the codes later), roundtrip/*.wav, log.txt.
 #   CALL=2  The talker only, continued from an export (INIT=folder with model.safetensors) on the carried codes
-#           (CODES="a.pt b.pt.xz"): with DDP=1 one run data-parallel over both GPUs (torchrun; batch TB per GPU,
-#           learning rate TLR1), else two variants at once: GPU 0 with TLR0, GPU 1 with TLR1. Back: model.safetensors
-#           of each run (t0/, t1/) and log.txt.
+#           (CODES="a.pt b.pt.xz"; TALKER_EXTRA e.g. "--resid-noise 1"; VAL=held-out codes file for the validation CE):
+#           with DDP=1 one run data-parallel over both GPUs (torchrun; batch TB per GPU, learning rate TLR1), else two
+#           variants at once: GPU 0 with TLR0, GPU 1 with TLR1. Back: model.safetensors of each run (t0/, t1/), with VAL
+#           also best.safetensors (the weights of the best validation CE), and log.txt.
 #   CALL=3  More data only: the CPUs render teacher audio for the rows not in EXCLUDE (a file of ids), then GPU 0
 #           encodes it with the carried quantizer (QUANT, e.g. quantizer16.pt) into codes2.pt.xz (the compact codes
 #           format). With GPUPACK (a scripts/gpu-pack.sh folder, carried) GPU 1 meanwhile runs scripts/gpu-run.sh
 #           (GPU_STEPS) on CPU cores 0-3 while the renderers keep to the others. Back: codes2.pt.xz, gpu/, log.txt.
+#   CALL=4  Decoder fine-tune: the CPUs render the carried ids (RENDER_S; the rows not rendered before, say), GPU 0 encodes
+#           them with QUANT into codes3.pt.xz (more talker data), then two decoder variants start from INIT's
+#           speech_tokenizer (an export folder, bf16 is enough) on that audio until DEADLINE: GPU 0 with CODEC_EXTRA0
+#           and CLR0 (e.g. the discriminator: --gan-start 0), GPU 1 with CODEC_EXTRA1 and CLR1. Back: the variants'
+#           speech_tokenizer weights (c0/, c1/, f32), codes3.pt.xz, log.txt.
 #
 # The folder it lives in (VP, carried) holds train.py and render_ids.py (copies of scripts/voice), wheels/
 # (transformers 4.57.3, accelerate 1.12.0, tokenizers 0.22.1, qwen-tts 0.1.1, einops, safetensors, huggingface_hub
@@ -136,6 +142,36 @@ elif [ "$CALL" = 3 ]; then
   el codes done
   if [ -n "$GP" ]; then wait $GP; el gpu-run done; cat "$W/gpu-run.log"; fi
   ITEMS="codes2.pt.xz"
+elif [ "$CALL" = 4 ]; then
+  # --- teacher audio -> codes3 (talker data) and two decoder fine-tunes on it ---------------------------------------
+  : "${INIT:?CALL=4 needs INIT (an export folder with speech_tokenizer/)}" "${QUANT:?CALL=4 needs QUANT}"
+  cp "$VP/$QUANT" "$W/quantizer.pt"
+  RP=""
+  render_teacher ""
+  env $(gpu 0) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/a.jsonl" --codes-out "$W/codes3.pt.xz"
+  el codes done
+  DMIN=$(left_min $((DEADLINE - 30)))
+  el decoders for "$DMIN" min
+  for v in 0 1; do
+    LR=CLR$v; EX=CODEC_EXTRA$v
+    mkdir -p "$W/c$v"; cp "$W/quantizer.pt" "$W/c$v/"
+    env $(gpu $v) $PY "$VP/train.py" codec --work "$W/c$v" --size "$SIZE" --device "$DEV" $AMP --log-every 100 \
+        --manifest "$W/a.jsonl" --init-from "$VP/$INIT" --codec-batch "$CB" --codec-lr "${!LR:-$CLR}" \
+        --codec-warmup 100 --codec-steps 1000000 --max-minutes "$DMIN" ${!EX:-} > "$W/codec$v.log" 2>&1 &
+    eval "P$v=$!"
+  done
+  for v in 0 1; do P=P$v; wait "${!P}"; el decoder $v; grep -v "^\*\|^ *$\|Warning" "$W/codec$v.log" | tail -n 30; done
+  $PY - "$W" <<'EOF'
+import os, sys, torch
+from safetensors.torch import save_file
+w = sys.argv[1]
+for v in (0, 1):
+    st = torch.load(os.path.join(w, f"c{v}", "codec", "codec.pt"), map_location="cpu", weights_only=False)
+    save_file({k: t.float().contiguous() for k, t in st["codec"].items()},
+              os.path.join(w, f"c{v}", "model.safetensors"), metadata={"format": "pt", "step": str(st["step"])})
+    print(f"c{v}: step {st['step']}")
+EOF
+  ITEMS="codes3.pt.xz c0/model.safetensors c1/model.safetensors"
 else
   # --- talker: data parallel over both GPUs (DDP=1) or two variants ------------------------------------------------
   : "${CODES:?CALL=2 needs CODES (codes files in the carried folder)}" "${INIT:?CALL=2 needs INIT (an export folder)}"
@@ -151,7 +187,7 @@ else
     env $GPUS "${LAUNCH[@]}" "$VP/train.py" talker --work "$W/t$v" --size "$SIZE" --device "$DEV" $AMP \
         --log-every 100 --codes "${C[@]}" --init-from "$VP/$INIT" --init-step "${INIT_STEP:-0}" \
         --talker-batch "$TB" --talker-lr "${!LR}" --warmup "${WARMUP:-100}" --talker-steps 1000000 \
-        --max-minutes "$TMIN" > "$W/talker$v.log" 2>&1 &
+        --max-minutes "$TMIN" ${VAL:+--val-codes "$VP/$VAL"} ${TALKER_EXTRA:-} > "$W/talker$v.log" 2>&1 &
     eval "P$v=$!"
   done
   for v in $RUNS; do P=P$v; wait "${!P}"; el talker $v; grep -v "^\*\|^ *$\|Warning" "$W/talker$v.log" | tail -n 30; done
@@ -160,12 +196,15 @@ import os, sys, torch
 from safetensors.torch import save_file
 w = sys.argv[1]
 for v in map(int, sys.argv[2:]):
-    st = torch.load(os.path.join(w, f"t{v}", "talker", "talker.pt"), map_location="cpu", weights_only=False)
-    save_file({k: t.to(torch.bfloat16).contiguous() for k, t in st["model"].items()},
-              os.path.join(w, f"t{v}", "model.safetensors"), metadata={"format": "pt", "step": str(st["step"])})
-    print(f"t{v}: step {st['step']}")
+    for src, dst in (("talker.pt", "model.safetensors"), ("talker-best.pt", "best.safetensors")):
+        p = os.path.join(w, f"t{v}", "talker", src)
+        if os.path.exists(p):
+            st = torch.load(p, map_location="cpu", weights_only=False)
+            save_file({k: t.to(torch.bfloat16).contiguous() for k, t in st["model"].items()},
+                      os.path.join(w, f"t{v}", dst), metadata={"format": "pt", "step": str(st["step"])})
+            print(f"t{v}/{dst}: step {st['step']}")
 EOF
-  ITEMS=$(for v in $RUNS; do echo "t$v/model.safetensors"; done)
+  ITEMS=$(for v in $RUNS; do ls "$W/t$v"/*.safetensors | sed "s|^$W/||"; done)
 fi
 
 # --- pack --------------------------------------------------------------------------------------------------------

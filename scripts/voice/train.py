@@ -693,6 +693,8 @@ def step_codec(a, size, ns):
     audio = load_audio(a.manifest, rows)
     log(f"codec: {len(audio)} utterances, {sum(len(x) for x in audio) / SR / 3600:.2f} h, scheme {a.scheme}")
     codec, enc = build_codec_modules(ns, size, dev)
+    if a.init_from:
+        load_export_codec(codec, a.init_from)
     dec = codec.decoder
     mel_codes = None
     if a.scheme == "mel":
@@ -751,9 +753,9 @@ def step_codec(a, size, ns):
         start = st.get("step", 0) + 1
         log(f"codec: resumed at step {start}")
     with torch.no_grad():
-        if start == 1 and mel_codes is not None:
+        if start == 1 and mel_codes is not None and not a.init_from:
             init_codebooks_from_centroids(torch, dec, q["centroids"].to(dev))
-        z = enc(batch()) if start == 1 and mel_codes is None else None
+        z = enc(batch()) if start == 1 and mel_codes is None and not a.init_from else None
         for rvq in (dec.quantizer.rvq_first, dec.quantizer.rvq_rest) if z is not None else ():
             flat = rvq.input_proj(z).transpose(1, 2).reshape(-1, rvq.input_proj.out_channels)
             for layer in rvq.vq.layers:
@@ -820,6 +822,15 @@ def step_codec(a, size, ns):
         st.update(disc=disc.state_dict(), dopt=dopt.state_dict())
     torch.save(st, ckpt)
     return codec, enc
+
+
+def load_export_codec(codec, export_dir):
+    """An exported checkpoint's speech_tokenizer/model.safetensors into `codec` (as f32); the codec step then fine-tunes
+    from it (fresh optimiser, step count from 1)."""
+    from safetensors.torch import load_file
+    sd = load_file(os.path.join(export_dir, "speech_tokenizer", "model.safetensors"))
+    codec.load_state_dict({k: v.float() for k, v in sd.items()})
+    log(f"codec: initialised from {export_dir}")
 
 
 def step_codes(a, size, ns, codec=None, enc=None):
@@ -1023,6 +1034,28 @@ def step_talker(a, size, ns, data=None):
             dist.broadcast(p.data, 0)
     params = [p for p in model.parameters() if p.requires_grad]
     cache = {}                                       # (utterance, language) -> prompt tensors (built once)
+    val = [example_tensors(torch, build_example(tok, ids, d["text"], d["codes"], TRAIN_LANGUAGE))
+           for p in (a.val_codes or []) for d in load_codes(torch, p)] if rank == 0 else []
+    best = dict(ce=float("inf"), step=None, model=None)
+
+    def validate(step):
+        """Code-0 and code-predictor CE on the held-out utterances (--val-codes), with random residual codes in the
+        talker's input as at inference (fixed noise seed); keeps a copy of the best weights by code-0 CE."""
+        model.eval()
+        tot0 = tot1 = 0.0
+        with torch.no_grad(), torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.manual_seed(1234)
+            for b in range(0, len(val), 64):
+                with amp(torch, a):
+                    l0, l1 = talker_loss(torch, model, collate(torch, val[b:b + 64], dev), resid_noise=1.0)
+                n = len(val[b:b + 64])
+                tot0, tot1 = tot0 + l0.item() * n, tot1 + l1.item() * n
+        model.train()
+        ce0, ce1 = tot0 / len(val), tot1 / len(val)
+        if ce0 < best["ce"]:
+            best.update(ce=ce0, step=step, model={k: v.detach().clone() for k, v in model.state_dict().items()})
+        log(f"talker step {step}: validation ({len(val)} held-out utterances, random residual inputs) "
+            f"code0 {ce0:.3f} sub {ce1:.3f}{' (best)' if best['step'] == step else ''}")
 
     def example(i, lang):
         if (i, lang) not in cache:
@@ -1069,11 +1102,18 @@ def step_talker(a, size, ns, data=None):
         if step % a.log_every == 0 or step == a.talker_steps:
             say(f"talker step {step}: code0 {l0.item():.3f} sub {l1.item():.3f} lr {opt.param_groups[0]['lr']:.2e} "
                 f"({el:.0f} s)")
-        if a.max_minutes and el > 60 * a.max_minutes:
+        stop = a.max_minutes and el > 60 * a.max_minutes
+        if val and (step % (a.log_every * a.val_every) == 0 or stop or step == a.talker_steps):
+            validate(step)
+        if stop:
             say(f"talker: time limit at step {step}")
             break
     if rank == 0:
         torch.save({"model": model.state_dict(), "size": a.size, "step": step, "opt": opt.state_dict()}, ckpt)
+        if best["model"] is not None:
+            torch.save({"model": best["model"], "size": a.size, "step": best["step"], "val_code0": best["ce"]},
+                       os.path.join(out, "talker-best.pt"))
+            log(f"talker: best validation code0 {best['ce']:.3f} at step {best['step']} -> talker-best.pt")
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
@@ -1163,17 +1203,23 @@ def step_roundtrip(a, size, ns):
     import torch
     dev = torch.device(a.device)
     codec, enc = build_codec_modules(ns, size, dev)
-    st = torch.load(os.path.join(a.work, "codec", "codec.pt"), map_location=dev, weights_only=False)
-    codec.load_state_dict(st["codec"])
+    if a.init_from:
+        load_export_codec(codec, a.init_from)
+        st = {"step": f"(export {a.init_from})"}
+    else:
+        st = torch.load(os.path.join(a.work, "codec", "codec.pt"), map_location=dev, weights_only=False)
+        codec.load_state_dict(st["codec"])
     codec.eval()
     rows = load_manifest(a.manifest, a.limit)
     audio = load_audio(a.manifest, rows)
     if a.scheme == "mel":
         q, fmel = load_quantizer(torch, a.work, dev)
         mel_codes = encode_audio(torch, q, fmel, audio, dev)
-    else:
+    elif not a.init_from:
         enc.load_state_dict(st["encoder"])
         enc.eval()
+    else:
+        raise SystemExit("roundtrip --init-from: an export holds no encoder; use the mel scheme")
     out = os.path.join(a.work, "roundtrip")
     os.makedirs(out, exist_ok=True)
     with torch.no_grad():
@@ -1255,7 +1301,10 @@ def main():
     ap.add_argument("--sub-weight", type=float, default=1.0)
     ap.add_argument("--resid-noise", type=float, default=0.0,
                     help="talker: share of frames whose residual-code inputs are random (see talker_loss)")
-    ap.add_argument("--init-from", help="talker: start from an exported checkpoint directory's weights")
+    ap.add_argument("--val-codes", nargs="*", help="talker: codes files of held-out utterances (validation CE)")
+    ap.add_argument("--val-every", type=int, default=5, help="talker: validate every N x --log-every steps")
+    ap.add_argument("--init-from", help="talker / codec / roundtrip: start from (or use) an exported checkpoint "
+                    "directory's weights (talker: model.safetensors; codec: speech_tokenizer/)")
     ap.add_argument("--probe-n", type=int, default=48, help="probe: utterances")
     ap.add_argument("--init-step", type=int, default=0, help="talker: step count of --init-from (logs, warm-up)")
     ap.add_argument("--p-english", type=float, default=0.5, help="share of prompts with language=english (else auto)")
