@@ -19,7 +19,7 @@ export GST_REGISTRY="$target/gst-registry.bin"
 
 text=${OMNITTS_TEXT:-"Hello. This voice was trained for the plugin, and it speaks plain English."}
 out=${OMNITTS_OUT:-omnitts-demo.wav}
-gst-launch-1.0 -q omnittssrc text="$text" \
+gst-launch-1.0 -q omnittssrc text="$text" split-sentences=true \
     ! audioconvert ! audio/x-raw,format=S16LE ! wavenc ! filesink location="$out"
 
 soxi "$out"

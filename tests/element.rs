@@ -295,6 +295,54 @@ fn push_text_queues_utterances_in_order() {
 }
 
 #[test]
+fn split_sentences_queues_one_utterance_per_sentence() {
+    let (mut h, bus) = harness(&[
+        ("text", v("First one. Mr. Smith said hi! ")),
+        ("split-sentences", v(true)),
+        ("max-new-tokens", v(5u32)),
+    ]);
+    let e = h.element().unwrap();
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Is it late? \"No,\" she said."]));
+    h.play();
+    let bufs = pull_all(&mut h);
+    let n = check_timeline(&bufs, 4);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let started = element_messages(&msgs, messages::STARTED);
+    let texts: Vec<&str> = started
+        .iter()
+        .map(|s| s.get::<&str>("text").unwrap())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "First one.",
+            "Mr. Smith said hi!",
+            "Is it late?",
+            "\"No,\" she said."
+        ]
+    );
+    let done = element_messages(&msgs, messages::DONE);
+    let samples: u64 = done.iter().map(|d| u64_field(d, "samples")).sum();
+    assert_eq!(done.len(), 4);
+    assert_eq!(samples, n);
+
+    // Off (the default): the same text is one utterance.
+    let (mut h, bus) = harness(&[
+        ("text", v("First one. Mr. Smith said hi!")),
+        ("max-new-tokens", v(5u32)),
+    ]);
+    h.play();
+    pull_all(&mut h);
+    let started = element_messages(&drain(&bus), messages::STARTED);
+    assert_eq!(started.len(), 1);
+    assert_eq!(
+        started[0].get::<&str>("text").unwrap(),
+        "First one. Mr. Smith said hi!"
+    );
+}
+
+#[test]
 fn num_buffers_limits_output() {
     let (mut h, _) = harness(&[("text", v("Counting buffers.")), ("num-buffers", v(3i32))]);
     h.play();
@@ -350,6 +398,7 @@ fn property_round_trip() {
         ("chunk-frames", v(9u32)),
         ("samples-per-buffer", v(960u32)),
         ("is-live", v(true)),
+        ("split-sentences", v(true)),
     ];
     let read_only = [
         "available-speakers",

@@ -25,6 +25,7 @@ use super::hub;
 use super::runtime::{
     self, Current, Item, Shared, Utterance, done_message, messages, pos_of, pts_of,
 };
+use super::sentences::split_sentences;
 use super::voice_clone::{CloneSpec, VoiceCloner, clone_spec};
 use super::{CAT, InputError, input_error};
 
@@ -143,6 +144,7 @@ struct Settings {
     chunk_frames: u32,
     samples_per_buffer: u32,
     is_live: bool,
+    split_sentences: bool,
 }
 
 impl Default for Settings {
@@ -171,6 +173,23 @@ impl Default for Settings {
             chunk_frames: DEFAULT_CHUNK_FRAMES,
             samples_per_buffer: DEFAULT_SAMPLES_PER_BUFFER,
             is_live: DEFAULT_IS_LIVE,
+            split_sentences: false,
+        }
+    }
+}
+
+impl Settings {
+    /// The utterances one text becomes: one a sentence with `split-sentences`, else the text.
+    fn utterance_texts(&self, text: &str) -> Vec<String> {
+        let pieces = if self.split_sentences {
+            split_sentences(text)
+        } else {
+            Vec::new()
+        };
+        if pieces.is_empty() {
+            vec![text.to_string()]
+        } else {
+            pieces
         }
     }
 }
@@ -419,13 +438,16 @@ impl OmniTtsSrc {
         let shared = rt.shared.clone();
         let info = rt.info.clone();
         drop(state);
-        let (request, clone) = match build_request(&settings, &info, text) {
-            Ok(r) => r,
-            Err(e) => {
-                self.post_input_error(&e);
-                return false;
+        let mut utterances = Vec::new();
+        for piece in settings.utterance_texts(text) {
+            match build_request(&settings, &info, &piece) {
+                Ok((request, clone)) => utterances.push((piece, request, clone)),
+                Err(e) => {
+                    self.post_input_error(&e);
+                    return false;
+                }
             }
-        };
+        }
         let now = if info.live {
             self.obj().current_running_time()
         } else {
@@ -441,20 +463,22 @@ impl OmniTtsSrc {
             (Some(r0), Some(now)) => pos_of(now.saturating_sub(r0), RATE),
             _ => 0,
         };
-        let id = inner.next_id;
-        inner.next_id += 1;
-        gst::info!(
-            CAT,
-            imp = self,
-            "queued utterance {id} at sample {start_pos}: {text:?}"
-        );
-        inner.pending.push_back(Utterance {
-            id,
-            text: text.to_string(),
-            request,
-            clone,
-            start_pos,
-        });
+        for (text, request, clone) in utterances {
+            let id = inner.next_id;
+            inner.next_id += 1;
+            gst::info!(
+                CAT,
+                imp = self,
+                "queued utterance {id} at sample {start_pos}: {text:?}"
+            );
+            inner.pending.push_back(Utterance {
+                id,
+                text,
+                request,
+                clone,
+                start_pos,
+            });
+        }
         shared.cond.notify_all();
         true
     }
@@ -836,6 +860,18 @@ impl ObjectImpl for OmniTtsSrc {
                     )
                     .mutable_playing()
                     .build(),
+                glib::ParamSpecBoolean::builder("split-sentences")
+                    .nick("Split sentences")
+                    .blurb(
+                        "Speak each sentence of a text as its own utterance, queued back to back \
+                         (Unicode sentence boundaries; titles such as Mr. and initials kept \
+                         inside a sentence), each with its own utterance messages. Keeps long \
+                         text on track with voices trained on single sentences, such as the \
+                         bundled voice. Applies to text queued after it is set",
+                    )
+                    .default_value(false)
+                    .mutable_playing()
+                    .build(),
                 glib::ParamSpecString::builder("model")
                     .nick("Model")
                     .blurb(
@@ -1150,6 +1186,7 @@ impl ObjectImpl for OmniTtsSrc {
                 s.samples_per_buffer = value.get().expect("type checked upstream")
             }
             "is-live" => s.is_live = value.get().expect("type checked upstream"),
+            "split-sentences" => s.split_sentences = value.get().expect("type checked upstream"),
             other => gst::warning!(CAT, imp = self, "unknown property {other}"),
         }
     }
@@ -1201,6 +1238,7 @@ impl ObjectImpl for OmniTtsSrc {
             "chunk-frames" => s.chunk_frames.to_value(),
             "samples-per-buffer" => s.samples_per_buffer.to_value(),
             "is-live" => s.is_live.to_value(),
+            "split-sentences" => s.split_sentences.to_value(),
             "available-speakers" | "available-languages" => {
                 drop(s);
                 let state = lock(&self.state);
@@ -1334,7 +1372,7 @@ impl BaseSrcImpl for OmniTtsSrc {
         texts.extend(early);
         {
             let mut inner = shared.lock();
-            for text in texts {
+            for text in texts.iter().flat_map(|t| settings.utterance_texts(t)) {
                 let (request, clone) = build_request(&settings, &info, &text)
                     .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ("{}", e)))?;
                 let id = inner.next_id;

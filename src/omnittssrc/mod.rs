@@ -26,6 +26,7 @@ pub mod hub;
 mod imp;
 pub mod ref_audio;
 mod runtime;
+mod sentences;
 mod voice_clone;
 
 pub use runtime::messages;
