@@ -36,6 +36,13 @@ fn v<T: ToValue>(x: T) -> glib::Value {
     x.to_value()
 }
 
+/// The `text` fields of utterance messages, in order.
+fn texts_of(msgs: &[gst::Structure]) -> Vec<&str> {
+    msgs.iter()
+        .map(|s| s.get::<&str>("text").expect("text field"))
+        .collect()
+}
+
 /// Pulls every buffer until EOS.
 fn pull_all(h: &mut Harness) -> Vec<gst::Buffer> {
     let mut out = Vec::new();
@@ -269,12 +276,8 @@ fn push_text_queues_utterances_in_order() {
     let msgs = drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
     let started = element_messages(&msgs, messages::STARTED);
-    let texts: Vec<&str> = started
-        .iter()
-        .map(|s| s.get::<&str>("text").unwrap())
-        .collect();
     assert_eq!(
-        texts,
+        texts_of(&started),
         ["First one.", "Second one.", "Third one.", "Fourth one."]
     );
     let done = element_messages(&msgs, messages::DONE);
@@ -309,12 +312,8 @@ fn split_sentences_queues_one_utterance_per_sentence() {
     let msgs = drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
     let started = element_messages(&msgs, messages::STARTED);
-    let texts: Vec<&str> = started
-        .iter()
-        .map(|s| s.get::<&str>("text").unwrap())
-        .collect();
     assert_eq!(
-        texts,
+        texts_of(&started),
         [
             "First one.",
             "Mr. Smith said hi!",
@@ -335,11 +334,7 @@ fn split_sentences_queues_one_utterance_per_sentence() {
     h.play();
     pull_all(&mut h);
     let started = element_messages(&drain(&bus), messages::STARTED);
-    assert_eq!(started.len(), 1);
-    assert_eq!(
-        started[0].get::<&str>("text").unwrap(),
-        "First one. Mr. Smith said hi!"
-    );
+    assert_eq!(texts_of(&started), ["First one. Mr. Smith said hi!"]);
 }
 
 #[test]
