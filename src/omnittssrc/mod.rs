@@ -9,7 +9,8 @@
 //! pushed later at the running time it arrives.
 //!
 //! Per utterance it posts element messages (see [`messages`]): started, first audio (TTFA), and
-//! done (finish reason, frames, audio ms, RTF).
+//! done (finish reason, frames, audio ms, RTF). With `split-sentences` every sentence of a text
+//! (Unicode sentence boundaries, `sentences.rs`) is an utterance of its own.
 //!
 //! Base checkpoints clone the voice of a reference recording (`ref-audio`, read by
 //! [`ref_audio`]; `ref-text` for ICL, or `x-vector-only`), encoded once by the engine's cache.
