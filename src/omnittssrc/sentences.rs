@@ -15,7 +15,7 @@ use unicode_segmentation::UnicodeSegmentation;
 /// stop, ASCII case-insensitively).
 const ABBREVIATIONS: &[&str] = &[
     "mr", "mrs", "ms", "dr", "prof", "st", "mt", "jr", "sr", "messrs", "rev", "gen", "col", "capt",
-    "lt", "sgt", "gov", "sen", "rep", "hon", "vs", "etc", "e.g", "i.e", "cf", "no", "fig", "vol",
+    "lt", "sgt", "gov", "sen", "rep", "hon", "vs", "e.g", "i.e", "cf", "fig", "vol",
 ];
 
 /// The sentences of `text`, trimmed, in order; `text` itself (trimmed) when it holds one sentence
@@ -90,6 +90,15 @@ mod tests {
                 "Mr. Darcy met Mrs. Bennet and J. Smith.",
                 "It cost 3.5 pounds."
             ]
+        );
+    }
+
+    #[test]
+    fn words_that_are_also_abbreviations_end_sentences() {
+        // "no" and "etc." end sentences far more often than they abbreviate.
+        assert_eq!(
+            split_sentences("He said no. Then he left, etc. The end."),
+            ["He said no.", "Then he left, etc.", "The end."]
         );
     }
 
