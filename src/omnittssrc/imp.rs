@@ -864,8 +864,9 @@ impl ObjectImpl for OmniTtsSrc {
                     .nick("Split sentences")
                     .blurb(
                         "Speak each sentence of a text as its own utterance, queued back to back \
-                         (Unicode sentence boundaries; titles such as Mr. and initials kept \
-                         inside a sentence), each with its own utterance messages. Keeps long \
+                         (blank lines, and Unicode sentence boundaries within a paragraph; a single \
+                         line break is a space; titles such as Mr. and initials kept inside a \
+                         sentence), each with its own utterance messages. Keeps long \
                          text on track with voices trained on single sentences, such as the \
                          bundled voice. Applies to text queued after it is set",
                     )

@@ -1,13 +1,16 @@
 //! Sentence splitting for the `split-sentences` property: one text becomes one utterance per
 //! sentence, queued back to back.
 //!
-//! Boundaries are the Unicode sentence boundaries of UAX #29 (`unicode-segmentation`), which
-//! handle `.`, `!`, `?`, closing quotes and brackets, and the CJK full stops (`。！？`). UAX #29 also
-//! breaks after abbreviations such as "Mr." before a capitalised word, and after a quoted
-//! exclamation or question before its speech tag ("Stop!" she said). So a piece that ends in a
-//! common English title or a single-letter initial is joined to the next one, and a piece that
-//! starts with a lower-case letter, or holds no letter or digit (stray punctuation), is joined to
-//! the one before.
+//! Paragraphs are separated by blank lines; a single line break is a space (hard-wrapped prose
+//! stays one sentence). Within a paragraph the boundaries are the Unicode sentence boundaries of
+//! UAX #29 (`unicode-segmentation`), which handle `.`, `!`, `?`, closing quotes and brackets, and
+//! the CJK full stops (`。！？`); a full stop followed by a lower-case word or a number is not a
+//! boundary there (so all-lower-case text splits only at `!` and `?`). UAX #29 does break after titles such as
+//! "Mr." before a capitalised word, and after a quoted exclamation or question before its speech
+//! tag ("Stop!" she said). So a piece that ends in a common English title or a single-letter
+//! initial is joined to the next one, a piece that starts in lower case after a closing quote is
+//! joined to the one before, and a piece with no letter or digit (stray punctuation, an emoji)
+//! goes with its neighbour, so that no text is lost.
 
 use unicode_segmentation::UnicodeSegmentation;
 
@@ -18,31 +21,86 @@ const ABBREVIATIONS: &[&str] = &[
     "lt", "sgt", "gov", "sen", "rep", "hon", "vs", "e.g", "i.e", "cf", "fig", "vol",
 ];
 
-/// The sentences of `text`, trimmed, in order; `text` itself (trimmed) when it holds one sentence
-/// or none. Never empty for text that holds a letter or digit; empty for blank text.
+/// The sentences of `text`, trimmed, in order, every character of `text` but whitespace in one of
+/// them; empty for blank text.
 pub(crate) fn split_sentences(text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    let mut joined_to_next = false;
-    for piece in text.unicode_sentences() {
-        let piece = piece.trim();
-        if piece.is_empty() {
-            continue;
-        }
-        let speakable = piece.chars().any(char::is_alphanumeric);
-        let continues = piece
-            .chars()
-            .find(|c| c.is_alphabetic())
-            .is_some_and(char::is_lowercase);
-        match out.last_mut() {
-            Some(last) if joined_to_next || continues || !speakable => {
-                last.push(' ');
-                last.push_str(piece);
+    // Pieces with no letter or digit before the first sentence: they go with the next piece.
+    let mut prefix = String::new();
+    for paragraph in paragraphs(text) {
+        let mut previous: Option<&str> = None;
+        for piece in paragraph.split_sentence_bounds() {
+            let piece = piece.trim();
+            if piece.is_empty() {
+                continue;
             }
-            _ => out.push(piece.to_string()),
+            if !piece.chars().any(char::is_alphanumeric) {
+                match out.last_mut() {
+                    Some(last) if prefix.is_empty() => append(last, piece),
+                    _ => append(&mut prefix, piece),
+                }
+                continue;
+            }
+            let join = previous.is_some_and(|p| ends_in_abbreviation(p) || speech_tag(p, piece));
+            let piece_with_prefix = if prefix.is_empty() {
+                piece.to_string()
+            } else {
+                let mut p = std::mem::take(&mut prefix);
+                append(&mut p, piece);
+                p
+            };
+            match out.last_mut() {
+                Some(last) if join => append(last, &piece_with_prefix),
+                _ => out.push(piece_with_prefix),
+            }
+            previous = Some(piece);
         }
-        joined_to_next = out.last().is_some_and(|s| ends_in_abbreviation(s));
+    }
+    if !prefix.is_empty() {
+        out.push(prefix);
     }
     out
+}
+
+/// `text`'s paragraphs (separated by blank lines), each with its line breaks as spaces.
+fn paragraphs(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() {
+            if !current.is_empty() {
+                out.push(std::mem::take(&mut current));
+            }
+        } else {
+            append(&mut current, line);
+        }
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// Appends `piece` to `s`, with a space between them when `s` is not empty.
+fn append(s: &mut String, piece: &str) {
+    if !s.is_empty() {
+        s.push(' ');
+    }
+    s.push_str(piece);
+}
+
+/// Whether `piece` is the speech tag of the quoted exclamation or question `previous`
+/// ("Stop!" | she said.): `previous` ends in `!` or `?` and a closing quote, `piece` starts in
+/// lower case.
+fn speech_tag(previous: &str, piece: &str) -> bool {
+    let quoted = previous
+        .strip_suffix(['"', '\'', '\u{201d}', '\u{2019}'])
+        .is_some_and(|p| p.ends_with(['!', '?']));
+    let lower = piece
+        .chars()
+        .find(|c| c.is_alphanumeric())
+        .is_some_and(char::is_lowercase);
+    quoted && lower
 }
 
 /// Whether `s` ends in "<abbreviation>." or "<single letter>." (an initial, as in "J. Smith").
@@ -113,6 +171,41 @@ mod tests {
             split_sentences("See e.g. the notes."),
             ["See e.g. the notes."]
         );
+    }
+
+    #[test]
+    fn line_breaks_are_spaces_and_blank_lines_end_paragraphs() {
+        assert_eq!(
+            split_sentences(
+                "Neither Elizabeth nor\r\nJane could say a word.\n\n  Chapter Two\n\nIt rained."
+            ),
+            [
+                "Neither Elizabeth nor Jane could say a word.",
+                "Chapter Two",
+                "It rained."
+            ]
+        );
+    }
+
+    #[test]
+    fn a_full_stop_before_lower_case_or_a_digit_is_not_a_boundary() {
+        // UAX #29 rule SB8: all-lower-case text splits only at `!` and `?`.
+        assert_eq!(
+            split_sentences("is it late? yes it is. we walked home! the end."),
+            ["is it late?", "yes it is. we walked home!", "the end."]
+        );
+        assert_eq!(
+            split_sentences("He left. 3 men came in. Then 2 more."),
+            ["He left. 3 men came in.", "Then 2 more."]
+        );
+    }
+
+    #[test]
+    fn no_text_is_lost() {
+        assert_eq!(split_sentences("Hello. 😀! Bye."), ["Hello. 😀!", "Bye."]);
+        assert_eq!(split_sentences("(!) Fine. Next."), ["(!) Fine.", "Next."]);
+        assert_eq!(split_sentences("..."), ["..."]);
+        assert_eq!(split_sentences("* * *\n\nIt began."), ["* * * It began."]);
     }
 
     #[test]
