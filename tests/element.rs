@@ -36,6 +36,13 @@ fn v<T: ToValue>(x: T) -> glib::Value {
     x.to_value()
 }
 
+/// Every message on `bus` so far, asserting that none is an error.
+fn drain_ok(bus: &gst::Bus) -> Vec<gst::Message> {
+    let msgs = drain(bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    msgs
+}
+
 /// The `text` fields of utterance messages, in order.
 fn texts_of(msgs: &[gst::Structure]) -> Vec<&str> {
     msgs.iter()
@@ -143,8 +150,7 @@ fn non_live_caps_events_timestamps_and_eos() {
     // Buffers are at most samples-per-buffer (480) long.
     assert!(bufs.iter().all(|b| b.size() <= 480 * 4));
 
-    let msgs = drain(&bus);
-    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let msgs = drain_ok(&bus);
     let started = element_messages(&msgs, messages::STARTED);
     let first = element_messages(&msgs, messages::FIRST_AUDIO);
     let done = element_messages(&msgs, messages::DONE);
@@ -199,8 +205,7 @@ fn default_model_is_the_bundled_voice() {
     e.set_property("max-new-tokens", 40u32);
     h.play();
     let bufs = pull_all(&mut h);
-    let msgs = drain(&bus);
-    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let msgs = drain_ok(&bus);
     assert_eq!(e.property::<Option<String>>("speaker"), None);
     let speakers = e.property::<Option<String>>("available-speakers");
     assert_eq!(speakers.as_deref(), Some("joe"));
@@ -273,8 +278,7 @@ fn push_text_queues_utterances_in_order() {
     let bufs = pull_all(&mut h);
     let n = check_timeline(&bufs, 4);
 
-    let msgs = drain(&bus);
-    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let msgs = drain_ok(&bus);
     let started = element_messages(&msgs, messages::STARTED);
     assert_eq!(
         texts_of(&started),
@@ -309,8 +313,7 @@ fn split_sentences_queues_one_utterance_per_sentence() {
     h.play();
     let bufs = pull_all(&mut h);
     let n = check_timeline(&bufs, 4);
-    let msgs = drain(&bus);
-    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let msgs = drain_ok(&bus);
     let started = element_messages(&msgs, messages::STARTED);
     assert_eq!(
         texts_of(&started),

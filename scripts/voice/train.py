@@ -1201,6 +1201,8 @@ def step_roundtrip(a, size, ns):
     """Codec ceiling: encode + decode (official decoder forward on the codes) every utterance of --manifest (e.g.
     teacher.py's render of test_sentences.txt) into WORK/roundtrip/<line>.wav, for wer.py --wav-dir."""
     import torch
+    if a.init_from and a.scheme != "mel":
+        raise SystemExit("roundtrip --init-from: an export holds no encoder; use the mel scheme")
     dev = torch.device(a.device)
     codec, enc = build_codec_modules(ns, size, dev)
     if a.init_from:
@@ -1215,11 +1217,9 @@ def step_roundtrip(a, size, ns):
     if a.scheme == "mel":
         q, fmel = load_quantizer(torch, a.work, dev)
         mel_codes = encode_audio(torch, q, fmel, audio, dev)
-    elif not a.init_from:
+    else:
         enc.load_state_dict(st["encoder"])
         enc.eval()
-    else:
-        raise SystemExit("roundtrip --init-from: an export holds no encoder; use the mel scheme")
     out = os.path.join(a.work, "roundtrip")
     os.makedirs(out, exist_ok=True)
     with torch.no_grad():

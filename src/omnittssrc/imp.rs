@@ -22,9 +22,7 @@ use crate::models::qwen3_tts::{
 };
 
 use super::hub;
-use super::runtime::{
-    self, Current, Item, Shared, Utterance, done_message, messages, pos_of, pts_of,
-};
+use super::runtime::{self, Current, Item, Shared, done_message, messages, pos_of, pts_of};
 use super::sentences::split_sentences;
 use super::voice_clone::{CloneSpec, VoiceCloner, clone_spec};
 use super::{CAT, InputError, input_error};
@@ -464,20 +462,14 @@ impl OmniTtsSrc {
             _ => 0,
         };
         for (text, request, clone) in utterances {
-            let id = inner.next_id;
-            inner.next_id += 1;
+            let u = inner.queue(text, request, clone, start_pos);
             gst::info!(
                 CAT,
                 imp = self,
-                "queued utterance {id} at sample {start_pos}: {text:?}"
+                "queued utterance {} at sample {start_pos}: {:?}",
+                u.id,
+                u.text
             );
-            inner.pending.push_back(Utterance {
-                id,
-                text,
-                request,
-                clone,
-                start_pos,
-            });
         }
         shared.cond.notify_all();
         true
@@ -1376,15 +1368,7 @@ impl BaseSrcImpl for OmniTtsSrc {
             for text in texts.iter().flat_map(|t| settings.utterance_texts(t)) {
                 let (request, clone) = build_request(&settings, &info, &text)
                     .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ("{}", e)))?;
-                let id = inner.next_id;
-                inner.next_id += 1;
-                inner.pending.push_back(Utterance {
-                    id,
-                    text,
-                    request,
-                    clone,
-                    start_pos: 0,
-                });
+                inner.queue(text, request, clone, 0);
             }
         }
         let element: gst::Element = self.obj().clone().upcast();

@@ -160,6 +160,26 @@ impl Shared {
 }
 
 impl Inner {
+    /// Queues an utterance for the worker under the next id; returns it as queued.
+    pub fn queue(
+        &mut self,
+        text: String,
+        request: EngineRequest,
+        clone: Option<CloneSpec>,
+        start_pos: u64,
+    ) -> &Utterance {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.push_back(Utterance {
+            id,
+            text,
+            request,
+            clone,
+            start_pos,
+        });
+        &self.pending[self.pending.len() - 1]
+    }
+
     /// Drops all queued text and audio, cancels the engine request in flight and retires the
     /// current utterance. Returns the retired utterance (its done message is the caller's to post).
     pub fn discard_all(&mut self) -> Option<Current> {
