@@ -19,6 +19,9 @@ const KERNELS: &[&str] = &[
     "decode_attention",
     "add_rms_norm",
     "silu_mul",
+    "gemv",
+    "argmax_embed",
+    "embed_sum",
 ];
 const KERNEL_DIR: &str = "src/nn/cuda_kernels";
 

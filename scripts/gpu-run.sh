@@ -8,7 +8,8 @@
 # (tests/fixtures subset), bench/ (ref_bench.py, tok/), whl/ (the reference's wheels) and
 # bench_compare.py. Knobs: FRAMES (250), REPEATS (2), REF_REPEATS (1), SIZES (0.6b,1.7b),
 # GRAPHS (both), STEPS ("parity bench ref"; also "kernels": the fused CUDA kernels against the
-# unfused ops, and "unfused": the benchmark again with OMNITTS_FUSED_KERNELS=0, graphs on, 1 repeat),
+# unfused ops, "unfused": the benchmark again with OMNITTS_FUSED_KERNELS=0, graphs on, 1 repeat, and
+# "v1": the same with OMNITTS_FUSED_KERNELS=1, the first fused kernel set only, limit V1_TIMEOUT),
 # AR_DEVICE / DECODER_DEVICE (cuda:0), and per-step time limits KERNELS_TIMEOUT (60 s),
 # PARITY_TIMEOUT (150 s), BENCH_TIMEOUT (330 s), UNFUSED_TIMEOUT (150 s), REF_TIMEOUT (120 s per size).
 # PARITY_ARGS: extra gpu_parity arguments (e.g. "--checkpoints tiny-customvoice --max-cases 3");
@@ -68,6 +69,10 @@ fi
 if has_step unfused; then
     stamp "bench, fused kernels off"
     bench unfused "${UNFUSED_TIMEOUT:-150}" "$SIZES" 1 on OMNITTS_FUSED_KERNELS=0
+fi
+if has_step v1; then
+    stamp "bench, first fused kernel set only (OMNITTS_FUSED_KERNELS=1)"
+    bench v1 "${V1_TIMEOUT:-150}" "$SIZES" 1 on OMNITTS_FUSED_KERNELS=1
 fi
 if has_step perstep-parity; then
     stamp "parity, code predictor graphs per step"

@@ -7,14 +7,20 @@
 //! whose reference is computed in f32 from the same dtype-rounded inputs (the unfused bf16 path
 //! rounds scores and probabilities to bf16, the kernel does not). Tolerances: f32 1e-5 (2e-5 for
 //! attention: other summation order); bf16 1.6e-2 (about two bf16 roundings, 2⁻⁸ each, of the
-//! largest value: the fused kernels round once where the unfused ops round after every op).
+//! largest value: the fused kernels round once where the unfused ops round after every op). The
+//! one-row matmuls (`gemv`) are checked against `Linear::forward` (cuBLAS) on the same inputs:
+//! f32 2e-5 (other summation order over k), bf16 1.6e-2; `argmax_embed` exactly (index and row);
+//! `embed_sum` against the same sum on the host in f32 codebook order, exactly.
 
 use anyhow::Result;
 use candle_core::{D, DType, Device, Tensor};
 use gstomnitts::nn::cuda_kernels::{
     Pos,
     add_rms_norm::add_rms_norm,
+    argmax_embed::argmax_embed,
     decode_attention::decode_attention,
+    embed_sum::embed_sum,
+    gemv::{gemv_residual, norm_gemv, norm_gemv_logits, norm_gemv_silu},
     qk_norm_rope::{Heads, qk_norm_rope_kv},
     silu_mul::silu_mul,
 };
@@ -131,6 +137,22 @@ pub fn run(dev: &Device) -> Result<bool> {
                 tolerance(dtype, false),
             );
         }
+        // One-row matmuls: q/k/v, o_proj, gate/up and down of the code predictor / 0.6B talker
+        // (hidden 1024) and the 1.7B talker (hidden 2048), 1-3 rows, and an output count that
+        // leaves idle warps in the last block.
+        for (rows, k, n) in [
+            (1usize, 1024usize, 4096usize),
+            (2, 1024, 4096),
+            (1, 2048, 1024),
+            (2, 3072, 1024),
+            (1, 2048, 4096),
+            (1, 6144, 2048),
+            (3, 1024, 1001),
+        ] {
+            gemv_checks(&mut r, dev, dtype, rows, k, n, eps)?;
+        }
+        argmax_checks(&mut r, dev, dtype)?;
+        embed_sum_checks(&mut r, dev, dtype)?;
         // q/k norm + RoPE + cache write, then attention, talker (16/8 heads) and CP shapes.
         for (nh, nkv, hd, cap) in [(16usize, 8usize, 128usize, 4096usize), (16, 8, 128, 16)] {
             for (t, p, dev_pos) in [
@@ -284,6 +306,158 @@ fn qk_and_attention(
         dtype,
         rel_err(&got, &want)?,
         tolerance(dtype, true),
+    );
+    Ok(())
+}
+
+/// The `gemv` kernels against `Linear::forward` on the unfused norm, residual add and SiLU · up.
+fn gemv_checks(
+    r: &mut Report,
+    dev: &Device,
+    dtype: DType,
+    rows: usize,
+    k: usize,
+    n: usize,
+    eps: f64,
+) -> Result<()> {
+    use candle_core::Module;
+    let tag = format!("[{rows}x{k} -> {n}]");
+    let tol = if dtype == DType::F32 { 2e-5 } else { 1.6e-2 };
+    let x = randn(&[1, rows, k], dtype, dev)?;
+    let nw = randn(&[k], dtype, dev)?.affine(0.1, 1.0)?;
+    let w = randn(&[n, k], dtype, dev)?.affine(0.05, 0.0)?;
+    let lin = candle_nn::Linear::new(w.clone(), None);
+    let normed = rms(&x, &nw, eps)?;
+
+    let want = lin.forward(&normed)?;
+    r.check(
+        &format!("gemv_norm {tag}"),
+        dtype,
+        rel_err(&norm_gemv(&x, &nw, eps, &w)?, &want)?,
+        tol,
+    );
+    let got = norm_gemv_logits(&x, &nw, eps, &w)?;
+    let f32_out = if got.dtype() == DType::F32 {
+        0.0
+    } else {
+        f32::INFINITY
+    };
+    r.check(
+        &format!("gemv_norm_logits {tag}"),
+        dtype,
+        rel_err(&got, &want.to_dtype(DType::F32)?)?.max(f32_out),
+        tol,
+    );
+
+    let res = randn(&[1, rows, n], dtype, dev)?;
+    let want = (&res + lin.forward(&x)?)?;
+    r.check(
+        &format!("gemv_residual {tag}"),
+        dtype,
+        rel_err(&gemv_residual(&x, &w, &res)?, &want)?,
+        tol,
+    );
+
+    let gate_up = randn(&[2 * n, k], dtype, dev)?.affine(0.05, 0.0)?;
+    let g = candle_nn::Linear::new(gate_up.narrow(0, 0, n)?, None).forward(&normed)?;
+    let u = candle_nn::Linear::new(gate_up.narrow(0, n, n)?, None).forward(&normed)?;
+    let want = (candle_nn::ops::silu(&g)? * u)?;
+    r.check(
+        &format!("gemv_norm_silu {tag}"),
+        dtype,
+        rel_err(&norm_gemv_silu(&x, &nw, eps, &gate_up)?, &want)?,
+        tol,
+    );
+    Ok(())
+}
+
+/// `argmax_embed` against the host's first-index argmax and the table row, with ties planted.
+fn argmax_checks(r: &mut Report, dev: &Device, dtype: DType) -> Result<()> {
+    let (vocab, hidden) = (2048usize, 1024usize);
+    let table = randn(&[vocab, hidden], dtype, dev)?;
+    for (case, ties) in [
+        ("random", &[][..]),
+        ("tied maxima", &[1500usize, 7, 900][..]),
+    ] {
+        let mut l: Vec<f32> = randn(&[vocab], DType::F32, dev)?.to_vec1()?;
+        for &i in ties {
+            l[i] = 10.0;
+        }
+        let want = l
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, &v)| if v > l[b] { i } else { b });
+        let logits = Tensor::from_vec(l, (1, 1, vocab), dev)?;
+        let (id, x) = argmax_embed(&logits, Some(&table))?;
+        let got = id.to_vec1::<u32>()?[0] as usize;
+        let index_err = if got == want { 0.0 } else { f32::INFINITY };
+        r.check(
+            &format!("argmax_embed index ({case})"),
+            dtype,
+            index_err,
+            0.0,
+        );
+        let row_err = match x {
+            Some(x) => rel_err(&x.reshape(hidden)?, &table.get(want)?)?,
+            None => f32::INFINITY,
+        };
+        r.check(&format!("argmax_embed row ({case})"), dtype, row_err, 0.0);
+        let (id, none) = argmax_embed(&logits, None)?;
+        let bare_err = if id.to_vec1::<u32>()?[0] as usize == want && none.is_none() {
+            0.0
+        } else {
+            f32::INFINITY
+        };
+        r.check(
+            &format!("argmax_embed without table ({case})"),
+            dtype,
+            bare_err,
+            0.0,
+        );
+    }
+    Ok(())
+}
+
+/// `embed_sum` (16 tables: one of 3072 rows, 15 of 2048, width 1024) against the host: f32 sum in
+/// codebook order, rounded to the dtype, plus the text row, rounded again. Must match exactly.
+fn embed_sum_checks(r: &mut Report, dev: &Device, dtype: DType) -> Result<()> {
+    let hidden = 1024usize;
+    let mut tables = vec![randn(&[3072, hidden], dtype, dev)?];
+    for _ in 0..15 {
+        tables.push(randn(&[2048, hidden], dtype, dev)?);
+    }
+    let codes: Vec<u32> = (0..16u32).map(|i| (i * 797 + 3) % 2048).collect();
+    let text = randn(&[1, hidden], dtype, dev)?;
+    let refs: Vec<&Tensor> = tables.iter().collect();
+    let got = embed_sum(&codes, &refs, &text)?;
+    let mut acc = vec![0f32; hidden];
+    for (t, &c) in tables.iter().zip(&codes) {
+        let row: Vec<f32> = t.get(c as usize)?.to_dtype(DType::F32)?.to_vec1()?;
+        for (a, v) in acc.iter_mut().zip(row) {
+            *a += v;
+        }
+    }
+    let sum = Tensor::from_vec(acc, (1, hidden), dev)?.to_dtype(dtype)?;
+    let want = (sum.to_dtype(DType::F32)? + text.to_dtype(DType::F32)?)?.to_dtype(dtype)?;
+    r.check(
+        "embed_sum [16 tables, 1024]",
+        dtype,
+        rel_err(&got.reshape((1, hidden))?, &want)?,
+        0.0,
+    );
+    // A code past its table is an error, not a read out of bounds.
+    let mut bad = codes.clone();
+    bad[3] = 2048;
+    let refused = if embed_sum(&bad, &refs, &text).is_err() {
+        0.0
+    } else {
+        f32::INFINITY
+    };
+    r.check(
+        "embed_sum refuses a code past its table",
+        dtype,
+        refused,
+        0.0,
     );
     Ok(())
 }

@@ -328,32 +328,57 @@ impl Attention {
         max_keys: usize,
         cache: &KvCache,
     ) -> Result<Tensor> {
-        use super::cuda_kernels::{decode_attention, qk_norm_rope};
-        let qd = self.num_heads * self.head_dim;
-        let kvd = self.num_kv_heads * self.head_dim;
         let (q, k, v) = match &self.qkv_proj {
-            Some(qkv) => {
-                let qkv = qkv.forward(x)?;
-                (
-                    qkv.narrow(2, 0, qd)?,
-                    qkv.narrow(2, qd, kvd)?,
-                    qkv.narrow(2, qd + kvd, kvd)?,
-                )
-            }
+            Some(qkv) => self.split_qkv(&qkv.forward(x)?)?,
             None => (
                 self.q_proj.forward(x)?,
                 self.k_proj.forward(x)?,
                 self.v_proj.forward(x)?,
             ),
         };
+        self.o_proj
+            .forward(&self.attend_fused(&q, &k, &v, cos, sin, pos, max_keys, cache)?)
+    }
+
+    /// `qkv` `[batch, t, (heads + 2·kv_heads)·head_dim]` (the fused q/k/v weight's output) as
+    /// views `q` `[batch, t, heads·head_dim]`, `k`/`v` `[batch, t, kv_heads·head_dim]`.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn split_qkv(&self, qkv: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let qd = self.num_heads * self.head_dim;
+        let kvd = self.num_kv_heads * self.head_dim;
+        Ok((
+            qkv.narrow(2, 0, qd)?,
+            qkv.narrow(2, qd, kvd)?,
+            qkv.narrow(2, qd + kvd, kvd)?,
+        ))
+    }
+
+    /// The part of [`Self::forward_fused`] between the projections and `o_proj`: `q` `[batch, t,
+    /// heads·head_dim]`, `k`/`v` `[batch, t, kv_heads·head_dim]` (rows evenly spaced: contiguous
+    /// or views of one q/k/v output) → per-head norms, RoPE and cache writes (1 launch),
+    /// attention (1 launch) → `[batch, t, heads·head_dim]`, ready for `o_proj`.
+    #[cfg(feature = "cuda")]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attend_fused(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        pos: super::cuda_kernels::Pos<'_>,
+        max_keys: usize,
+        cache: &KvCache,
+    ) -> Result<Tensor> {
+        use super::cuda_kernels::{decode_attention, qk_norm_rope};
         let (Some(kb), Some(vb)) = (&cache.k, &cache.v) else {
             candle_core::bail!("fused decoding needs allocated KV buffers");
         };
-        let dtype = x.dtype();
+        let dtype = q.dtype();
         let q = qk_norm_rope::qk_norm_rope_kv(
-            &q,
-            &k,
-            &v,
+            q,
+            k,
+            v,
             &self.q_norm.weight_as(dtype)?,
             &self.k_norm.weight_as(dtype)?,
             self.q_norm.eps(),
@@ -368,8 +393,17 @@ impl Attention {
                 hd: self.head_dim,
             },
         )?;
-        let out = decode_attention::decode_attention(&q, kb, vb, pos, max_keys, self.scaling)?;
-        self.o_proj.forward(&out)
+        decode_attention::decode_attention(&q, kb, vb, pos, max_keys, self.scaling)
+    }
+
+    /// The fused q/k/v weight `[(heads + 2·kv_heads)·head_dim, hidden]` and `o_proj`'s weight
+    /// `[hidden, heads·head_dim]`, when both exist without a bias (the one-row matmul path of
+    /// [`super::transformer::LayerCaches::run_fused`]).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gemv_weights(&self) -> Option<(&Tensor, &Tensor)> {
+        let qkv = self.qkv_proj.as_ref()?;
+        (qkv.bias().is_none() && self.o_proj.bias().is_none())
+            .then(|| (qkv.weight(), self.o_proj.weight()))
     }
 
     /// Projections, per-head norms and RoPE: `q` `[b, heads, t, hd]`, `k`/`v` `[b, kv_heads, t, hd]`.

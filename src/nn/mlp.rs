@@ -53,6 +53,18 @@ impl Mlp {
         self.down_proj.forward(&(gate * up)?)
     }
 
+    /// The fused gate/up weight `[2·intermediate, hidden]` (gate rows first) and `down_proj`'s
+    /// weight `[hidden, intermediate]`, when the fused weight exists and `down_proj` has no bias
+    /// (the one-row matmul path of [`super::transformer::LayerCaches::run_fused`]).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gemv_weights(&self) -> Option<(&Tensor, &Tensor)> {
+        let gate_up = self.gate_up.as_ref()?;
+        self.down_proj
+            .bias()
+            .is_none()
+            .then(|| (gate_up.weight(), self.down_proj.weight()))
+    }
+
     /// [`Self::forward`] with the fused CUDA kernels (`src/nn/cuda_kernels`): one gate/up matmul
     /// (two without the fused weight), one SiLU·up kernel, the down matmul. `x` `[batch, t,
     /// hidden]`, bf16 or f32 on CUDA.

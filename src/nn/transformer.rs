@@ -140,6 +140,65 @@ impl DecoderLayer {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl DecoderLayer {
+    /// Whether [`Self::forward_gemv`] takes `x` `[batch, t, hidden]`: the fused q/k/v and gate/up
+    /// weights exist, no biases, and the one-row matmul kernels take every projection's shape
+    /// (also requires [`LayerCaches::fused_ok`]).
+    fn gemv_ok(&self, x: &Tensor) -> bool {
+        use super::cuda_kernels::gemv::supports;
+        let (Some((qkv, o)), Some((gate_up, down))) =
+            (self.self_attn.gemv_weights(), self.mlp.gemv_weights())
+        else {
+            return false;
+        };
+        let Ok((b, t, hidden)) = x.dims3() else {
+            return false;
+        };
+        let takes = |k: usize, w: &Tensor| supports(b * t, k, x.dtype(), w);
+        let inner = |w: &Tensor| w.dim(1).is_ok_and(|k| takes(k, w));
+        super::cuda_kernels::all_enabled()
+            && x.layout().start_offset() % 8 == 0
+            && takes(hidden, qkv)
+            && inner(o)
+            && takes(hidden, gate_up)
+            && inner(down)
+    }
+
+    /// One layer for a few decode rows with the one-row matmul kernels (`cuda_kernels::gemv`):
+    /// input norm + q/k/v → per-head norms, RoPE, cache writes → attention → `o_proj` + residual →
+    /// post-attention norm + gate/up + SiLU·up → `down_proj` + residual. `x` `[batch, t, hidden]`
+    /// contiguous; returns the layer output `[batch, t, hidden]`. Launches: 6 (9 on
+    /// [`Self::forward_fused`]). Check [`Self::gemv_ok`] first.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_gemv(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        pos: super::cuda_kernels::Pos<'_>,
+        max_keys: usize,
+        cache: &KvCache,
+    ) -> Result<Tensor> {
+        use super::cuda_kernels::gemv::{gemv_residual, norm_gemv, norm_gemv_silu};
+        let (Some((qkv_w, o_w)), Some((gate_up_w, down_w))) =
+            (self.self_attn.gemv_weights(), self.mlp.gemv_weights())
+        else {
+            candle_core::bail!("one-row matmul path without fused q/k/v and gate/up weights");
+        };
+        let dtype = x.dtype();
+        let (inp, post) = (&self.input_layernorm, &self.post_attention_layernorm);
+        let qkv = norm_gemv(x, &inp.weight_as(dtype)?, inp.eps(), qkv_w)?;
+        let (q, k, v) = self.self_attn.split_qkv(&qkv)?;
+        let a = self
+            .self_attn
+            .attend_fused(&q, &k, &v, cos, sin, pos, max_keys, cache)?;
+        let h = gemv_residual(&a, o_w, x)?;
+        let act = norm_gemv_silu(&h, &post.weight_as(dtype)?, post.eps(), gate_up_w)?;
+        gemv_residual(&act, down_w, &h)
+    }
+}
+
 /// One KV cache per layer of a stack.
 #[derive(Debug, Clone)]
 pub struct LayerCaches {
@@ -206,7 +265,8 @@ impl LayerCaches {
     }
 
     /// Runs `layers` over `x` (`[batch, t, hidden]`, `t` ≤ `FUSED_MAX_ROWS`) at positions
-    /// `pos..pos+t` with the fused CUDA kernels (9 launches per layer instead of ~27; docs/cuda.md):
+    /// `pos..pos+t` with the fused CUDA kernels (6 launches per layer with the one-row matmuls when
+    /// every layer takes them ([`DecoderLayer::forward_gemv`]), else 9; ~27 unfused; docs/cuda.md):
     /// writes the new keys/values into those slots of the caches' buffers (allocated, with room;
     /// `seq_len()` unchanged) and attends causally to at most `max_keys` slots. `cos`/`sin`: f32
     /// RoPE tables from position 0. With a device `pos` (u32 `[1]`) the launches are the same for
@@ -226,8 +286,14 @@ impl LayerCaches {
         let Some(first) = layers.first() else {
             candle_core::bail!("fused decode over an empty stack");
         };
-        // The residual stream goes through `add_rms_norm`, which needs contiguous rows.
+        // The residual stream goes through `add_rms_norm` / the GEMV kernels: contiguous rows.
         let mut x = x.contiguous()?;
+        if layers.iter().all(|l| l.gemv_ok(&x)) {
+            for (layer, cache) in layers.iter().zip(self.caches.iter()) {
+                x = layer.forward_gemv(&x, cos, sin, pos, max_keys, cache)?;
+            }
+            return Ok(x);
+        }
         let mut normed = first.input_layernorm.forward(&x)?;
         for (i, (layer, cache)) in layers.iter().zip(self.caches.iter()).enumerate() {
             let (h, m) = layer.forward_fused(&x, &normed, cos, sin, pos, max_keys, cache)?;

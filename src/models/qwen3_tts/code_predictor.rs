@@ -125,8 +125,31 @@ impl CodePredictor {
     fn step_logits(&self, x: &Tensor, head: usize, cache: &mut LayerCaches) -> Result<Tensor> {
         let t = x.dim(1)?;
         let h = cache.run(&self.model.layers, &self.rope, &self.project(x)?)?;
-        let last = self.model.norm.forward(&h.narrow(1, t - 1, 1)?)?;
-        self.lm_head[head].forward(&last)?.to_dtype(DType::F32)
+        let last = h.narrow(1, t - 1, 1)?;
+        let lm_head = &self.lm_head[head];
+        #[cfg(feature = "cuda")]
+        if crate::nn::cuda_kernels::usable_for(&last)
+            && crate::nn::cuda_kernels::all_enabled()
+            && lm_head.bias().is_none()
+            && crate::nn::cuda_kernels::gemv::supports(
+                1,
+                last.dim(2)?,
+                last.dtype(),
+                lm_head.weight(),
+            )
+        {
+            // Final norm, head and f32 cast in one launch.
+            let norm = &self.model.norm;
+            return crate::nn::cuda_kernels::gemv::norm_gemv_logits(
+                &last,
+                &norm.weight_as(last.dtype())?,
+                norm.eps(),
+                lm_head.weight(),
+            );
+        }
+        lm_head
+            .forward(&self.model.norm.forward(&last)?)?
+            .to_dtype(DType::F32)
     }
 
     fn step(&self, x: &Tensor, head: usize, cache: &mut LayerCaches) -> Result<Vec<f32>> {
@@ -171,7 +194,8 @@ impl CodePredictor {
     /// `[1, 2, talker hidden]` = the talker's final-normed hidden state ++ `C_talker(a0)`, in the
     /// model dtype. Step q's f32 logits `[1, 1, vocab]` go to `sampler` (greedy, or sampled with
     /// `params` = [`super::device_sampler::frame_params`], f64 `[PARAM_HEADER + steps]`); the
-    /// chosen id, a u32 `[1]` tensor, is looked up in `codec_embedding[q]` for the next step.
+    /// chosen id, a u32 `[1]` tensor, is looked up in `codec_embedding[q]` for the next step (on
+    /// CUDA a greedy step does both in one `argmax_embed` kernel, the same first-index argmax).
     /// `cache` is reset first (host-side only). Returns the codes, u32 `[num_code_groups - 1]`,
     /// on the device.
     pub fn frame_on_device(
@@ -187,6 +211,21 @@ impl CodePredictor {
         let mut x = input2.clone();
         for q in 0..steps {
             let logits = self.step_logits(&x, q, cache)?;
+            #[cfg(feature = "cuda")]
+            if params.is_none()
+                && crate::nn::cuda_kernels::usable_for(&x)
+                && crate::nn::cuda_kernels::all_enabled()
+            {
+                // Greedy pick and the next input's embedding row in one launch.
+                let table = (q + 1 < steps).then(|| self.model.codec_embedding[q].embeddings());
+                let (id, next) =
+                    crate::nn::cuda_kernels::argmax_embed::argmax_embed(&logits, table)?;
+                if let Some(next) = next {
+                    x = next;
+                }
+                ids.push(id);
+                continue;
+            }
             let id = match params {
                 Some(p) => sampler.sample(&logits, p, q)?,
                 None => sampler.greedy(&logits)?,

@@ -335,6 +335,45 @@ pub const MAX_REF_AUDIO_SAMPLES: usize = 60 * 24_000;
 pub const SILENT_REF_PEAK: f32 = 1e-3;
 
 impl ArModel {
+    /// The talker's next decode input `[1, 1, hidden]` (model dtype) after frame `codes`
+    /// (`num_code_groups` codes): `C(a0) + Σ_q cp_table[q](a_{q+1})`, summed in f32 in codebook
+    /// order and rounded, `+ text` (`[1, hidden]`: the frame's trailing text row or `T(tts_pad)`),
+    /// as the reference's `inputs_embeds` of a decode step. `c0` = `C(a0)` `[1, hidden]`, already
+    /// looked up for the code predictor. On CUDA one upload and one kernel (`embed_sum`).
+    fn talker_input(
+        &self,
+        codes: &[u32],
+        c0: &Tensor,
+        text: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if crate::nn::cuda_kernels::usable_for(text)
+            && crate::nn::cuda_kernels::all_enabled()
+            && codes.len() <= crate::nn::cuda_kernels::embed_sum::MAX_TABLES
+        {
+            let mut tables = vec![self.talker.model.codec_embedding.embeddings()];
+            tables.extend(
+                self.code_predictor
+                    .model
+                    .codec_embedding
+                    .iter()
+                    .map(|e| e.embeddings()),
+            );
+            if tables.len() == codes.len() {
+                return crate::nn::cuda_kernels::embed_sum::embed_sum(codes, &tables, text);
+            }
+        }
+        let mut parts = vec![c0.clone()];
+        for (q, &c) in codes.iter().skip(1).enumerate() {
+            parts.push(self.code_predictor.codec_embed(q, c)?);
+        }
+        let sum = Tensor::cat(&parts, 0)?
+            .to_dtype(DType::F32)?
+            .sum_keepdim(0)?
+            .to_dtype(self.dtype)?;
+        (sum + text)?.unsqueeze(0)
+    }
+
     /// Loads the tokenizer and the `talker.*` weights (converted to `dtype`) onto `device`.
     /// Unknown tensors (e.g. `speaker_encoder.*`) are ignored; a missing tensor or a wrong shape
     /// is an error naming the file and tensor.
@@ -886,22 +925,13 @@ impl ArSession<'_> {
         codes.push(a0);
         codes.extend_from_slice(&rest);
 
-        // Next input: C(a0) + Σ_q cp_table[q](a_{q+1}) + (trailing[n] or T(tts_pad)).
-        let mut parts = vec![c0];
-        for (q, &c) in rest.iter().enumerate() {
-            parts.push(m.code_predictor.codec_embed(q, c)?);
-        }
-        let sum = Tensor::cat(&parts, 0)?
-            .to_dtype(DType::F32)?
-            .sum_keepdim(0)?
-            .to_dtype(m.dtype)?;
         let n = self.frames;
         let text = if n < self.trailing.dim(0)? {
             self.trailing.narrow(0, n, 1)?
         } else {
             m.tts_pad_embed.clone()
         };
-        let input = (sum + text)?.unsqueeze(0)?;
+        let input = m.talker_input(&codes, &c0, &text)?;
         if let TalkerCache::Graphs(g) = &self.cache
             && !g.has_room()
         {

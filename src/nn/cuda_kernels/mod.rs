@@ -2,7 +2,7 @@
 //! step, code-predictor steps), feature `cuda` only. Each kernel is one CUDA C file here, compiled
 //! to PTX by `build.rs` and loaded through candle's `CudaDevice::get_or_load_custom_func`; each has
 //! a Rust launcher module with its shapes. Per decoder layer they take a decode position from ~27
-//! launches to 9 (docs/cuda.md, "Fused decode kernels"):
+//! launches to 6 (docs/cuda.md, "Fused decode kernels" and "One-row matmuls and frame kernels"):
 //!
 //! | kernel | replaces |
 //! |---|---|
@@ -10,17 +10,24 @@
 //! | [`decode_attention::decode_attention`] | QKᵀ, scale, f32 cast, mask, softmax, casts, PV, copies |
 //! | [`add_rms_norm::add_rms_norm`] | residual add + the next RMSNorm |
 //! | [`silu_mul::silu_mul`] | SiLU(gate) · up |
+//! | [`argmax_embed::argmax_embed`] | the device sampler's greedy pick + the next input's embedding lookup |
+//! | [`embed_sum::embed_sum`] | the talker input's 16 code uploads, embedding lookups, sum and text add |
+//! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (6 launches a layer) |
 //!
 //! Numerics as docs/cuda.md states: norms and softmax accumulate in f32, RoPE tables are f32
 //! (rounded to the activation dtype as the reference casts them), activations bf16 (or f32).
 //! Only bf16 and f32 activations are supported; other dtypes take the unfused path.
 //!
 //! `OMNITTS_FUSED_KERNELS=0` in the environment turns the fused path off (read once per process),
-//! for A/B runs against the unfused candle ops.
+//! for A/B runs against the unfused candle ops; `OMNITTS_FUSED_KERNELS=1` keeps only the first four
+//! kernels (9 launches per layer), without [`gemv`], [`argmax_embed`] and [`embed_sum`].
 
 pub mod add_rms_norm;
+pub mod argmax_embed;
 pub mod decode_attention;
+pub mod embed_sum;
 pub mod fused_linear;
+pub mod gemv;
 pub mod qk_norm_rope;
 pub mod silu_mul;
 
@@ -31,10 +38,28 @@ use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{DType, Device, Result, Shape, Storage, StorageRef, Tensor};
 
+/// `OMNITTS_FUSED_KERNELS`, read once per process: `0` no fused kernels (candle ops and cuBLAS
+/// only), `1` the per-layer kernels of the first fused version (9 launches per decoder layer),
+/// anything else or unset: all of them ([`gemv`] too: 6 launches per layer, and the
+/// [`argmax_embed`] / [`embed_sum`] frame kernels). For A/B runs.
+fn level() -> u8 {
+    static LEVEL: OnceLock<u8> = OnceLock::new();
+    *LEVEL.get_or_init(|| match std::env::var("OMNITTS_FUSED_KERNELS") {
+        Ok(v) if v.trim() == "0" => 0,
+        Ok(v) if v.trim() == "1" => 1,
+        _ => 2,
+    })
+}
+
 /// Whether the fused decode kernels are on (`OMNITTS_FUSED_KERNELS` is not `0`).
 pub fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("OMNITTS_FUSED_KERNELS").map_or(true, |v| v.trim() != "0"))
+    level() >= 1
+}
+
+/// Whether the one-row matmul kernels ([`gemv`]) and the frame kernels ([`argmax_embed`],
+/// [`embed_sum`]) are on (`OMNITTS_FUSED_KERNELS` unset or above `1`).
+pub fn all_enabled() -> bool {
+    level() >= 2
 }
 
 /// Whether `x` is on a CUDA device in a dtype the kernels are built for, and they are enabled.
@@ -125,7 +150,7 @@ fn typed_ptr<'t, T: CudaDType>(t: &'t Tensor, dev: &CudaDevice) -> Result<DevPtr
 fn empty(dev: &CudaDevice, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
     let shape = shape.into();
     let n = shape.elem_count();
-    // SAFETY (both arms): every element is written by the launching kernel before any read.
+    // SAFETY (every arm): every element is written by the launching kernel before any read.
     let storage = match dtype {
         DType::BF16 => {
             let s = unsafe { dev.alloc::<half::bf16>(n) }?;
@@ -133,6 +158,10 @@ fn empty(dev: &CudaDevice, dtype: DType, shape: impl Into<Shape>) -> Result<Tens
         }
         DType::F32 => {
             let s = unsafe { dev.alloc::<f32>(n) }?;
+            candle_core::CudaStorage::wrap_cuda_slice(s, dev.clone())
+        }
+        DType::U32 => {
+            let s = unsafe { dev.alloc::<u32>(n) }?;
             candle_core::CudaStorage::wrap_cuda_slice(s, dev.clone())
         }
         other => candle_core::bail!("fused CUDA kernel: no output buffer for {other:?}"),
@@ -153,14 +182,27 @@ struct Args {
 
 enum ArgValue {
     Ptr(u64),
+    Ptrs(PtrArray),
     I32(i32),
     U32(u32),
     F32(f32),
 }
 
+/// A fixed array of device addresses passed by value (a kernel's `struct { u64 ptr[32]; }`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PtrArray([u64; embed_sum::MAX_TABLES]);
+
+// SAFETY: plain `repr(C)` data of the same layout as the kernel's parameter struct.
+unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for PtrArray {}
+
 impl Args {
     fn ptr(mut self, p: u64) -> Self {
         self.values.push(ArgValue::Ptr(p));
+        self
+    }
+    fn ptrs(mut self, p: [u64; embed_sum::MAX_TABLES]) -> Self {
+        self.values.push(ArgValue::Ptrs(PtrArray(p)));
         self
     }
     fn i32(mut self, v: usize) -> Result<Self> {
@@ -194,6 +236,7 @@ impl Args {
         for v in &self.values {
             match v {
                 ArgValue::Ptr(p) => builder.arg(p),
+                ArgValue::Ptrs(p) => builder.arg(p),
                 ArgValue::I32(x) => builder.arg(x),
                 ArgValue::U32(x) => builder.arg(x),
                 ArgValue::F32(x) => builder.arg(x),
