@@ -20,7 +20,8 @@
 #           them with QUANT into codes3.pt.xz (more talker data), then two decoder variants start from INIT's
 #           speech_tokenizer (an export folder, bf16 is enough) on that audio until DEADLINE: GPU 0 with CODEC_EXTRA0
 #           and CLR0 (e.g. the discriminator: --gan-start 0), GPU 1 with CODEC_EXTRA1 and CLR1. Back: the variants'
-#           speech_tokenizer weights (c0/, c1/, f32), codes3.pt.xz, log.txt.
+#           speech_tokenizer weights (c0/, c1/, f32), codes3.pt.xz, log.txt. CODES3=0 skips the encoding (the
+#           decoders then get its time; for ids whose codes exist already).
 #
 # The folder it lives in (VP, carried) holds train.py and render_ids.py (copies of scripts/voice), wheels/
 # (transformers 4.57.3, accelerate 1.12.0, tokenizers 0.22.1, qwen-tts 0.1.1, einops, safetensors, huggingface_hub
@@ -148,8 +149,12 @@ elif [ "$CALL" = 4 ]; then
   cp "$VP/$QUANT" "$W/quantizer.pt"
   RP=""
   render_teacher ""
-  env $(gpu 0) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/a.jsonl" --codes-out "$W/codes3.pt.xz"
-  el codes done
+  ITEMS=""
+  if [ "${CODES3:-1}" = 1 ]; then
+    env $(gpu 0) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/a.jsonl" --codes-out "$W/codes3.pt.xz"
+    el codes done
+    ITEMS="codes3.pt.xz"
+  fi
   DMIN=$(left_min $((DEADLINE - 30)))
   el decoders for "$DMIN" min
   for v in 0 1; do
@@ -171,7 +176,7 @@ for v in (0, 1):
               os.path.join(w, f"c{v}", "model.safetensors"), metadata={"format": "pt", "step": str(st["step"])})
     print(f"c{v}: step {st['step']}")
 EOF
-  ITEMS="codes3.pt.xz c0/model.safetensors c1/model.safetensors"
+  ITEMS="$ITEMS c0/model.safetensors c1/model.safetensors"
 else
   # --- talker: data parallel over both GPUs (DDP=1) or two variants ------------------------------------------------
   : "${CODES:?CALL=2 needs CODES (codes files in the carried folder)}" "${INIT:?CALL=2 needs INIT (an export folder)}"
