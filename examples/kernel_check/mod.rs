@@ -20,7 +20,7 @@ use gstomnitts::nn::cuda_kernels::{
     argmax_embed::argmax_embed,
     decode_attention::decode_attention,
     embed_sum::embed_sum,
-    gemv::{gemv_residual, norm_gemv, norm_gemv_logits, norm_gemv_silu},
+    gemv::{gemv_bias, gemv_residual, norm_gemv, norm_gemv_logits, norm_gemv_silu},
     qk_norm_rope::{Heads, qk_norm_rope_kv},
     silu_mul::silu_mul,
 };
@@ -355,6 +355,15 @@ fn gemv_checks(
         &format!("gemv_residual {tag}"),
         dtype,
         rel_err(&gemv_residual(&x, &w, &res)?, &want)?,
+        tol,
+    );
+
+    let bias = randn(&[n], dtype, dev)?;
+    let want = candle_nn::Linear::new(w.clone(), Some(bias.clone())).forward(&x)?;
+    r.check(
+        &format!("gemv_bias {tag}"),
+        dtype,
+        rel_err(&gemv_bias(&x, &w, &bias)?, &want)?,
         tol,
     );
 

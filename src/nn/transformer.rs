@@ -146,22 +146,21 @@ impl DecoderLayer {
     /// weights exist, no biases, and the one-row matmul kernels take every projection's shape
     /// (also requires [`LayerCaches::fused_ok`]).
     fn gemv_ok(&self, x: &Tensor) -> bool {
-        use super::cuda_kernels::gemv::supports;
+        use super::cuda_kernels::gemv::{supports, takes};
         let (Some((qkv, o)), Some((gate_up, down))) =
             (self.self_attn.gemv_weights(), self.mlp.gemv_weights())
         else {
             return false;
         };
-        let Ok((b, t, hidden)) = x.dims3() else {
+        let Ok((b, t, _)) = x.dims3() else {
             return false;
         };
-        let takes = |k: usize, w: &Tensor| supports(b * t, k, x.dtype(), w);
-        let inner = |w: &Tensor| w.dim(1).is_ok_and(|k| takes(k, w));
+        // The inner inputs (attention output, SiLU·up) are fresh outputs of the kernels.
+        let inner = |w: &Tensor| w.dim(1).is_ok_and(|k| supports(b * t, k, x.dtype(), w));
         super::cuda_kernels::all_enabled()
-            && x.layout().start_offset() % 8 == 0
-            && takes(hidden, qkv)
+            && takes(x, qkv)
             && inner(o)
-            && takes(hidden, gate_up)
+            && takes(x, gate_up)
             && inner(down)
     }
 

@@ -114,10 +114,19 @@ impl CodePredictor {
     }
 
     fn project(&self, x: &Tensor) -> Result<Tensor> {
-        match &self.small_to_mtp_projection {
-            Some(p) => p.forward(x),
-            None => Ok(x.clone()),
+        let Some(p) = &self.small_to_mtp_projection else {
+            return Ok(x.clone());
+        };
+        #[cfg(feature = "cuda")]
+        if let Some(bias) = p.bias()
+            && crate::nn::cuda_kernels::usable_for(x)
+            && crate::nn::cuda_kernels::all_enabled()
+            && crate::nn::cuda_kernels::gemv::takes(x, p.weight())
+        {
+            // One launch instead of a matmul and a bias add.
+            return crate::nn::cuda_kernels::gemv::gemv_bias(x, p.weight(), bias);
         }
+        p.forward(x)
     }
 
     /// One step on the device: `x` `[1, t, talker hidden]` at the next positions of `cache` →
@@ -131,12 +140,7 @@ impl CodePredictor {
         if crate::nn::cuda_kernels::usable_for(&last)
             && crate::nn::cuda_kernels::all_enabled()
             && lm_head.bias().is_none()
-            && crate::nn::cuda_kernels::gemv::supports(
-                1,
-                last.dim(2)?,
-                last.dtype(),
-                lm_head.weight(),
-            )
+            && crate::nn::cuda_kernels::gemv::takes(&last, lm_head.weight())
         {
             // Final norm, head and f32 cast in one launch.
             let norm = &self.model.norm;

@@ -3,11 +3,12 @@
 // or SwiGLU after them fused in, so a decoder layer's MLP and projections need 4 launches
 // instead of 7 (docs/cuda.md, "One-row matmuls").
 //
-// Four variants (PROLOGUE x EPILOGUE):
+// Five variants (PROLOGUE x EPILOGUE):
 //   gemv_norm        out = norm(x) W^T             (input RMSNorm + q/k/v projections)
 //   gemv_norm_logits out = f32(T(norm(x) W^T))     (final norm + a head, logits as f32, as the
 //                                                   unfused `head(norm(h)).to_dtype(F32)`)
 //   gemv_residual    out = res + x W^T             (o_proj, down_proj + the residual add)
+//   gemv_bias        out = x W^T + bias            (a Linear with a bias; `res` is the bias [n])
 //   gemv_norm_silu   out = silu(norm(x) G^T) * (norm(x) U^T), W = [G; U] ([2n, k], gate rows
 //                    first: the fused gate/up weight)
 // Numerics follow the unfused candle ops they replace: norm(x) = x * rsqrt(mean(x^2) + eps) * w
@@ -30,7 +31,7 @@ using namespace omnitts;
 #define GEMV_WARPS (GEMV_THREADS / 32)
 #define GEMV_MAX_ROWS 4
 
-enum Epilogue { EPI_PLAIN = 0, EPI_RESIDUAL = 1, EPI_SILU = 2, EPI_LOGITS = 3 };
+enum Epilogue { EPI_PLAIN = 0, EPI_RESIDUAL = 1, EPI_SILU = 2, EPI_LOGITS = 3, EPI_BIAS = 4 };
 
 template <typename T, bool NORM, int EPI>
 __device__ void gemv(const T* __restrict__ x, const T* __restrict__ w_norm, float eps,
@@ -128,6 +129,8 @@ __device__ void gemv(const T* __restrict__ x, const T* __restrict__ w_norm, floa
             reinterpret_cast<float*>(out_)[o] = round_to<T>(acc[m][0]);
         } else if (EPI == EPI_RESIDUAL) {
             out[o] = from_f<T>(to_f(res[o]) + round_to<T>(acc[m][0]));
+        } else if (EPI == EPI_BIAS) {
+            out[o] = from_f<T>(round_to<T>(acc[m][0]) + to_f(res[j]));
         } else {
             const float g = round_to<T>(acc[m][0]);
             const float u = round_to<T>(acc[m][1]);
@@ -145,6 +148,8 @@ __device__ void gemv(const T* __restrict__ x, const T* __restrict__ w_norm, floa
 
 GEMV_OP(__nv_bfloat16, true, EPI_PLAIN, gemv_norm_bf16)
 GEMV_OP(float, true, EPI_PLAIN, gemv_norm_f32)
+GEMV_OP(__nv_bfloat16, false, EPI_BIAS, gemv_bias_bf16)
+GEMV_OP(float, false, EPI_BIAS, gemv_bias_f32)
 GEMV_OP(__nv_bfloat16, false, EPI_RESIDUAL, gemv_residual_bf16)
 GEMV_OP(float, false, EPI_RESIDUAL, gemv_residual_f32)
 GEMV_OP(__nv_bfloat16, true, EPI_LOGITS, gemv_norm_logits_bf16)

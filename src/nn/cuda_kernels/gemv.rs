@@ -25,10 +25,21 @@ pub fn supports(rows: usize, k: usize, dtype: DType, w: &Tensor) -> bool {
     (1..=MAX_ROWS).contains(&rows)
         && matches!(dtype, DType::BF16 | DType::F32)
         && w.dims2().is_ok_and(|(_, wk)| wk == k)
-        && k % 8 == 0
+        && k.is_multiple_of(8)
         && w.dtype() == dtype
         && w.is_contiguous()
-        && w.layout().start_offset() % 8 == 0
+        && w.layout().start_offset().is_multiple_of(8)
+}
+
+/// [`supports`] for the input tensor itself: `x` `[batch, t, k]` contiguous and starting on a
+/// 16-byte boundary (its storage's allocation is), against weight `w` `[n, k]`.
+pub fn takes(x: &Tensor, w: &Tensor) -> bool {
+    let Ok((b, t, k)) = x.dims3() else {
+        return false;
+    };
+    x.is_contiguous()
+        && x.layout().start_offset().is_multiple_of(8)
+        && supports(b * t, k, x.dtype(), w)
 }
 
 /// `rms_norm(x) · wᵀ`: `x` `[batch, t, k]`, `norm` `[k]` (the RMSNorm weight, with `eps`),
@@ -54,12 +65,19 @@ pub fn gemv_residual(x: &Tensor, w: &Tensor, res: &Tensor) -> Result<Tensor> {
     launch(Variant::Residual, x, None, w, Some(res), n)
 }
 
+/// `x · wᵀ + bias` (the product rounded to the dtype before the add, as `Linear::forward`):
+/// `x` `[batch, t, k]`, `w` `[n, k]`, `bias` `[n]` → `[batch, t, n]`.
+pub fn gemv_bias(x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    let n = w.dim(0)?;
+    launch(Variant::Bias, x, None, w, Some(bias), n)
+}
+
 /// `silu(rms_norm(x) · gateᵀ) · (rms_norm(x) · upᵀ)` with `w` = `[gate; up]` `[2n, k]` (the
 /// fused gate/up weight): `x` `[batch, t, k]`, `norm` `[k]` → `[batch, t, n]`. The
 /// post-attention layernorm and the MLP up to `down_proj`.
 pub fn norm_gemv_silu(x: &Tensor, norm: &Tensor, eps: f64, w: &Tensor) -> Result<Tensor> {
     let rows = w.dim(0)?;
-    if rows % 2 != 0 {
+    if !rows.is_multiple_of(2) {
         candle_core::bail!("norm_gemv_silu: fused gate/up weight of {rows} rows");
     }
     launch(Variant::NormSilu, x, Some((norm, eps)), w, None, rows / 2)
@@ -81,6 +99,7 @@ enum Variant {
     Norm,
     NormLogits,
     Residual,
+    Bias,
     NormSilu,
 }
 
@@ -90,6 +109,7 @@ impl Variant {
             Variant::Norm => "gemv_norm",
             Variant::NormLogits => "gemv_norm_logits",
             Variant::Residual => "gemv_residual",
+            Variant::Bias => "gemv_bias",
             Variant::NormSilu => "gemv_norm_silu",
         }
     }
@@ -122,9 +142,17 @@ fn launch(
         }
     }
     if let Some(r) = res {
-        expect(r, dtype, "residual")?;
-        if r.dims3()? != (b, t, n) {
-            candle_core::bail!("{base}: residual {:?}, output ({b}, {t}, {n})", r.dims());
+        expect(r, dtype, "residual or bias")?;
+        let fits = if variant == Variant::Bias {
+            r.dims1().is_ok_and(|len| len == n)
+        } else {
+            r.dims3().is_ok_and(|d| d == (b, t, n))
+        };
+        if !fits {
+            candle_core::bail!(
+                "{base}: {:?} added to an output of ({b}, {t}, {n})",
+                r.dims()
+            );
         }
     }
     let dev = cuda_device(x)?;

@@ -182,7 +182,7 @@ struct Args {
 
 enum ArgValue {
     Ptr(u64),
-    Ptrs(PtrArray),
+    Ptrs(Box<PtrArray>),
     I32(i32),
     U32(u32),
     F32(f32),
@@ -202,7 +202,7 @@ impl Args {
         self
     }
     fn ptrs(mut self, p: [u64; embed_sum::MAX_TABLES]) -> Self {
-        self.values.push(ArgValue::Ptrs(PtrArray(p)));
+        self.values.push(ArgValue::Ptrs(Box::new(PtrArray(p))));
         self
     }
     fn i32(mut self, v: usize) -> Result<Self> {
@@ -236,7 +236,7 @@ impl Args {
         for v in &self.values {
             match v {
                 ArgValue::Ptr(p) => builder.arg(p),
-                ArgValue::Ptrs(p) => builder.arg(p),
+                ArgValue::Ptrs(p) => builder.arg(p.as_ref()),
                 ArgValue::I32(x) => builder.arg(x),
                 ArgValue::U32(x) => builder.arg(x),
                 ArgValue::F32(x) => builder.arg(x),
