@@ -11,7 +11,9 @@
 #           (CODES="a.pt b.pt.xz"; TALKER_EXTRA e.g. "--resid-noise 1"; VAL=held-out codes file for the validation CE):
 #           with DDP=1 one run data-parallel over both GPUs (torchrun; batch TB per GPU, learning rate TLR1), else two
 #           variants at once: GPU 0 with TLR0, GPU 1 with TLR1. Back: model.safetensors of each run (t0/, t1/), with VAL
-#           also best.safetensors (the weights of the best validation CE), and log.txt.
+#           also best.safetensors (the weights of the best validation CE), with SNAP=N the weights every N steps
+#           (snap-STEP.safetensors, ~16 MB each packed: about 5 besides the final weights fit the 8 files that come
+#           back), and log.txt.
 #   CALL=3  More data only: the CPUs render teacher audio for the rows not in EXCLUDE (a file of ids), then GPU 0
 #           encodes it with the carried quantizer (QUANT, e.g. quantizer16.pt) into codes2.pt.xz (the compact codes
 #           format). With GPUPACK (a scripts/gpu-pack.sh folder, carried) GPU 1 meanwhile runs scripts/gpu-run.sh
@@ -192,7 +194,8 @@ else
     env $GPUS "${LAUNCH[@]}" "$VP/train.py" talker --work "$W/t$v" --size "$SIZE" --device "$DEV" $AMP \
         --log-every 100 --codes "${C[@]}" --init-from "$VP/$INIT" --init-step "${INIT_STEP:-0}" \
         --talker-batch "$TB" --talker-lr "${!LR}" --warmup "${WARMUP:-100}" --talker-steps 1000000 \
-        --max-minutes "$TMIN" ${VAL:+--val-codes "$VP/$VAL"} ${TALKER_EXTRA:-} > "$W/talker$v.log" 2>&1 &
+        --max-minutes "$TMIN" ${VAL:+--val-codes "$VP/$VAL"} ${SNAP:+--snapshot-every "$SNAP"} ${TALKER_EXTRA:-} \
+        > "$W/talker$v.log" 2>&1 &
     eval "P$v=$!"
   done
   for v in $RUNS; do P=P$v; wait "${!P}"; el talker $v; grep -v "^\*\|^ *$\|Warning" "$W/talker$v.log" | tail -n 30; done
@@ -201,8 +204,11 @@ import os, sys, torch
 from safetensors.torch import save_file
 w = sys.argv[1]
 for v in map(int, sys.argv[2:]):
-    for src, dst in (("talker.pt", "model.safetensors"), ("talker-best.pt", "best.safetensors")):
-        p = os.path.join(w, f"t{v}", "talker", src)
+    d = os.path.join(w, f"t{v}", "talker")
+    snaps = sorted((f for f in os.listdir(d) if f.startswith("snap-")), key=lambda f: int(f[5:-3]))
+    for src, dst in [("talker.pt", "model.safetensors"), ("talker-best.pt", "best.safetensors")] + \
+            [(f, f[:-3] + ".safetensors") for f in snaps]:
+        p = os.path.join(d, src)
         if os.path.exists(p):
             st = torch.load(p, map_location="cpu", weights_only=False)
             save_file({k: t.to(torch.bfloat16).contiguous() for k, t in st["model"].items()},

@@ -1102,6 +1102,11 @@ def step_talker(a, size, ns, data=None):
         if step % a.log_every == 0 or step == a.talker_steps:
             say(f"talker step {step}: code0 {l0.item():.3f} sub {l1.item():.3f} lr {opt.param_groups[0]['lr']:.2e} "
                 f"({el:.0f} s)")
+        if rank == 0 and a.snapshot_every and step % a.snapshot_every == 0:
+            snap = os.path.join(out, f"snap-{step}.pt")
+            torch.save({"model": {k: v.detach().to(torch.bfloat16).cpu() for k, v in model.state_dict().items()},
+                        "size": a.size, "step": step}, snap)
+            say(f"talker: snapshot -> {snap}")
         stop = a.max_minutes and el > 60 * a.max_minutes
         if val and (step % (a.log_every * a.val_every) == 0 or stop or step == a.talker_steps):
             validate(step)
@@ -1303,6 +1308,9 @@ def main():
                     help="talker: share of frames whose residual-code inputs are random (see talker_loss)")
     ap.add_argument("--val-codes", nargs="*", help="talker: codes files of held-out utterances (validation CE)")
     ap.add_argument("--val-every", type=int, default=5, help="talker: validate every N x --log-every steps")
+    ap.add_argument("--snapshot-every", type=int, default=0,
+                    help="talker: also keep the weights every N steps (bf16) as talker/snap-STEP.pt, so a call's "
+                         "checkpoints can be compared by wer.py (the error rate moves by several points between them)")
     ap.add_argument("--init-from", help="talker / codec / roundtrip: start from (or use) an exported checkpoint "
                     "directory's weights (talker: model.safetensors; codec: speech_tokenizer/)")
     ap.add_argument("--probe-n", type=int, default=48, help="probe: utterances")
