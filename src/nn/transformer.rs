@@ -157,7 +157,7 @@ impl DecoderLayer {
         };
         // The inner inputs (attention output, SiLU·up) are fresh outputs of the kernels.
         let inner = |w: &Tensor| w.dim(1).is_ok_and(|k| supports(b * t, k, x.dtype(), w));
-        super::cuda_kernels::all_enabled()
+        super::cuda_kernels::all_usable_for(x)
             && takes(x, qkv)
             && inner(o)
             && takes(x, gate_up)

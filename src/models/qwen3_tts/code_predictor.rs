@@ -119,8 +119,7 @@ impl CodePredictor {
         };
         #[cfg(feature = "cuda")]
         if let Some(bias) = p.bias()
-            && crate::nn::cuda_kernels::usable_for(x)
-            && crate::nn::cuda_kernels::all_enabled()
+            && crate::nn::cuda_kernels::all_usable_for(x)
             && crate::nn::cuda_kernels::gemv::takes(x, p.weight())
         {
             // One launch instead of a matmul and a bias add.
@@ -137,8 +136,7 @@ impl CodePredictor {
         let last = h.narrow(1, t - 1, 1)?;
         let lm_head = &self.lm_head[head];
         #[cfg(feature = "cuda")]
-        if crate::nn::cuda_kernels::usable_for(&last)
-            && crate::nn::cuda_kernels::all_enabled()
+        if crate::nn::cuda_kernels::all_usable_for(&last)
             && lm_head.bias().is_none()
             && crate::nn::cuda_kernels::gemv::takes(&last, lm_head.weight())
         {
@@ -216,10 +214,7 @@ impl CodePredictor {
         for q in 0..steps {
             let logits = self.step_logits(&x, q, cache)?;
             #[cfg(feature = "cuda")]
-            if params.is_none()
-                && crate::nn::cuda_kernels::usable_for(&x)
-                && crate::nn::cuda_kernels::all_enabled()
-            {
+            if params.is_none() && crate::nn::cuda_kernels::all_usable_for(&x) {
                 // Greedy pick and the next input's embedding row in one launch.
                 let table = (q + 1 < steps).then(|| self.model.codec_embedding[q].embeddings());
                 let (id, next) =

@@ -347,8 +347,7 @@ impl ArModel {
         text: &Tensor,
     ) -> candle_core::Result<Tensor> {
         #[cfg(feature = "cuda")]
-        if crate::nn::cuda_kernels::usable_for(text)
-            && crate::nn::cuda_kernels::all_enabled()
+        if crate::nn::cuda_kernels::all_usable_for(text)
             && codes.len() <= crate::nn::cuda_kernels::embed_sum::MAX_TABLES
         {
             let mut tables = vec![self.talker.model.codec_embedding.embeddings()];

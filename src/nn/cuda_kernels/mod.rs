@@ -62,6 +62,12 @@ pub fn all_enabled() -> bool {
     level() >= 2
 }
 
+/// [`usable_for`] `x` with every kernel on ([`all_enabled`]): the condition of the one-row matmuls
+/// and the frame kernels.
+pub fn all_usable_for(x: &Tensor) -> bool {
+    usable_for(x) && all_enabled()
+}
+
 /// Whether `x` is on a CUDA device in a dtype the kernels are built for, and they are enabled.
 pub fn usable_for(x: &Tensor) -> bool {
     enabled() && x.device().is_cuda() && matches!(x.dtype(), DType::BF16 | DType::F32)
