@@ -13,7 +13,7 @@
 //! `embed_sum` against the same sum on the host in f32 codebook order, exactly.
 
 use anyhow::Result;
-use candle_core::{D, DType, Device, Tensor};
+use candle_core::{D, DType, Device, Module, Tensor};
 use gstomnitts::nn::cuda_kernels::{
     Pos,
     add_rms_norm::add_rms_norm,
@@ -148,8 +148,25 @@ pub fn run(dev: &Device) -> Result<bool> {
             (1, 2048, 4096),
             (1, 6144, 2048),
             (3, 1024, 1001),
+            (4, 4096, 300),
         ] {
             gemv_checks(&mut r, dev, dtype, rows, k, n, eps)?;
+        }
+        // The code predictor's last row of a 2-row step: an input view with a start offset.
+        {
+            let h = randn(&[1, 2, 1024], dtype, dev)?;
+            let last = h.narrow(1, 1, 1)?;
+            let nw = randn(&[1024], dtype, dev)?.affine(0.1, 1.0)?;
+            let w = randn(&[2048, 1024], dtype, dev)?.affine(0.05, 0.0)?;
+            let want = candle_nn::Linear::new(w.clone(), None)
+                .forward(&rms(&last.contiguous()?, &nw, eps)?)?
+                .to_dtype(DType::F32)?;
+            r.check(
+                "gemv_norm_logits, narrowed input [1x1024 -> 2048]",
+                dtype,
+                rel_err(&norm_gemv_logits(&last, &nw, eps, &w)?, &want)?,
+                if dtype == DType::F32 { 2e-5 } else { 1.6e-2 },
+            );
         }
         argmax_checks(&mut r, dev, dtype)?;
         embed_sum_checks(&mut r, dev, dtype)?;
@@ -320,7 +337,6 @@ fn gemv_checks(
     n: usize,
     eps: f64,
 ) -> Result<()> {
-    use candle_core::Module;
     let tag = format!("[{rows}x{k} -> {n}]");
     let tol = if dtype == DType::F32 { 2e-5 } else { 1.6e-2 };
     let x = randn(&[1, rows, k], dtype, dev)?;
@@ -436,7 +452,9 @@ fn embed_sum_checks(r: &mut Report, dev: &Device, dtype: DType) -> Result<()> {
         tables.push(randn(&[2048, hidden], dtype, dev)?);
     }
     let codes: Vec<u32> = (0..16u32).map(|i| (i * 797 + 3) % 2048).collect();
-    let text = randn(&[1, hidden], dtype, dev)?;
+    // A row of a larger table, as the trailing text rows are passed.
+    let trailing = randn(&[3, hidden], dtype, dev)?;
+    let text = trailing.narrow(0, 1, 1)?;
     let refs: Vec<&Tensor> = tables.iter().collect();
     let got = embed_sum(&codes, &refs, &text)?;
     let mut acc = vec![0f32; hidden];

@@ -59,9 +59,7 @@ impl Mlp {
     #[cfg(feature = "cuda")]
     pub(crate) fn gemv_weights(&self) -> Option<(&Tensor, &Tensor)> {
         let gate_up = self.gate_up.as_ref()?;
-        self.down_proj
-            .bias()
-            .is_none()
+        (gate_up.bias().is_none() && self.down_proj.bias().is_none())
             .then(|| (gate_up.weight(), self.down_proj.weight()))
     }
 

@@ -146,22 +146,28 @@ impl DecoderLayer {
     /// weights exist, no biases, and the one-row matmul kernels take every projection's shape
     /// (also requires [`LayerCaches::fused_ok`]).
     fn gemv_ok(&self, x: &Tensor) -> bool {
-        use super::cuda_kernels::gemv::{supports, takes};
+        use super::cuda_kernels::gemv::{supports, takes, vector_ok};
         let (Some((qkv, o)), Some((gate_up, down))) =
             (self.self_attn.gemv_weights(), self.mlp.gemv_weights())
         else {
             return false;
         };
-        let Ok((b, t, _)) = x.dims3() else {
+        let Ok((b, t, hidden)) = x.dims3() else {
             return false;
         };
         // The inner inputs (attention output, SiLU·up) are fresh outputs of the kernels.
         let inner = |w: &Tensor| w.dim(1).is_ok_and(|k| supports(b * t, k, x.dtype(), w));
+        let norm_ok = |n: &RmsNorm| {
+            n.weight_as(x.dtype())
+                .is_ok_and(|w| vector_ok(&w, hidden, x.dtype()))
+        };
         super::cuda_kernels::all_usable_for(x)
             && takes(x, qkv)
             && inner(o)
             && takes(x, gate_up)
             && inner(down)
+            && norm_ok(&self.input_layernorm)
+            && norm_ok(&self.post_attention_layernorm)
     }
 
     /// One layer for a few decode rows with the one-row matmul kernels (`cuda_kernels::gemv`):

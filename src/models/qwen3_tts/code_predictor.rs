@@ -121,6 +121,7 @@ impl CodePredictor {
         if let Some(bias) = p.bias()
             && crate::nn::cuda_kernels::all_usable_for(x)
             && crate::nn::cuda_kernels::gemv::takes(x, p.weight())
+            && crate::nn::cuda_kernels::gemv::vector_ok(bias, p.weight().dim(0)?, x.dtype())
         {
             // One launch instead of a matmul and a bias add.
             return crate::nn::cuda_kernels::gemv::gemv_bias(x, p.weight(), bias);
@@ -140,14 +141,17 @@ impl CodePredictor {
             && lm_head.bias().is_none()
             && crate::nn::cuda_kernels::gemv::takes(&last, lm_head.weight())
         {
-            // Final norm, head and f32 cast in one launch.
             let norm = &self.model.norm;
-            return crate::nn::cuda_kernels::gemv::norm_gemv_logits(
-                &last,
-                &norm.weight_as(last.dtype())?,
-                norm.eps(),
-                lm_head.weight(),
-            );
+            let w = norm.weight_as(last.dtype())?;
+            if crate::nn::cuda_kernels::gemv::vector_ok(&w, last.dim(2)?, last.dtype()) {
+                // Final norm, head and f32 cast in one launch.
+                return crate::nn::cuda_kernels::gemv::norm_gemv_logits(
+                    &last,
+                    &w,
+                    norm.eps(),
+                    lm_head.weight(),
+                );
+            }
         }
         lm_head
             .forward(&self.model.norm.forward(&last)?)?

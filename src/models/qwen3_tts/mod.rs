@@ -348,6 +348,8 @@ impl ArModel {
     ) -> candle_core::Result<Tensor> {
         #[cfg(feature = "cuda")]
         if crate::nn::cuda_kernels::all_usable_for(text)
+            && text.is_contiguous()
+            && text.dtype() == self.dtype
             && codes.len() <= crate::nn::cuda_kernels::embed_sum::MAX_TABLES
         {
             let mut tables = vec![self.talker.model.codec_embedding.embeddings()];

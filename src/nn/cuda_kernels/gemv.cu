@@ -68,7 +68,7 @@ __device__ void gemv(const T* __restrict__ x, const T* __restrict__ w_norm, floa
 
     if (live) {
         const T* wa = W + (long)j * k;
-        const T* wb = W + (long)(j + n) * k;  // up row (silu only)
+        const T* wb = EPI == EPI_SILU ? W + (long)(j + n) * k : wa;  // the up row (silu only)
 #pragma unroll 4
         for (int c = (part * 32 + lane) * 8; c < k; c += wpr * 256) {
             float wv[8], ub[8];

@@ -42,6 +42,15 @@ pub fn takes(x: &Tensor, w: &Tensor) -> bool {
         && supports(b * t, k, x.dtype(), w)
 }
 
+/// Whether `v` (an RMSNorm weight or a bias) can ride along a launch whose vectors have `len`
+/// elements in `dtype`: that length, that dtype, contiguous and 16-byte aligned.
+pub fn vector_ok(v: &Tensor, len: usize, dtype: DType) -> bool {
+    v.dims1().is_ok_and(|l| l == len)
+        && v.dtype() == dtype
+        && v.is_contiguous()
+        && v.layout().start_offset().is_multiple_of(8)
+}
+
 /// `rms_norm(x) · wᵀ`: `x` `[batch, t, k]`, `norm` `[k]` (the RMSNorm weight, with `eps`),
 /// `w` `[n, k]` → `[batch, t, n]`. The input layernorm and the q/k/v projections of a layer.
 pub fn norm_gemv(x: &Tensor, norm: &Tensor, eps: f64, w: &Tensor) -> Result<Tensor> {
