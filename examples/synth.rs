@@ -28,6 +28,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use clap::Parser;
+use gstomnitts::engine::DeviceSpec;
 use gstomnitts::models::qwen3_tts::code2wav::{
     Code2Wav, REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES,
 };
@@ -91,14 +92,10 @@ struct Args {
 }
 
 fn device(spec: &str) -> Result<Device> {
-    if spec == "cpu" {
-        return Ok(Device::Cpu);
-    }
-    if let Some(i) = spec.strip_prefix("cuda:") {
-        let i: usize = i.parse().with_context(|| format!("device {spec:?}"))?;
-        return Ok(Device::new_cuda(i)?);
-    }
-    bail!("unknown device {spec:?} (cpu | cuda:N)")
+    let spec: DeviceSpec = spec
+        .parse()
+        .map_err(|e| anyhow::anyhow!("device {spec:?}: {e}"))?;
+    Ok(spec.open()?)
 }
 
 fn dtype(s: &str) -> Result<DType> {
