@@ -168,8 +168,13 @@ fn bench_model(args: &Args, name: &str, dir: &Path, voice: &VoiceRequest) -> Res
             engine.cuda_graphs()
         );
         let mut voice = voice.clone();
-        if voice.speaker.is_some() && engine.speakers().is_empty() {
-            voice.speaker = None;
+        let speakers = engine.speakers();
+        if let Some(s) = &voice.speaker
+            && !speakers.iter().any(|k| k.eq_ignore_ascii_case(s))
+        {
+            // A checkpoint without this preset speaker (e.g. the bundled voice through
+            // --model-dir): its first preset, or none.
+            voice.speaker = speakers.first().cloned();
         }
         let mut row = Row {
             model: name.to_string(),
@@ -198,10 +203,13 @@ fn bench_model(args: &Args, name: &str, dir: &Path, voice: &VoiceRequest) -> Res
                 );
                 match reason {
                     FinishReason::Length => break metrics,
-                    FinishReason::Eos if row.retries < 20 => {
+                    // Random weights stop at random: retry a short run with the next seed. A
+                    // trained voice ends its sentence where it ends (--model-dir): measure that.
+                    FinishReason::Eos if row.retries < 20 && metrics.frames < args.frames / 2 => {
                         row.retries += 1;
                         continue;
                     }
+                    FinishReason::Eos if metrics.frames > 0 => break metrics,
                     other => bail!("{name} {mode}: run ended with {other}"),
                 }
             };
