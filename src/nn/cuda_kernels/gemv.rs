@@ -1,7 +1,12 @@
 //! Launcher of `gemv.cu`: the decode path's one-row matmuls with the RMSNorm before them and the
-//! residual add or SwiGLU after them fused in (reference: `DecoderLayer::forward` in
-//! `src/nn/transformer.rs`, i.e. `Linear::forward` on `RmsNorm::forward`, then `x + h` or
-//! `silu(gate) · up`; candle's CUDA `rms_norm` and cuBLAS numerics, f32 accumulation).
+//! residual add, SwiGLU, a bias or an f32 cast after them fused in (reference:
+//! `DecoderLayer::forward` in `src/nn/transformer.rs`, i.e. `Linear::forward` on
+//! `RmsNorm::forward`, then `x + h` or `silu(gate) · up`; candle's CUDA `rms_norm` and cuBLAS
+//! numerics, f32 accumulation, summation order aside).
+//!
+//! Every function errors (nothing is launched) on shapes, dtypes or addresses the kernels do not
+//! take; callers check [`takes`] / [`supports`] / [`vector_ok`] first and keep the candle ops
+//! otherwise.
 
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
