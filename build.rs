@@ -22,6 +22,7 @@ const KERNELS: &[&str] = &[
     "gemv",
     "argmax_embed",
     "embed_sum",
+    "sample_embed",
 ];
 const KERNEL_DIR: &str = "src/nn/cuda_kernels";
 

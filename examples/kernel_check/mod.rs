@@ -10,7 +10,9 @@
 //! largest value: the fused kernels round once where the unfused ops round after every op). The
 //! one-row matmuls (`gemv`) are checked against `Linear::forward` (cuBLAS) on the same inputs:
 //! f32 2e-5 (other summation order over k), bf16 1.6e-2; `argmax_embed` exactly (index and row);
-//! `embed_sum` against the same sum on the host in f32 codebook order, exactly.
+//! `embed_sum` against the same sum on the host in f32 codebook order, exactly; `sample_embed`
+//! against `DeviceSampler::sample` on the device with the same uniforms (the same code in all but
+//! ≤ 2 % of draws: float roundings at a CDF boundary) and its row exactly.
 
 use anyhow::Result;
 use candle_core::{D, DType, Device, Module, Tensor};
@@ -22,6 +24,7 @@ use gstomnitts::nn::cuda_kernels::{
     embed_sum::embed_sum,
     gemv::{gemv_bias, gemv_residual, norm_gemv, norm_gemv_logits, norm_gemv_silu},
     qk_norm_rope::{Heads, qk_norm_rope_kv},
+    sample_embed::sample_embed,
     silu_mul::silu_mul,
 };
 
@@ -170,6 +173,7 @@ pub fn run(dev: &Device) -> Result<bool> {
         }
         argmax_checks(&mut r, dev, dtype)?;
         embed_sum_checks(&mut r, dev, dtype)?;
+        sample_embed_checks(&mut r, dev, dtype)?;
         // q/k norm + RoPE + cache write, then attention, talker (16/8 heads) and CP shapes.
         for (nh, nkv, hd, cap) in [(16usize, 8usize, 128usize, 4096usize), (16, 8, 128, 16)] {
             for (t, p, dev_pos) in [
@@ -486,5 +490,57 @@ fn embed_sum_checks(r: &mut Report, dev: &Device, dtype: DType) -> Result<()> {
         refused,
         0.0,
     );
+    Ok(())
+}
+
+/// `sample_embed` against `DeviceSampler::sample` (the candle-op sampler it replaces) on the
+/// device: random logits, the released warper settings and harsher ones, three steps of a frame.
+fn sample_embed_checks(r: &mut Report, dev: &Device, dtype: DType) -> Result<()> {
+    use gstomnitts::models::qwen3_tts::device_sampler::{DeviceSampler, frame_params};
+    use gstomnitts::models::qwen3_tts::sampling::TokenChooser;
+    use rand::SeedableRng;
+    let (vocab, hidden, steps) = (2048usize, 1024usize, 15usize);
+    let sampler = DeviceSampler::new(vocab, dev)?;
+    let table = randn(&[vocab, hidden], dtype, dev)?;
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(7);
+    for (temperature, top_k, top_p) in [
+        (0.9f32, 50usize, 1.0f32),
+        (0.9, 50, 0.8),
+        (1.0, 0, 0.95),
+        (1.3, 3, 0.5),
+        (0.9, 1, 1.0),
+    ] {
+        let chooser = TokenChooser {
+            do_sample: true,
+            temperature,
+            top_k,
+            top_p,
+        };
+        let (mut n, mut differ, mut row_err) = (0usize, 0usize, 0f32);
+        for _ in 0..40 {
+            let logits = (randn(&[1, 1, vocab], DType::F32, dev)? * 3.0)?;
+            let params = frame_params(&chooser, vocab, steps, &mut rng);
+            let params = Tensor::new(params.as_slice(), dev)?;
+            for step in [0, 7, steps - 1] {
+                let want = sampler.sample(&logits, &params, step)?.to_vec1::<u32>()?[0];
+                let (id, x) = sample_embed(&logits, &params, step, Some(&table))?;
+                let got = id.to_vec1::<u32>()?[0];
+                n += 1;
+                differ += usize::from(got != want);
+                row_err = row_err.max(match x {
+                    Some(x) => rel_err(&x.reshape(hidden)?, &table.get(got as usize)?)?,
+                    None => f32::INFINITY,
+                });
+            }
+        }
+        let tag = format!("T {temperature} top-k {top_k} top-p {top_p}");
+        r.check(
+            &format!("sample_embed = DeviceSampler ({tag}; {differ}/{n} differ)"),
+            dtype,
+            differ as f32 / n as f32,
+            0.02,
+        );
+        r.check(&format!("sample_embed row ({tag})"), dtype, row_err, 0.0);
+    }
     Ok(())
 }

@@ -218,16 +218,27 @@ impl CodePredictor {
         for q in 0..steps {
             let logits = self.step_logits(&x, q, cache)?;
             #[cfg(feature = "cuda")]
-            if params.is_none() && crate::nn::cuda_kernels::all_usable_for(&x) {
-                // Greedy pick and the next input's embedding row in one launch.
+            if crate::nn::cuda_kernels::all_usable_for(&x) {
+                use crate::nn::cuda_kernels::{argmax_embed, sample_embed};
+                // The pick and the next input's embedding row in one launch.
                 let table = (q + 1 < steps).then(|| self.model.codec_embedding[q].embeddings());
-                let (id, next) =
-                    crate::nn::cuda_kernels::argmax_embed::argmax_embed(&logits, table)?;
-                if let Some(next) = next {
-                    x = next;
+                let picked = match params {
+                    None => Some(argmax_embed::argmax_embed(&logits, table)?),
+                    Some(p)
+                        if sample_embed::enabled()
+                            && sampler.vocab() <= sample_embed::MAX_VOCAB =>
+                    {
+                        Some(sample_embed::sample_embed(&logits, p, q, table)?)
+                    }
+                    Some(_) => None,
+                };
+                if let Some((id, next)) = picked {
+                    if let Some(next) = next {
+                        x = next;
+                    }
+                    ids.push(id);
+                    continue;
                 }
-                ids.push(id);
-                continue;
             }
             let id = match params {
                 Some(p) => sampler.sample(&logits, p, q)?,

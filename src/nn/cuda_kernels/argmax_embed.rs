@@ -1,6 +1,6 @@
 //! Launcher of `argmax_embed.cu`: the greedy code and the next step's input embedding in one
-//! kernel (reference: [`crate::models::qwen3_tts::DeviceSampler::greedy`] followed by the codec
-//! embedding's `index_select`, in `CodePredictor::frame_on_device`).
+//! kernel (reference: [`crate::models::qwen3_tts::device_sampler::DeviceSampler::greedy`]
+//! followed by the codec embedding's `index_select`, in `CodePredictor::frame_on_device`).
 
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};

@@ -11,6 +11,7 @@
 //! | [`add_rms_norm::add_rms_norm`] | residual add + the next RMSNorm |
 //! | [`silu_mul::silu_mul`] | SiLU(gate) · up |
 //! | [`argmax_embed::argmax_embed`] | the device sampler's greedy pick + the next input's embedding lookup |
+//! | [`sample_embed::sample_embed`] | the device sampler's top-k/top-p draw + the next input's embedding lookup (opt-in: `OMNITTS_FUSED_SAMPLER=1`, not yet run on a GPU) |
 //! | [`embed_sum::embed_sum`] | the talker input's 16 code uploads, embedding lookups, sum and text add |
 //! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (6 launches a layer) |
 //!
@@ -29,6 +30,7 @@ pub mod embed_sum;
 pub mod fused_linear;
 pub mod gemv;
 pub mod qk_norm_rope;
+pub mod sample_embed;
 pub mod silu_mul;
 
 use std::sync::OnceLock;
@@ -122,12 +124,13 @@ struct DevPtr<'t> {
     addr: u64,
 }
 
-/// [`DevPtr`] of `t` (bf16, f32 or u32 elements). The kernel may write through it (the KV cache);
+/// [`DevPtr`] of `t` (bf16, f32, f64 or u32 elements). The kernel may write through it (the KV cache);
 /// all work is queued on the device's one stream, so ordering is preserved.
 fn dev_ptr<'t>(t: &'t Tensor, dev: &CudaDevice) -> Result<DevPtr<'t>> {
     match t.dtype() {
         DType::BF16 => typed_ptr::<half::bf16>(t, dev),
         DType::F32 => typed_ptr::<f32>(t, dev),
+        DType::F64 => typed_ptr::<f64>(t, dev),
         DType::U32 => typed_ptr::<u32>(t, dev),
         other => candle_core::bail!("fused CUDA kernel: no pointer for {other:?}"),
     }

@@ -1,0 +1,96 @@
+//! Launcher of `sample_embed.cu`: the sampled code of a code-predictor step (temperature → top-k →
+//! top-p → inverse-CDF draw with a pre-drawn uniform) and the next step's input embedding in one
+//! kernel (reference: [`crate::models::qwen3_tts::device_sampler::DeviceSampler::sample`]
+//! followed by the codec embedding's `index_select`, in `CodePredictor::frame_on_device`).
+//!
+//! Opt-in (`OMNITTS_FUSED_SAMPLER=1`) until its GPU check (`gpu_parity --check-kernels`: the same
+//! picks as `DeviceSampler::sample` away from CDF boundaries) has run; docs/cuda.md.
+
+use std::sync::OnceLock;
+
+use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::{DType, Result, Tensor};
+
+use super::{Args, cuda_device, dev_ptr, empty, expect, kernel_name};
+
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample_embed.ptx"));
+const MODULE: &str = "omnitts_sample_embed";
+/// Threads of the one block (`SAMPLE_THREADS` in the kernel).
+const THREADS: u32 = 1024;
+/// Largest vocabulary the kernel sorts in shared memory (`SAMPLE_MAX_VOCAB`).
+pub const MAX_VOCAB: usize = 4096;
+
+/// Whether the fused sampler is switched on (`OMNITTS_FUSED_SAMPLER=1`, read once).
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("OMNITTS_FUSED_SAMPLER").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// The code of step `step` drawn from `logits` (f32, contiguous, `vocab` ≤ [`MAX_VOCAB`]
+/// elements) with `params` (f64 `[PARAM_HEADER + steps]` of
+/// [`crate::models::qwen3_tts::device_sampler::frame_params`], on the device) as u32 `[1]`, and
+/// with `table` (`[vocab, hidden]`, bf16 or f32, contiguous) that row of it as `[1, 1, hidden]`.
+/// One launch. Errors on a vocabulary over [`MAX_VOCAB`], a step past the parameters, or
+/// mismatched shapes.
+pub fn sample_embed(
+    logits: &Tensor,
+    params: &Tensor,
+    step: usize,
+    table: Option<&Tensor>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    use crate::models::qwen3_tts::device_sampler::PARAM_HEADER;
+    expect(logits, DType::F32, "logits")?;
+    expect(params, DType::F64, "sampling parameters")?;
+    let vocab = logits.elem_count();
+    if vocab == 0 || vocab > MAX_VOCAB || PARAM_HEADER + step >= params.elem_count() {
+        candle_core::bail!(
+            "sample_embed: {vocab} logits (1..={MAX_VOCAB}), step {step} of {} parameters",
+            params.elem_count()
+        );
+    }
+    let dev = cuda_device(logits)?;
+    let (hidden, dtype) = match table {
+        Some(t) => {
+            expect(t, t.dtype(), "embedding table")?;
+            let (rows, hidden) = t.dims2()?;
+            if rows != vocab {
+                candle_core::bail!("sample_embed: table of {rows} rows for {vocab} logits");
+            }
+            (hidden, t.dtype())
+        }
+        None => (0, DType::F32),
+    };
+    let id = empty(&dev, DType::U32, 1)?;
+    let x = table
+        .map(|_| empty(&dev, dtype, (1, 1, hidden)))
+        .transpose()?;
+    let (pl, pp, pi) = (
+        dev_ptr(logits, &dev)?,
+        dev_ptr(params, &dev)?,
+        dev_ptr(&id, &dev)?,
+    );
+    let pt = table.map(|t| dev_ptr(t, &dev)).transpose()?;
+    let px = x.as_ref().map(|x| dev_ptr(x, &dev)).transpose()?;
+    // Without a table the kernel copies nothing: any address stands in for table and output.
+    let (table_addr, x_addr) = (
+        pt.as_ref().map_or(pl.addr, |p| p.addr),
+        px.as_ref().map_or(pl.addr, |p| p.addr),
+    );
+    let args = Args::default()
+        .ptr(pl.addr)
+        .i32(vocab)?
+        .ptr(pp.addr)
+        .i32(step)?
+        .ptr(table_addr)
+        .i32(hidden)?
+        .ptr(pi.addr)
+        .ptr(x_addr);
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    args.launch(&dev, MODULE, PTX, &kernel_name("sample_embed", dtype)?, cfg)?;
+    drop((pl, pp, pi, pt, px));
+    Ok((id, x))
+}
