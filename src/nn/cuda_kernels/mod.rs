@@ -183,6 +183,60 @@ fn empty(dev: &CudaDevice, dtype: DType, shape: impl Into<Shape>) -> Result<Tens
     ))
 }
 
+/// The outputs of a code-pick kernel (`argmax_embed`, `sample_embed`), allocated but not
+/// initialised (the kernel writes them): the chosen id, u32 `[1]`, and with an embedding table
+/// `[vocab, hidden]` that row as `[1, 1, hidden]`.
+struct PickOutputs {
+    id: Tensor,
+    x: Option<Tensor>,
+    hidden: usize,
+    /// The kernel variant: the table's dtype (f32 without a table).
+    dtype: DType,
+}
+
+impl PickOutputs {
+    /// Checks `table` (contiguous, `vocab` rows) and allocates the outputs. `op` names the kernel
+    /// in errors.
+    fn new(dev: &CudaDevice, table: Option<&Tensor>, vocab: usize, op: &str) -> Result<Self> {
+        let (hidden, dtype) = match table {
+            Some(t) => {
+                expect(t, t.dtype(), "embedding table")?;
+                let (rows, hidden) = t.dims2()?;
+                if rows != vocab {
+                    candle_core::bail!("{op}: table of {rows} rows for {vocab} logits");
+                }
+                (hidden, t.dtype())
+            }
+            None => (0, DType::F32),
+        };
+        Ok(Self {
+            id: empty(dev, DType::U32, 1)?,
+            x: table
+                .map(|_| empty(dev, dtype, (1, 1, hidden)))
+                .transpose()?,
+            hidden,
+            dtype,
+        })
+    }
+
+    /// Device addresses of `table` and of the row output, with the guards that keep them alive.
+    /// Without a table the kernel copies nothing and `fallback` stands in for both.
+    fn row_addrs<'t>(
+        &'t self,
+        dev: &CudaDevice,
+        table: Option<&'t Tensor>,
+        fallback: u64,
+    ) -> Result<(u64, u64, [Option<DevPtr<'t>>; 2])> {
+        let pt = table.map(|t| dev_ptr(t, dev)).transpose()?;
+        let px = self.x.as_ref().map(|x| dev_ptr(x, dev)).transpose()?;
+        let addrs = (
+            pt.as_ref().map_or(fallback, |p| p.addr),
+            px.as_ref().map_or(fallback, |p| p.addr),
+        );
+        Ok((addrs.0, addrs.1, [pt, px]))
+    }
+}
+
 /// Kernel argument list: device addresses and scalars, pushed in the kernel's parameter order.
 #[derive(Default)]
 struct Args {

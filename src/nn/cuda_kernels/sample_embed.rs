@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
-use super::{Args, cuda_device, dev_ptr, empty, expect, kernel_name};
+use super::{Args, PickOutputs, cuda_device, dev_ptr, expect, kernel_name};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample_embed.ptx"));
 const MODULE: &str = "omnitts_sample_embed";
@@ -49,40 +49,20 @@ pub fn sample_embed(
         );
     }
     let dev = cuda_device(logits)?;
-    let (hidden, dtype) = match table {
-        Some(t) => {
-            expect(t, t.dtype(), "embedding table")?;
-            let (rows, hidden) = t.dims2()?;
-            if rows != vocab {
-                candle_core::bail!("sample_embed: table of {rows} rows for {vocab} logits");
-            }
-            (hidden, t.dtype())
-        }
-        None => (0, DType::F32),
-    };
-    let id = empty(&dev, DType::U32, 1)?;
-    let x = table
-        .map(|_| empty(&dev, dtype, (1, 1, hidden)))
-        .transpose()?;
+    let out = PickOutputs::new(&dev, table, vocab, "sample_embed")?;
     let (pl, pp, pi) = (
         dev_ptr(logits, &dev)?,
         dev_ptr(params, &dev)?,
-        dev_ptr(&id, &dev)?,
+        dev_ptr(&out.id, &dev)?,
     );
-    let pt = table.map(|t| dev_ptr(t, &dev)).transpose()?;
-    let px = x.as_ref().map(|x| dev_ptr(x, &dev)).transpose()?;
-    // Without a table the kernel copies nothing: any address stands in for table and output.
-    let (table_addr, x_addr) = (
-        pt.as_ref().map_or(pl.addr, |p| p.addr),
-        px.as_ref().map_or(pl.addr, |p| p.addr),
-    );
+    let (table_addr, x_addr, rows) = out.row_addrs(&dev, table, pl.addr)?;
     let args = Args::default()
         .ptr(pl.addr)
         .i32(vocab)?
         .ptr(pp.addr)
         .i32(step)?
         .ptr(table_addr)
-        .i32(hidden)?
+        .i32(out.hidden)?
         .ptr(pi.addr)
         .ptr(x_addr);
     let cfg = LaunchConfig {
@@ -90,7 +70,13 @@ pub fn sample_embed(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    args.launch(&dev, MODULE, PTX, &kernel_name("sample_embed", dtype)?, cfg)?;
-    drop((pl, pp, pi, pt, px));
-    Ok((id, x))
+    args.launch(
+        &dev,
+        MODULE,
+        PTX,
+        &kernel_name("sample_embed", out.dtype)?,
+        cfg,
+    )?;
+    drop((pl, pp, pi, rows));
+    Ok((out.id, out.x))
 }
