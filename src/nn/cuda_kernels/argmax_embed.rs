@@ -2,10 +2,9 @@
 //! kernel (reference: [`crate::models::qwen3_tts::device_sampler::DeviceSampler::greedy`]
 //! followed by the codec embedding's `index_select`, in `CodePredictor::frame_on_device`).
 
-use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
-use super::{Args, PickOutputs, cuda_device, dev_ptr, expect, kernel_name};
+use super::{Args, PickOutputs, cuda_device, dev_ptr, expect, kernel_name, single_block};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/argmax_embed.ptx"));
 const MODULE: &str = "omnitts_argmax_embed";
@@ -33,17 +32,12 @@ pub fn argmax_embed(logits: &Tensor, table: Option<&Tensor>) -> Result<(Tensor, 
         .i32(out.hidden)?
         .ptr(pi.addr)
         .ptr(x_addr);
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
     args.launch(
         &dev,
         MODULE,
         PTX,
         &kernel_name("argmax_embed", out.dtype)?,
-        cfg,
+        single_block(THREADS),
     )?;
     drop((pl, pi, rows));
     Ok((out.id, out.x))

@@ -183,6 +183,15 @@ fn empty(dev: &CudaDevice, dtype: DType, shape: impl Into<Shape>) -> Result<Tens
     ))
 }
 
+/// A launch of one block of `threads` threads (the code-pick kernels: one row of logits).
+fn single_block(threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// The outputs of a code-pick kernel (`argmax_embed`, `sample_embed`), allocated but not
 /// initialised (the kernel writes them): the chosen id, u32 `[1]`, and with an embedding table
 /// `[vocab, hidden]` that row as `[1, 1, hidden]`.

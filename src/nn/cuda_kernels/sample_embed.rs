@@ -8,10 +8,9 @@
 
 use std::sync::OnceLock;
 
-use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
-use super::{Args, PickOutputs, cuda_device, dev_ptr, expect, kernel_name};
+use super::{Args, PickOutputs, cuda_device, dev_ptr, expect, kernel_name, single_block};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sample_embed.ptx"));
 const MODULE: &str = "omnitts_sample_embed";
@@ -65,17 +64,12 @@ pub fn sample_embed(
         .i32(out.hidden)?
         .ptr(pi.addr)
         .ptr(x_addr);
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
     args.launch(
         &dev,
         MODULE,
         PTX,
         &kernel_name("sample_embed", out.dtype)?,
-        cfg,
+        single_block(THREADS),
     )?;
     drop((pl, pp, pi, rows));
     Ok((out.id, out.x))
