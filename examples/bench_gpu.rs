@@ -97,6 +97,11 @@ struct Args {
     speaker: String,
     #[arg(long, default_value = "English")]
     language: String,
+    /// Sample (talker and code predictor, the checkpoint's warpers: temperature 0.9, top-k 50,
+    /// seed 1234) instead of greedy decoding, as the released generation configs do. A sampled
+    /// EOS can end an utterance before --frames.
+    #[arg(long)]
+    sample: bool,
     /// Code predictor CUDA graphs: off, on, or both (every mode is run without, then with).
     #[arg(long, default_value = "both")]
     graphs: String,
@@ -485,7 +490,19 @@ fn run_modes(
                 prompt_mode: Some(PromptMode::NonStreaming),
                 voice_clone: None,
             },
-            sampling: SamplingParams::from_generation_config(&ckpt.generation).greedy(),
+            sampling: {
+                let s = SamplingParams::from_generation_config(&ckpt.generation);
+                if args.sample {
+                    SamplingParams {
+                        do_sample: true,
+                        subtalker_do_sample: true,
+                        seed: 1234,
+                        ..s
+                    }
+                } else {
+                    s.greedy()
+                }
+            },
         };
         let prefill_len = ar.plan(&stages.req)?.rows.len();
         let t = Instant::now();
@@ -582,6 +599,7 @@ fn main() -> Result<()> {
     let doc = json!({
         "bench": "omnitts-gpu", "ar_device": args.ar_device, "decoder_device": dec_spec,
         "frames": args.frames, "repeats": args.repeats, "chunk": args.chunk,
+        "decoding": if args.sample { "sampled (seed 1234)" } else { "greedy" },
         "cuda_feature": cfg!(feature = "cuda"), "results": results,
     });
     let line = serde_json::to_string(&doc)?;

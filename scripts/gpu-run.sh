@@ -9,7 +9,9 @@
 # bench_compare.py. Knobs: FRAMES (250), REPEATS (2), REF_REPEATS (1), SIZES (0.6b,1.7b),
 # GRAPHS (both), STEPS ("parity bench ref"; also "kernels": the fused CUDA kernels against the
 # unfused ops, "unfused": the benchmark again with OMNITTS_FUSED_KERNELS=0, graphs on, 1 repeat, and
-# "v1": the same with OMNITTS_FUSED_KERNELS=1, the first fused kernel set only, limit V1_TIMEOUT),
+# "v1": the same with OMNITTS_FUSED_KERNELS=1, the first fused kernel set only, limit V1_TIMEOUT;
+# "sampled" / "sampled-fused": the benchmark with sampled decoding (--sample), the second with
+# OMNITTS_FUSED_SAMPLER=1, graphs on, 1 repeat, limit SAMPLED_TIMEOUT),
 # AR_DEVICE / DECODER_DEVICE (cuda:0), and per-step time limits KERNELS_TIMEOUT (60 s),
 # PARITY_TIMEOUT (150 s), BENCH_TIMEOUT (330 s), UNFUSED_TIMEOUT (150 s), REF_TIMEOUT (120 s per size).
 # PARITY_ARGS: extra gpu_parity arguments (e.g. "--checkpoints tiny-customvoice --max-cases 3");
@@ -54,7 +56,7 @@ bench() {
     local name=$1 limit=$2 sizes=$3 repeats=$4 graphs=$5; shift 5
     env "$@" timeout "$limit" "$bin/bench_gpu" --template "$fx/tiny-customvoice" --sizes "$sizes" --frames "$FRAMES" \
         --repeats "$repeats" --graphs "$graphs" --first-chunks "${FIRST_CHUNKS:-1,2}" --ar-device "$AR_DEVICE" \
-        --decoder-device "$DECODER_DEVICE" --workdir /tmp --json "$out/$name.json" >"$out/$name.log" 2>&1
+        --decoder-device "$DECODER_DEVICE" --workdir /tmp --json "$out/$name.json" ${BENCH_EXTRA:-} >"$out/$name.log" 2>&1
     echo "bench_gpu ($name) exit $?"
     grep -v '^{' "$out/$name.log" | tail -32
 }
@@ -73,6 +75,14 @@ fi
 if has_step v1; then
     stamp "bench, first fused kernel set only (OMNITTS_FUSED_KERNELS=1)"
     bench v1 "${V1_TIMEOUT:-150}" "$SIZES" 1 on OMNITTS_FUSED_KERNELS=1
+fi
+if has_step sampled; then
+    stamp "bench, sampled decoding (--sample)"
+    BENCH_EXTRA=--sample bench sampled "${SAMPLED_TIMEOUT:-150}" "$SIZES" 1 on
+fi
+if has_step sampled-fused; then
+    stamp "bench, sampled decoding with the fused sampler (OMNITTS_FUSED_SAMPLER=1)"
+    BENCH_EXTRA=--sample bench sampled-fused "${SAMPLED_TIMEOUT:-150}" "$SIZES" 1 on OMNITTS_FUSED_SAMPLER=1
 fi
 if has_step perstep-parity; then
     stamp "parity, code predictor graphs per step"
