@@ -43,6 +43,22 @@ fn drain_ok(bus: &gst::Bus) -> Vec<gst::Message> {
     msgs
 }
 
+/// Pulls to EOS, checks the f32 timeline and drains the bus (no errors): the samples pushed and
+/// the `started` and `done` messages of the utterances, in order.
+fn run_utterances(
+    h: &mut Harness,
+    bus: &gst::Bus,
+) -> (u64, Vec<gst::Structure>, Vec<gst::Structure>) {
+    let bufs = pull_all(h);
+    let n = check_timeline(&bufs, 4);
+    let msgs = drain_ok(bus);
+    (
+        n,
+        element_messages(&msgs, messages::STARTED),
+        element_messages(&msgs, messages::DONE),
+    )
+}
+
 /// The `text` fields of utterance messages, in order.
 fn texts_of(msgs: &[gst::Structure]) -> Vec<&str> {
     msgs.iter()
@@ -205,7 +221,7 @@ fn default_model_is_the_bundled_voice() {
     e.set_property("max-new-tokens", 40u32);
     h.play();
     let bufs = pull_all(&mut h);
-    let msgs = drain_ok(&bus);
+    drain_ok(&bus);
     assert_eq!(e.property::<Option<String>>("speaker"), None);
     let speakers = e.property::<Option<String>>("available-speakers");
     assert_eq!(speakers.as_deref(), Some("joe"));
@@ -275,16 +291,11 @@ fn push_text_queues_utterances_in_order() {
     assert!(e.emit_by_name::<bool>("push-text", &[&"Third one."]));
     e.set_property("text", "Fourth one.");
     pad.remove_probe(probe);
-    let bufs = pull_all(&mut h);
-    let n = check_timeline(&bufs, 4);
-
-    let msgs = drain_ok(&bus);
-    let started = element_messages(&msgs, messages::STARTED);
+    let (n, started, done) = run_utterances(&mut h, &bus);
     assert_eq!(
         texts_of(&started),
         ["First one.", "Second one.", "Third one.", "Fourth one."]
     );
-    let done = element_messages(&msgs, messages::DONE);
     assert_eq!(done.len(), 4);
     let ids: Vec<u64> = done.iter().map(|d| u64_field(d, "id")).collect();
     assert_eq!(ids, [1, 2, 3, 4]);
@@ -311,10 +322,7 @@ fn split_sentences_queues_one_utterance_per_sentence() {
     let e = h.element().unwrap();
     assert!(e.emit_by_name::<bool>("push-text", &[&"Is it late? \"No,\" she said."]));
     h.play();
-    let bufs = pull_all(&mut h);
-    let n = check_timeline(&bufs, 4);
-    let msgs = drain_ok(&bus);
-    let started = element_messages(&msgs, messages::STARTED);
+    let (n, started, done) = run_utterances(&mut h, &bus);
     assert_eq!(
         texts_of(&started),
         [
@@ -324,7 +332,6 @@ fn split_sentences_queues_one_utterance_per_sentence() {
             "\"No,\" she said."
         ]
     );
-    let done = element_messages(&msgs, messages::DONE);
     let samples: u64 = done.iter().map(|d| u64_field(d, "samples")).sum();
     assert_eq!(done.len(), 4);
     assert_eq!(samples, n);
@@ -335,8 +342,7 @@ fn split_sentences_queues_one_utterance_per_sentence() {
         ("max-new-tokens", v(5u32)),
     ]);
     h.play();
-    pull_all(&mut h);
-    let started = element_messages(&drain(&bus), messages::STARTED);
+    let (_, started, _) = run_utterances(&mut h, &bus);
     assert_eq!(texts_of(&started), ["First one. Mr. Smith said hi!"]);
 }
 

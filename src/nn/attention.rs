@@ -313,19 +313,15 @@ impl Attention {
     }
 
     /// The decode path with the fused CUDA kernels (`src/nn/cuda_kernels`): `x` `[batch, t,
-    /// hidden]` (already input-normed) at positions `pos + i`; `cos`/`sin` the f32 RoPE tables from
-    /// position 0 (`[positions, head_dim/2]`). Writes the new keys/values into slots `pos + i` of
-    /// `cache`'s buffers (does not change `cache.seq_len()`) and attends causally to at most
-    /// `max_keys` slots. Returns `[batch, t, hidden]` as [`Self::forward`]. Launches: 1 matmul
+    /// hidden]` (already input-normed) at positions `at.pos + i`, with `at`'s f32 RoPE tables.
+    /// Writes the new keys/values into slots `at.pos + i` of `cache`'s buffers (does not change
+    /// `cache.seq_len()`) and attends causally to at most `at.max_keys` slots. Returns `[batch, t, hidden]` as [`Self::forward`]. Launches: 1 matmul
     /// (q/k/v fused, 3 otherwise) + 1 norm/RoPE/cache write + 1 attention + 1 `o_proj`.
     #[cfg(feature = "cuda")]
     pub(crate) fn forward_fused(
         &self,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        pos: super::cuda_kernels::Pos<'_>,
-        max_keys: usize,
+        at: super::cuda_kernels::DecodeAt<'_>,
         cache: &KvCache,
     ) -> Result<Tensor> {
         let (q, k, v) = match &self.qkv_proj {
@@ -337,7 +333,7 @@ impl Attention {
             ),
         };
         self.o_proj
-            .forward(&self.attend_fused(&q, &k, &v, cos, sin, pos, max_keys, cache)?)
+            .forward(&self.attend_fused(&q, &k, &v, at, cache)?)
     }
 
     /// `qkv` `[batch, t, (heads + 2·kv_heads)·head_dim]` (the fused q/k/v weight's output) as
@@ -358,19 +354,21 @@ impl Attention {
     /// or views of one q/k/v output) → per-head norms, RoPE and cache writes (1 launch),
     /// attention (1 launch) → `[batch, t, heads·head_dim]`, ready for `o_proj`.
     #[cfg(feature = "cuda")]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn attend_fused(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        pos: super::cuda_kernels::Pos<'_>,
-        max_keys: usize,
+        at: super::cuda_kernels::DecodeAt<'_>,
         cache: &KvCache,
     ) -> Result<Tensor> {
         use super::cuda_kernels::{decode_attention, qk_norm_rope};
+        let super::cuda_kernels::DecodeAt {
+            cos,
+            sin,
+            pos,
+            max_keys,
+        } = at;
         let (Some(kb), Some(vb)) = (&cache.k, &cache.v) else {
             candle_core::bail!("fused decoding needs allocated KV buffers");
         };

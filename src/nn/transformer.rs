@@ -119,15 +119,10 @@ impl DecoderLayer {
         &self,
         x: &Tensor,
         normed: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        pos: super::cuda_kernels::Pos<'_>,
-        max_keys: usize,
+        at: super::cuda_kernels::DecodeAt<'_>,
         cache: &KvCache,
     ) -> Result<(Tensor, Tensor)> {
-        let a = self
-            .self_attn
-            .forward_fused(normed, cos, sin, pos, max_keys, cache)?;
+        let a = self.self_attn.forward_fused(normed, at, cache)?;
         let post = &self.post_attention_layernorm;
         let (h, normed) = super::cuda_kernels::add_rms_norm::add_rms_norm(
             x,
@@ -175,14 +170,10 @@ impl DecoderLayer {
     /// post-attention norm + gate/up + SiLU·up → `down_proj` + residual. `x` `[batch, t, hidden]`
     /// contiguous; returns the layer output `[batch, t, hidden]`. Launches: 6 (9 on
     /// [`Self::forward_fused`]). Check [`Self::gemv_ok`] first.
-    #[allow(clippy::too_many_arguments)]
     fn forward_gemv(
         &self,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        pos: super::cuda_kernels::Pos<'_>,
-        max_keys: usize,
+        at: super::cuda_kernels::DecodeAt<'_>,
         cache: &KvCache,
     ) -> Result<Tensor> {
         use super::cuda_kernels::gemv::{gemv_residual, norm_gemv, norm_gemv_silu};
@@ -195,9 +186,7 @@ impl DecoderLayer {
         let (inp, post) = (&self.input_layernorm, &self.post_attention_layernorm);
         let qkv = norm_gemv(x, &inp.weight_as(dtype)?, inp.eps(), qkv_w)?;
         let (q, k, v) = self.self_attn.split_qkv(&qkv)?;
-        let a = self
-            .self_attn
-            .attend_fused(&q, &k, &v, cos, sin, pos, max_keys, cache)?;
+        let a = self.self_attn.attend_fused(&q, &k, &v, at, cache)?;
         let h = gemv_residual(&a, o_w, x)?;
         let act = norm_gemv_silu(&h, &post.weight_as(dtype)?, post.eps(), gate_up_w)?;
         gemv_residual(&act, down_w, &h)
@@ -291,17 +280,23 @@ impl LayerCaches {
         let Some(first) = layers.first() else {
             candle_core::bail!("fused decode over an empty stack");
         };
+        let at = super::cuda_kernels::DecodeAt {
+            cos,
+            sin,
+            pos,
+            max_keys,
+        };
         // The residual stream goes through `add_rms_norm` / the GEMV kernels: contiguous rows.
         let mut x = x.contiguous()?;
         if layers.iter().all(|l| l.gemv_ok(&x)) {
             for (layer, cache) in layers.iter().zip(self.caches.iter()) {
-                x = layer.forward_gemv(&x, cos, sin, pos, max_keys, cache)?;
+                x = layer.forward_gemv(&x, at, cache)?;
             }
             return Ok(x);
         }
         let mut normed = first.input_layernorm.forward(&x)?;
         for (i, (layer, cache)) in layers.iter().zip(self.caches.iter()).enumerate() {
-            let (h, m) = layer.forward_fused(&x, &normed, cos, sin, pos, max_keys, cache)?;
+            let (h, m) = layer.forward_fused(&x, &normed, at, cache)?;
             match layers.get(i + 1) {
                 Some(next) => {
                     let norm = &next.input_layernorm;

@@ -101,6 +101,17 @@ impl<'a> Pos<'a> {
     }
 }
 
+/// Where a fused decode call of a stack runs, passed down through its layers: the f32 RoPE tables
+/// from position 0 (`cos`/`sin` `[positions, head_dim/2]`), the position of the first query row,
+/// and the most key slots a row attends to.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeAt<'a> {
+    pub cos: &'a Tensor,
+    pub sin: &'a Tensor,
+    pub pos: Pos<'a>,
+    pub max_keys: usize,
+}
+
 /// The kernel name for `dtype`: `{base}_bf16` or `{base}_f32`.
 fn kernel_name(base: &str, dtype: DType) -> Result<String> {
     match dtype {
