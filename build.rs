@@ -23,6 +23,16 @@ const KERNELS: &[&str] = &[
     "argmax_embed",
     "embed_sum",
     "sample_embed",
+    "rope_attention",
+    "decode_stack",
+];
+/// Device functions shared between kernels (`#include`d by the .cu files above).
+const HEADERS: &[&str] = &[
+    "common",
+    "gemv",
+    "qk_norm_rope",
+    "decode_attention",
+    "rope_attention",
 ];
 const KERNEL_DIR: &str = "src/nn/cuda_kernels";
 
@@ -32,7 +42,9 @@ fn build_cuda_kernels() {
 
     println!("cargo:rerun-if-env-changed=NVCC");
     println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
-    println!("cargo:rerun-if-changed={KERNEL_DIR}/common.cuh");
+    for name in HEADERS {
+        println!("cargo:rerun-if-changed={KERNEL_DIR}/{name}.cuh");
+    }
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let nvcc = std::env::var("NVCC").unwrap_or_else(|_| {
         let on_path = Command::new("nvcc").arg("--version").output().is_ok();

@@ -10,8 +10,9 @@
 # GRAPHS (both), STEPS ("parity bench ref"; also "kernels": the fused CUDA kernels against the
 # unfused ops, "unfused": the benchmark again with OMNITTS_FUSED_KERNELS=0, graphs on, 1 repeat, and
 # "v1": the same with OMNITTS_FUSED_KERNELS=1, the first fused kernel set only, limit V1_TIMEOUT;
-# "sampled" / "sampled-fused": the benchmark with sampled decoding (--sample), the second with
-# OMNITTS_FUSED_SAMPLER=1, graphs on, 1 repeat, limit SAMPLED_TIMEOUT),
+# "sampled" / "sampled-unfused": the benchmark with sampled decoding (--sample), the second with
+# OMNITTS_FUSED_SAMPLER=0, graphs on, 1 repeat, limit SAMPLED_TIMEOUT; "stack": the benchmark with
+# OMNITTS_DECODE_STACK=1, one launch per decoder stack instead of per-layer kernels, limit V1_TIMEOUT),
 # AR_DEVICE / DECODER_DEVICE (cuda:0), and per-step time limits KERNELS_TIMEOUT (60 s),
 # PARITY_TIMEOUT (150 s), BENCH_TIMEOUT (330 s), UNFUSED_TIMEOUT (150 s), REF_TIMEOUT (120 s per size).
 # PARITY_ARGS: extra gpu_parity arguments (e.g. "--checkpoints tiny-customvoice --max-cases 3");
@@ -76,13 +77,17 @@ if has_step v1; then
     stamp "bench, first fused kernel set only (OMNITTS_FUSED_KERNELS=1)"
     bench v1 "${V1_TIMEOUT:-150}" "$SIZES" 1 on OMNITTS_FUSED_KERNELS=1
 fi
+if has_step stack; then
+    stamp "bench, one launch per decoder stack (OMNITTS_DECODE_STACK=1)"
+    bench stack "${V1_TIMEOUT:-150}" "$SIZES" 1 on OMNITTS_DECODE_STACK=1
+fi
 if has_step sampled; then
     stamp "bench, sampled decoding (--sample)"
     BENCH_EXTRA=--sample bench sampled "${SAMPLED_TIMEOUT:-150}" "$SIZES" 1 on
 fi
-if has_step sampled-fused; then
-    stamp "bench, sampled decoding with the fused sampler (OMNITTS_FUSED_SAMPLER=1)"
-    BENCH_EXTRA=--sample bench sampled-fused "${SAMPLED_TIMEOUT:-150}" "$SIZES" 1 on OMNITTS_FUSED_SAMPLER=1
+if has_step sampled-unfused; then
+    stamp "bench, sampled decoding without the fused sampler (OMNITTS_FUSED_SAMPLER=0)"
+    BENCH_EXTRA=--sample bench sampled-unfused "${SAMPLED_TIMEOUT:-150}" "$SIZES" 1 on OMNITTS_FUSED_SAMPLER=0
 fi
 if has_step perstep-parity; then
     stamp "parity, code predictor graphs per step"

@@ -12,18 +12,22 @@
 //! f32 2e-5 (other summation order over k), bf16 1.6e-2; `argmax_embed` exactly (index and row);
 //! `embed_sum` against the same sum on the host in f32 codebook order, exactly; `sample_embed`
 //! against `DeviceSampler::sample` on the device with the same uniforms (the same code in all but
-//! ≤ 2 % of draws: float roundings at a CDF boundary) and its row exactly.
+//! ≤ 2 % of draws: float roundings at a CDF boundary) and its row exactly; `decode_stack` against
+//! the per-layer kernels it chains, bit for bit (output and caches); `rope_attention` against
+//! `qk_norm_rope_kv` + `decode_attention`, bit for bit.
 
 use anyhow::Result;
 use candle_core::{D, DType, Device, Module, Tensor};
 use gstomnitts::nn::cuda_kernels::{
-    Pos,
+    DecodeAt, Pos,
     add_rms_norm::add_rms_norm,
     argmax_embed::argmax_embed,
     decode_attention::decode_attention,
+    decode_stack::{Barrier, StackAttention, StackLayer, decode_stack, time_grid_barrier},
     embed_sum::embed_sum,
     gemv::{gemv_bias, gemv_residual, norm_gemv, norm_gemv_logits, norm_gemv_silu},
     qk_norm_rope::{Heads, qk_norm_rope_kv},
+    rope_attention::rope_attention,
     sample_embed::sample_embed,
     silu_mul::silu_mul,
 };
@@ -171,6 +175,25 @@ pub fn run(dev: &Device) -> Result<bool> {
                 if dtype == DType::F32 { 2e-5 } else { 1.6e-2 },
             );
         }
+        // The whole-stack kernel against the per-layer kernels: code predictor (hidden 1024,
+        // 5 layers, 16-slot caches) and 1.7B talker (hidden 2048, 3 layers) shapes.
+        for (hidden, inter, layers, cap, t, p, dev_pos) in [
+            (1024usize, 3072usize, 5usize, 16usize, 1usize, 3usize, true),
+            (1024, 3072, 5, 16, 2, 0, false),
+            (2048, 6144, 3, 512, 1, 300, true),
+            (2048, 6144, 3, 512, 1, 0, false),
+        ] {
+            let shape = StackCase {
+                hidden,
+                inter,
+                layers,
+                cap,
+                t,
+                p,
+                dev_pos,
+            };
+            stack_checks(&mut r, dev, dtype, shape, eps)?;
+        }
         argmax_checks(&mut r, dev, dtype)?;
         embed_sum_checks(&mut r, dev, dtype)?;
         sample_embed_checks(&mut r, dev, dtype)?;
@@ -196,6 +219,11 @@ pub fn run(dev: &Device) -> Result<bool> {
                 )?;
             }
         }
+    }
+    // Not a check: what one grid barrier of the stack kernel costs on this GPU.
+    for per_sm in [1, 2, 4] {
+        let (blocks, us) = time_grid_barrier(dev, per_sm, 20_000)?;
+        println!("grid barrier, {blocks} blocks: {us:.2} us");
     }
     println!(
         "kernel checks: {}",
@@ -236,6 +264,8 @@ fn qk_and_attention(
     let kc = randn(&[1, nkv, cap, hd], dtype, dev)?;
     let vc = randn(&[1, nkv, cap, hd], dtype, dev)?;
     let (kc0, vc0) = (kc.copy()?, vc.copy()?);
+    // The same inputs for `rope_attention` (the two kernels in one launch), on its own caches.
+    let (kc1, vc1) = (kc.copy()?, vc.copy()?);
     let pos_t = Tensor::new(&[p as u32], dev)?;
     let pos = if dev_pos {
         Pos::Device(&pos_t)
@@ -327,6 +357,17 @@ fn qk_and_attention(
         dtype,
         rel_err(&got, &want)?,
         tolerance(dtype, true),
+    );
+    // One launch for both: bit-identical output and caches.
+    let merged = rope_attention(
+        &q, &k, &v, &qw, &kw, eps, &cos, &sin, pos, &kc1, &vc1, heads, cap, scale,
+    )?;
+    let caches = rel_err(&kc1, &kc)?.max(rel_err(&vc1, &vc)?);
+    r.check(
+        &format!("rope_attention = both kernels [{tag}]"),
+        dtype,
+        rel_err(&merged, &got)?.max(caches),
+        0.0,
     );
     Ok(())
 }
@@ -542,5 +583,127 @@ fn sample_embed_checks(r: &mut Report, dev: &Device, dtype: DType) -> Result<()>
         );
         r.check(&format!("sample_embed row ({tag})"), dtype, row_err, 0.0);
     }
+    Ok(())
+}
+
+/// A `decode_stack` check: the stack's sizes, `t` rows at position `p` (on the device or not).
+struct StackCase {
+    hidden: usize,
+    inter: usize,
+    layers: usize,
+    cap: usize,
+    t: usize,
+    p: usize,
+    dev_pos: bool,
+}
+
+/// `decode_stack` against the per-layer kernels it chains (`norm_gemv` → `qk_norm_rope_kv` →
+/// `decode_attention` → `gemv_residual` → `norm_gemv_silu` → `gemv_residual`, as
+/// `DecoderLayer::forward_gemv`) on random layers and caches with `p` positions filled: the output
+/// and every cache must be bit-identical (same device functions, same work split).
+fn stack_checks(
+    r: &mut Report,
+    dev: &Device,
+    dtype: DType,
+    case: StackCase,
+    eps: f64,
+) -> Result<()> {
+    let StackCase {
+        hidden,
+        inter,
+        layers,
+        cap,
+        t,
+        p,
+        dev_pos,
+    } = case;
+    let heads = Heads {
+        nh: 16,
+        nkv: 8,
+        hd: 128,
+    };
+    let Heads { nh, nkv, hd } = heads;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let (cos, sin) = tables(cap, hd, dev)?;
+    let mat = |n: usize, k: usize| -> Result<Tensor> {
+        Ok(randn(&[n, k], dtype, dev)?.affine(1.0 / (k as f64).sqrt(), 0.0)?)
+    };
+    let vec = |n: usize| -> Result<Tensor> { Ok(randn(&[n], dtype, dev)?.affine(0.1, 1.0)?) };
+    let mut stack = Vec::new();
+    for _ in 0..layers {
+        stack.push(StackLayer {
+            eps,
+            input_norm: vec(hidden)?,
+            post_norm: vec(hidden)?,
+            attn: StackAttention {
+                heads,
+                qk_eps: eps,
+                scale,
+                qkv: mat((nh + 2 * nkv) * hd, hidden)?,
+                q_norm: vec(hd)?,
+                k_norm: vec(hd)?,
+                o: mat(hidden, nh * hd)?,
+                k_cache: randn(&[1, nkv, cap, hd], dtype, dev)?,
+                v_cache: randn(&[1, nkv, cap, hd], dtype, dev)?,
+            },
+            gate_up: mat(2 * inter, hidden)?,
+            down: mat(hidden, inter)?,
+        });
+    }
+    let x = randn(&[1, t, hidden], dtype, dev)?;
+    let pos_tensor = Tensor::new(&[p as u32], dev)?;
+    let pos = if dev_pos {
+        Pos::Device(&pos_tensor)
+    } else {
+        Pos::Host(p)
+    };
+    let at = DecodeAt {
+        cos: &cos,
+        sin: &sin,
+        pos,
+        max_keys: cap,
+    };
+
+    // The per-layer kernels on copies of the caches.
+    let mut h = x.clone();
+    let mut want_caches = Vec::new();
+    for l in &stack {
+        let a = &l.attn;
+        let (kc, vc) = (a.k_cache.copy()?, a.v_cache.copy()?);
+        let qkv = norm_gemv(&h, &l.input_norm, eps, &a.qkv)?;
+        let (qw, kvw) = (nh * hd, nkv * hd);
+        let q = qk_norm_rope_kv(
+            &qkv.narrow(2, 0, qw)?,
+            &qkv.narrow(2, qw, kvw)?,
+            &qkv.narrow(2, qw + kvw, kvw)?,
+            &a.q_norm,
+            &a.k_norm,
+            eps,
+            &cos,
+            &sin,
+            pos,
+            &kc,
+            &vc,
+            heads,
+        )?;
+        let att = decode_attention(&q, &kc, &vc, pos, cap, scale)?;
+        let mid = gemv_residual(&att, &a.o, &h)?;
+        let act = norm_gemv_silu(&mid, &l.post_norm, eps, &l.gate_up)?;
+        h = gemv_residual(&act, &l.down, &mid)?;
+        want_caches.push((kc, vc));
+    }
+    let got = decode_stack(&x, &stack, at, &Barrier::default())?;
+    let tag = format!(
+        "decode_stack {layers}x[{hidden}/{inter}] t={t} p={p}{}",
+        if dev_pos { " (device pos)" } else { "" }
+    );
+    r.check(&format!("{tag} out"), dtype, rel_err(&got, &h)?, 0.0);
+    let mut cache_err = 0f32;
+    for (l, (kc, vc)) in stack.iter().zip(&want_caches) {
+        cache_err = cache_err
+            .max(rel_err(&l.attn.k_cache, kc)?)
+            .max(rel_err(&l.attn.v_cache, vc)?);
+    }
+    r.check(&format!("{tag} caches"), dtype, cache_err, 0.0);
     Ok(())
 }

@@ -351,8 +351,8 @@ impl Attention {
 
     /// The part of [`Self::forward_fused`] between the projections and `o_proj`: `q` `[batch, t,
     /// heads·head_dim]`, `k`/`v` `[batch, t, kv_heads·head_dim]` (rows evenly spaced: contiguous
-    /// or views of one q/k/v output) → per-head norms, RoPE and cache writes (1 launch),
-    /// attention (1 launch) → `[batch, t, heads·head_dim]`, ready for `o_proj`.
+    /// or views of one q/k/v output) → per-head norms, RoPE and cache writes, attention (one
+    /// launch with every kernel on, else two) → `[batch, t, heads·head_dim]`, ready for `o_proj`.
     #[cfg(feature = "cuda")]
     pub(crate) fn attend_fused(
         &self,
@@ -362,7 +362,7 @@ impl Attention {
         at: super::cuda_kernels::DecodeAt<'_>,
         cache: &KvCache,
     ) -> Result<Tensor> {
-        use super::cuda_kernels::{decode_attention, qk_norm_rope};
+        use super::cuda_kernels::{decode_attention, qk_norm_rope, rope_attention};
         let super::cuda_kernels::DecodeAt {
             cos,
             sin,
@@ -373,24 +373,33 @@ impl Attention {
             candle_core::bail!("fused decoding needs allocated KV buffers");
         };
         let dtype = q.dtype();
-        let q = qk_norm_rope::qk_norm_rope_kv(
-            q,
-            k,
-            v,
-            &self.q_norm.weight_as(dtype)?,
-            &self.k_norm.weight_as(dtype)?,
-            self.q_norm.eps(),
-            cos,
-            sin,
-            pos,
-            kb,
-            vb,
-            qk_norm_rope::Heads {
-                nh: self.num_heads,
-                nkv: self.num_kv_heads,
-                hd: self.head_dim,
-            },
-        )?;
+        let heads = qk_norm_rope::Heads {
+            nh: self.num_heads,
+            nkv: self.num_kv_heads,
+            hd: self.head_dim,
+        };
+        let (q_w, k_w) = (self.q_norm.weight_as(dtype)?, self.k_norm.weight_as(dtype)?);
+        let eps = self.q_norm.eps();
+        if super::cuda_kernels::all_enabled() && rope_attention::supports_head_dim(self.head_dim) {
+            return rope_attention::rope_attention(
+                q,
+                k,
+                v,
+                &q_w,
+                &k_w,
+                eps,
+                cos,
+                sin,
+                pos,
+                kb,
+                vb,
+                heads,
+                max_keys,
+                self.scaling,
+            );
+        }
+        let q =
+            qk_norm_rope::qk_norm_rope_kv(q, k, v, &q_w, &k_w, eps, cos, sin, pos, kb, vb, heads)?;
         decode_attention::decode_attention(&q, kb, vb, pos, max_keys, self.scaling)
     }
 
@@ -402,6 +411,37 @@ impl Attention {
         let qkv = self.qkv_proj.as_ref()?;
         (qkv.bias().is_none() && self.o_proj.bias().is_none())
             .then(|| (qkv.weight(), self.o_proj.weight()))
+    }
+
+    /// This attention with `cache`'s buffers for the whole-stack decode kernel
+    /// ([`super::cuda_kernels::decode_stack`]), in `dtype`; `None` without the fused q/k/v weight
+    /// ([`Self::gemv_weights`]), with a sliding window, or before the cache has buffers.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn stack_attention(
+        &self,
+        cache: &KvCache,
+        dtype: DType,
+    ) -> Result<Option<super::cuda_kernels::decode_stack::StackAttention>> {
+        let (Some((qkv, o)), Some(k_cache), Some(v_cache), None) =
+            (self.gemv_weights(), &cache.k, &cache.v, self.sliding_window)
+        else {
+            return Ok(None);
+        };
+        Ok(Some(super::cuda_kernels::decode_stack::StackAttention {
+            heads: super::cuda_kernels::qk_norm_rope::Heads {
+                nh: self.num_heads,
+                nkv: self.num_kv_heads,
+                hd: self.head_dim,
+            },
+            qk_eps: self.q_norm.eps(),
+            scale: self.scaling,
+            qkv: qkv.clone(),
+            q_norm: self.q_norm.weight_as(dtype)?,
+            k_norm: self.k_norm.weight_as(dtype)?,
+            o: o.clone(),
+            k_cache: k_cache.clone(),
+            v_cache: v_cache.clone(),
+        }))
     }
 
     /// Projections, per-head norms and RoPE: `q` `[b, heads, t, hd]`, `k`/`v` `[b, kv_heads, t, hd]`.

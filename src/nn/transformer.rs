@@ -193,10 +193,44 @@ impl DecoderLayer {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl DecoderLayer {
+    /// This layer with `cache`'s buffers for the whole-stack decode kernel
+    /// ([`super::cuda_kernels::decode_stack`]), in `dtype`; `None` where the layer does not take
+    /// the one-row matmul path's weights or its two norms differ in epsilon.
+    fn stack_layer(
+        &self,
+        cache: &KvCache,
+        dtype: candle_core::DType,
+    ) -> Result<Option<super::cuda_kernels::decode_stack::StackLayer>> {
+        let (inp, post) = (&self.input_layernorm, &self.post_attention_layernorm);
+        let (Some(attn), Some((gate_up, down))) = (
+            self.self_attn.stack_attention(cache, dtype)?,
+            self.mlp.gemv_weights(),
+        ) else {
+            return Ok(None);
+        };
+        if inp.eps() != post.eps() {
+            return Ok(None);
+        }
+        Ok(Some(super::cuda_kernels::decode_stack::StackLayer {
+            eps: inp.eps(),
+            input_norm: inp.weight_as(dtype)?,
+            post_norm: post.weight_as(dtype)?,
+            attn,
+            gate_up: gate_up.clone(),
+            down: down.clone(),
+        }))
+    }
+}
+
 /// One KV cache per layer of a stack.
 #[derive(Debug, Clone)]
 pub struct LayerCaches {
     caches: Vec<KvCache>,
+    /// The whole-stack decode kernel's barrier state (one per stack of caches).
+    #[cfg(feature = "cuda")]
+    stack_barrier: super::cuda_kernels::decode_stack::Barrier,
 }
 
 impl LayerCaches {
@@ -205,6 +239,8 @@ impl LayerCaches {
             caches: (0..num_layers)
                 .map(|_| KvCache::new(capacity_hint))
                 .collect(),
+            #[cfg(feature = "cuda")]
+            stack_barrier: Default::default(),
         }
     }
 
@@ -289,6 +325,9 @@ impl LayerCaches {
         // The residual stream goes through `add_rms_norm` / the GEMV kernels: contiguous rows.
         let mut x = x.contiguous()?;
         if layers.iter().all(|l| l.gemv_ok(&x)) {
+            if let Some(out) = self.run_stack(layers, &x, at)? {
+                return Ok(out);
+            }
             for (layer, cache) in layers.iter().zip(self.caches.iter()) {
                 x = layer.forward_gemv(&x, at, cache)?;
             }
@@ -306,6 +345,33 @@ impl LayerCaches {
             }
         }
         Ok(x)
+    }
+
+    /// [`Self::run_fused`] in one launch of the whole-stack decode kernel
+    /// ([`super::cuda_kernels::decode_stack`]; bit-identical to the per-layer one-row matmul
+    /// path), when it is on and takes this stack; `None` otherwise (nothing launched).
+    #[cfg(feature = "cuda")]
+    fn run_stack(
+        &self,
+        layers: &[DecoderLayer],
+        x: &Tensor,
+        at: super::cuda_kernels::DecodeAt<'_>,
+    ) -> Result<Option<Tensor>> {
+        use super::cuda_kernels::decode_stack;
+        if !super::cuda_kernels::stack_enabled() || layers.len() != self.caches.len() {
+            return Ok(None);
+        }
+        let mut parts = Vec::with_capacity(layers.len());
+        for (layer, cache) in layers.iter().zip(&self.caches) {
+            match layer.stack_layer(cache, x.dtype())? {
+                Some(part) => parts.push(part),
+                None => return Ok(None),
+            }
+        }
+        if !decode_stack::takes(x, &parts, at.max_keys) {
+            return Ok(None);
+        }
+        decode_stack::decode_stack(x, &parts, at, &self.stack_barrier).map(Some)
     }
 
     /// Runs `layers` over `x` (`[batch, t, hidden]`) at positions `seq_len()..seq_len()+t`,

@@ -25,23 +25,19 @@ pub fn supports_head_dim(hd: usize) -> bool {
 }
 
 /// Dynamic shared memory of one block: the scores, the query, the partial sums, the scratch.
-fn shared_bytes(max_keys: usize, hd: usize) -> usize {
+pub(super) fn shared_bytes(max_keys: usize, hd: usize) -> usize {
     (max_keys + hd + THREADS * 8 + 32) * 4
 }
 
-/// Attention of `q` `[batch, nh, t, hd]` (query i at position `pos + i`) over keys/values
-/// `0..=pos + i` of `k_cache`/`v_cache` `[batch, nkv, cap, hd]` (contiguous, query head h reads
-/// kv head `h / (nh / nkv)`), at most `max_keys` keys (≤ [`MAX_KEYS`]; the dynamic shared memory
-/// is sized by it, so a device position must stay below it). `scale` multiplies the scores
-/// (1/√hd). Returns `[batch, t, nh·hd]` in `q`'s dtype, ready for `o_proj`.
-pub fn decode_attention(
+/// The checks of [`decode_attention`] (shapes, dtypes, alignment, the key limit, a host
+/// position's range), shared with [`super::rope_attention`]. Returns `(batch, nh, t, hd, nkv, cap)`.
+pub(super) fn check(
     q: &Tensor,
     k_cache: &Tensor,
     v_cache: &Tensor,
     pos: Pos<'_>,
     max_keys: usize,
-    scale: f64,
-) -> Result<Tensor> {
+) -> Result<(usize, usize, usize, usize, usize, usize)> {
     let dtype = q.dtype();
     expect(q, dtype, "queries")?;
     expect(k_cache, dtype, "k cache")?;
@@ -74,6 +70,24 @@ pub fn decode_attention(
             p + t
         );
     }
+    Ok((b, nh, t, hd, nkv, cap))
+}
+
+/// Attention of `q` `[batch, nh, t, hd]` (query i at position `pos + i`) over keys/values
+/// `0..=pos + i` of `k_cache`/`v_cache` `[batch, nkv, cap, hd]` (contiguous, query head h reads
+/// kv head `h / (nh / nkv)`), at most `max_keys` keys (≤ [`MAX_KEYS`]; the dynamic shared memory
+/// is sized by it, so a device position must stay below it). `scale` multiplies the scores
+/// (1/√hd). Returns `[batch, t, nh·hd]` in `q`'s dtype, ready for `o_proj`.
+pub fn decode_attention(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    pos: Pos<'_>,
+    max_keys: usize,
+    scale: f64,
+) -> Result<Tensor> {
+    let dtype = q.dtype();
+    let (b, nh, t, hd, nkv, cap) = check(q, k_cache, v_cache, pos, max_keys)?;
     let dev = cuda_device(q)?;
     let out = empty(&dev, dtype, (b, t, nh * hd))?;
     let (pq, pk, pv, pout) = (

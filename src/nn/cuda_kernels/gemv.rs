@@ -99,7 +99,7 @@ pub fn norm_gemv_silu(x: &Tensor, norm: &Tensor, eps: f64, w: &Tensor) -> Result
 
 /// Warps that share one output element (split k): the fewest that give [`TARGET_BLOCKS`]
 /// blocks, while each warp still reads at least one 256-element stretch of its row.
-fn warps_per_row(n: usize, k: usize) -> usize {
+pub(super) fn warps_per_row(n: usize, k: usize) -> usize {
     let mut wpr = 1;
     while wpr < 8 && n * wpr / 8 < TARGET_BLOCKS && wpr * 2 * 256 <= k {
         wpr *= 2;

@@ -8,12 +8,14 @@
 //! |---|---|
 //! | [`qk_norm_rope::qk_norm_rope_kv`] | q/k RMSNorm, transposes, RoPE, KV-cache writes |
 //! | [`decode_attention::decode_attention`] | QKᵀ, scale, f32 cast, mask, softmax, casts, PV, copies |
+//! | [`rope_attention::rope_attention`] | the two above in one launch (on the one-row matmul path) |
 //! | [`add_rms_norm::add_rms_norm`] | residual add + the next RMSNorm |
 //! | [`silu_mul::silu_mul`] | SiLU(gate) · up |
 //! | [`argmax_embed::argmax_embed`] | the device sampler's greedy pick + the next input's embedding lookup |
-//! | [`sample_embed::sample_embed`] | the device sampler's top-k/top-p draw + the next input's embedding lookup (opt-in: `OMNITTS_FUSED_SAMPLER=1`, not yet run on a GPU) |
+//! | [`sample_embed::sample_embed`] | the device sampler's top-k/top-p draw + the next input's embedding lookup (`OMNITTS_FUSED_SAMPLER=0` turns it off) |
 //! | [`embed_sum::embed_sum`] | the talker input's 16 code uploads, embedding lookups, sum and text add |
 //! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (6 launches a layer) |
+//! | [`decode_stack::decode_stack`] | a whole stack's decode step (every layer's 6 launches) in one persistent launch (opt-in: `OMNITTS_DECODE_STACK=1`) |
 //!
 //! Numerics as docs/cuda.md states: norms and softmax accumulate in f32, RoPE tables are f32
 //! (rounded to the activation dtype as the reference casts them), activations bf16 (or f32).
@@ -21,15 +23,19 @@
 //!
 //! `OMNITTS_FUSED_KERNELS=0` in the environment turns the fused path off (read once per process),
 //! for A/B runs against the unfused candle ops; `OMNITTS_FUSED_KERNELS=1` keeps only the first four
-//! kernels (9 launches per layer), without [`gemv`], [`argmax_embed`] and [`embed_sum`].
+//! kernels (9 launches per layer), without [`gemv`], [`argmax_embed`] and [`embed_sum`];
+//! [`decode_stack`] is opt-in (`OMNITTS_DECODE_STACK=1`): bit-identical, but slower on an H200
+//! (docs/cuda.md, "One launch per stack").
 
 pub mod add_rms_norm;
 pub mod argmax_embed;
 pub mod decode_attention;
+pub mod decode_stack;
 pub mod embed_sum;
 pub mod fused_linear;
 pub mod gemv;
 pub mod qk_norm_rope;
+pub mod rope_attention;
 pub mod sample_embed;
 pub mod silu_mul;
 
@@ -42,8 +48,8 @@ use candle_core::{DType, Device, Result, Shape, Storage, StorageRef, Tensor};
 
 /// `OMNITTS_FUSED_KERNELS`, read once per process: `0` no fused kernels (candle ops and cuBLAS
 /// only), `1` the per-layer kernels of the first fused version (9 launches per decoder layer),
-/// anything else or unset: all of them ([`gemv`] too: 6 launches per layer, and the
-/// [`argmax_embed`] / [`embed_sum`] frame kernels). For A/B runs.
+/// anything else or unset: all of them ([`gemv`] and [`rope_attention`] too: 5 launches per
+/// layer, and the [`argmax_embed`] / [`embed_sum`] frame kernels). For A/B runs.
 fn level() -> u8 {
     static LEVEL: OnceLock<u8> = OnceLock::new();
     *LEVEL.get_or_init(|| match std::env::var("OMNITTS_FUSED_KERNELS") {
@@ -62,6 +68,15 @@ pub fn enabled() -> bool {
 /// [`embed_sum`]) are on (`OMNITTS_FUSED_KERNELS` unset or above `1`).
 pub fn all_enabled() -> bool {
     level() >= 2
+}
+
+/// Whether the whole-stack decode kernel ([`decode_stack`]) is on: opt-in with
+/// `OMNITTS_DECODE_STACK=1` (read once per process), and only with every other kernel on
+/// ([`all_enabled`]).
+pub fn stack_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    all_enabled()
+        && *ON.get_or_init(|| std::env::var("OMNITTS_DECODE_STACK").is_ok_and(|v| v.trim() == "1"))
 }
 
 /// [`usable_for`] `x` with every kernel on ([`all_enabled`]): the condition of the one-row matmuls

@@ -11,7 +11,7 @@ const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/qk_norm_rope.ptx"));
 const MODULE: &str = "omnitts_qk_norm_rope";
 
 /// Head counts and width of the attention layer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Heads {
     /// Query heads.
     pub nh: usize,
@@ -40,21 +40,22 @@ pub fn supports_head_dim(hd: usize) -> bool {
 ///
 /// Returns the queries `[batch, nh, t, hd]` (what [`super::decode_attention::decode_attention`]
 /// takes). All tensors share `q`'s dtype (bf16 or f32) except the f32 tables.
+/// The checks of [`qk_norm_rope_kv`] (shapes, dtypes, tables, a host position's range), shared
+/// with [`super::rope_attention`]. Returns `(batch, t, cap)`.
 #[allow(clippy::too_many_arguments)]
-pub fn qk_norm_rope_kv(
+pub(super) fn check(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     q_w: &Tensor,
     k_w: &Tensor,
-    eps: f64,
     cos: &Tensor,
     sin: &Tensor,
     pos: Pos<'_>,
     k_cache: &Tensor,
     v_cache: &Tensor,
     heads: Heads,
-) -> Result<Tensor> {
+) -> Result<(usize, usize, usize)> {
     let Heads { nh, nkv, hd } = heads;
     let dtype = q.dtype();
     let (b, t, qw) = q.dims3()?;
@@ -107,6 +108,27 @@ pub fn qk_norm_rope_kv(
             p + t
         );
     }
+    Ok((b, t, cap))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn qk_norm_rope_kv(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    q_w: &Tensor,
+    k_w: &Tensor,
+    eps: f64,
+    cos: &Tensor,
+    sin: &Tensor,
+    pos: Pos<'_>,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    heads: Heads,
+) -> Result<Tensor> {
+    let Heads { nh, nkv, hd } = heads;
+    let dtype = q.dtype();
+    let (b, t, cap) = check(q, k, v, q_w, k_w, cos, sin, pos, k_cache, v_cache, heads)?;
     let dev = cuda_device(q)?;
     let out = empty(&dev, dtype, (b, nh, t, hd))?;
     let (qs, ks, vs) = (row_stride(q)?, row_stride(k)?, row_stride(v)?);
