@@ -168,8 +168,8 @@ impl DecoderLayer {
     /// One layer for a few decode rows with the one-row matmul kernels (`cuda_kernels::gemv`):
     /// input norm + q/k/v → per-head norms, RoPE, cache writes → attention → `o_proj` + residual →
     /// post-attention norm + gate/up + SiLU·up → `down_proj` + residual. `x` `[batch, t, hidden]`
-    /// contiguous; returns the layer output `[batch, t, hidden]`. Launches: 6 (9 on
-    /// [`Self::forward_fused`]). Check [`Self::gemv_ok`] first.
+    /// contiguous; returns the layer output `[batch, t, hidden]`. Launches: 5 (q/k norms, RoPE and
+    /// attention in one; 9 on [`Self::forward_fused`]). Check [`Self::gemv_ok`] first.
     fn forward_gemv(
         &self,
         x: &Tensor,
@@ -295,7 +295,7 @@ impl LayerCaches {
     }
 
     /// Runs `layers` over `x` (`[batch, t, hidden]`, `t` ≤ `FUSED_MAX_ROWS`) at positions
-    /// `pos..pos+t` with the fused CUDA kernels (6 launches per layer with the one-row matmuls when
+    /// `pos..pos+t` with the fused CUDA kernels (5 launches per layer with the one-row matmuls when
     /// every layer takes them ([`DecoderLayer::forward_gemv`]), else 9; ~27 unfused; docs/cuda.md):
     /// writes the new keys/values into those slots of the caches' buffers (allocated, with room;
     /// `seq_len()` unchanged) and attends causally to at most `max_keys` slots. `cos`/`sin`: f32

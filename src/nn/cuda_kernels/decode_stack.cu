@@ -12,7 +12,7 @@
 // with s the residual stream (the input `x` for layer 0, then `out`). Each phase calls the same
 // device function as the per-layer kernels, with the same work split (`wpr` from the launcher),
 // so the output is bit-identical to the per-layer path: only the launches go (docs/cuda.md,
-// "One launch per stack").
+// "q/k norm + attention in one launch, and one launch per stack").
 //
 // Inputs: x [rows, hidden] (rows = batch * t, t <= GEMV_MAX_ROWS), the per-layer weight and
 // cache addresses in `StackLayers` (layouts as the per-layer kernels take them), f32 RoPE tables

@@ -1,11 +1,11 @@
 //! Launcher of `decode_stack.cu`: a whole decoder stack's decode step (a few rows, every layer) in
 //! one persistent kernel whose phases are separated by grid-wide barriers instead of launches.
 //! Same device functions and work split as the per-layer path
-//! (`DecoderLayer::forward_gemv` in `src/nn/transformer.rs`: 6 launches a layer), so the output is
-//! bit-identical to it; a 5-layer code-predictor step goes from ~30 launches to 1. Opt-in
+//! (`DecoderLayer::forward_gemv` in `src/nn/transformer.rs`: 5 launches a layer), so the output is
+//! bit-identical to it; a 5-layer code-predictor step goes from ~25 launches to 1. Opt-in
 //! (`OMNITTS_DECODE_STACK=1`): on an H200 a grid barrier costs about what a launch in a CUDA graph
 //! does (1.9 µs), and the phases lose the per-layer kernels' occupancy, so it is slower
-//! (docs/cuda.md, "One launch per stack").
+//! (docs/cuda.md, "q/k norm + attention in one launch, and one launch per stack").
 //!
 //! Every function errors (nothing is launched) on shapes, dtypes or addresses the kernel does not
 //! take; callers check [`takes`] first and keep the per-layer kernels otherwise.
@@ -13,7 +13,9 @@
 use std::sync::OnceLock;
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{DType, Result, Tensor};
 
@@ -313,22 +315,9 @@ pub fn decode_stack(
 
     let shared = decode_attention::shared_bytes(at.max_keys, hd);
     let func = dev.get_or_load_custom_func(&kernel_name("decode_stack", dtype)?, MODULE, PTX)?;
-    let stream = dev.cuda_stream();
-    let sms = stream
-        .context()
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .w()?;
-    let resident = func
-        .occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, shared, None)
-        .w()?;
-    let per_sm = resident.min(blocks_per_sm());
-    if per_sm == 0 || sms <= 0 {
-        candle_core::bail!(
-            "decode_stack: no block fits on an SM ({shared} bytes of shared memory)"
-        );
-    }
+    let blocks = resident_grid(&dev, &func, shared, blocks_per_sm())?;
     let cfg = LaunchConfig {
-        grid_dim: (sms as u32 * per_sm, 1, 1),
+        grid_dim: (blocks, 1, 1),
         block_dim: (THREADS as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
@@ -364,15 +353,7 @@ pub fn time_grid_barrier(
     };
     let bar = Tensor::zeros(2, DType::U32, device)?;
     let func = dev.get_or_load_custom_func("grid_barrier_bench", MODULE, PTX)?;
-    let stream = dev.cuda_stream();
-    let sms = stream
-        .context()
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .w()?;
-    let resident = func
-        .occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, 0, None)
-        .w()?;
-    let blocks = sms.max(1) as u32 * blocks_per_sm.min(resident).max(1);
+    let blocks = resident_grid(dev, &func, 0, blocks_per_sm)?;
     let run = |n: usize| -> Result<f64> {
         let guard = dev_ptr(&bar, dev)?;
         let n = i32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("{n} barriers")))?;
@@ -394,6 +375,27 @@ pub fn time_grid_barrier(
     let empty = run(0)?;
     let full = run(count)?;
     Ok((blocks, (full - empty).max(0.0) * 1e6 / count.max(1) as f64))
+}
+
+/// The grid of a kernel whose blocks must all run at once (its grid barrier waits for every
+/// block): the SMs × the blocks of `func` that fit on one with `shared` bytes of dynamic shared
+/// memory, at most `per_sm`. Errors when none fits.
+fn resident_grid(dev: &CudaDevice, func: &CudaFunction, shared: usize, per_sm: u32) -> Result<u32> {
+    let sms = dev
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .w()?;
+    let resident = func
+        .occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, shared, None)
+        .w()?;
+    let per_sm = resident.min(per_sm);
+    if per_sm == 0 || sms <= 0 {
+        candle_core::bail!(
+            "decode_stack: no block fits on an SM ({shared} bytes of shared memory)"
+        );
+    }
+    Ok(sms as u32 * per_sm)
 }
 
 /// `t`'s device address, its guard kept in `guards` (alive until the launch is queued).

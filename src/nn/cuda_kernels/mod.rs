@@ -2,7 +2,8 @@
 //! step, code-predictor steps), feature `cuda` only. Each kernel is one CUDA C file here, compiled
 //! to PTX by `build.rs` and loaded through candle's `CudaDevice::get_or_load_custom_func`; each has
 //! a Rust launcher module with its shapes. Per decoder layer they take a decode position from ~27
-//! launches to 6 (docs/cuda.md, "Fused decode kernels" and "One-row matmuls and frame kernels"):
+//! launches to 5 (docs/cuda.md, "Fused decode kernels", "One-row matmuls and frame kernels" and
+//! "q/k norm + attention in one launch, and one launch per stack"):
 //!
 //! | kernel | replaces |
 //! |---|---|
@@ -14,8 +15,8 @@
 //! | [`argmax_embed::argmax_embed`] | the device sampler's greedy pick + the next input's embedding lookup |
 //! | [`sample_embed::sample_embed`] | the device sampler's top-k/top-p draw + the next input's embedding lookup (`OMNITTS_FUSED_SAMPLER=0` turns it off) |
 //! | [`embed_sum::embed_sum`] | the talker input's 16 code uploads, embedding lookups, sum and text add |
-//! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (6 launches a layer) |
-//! | [`decode_stack::decode_stack`] | a whole stack's decode step (every layer's 6 launches) in one persistent launch (opt-in: `OMNITTS_DECODE_STACK=1`) |
+//! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (with `rope_attention`: 5 launches a layer) |
+//! | [`decode_stack::decode_stack`] | a whole stack's decode step (every layer's kernels) in one persistent launch (opt-in: `OMNITTS_DECODE_STACK=1`) |
 //!
 //! Numerics as docs/cuda.md states: norms and softmax accumulate in f32, RoPE tables are f32
 //! (rounded to the activation dtype as the reference casts them), activations bf16 (or f32).
@@ -25,7 +26,7 @@
 //! for A/B runs against the unfused candle ops; `OMNITTS_FUSED_KERNELS=1` keeps only the first four
 //! kernels (9 launches per layer), without [`gemv`], [`argmax_embed`] and [`embed_sum`];
 //! [`decode_stack`] is opt-in (`OMNITTS_DECODE_STACK=1`): bit-identical, but slower on an H200
-//! (docs/cuda.md, "One launch per stack").
+//! (docs/cuda.md, "q/k norm + attention in one launch, and one launch per stack").
 
 pub mod add_rms_norm;
 pub mod argmax_embed;

@@ -1,7 +1,7 @@
 // q/k head norms + RoPE + KV-cache write and the attention of a decode step in one launch: the
 // two kernels `qk_norm_rope.cu` and `decode_attention.cu` chained inside each attention block,
 // so a decoder layer on the one-row matmul path takes 5 launches instead of 6 (docs/cuda.md,
-// "One-row matmuls and frame kernels"). Bit-identical to the two kernels.
+// "q/k norm + attention in one launch, and one launch per stack"). Bit-identical to the two kernels.
 //
 // Each block (query head h, row i, batch b) normalises and rotates its query row into q_rot,
 // normalises, rotates and writes the keys and values of rows 0..=i of its kv head into the cache
