@@ -315,8 +315,9 @@ impl Attention {
     /// The decode path with the fused CUDA kernels (`src/nn/cuda_kernels`): `x` `[batch, t,
     /// hidden]` (already input-normed) at positions `at.pos + i`, with `at`'s f32 RoPE tables.
     /// Writes the new keys/values into slots `at.pos + i` of `cache`'s buffers (does not change
-    /// `cache.seq_len()`) and attends causally to at most `at.max_keys` slots. Returns `[batch, t, hidden]` as [`Self::forward`]. Launches: 1 matmul
-    /// (q/k/v fused, 3 otherwise) + 1 norm/RoPE/cache write + 1 attention + 1 `o_proj`.
+    /// `cache.seq_len()`) and attends causally to at most `at.max_keys` slots. Returns `[batch, t,
+    /// hidden]` as [`Self::forward`]. Launches: 1 matmul (q/k/v fused, 3 otherwise) + 1 or 2 for
+    /// the norms, RoPE, cache write and attention ([`Self::attend_fused`]) + 1 `o_proj`.
     #[cfg(feature = "cuda")]
     pub(crate) fn forward_fused(
         &self,
@@ -373,11 +374,7 @@ impl Attention {
             candle_core::bail!("fused decoding needs allocated KV buffers");
         };
         let dtype = q.dtype();
-        let heads = qk_norm_rope::Heads {
-            nh: self.num_heads,
-            nkv: self.num_kv_heads,
-            hd: self.head_dim,
-        };
+        let heads = self.heads();
         let (q_w, k_w) = (self.q_norm.weight_as(dtype)?, self.k_norm.weight_as(dtype)?);
         let eps = self.q_norm.eps();
         if super::cuda_kernels::all_enabled() && rope_attention::supports_head_dim(self.head_dim) {
@@ -401,6 +398,16 @@ impl Attention {
         let q =
             qk_norm_rope::qk_norm_rope_kv(q, k, v, &q_w, &k_w, eps, cos, sin, pos, kb, vb, heads)?;
         decode_attention::decode_attention(&q, kb, vb, pos, max_keys, self.scaling)
+    }
+
+    /// The head counts and width, as the fused kernels take them.
+    #[cfg(feature = "cuda")]
+    fn heads(&self) -> super::cuda_kernels::qk_norm_rope::Heads {
+        super::cuda_kernels::qk_norm_rope::Heads {
+            nh: self.num_heads,
+            nkv: self.num_kv_heads,
+            hd: self.head_dim,
+        }
     }
 
     /// The fused q/k/v weight `[(heads + 2·kv_heads)·head_dim, hidden]` and `o_proj`'s weight
@@ -428,11 +435,7 @@ impl Attention {
             return Ok(None);
         };
         Ok(Some(super::cuda_kernels::decode_stack::StackAttention {
-            heads: super::cuda_kernels::qk_norm_rope::Heads {
-                nh: self.num_heads,
-                nkv: self.num_kv_heads,
-                hd: self.head_dim,
-            },
+            heads: self.heads(),
             qk_eps: self.q_norm.eps(),
             scale: self.scaling,
             qkv: qkv.clone(),

@@ -5,12 +5,12 @@
 //! stays one sentence). Within a paragraph the boundaries are the Unicode sentence boundaries of
 //! UAX #29 (`unicode-segmentation`), which handle `.`, `!`, `?`, closing quotes and brackets, and
 //! the CJK full stops (`。！？`); a full stop followed by a lower-case word or a number is not a
-//! boundary there (so all-lower-case text splits only at `!` and `?`). UAX #29 does break after titles such as
-//! "Mr." before a capitalised word, and after a quoted exclamation or question before its speech
-//! tag ("Stop!" she said). So a piece that ends in a common English title or a single-letter
-//! initial is joined to the next one, a piece that starts in lower case after a closing quote is
-//! joined to the one before, and a piece with no letter or digit (stray punctuation, an emoji)
-//! goes with its neighbour, so that no text is lost.
+//! boundary there (so all-lower-case text splits only at `!` and `?`). UAX #29 does break after
+//! titles such as "Mr." before a capitalised word, and after a quoted exclamation or question
+//! before its speech tag ("Stop!" she said). So a piece that ends in a common English title or a
+//! single-letter initial is joined to the next one, a piece that starts in lower case after a
+//! closing quote is joined to the one before, and a piece with no letter or digit (stray
+//! punctuation, an emoji) goes with its neighbour, so that no text is lost.
 
 use unicode_segmentation::UnicodeSegmentation;
 

@@ -51,7 +51,6 @@ struct StackLayers {
 struct StackDims {
     int layers, batch, t, hidden, nh, nkv, hd, inter, cap, max_keys;
     int wpr_qkv, wpr_o, wpr_gate_up, wpr_down;  // warps per output row of each matmul
-    int prefetch;                                // nonzero: prefetch_first_tile before phases
     unsigned pos_host;
     float eps, qk_eps, scale;
 };
@@ -84,23 +83,6 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
 
 __device__ __forceinline__ long align8(long n) { return (n + 7) & ~7L; }
 
-// Starts loading into L2 the weight rows of this block's first tile of a later matmul phase
-// (`W` [n (x2 for gate/up: `second` = n), k]), so that phase's first loads hit L2 instead of
-// waiting on HBM after its barrier. Only the first tile: a whole phase may not fit in L2.
-template <typename T>
-__device__ __forceinline__ void prefetch_first_tile(bool on, const void* W, int n, int k,
-                                                    int wpr, int second) {
-    const int per = GEMV_WARPS / wpr, r0 = blockIdx.x * per;
-    if (!on || r0 >= n) return;
-    const long row_bytes = (long)k * sizeof(T);
-    const long bytes = (long)(min(n, r0 + per) - r0) * row_bytes;
-    const char* base = reinterpret_cast<const char*>(W) + r0 * row_bytes;
-    for (long off = threadIdx.x * 128L; off < bytes; off += blockDim.x * 128L) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
-        if (second) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off + second * row_bytes));
-    }
-}
-
 template <typename T>
 __device__ void decode_stack(const StackLayers& L, const StackDims& d, const T* __restrict__ x,
                              T* __restrict__ out, T* __restrict__ scratch, const float* cos,
@@ -123,12 +105,10 @@ __device__ void decode_stack(const StackLayers& L, const StackDims& d, const T* 
         const T* s = l == 0 ? x : out;
         T* kc = reinterpret_cast<T*>(w.k_cache);
         T* vc = reinterpret_cast<T*>(w.v_cache);
-        prefetch_first_tile<T>(d.prefetch, w.o, d.hidden, q_w, d.wpr_o, 0);
         for (int b = blockIdx.x; b < tiles_qkv; b += gridDim.x)
             gemv<T, true, EPI_PLAIN>(s, (const T*)w.input_norm, d.eps, (const T*)w.qkv, s, qkv,
                                      rows, d.hidden, qkv_n, d.wpr_qkv, b);
         grid_sync(bar);
-        prefetch_first_tile<T>(d.prefetch, w.gate_up, d.inter, d.hidden, d.wpr_gate_up, d.inter);
         for (int b = blockIdx.x; b < d.nh * rows; b += gridDim.x) {
             const int head = b % d.nh, row = b / d.nh;
             rope_attention<T>(qkv, qkv + q_w, qkv + q_w + kv_w, qkv_n, qkv_n, qkv_n,
@@ -137,15 +117,10 @@ __device__ void decode_stack(const StackLayers& L, const StackDims& d, const T* 
                               d.qk_eps, d.scale, smem, head, row % d.t, row / d.t);
         }
         grid_sync(bar);
-        prefetch_first_tile<T>(d.prefetch, w.down, d.hidden, d.inter, d.wpr_down, 0);
         for (int b = blockIdx.x; b < tiles_o; b += gridDim.x)
             gemv<T, false, EPI_RESIDUAL>(a, a, 0.f, (const T*)w.o, s, h, rows, q_w, d.hidden,
                                          d.wpr_o, b);
         grid_sync(bar);
-        if (l + 1 < d.layers) {
-            const LayerPtrs& next = L.layer[l + 1];
-            prefetch_first_tile<T>(d.prefetch, next.qkv, qkv_n, d.hidden, d.wpr_qkv, 0);
-        }
         for (int b = blockIdx.x; b < tiles_gu; b += gridDim.x)
             gemv<T, true, EPI_SILU>(h, (const T*)w.post_norm, d.eps, (const T*)w.gate_up, h, act,
                                     rows, d.hidden, d.inter, d.wpr_gate_up, b);

@@ -22,7 +22,7 @@ use candle_core::{DType, Result, Tensor};
 use super::decode_attention::{self, MAX_KEYS};
 use super::gemv::{self, MAX_ROWS};
 use super::qk_norm_rope::Heads;
-use super::{DecodeAt, DevPtr, cuda_device, dev_ptr, empty, kernel_name};
+use super::{DecodeAt, DevPtr, cuda_device, dev_ptr, empty, kernel_name, rope_attention};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/decode_stack.ptx"));
 const MODULE: &str = "omnitts_decode_stack";
@@ -120,7 +120,6 @@ struct StackDims {
     wpr_o: i32,
     wpr_gate_up: i32,
     wpr_down: i32,
-    prefetch: i32,
     pos_host: u32,
     eps: f32,
     qk_eps: f32,
@@ -151,9 +150,7 @@ fn check(x: &Tensor, layers: &[StackLayer], max_keys: usize) -> Result<Sizes> {
         && (1..=MAX_ROWS).contains(&rows)
         && nkv > 0
         && nh.is_multiple_of(nkv)
-        && hd.is_multiple_of(64)
-        && hd / 2 <= THREADS
-        && decode_attention::supports_head_dim(hd)
+        && rope_attention::supports_head_dim(hd)
         && (1..=MAX_KEYS).contains(&max_keys)
         && layers.iter().all(|l| {
             let a = &l.attn;
@@ -205,7 +202,8 @@ struct Sizes {
 }
 
 /// Whether [`decode_stack`] takes `x` `[batch, t, hidden]` through `layers` (shapes, dtypes,
-/// layouts, at most [`MAX_LAYERS`] layers and [`gemv::MAX_ROWS`] rows, `max_keys` ≤ [`MAX_KEYS`]).
+/// layouts, at most [`MAX_LAYERS`] layers and [`gemv::MAX_ROWS`] rows, `max_keys` ≤
+/// [`MAX_KEYS`]).
 pub fn takes(x: &Tensor, layers: &[StackLayer], max_keys: usize) -> bool {
     check(x, layers, max_keys).is_ok()
 }
@@ -305,7 +303,6 @@ pub fn decode_stack(
         wpr_o: int(gemv::warps_per_row(hidden, nh * hd))?,
         wpr_gate_up: int(gemv::warps_per_row(inter, hidden))?,
         wpr_down: int(gemv::warps_per_row(hidden, inter))?,
-        prefetch: i32::from(prefetch()),
         pos_host: u32::try_from(pos_host)
             .map_err(|_| candle_core::Error::Msg(format!("decode_stack: position {pos_host}")))?,
         eps: layers[0].eps as f32,
@@ -404,13 +401,6 @@ fn keep<'t>(guards: &mut Vec<DevPtr<'t>>, t: &'t Tensor, dev: &CudaDevice) -> Re
     let addr = p.addr;
     guards.push(p);
     Ok(addr)
-}
-
-/// Whether the stack kernel prefetches each block's first tile of a later matmul phase into L2:
-/// unless `OMNITTS_STACK_PREFETCH=0` (read once per process; for A/B runs).
-fn prefetch() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("OMNITTS_STACK_PREFETCH").is_ok_and(|v| v.trim() == "0"))
 }
 
 /// Blocks per SM of the stack kernel (at most what fits): `OMNITTS_STACK_BLOCKS_PER_SM`, read once

@@ -24,7 +24,8 @@
 //!
 //! `OMNITTS_FUSED_KERNELS=0` in the environment turns the fused path off (read once per process),
 //! for A/B runs against the unfused candle ops; `OMNITTS_FUSED_KERNELS=1` keeps only the first four
-//! kernels (9 launches per layer), without [`gemv`], [`argmax_embed`] and [`embed_sum`];
+//! kernels (9 launches per layer), without [`gemv`], [`rope_attention`], [`argmax_embed`] and
+//! [`embed_sum`];
 //! [`decode_stack`] is opt-in (`OMNITTS_DECODE_STACK=1`): bit-identical, but slower on an H200
 //! (docs/cuda.md, "q/k norm + attention in one launch, and one launch per stack").
 
