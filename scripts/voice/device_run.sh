@@ -12,8 +12,8 @@
 #           with DDP=1 one run data-parallel over both GPUs (torchrun; batch TB per GPU, learning rate TLR1), else two
 #           variants at once: GPU 0 with TLR0, GPU 1 with TLR1. Back: model.safetensors of each run (t0/, t1/), with VAL
 #           also best.safetensors (the weights of the best validation CE), with SNAP=N the weights every N steps
-#           (snap-STEP.safetensors, ~16 MB each packed: about 5 besides the final weights fit the 8 files that come
-#           back), and log.txt.
+#           (snap-STEP.safetensors, ~16.3 MB each packed; what comes back is at most 64 MiB in all, so only the final
+#           (and best) weights and each run's latest snapshots up to MAXW=4 weight files are packed), and log.txt.
 #   CALL=3  More data only: the CPUs render teacher audio for the rows not in EXCLUDE (a file of ids), then GPU 0
 #           encodes it with the carried quantizer (QUANT, e.g. quantizer16.pt) into codes2.pt.xz (the compact codes
 #           format). With GPUPACK (a scripts/gpu-pack.sh folder, carried) GPU 1 meanwhile runs scripts/gpu-run.sh
@@ -215,7 +215,17 @@ for v in map(int, sys.argv[2:]):
                       os.path.join(w, f"t{v}", dst), metadata={"format": "pt", "step": str(st["step"])})
             print(f"t{v}/{dst}: step {st['step']}")
 EOF
-  ITEMS=$(for v in $RUNS; do ls "$W/t$v"/*.safetensors | sed "s|^$W/||"; done)
+  # at most MAXW weight files come back (~16.3 MB each packed; $OUT's 64 MiB in all): the final (and best) weights,
+  # then each run's latest snapshots
+  MAXW=${MAXW:-4}; ITEMS=""; n=0; nr=$(echo $RUNS | wc -w)
+  for v in $RUNS; do for f in model best; do
+    if [ -f "$W/t$v/$f.safetensors" ]; then ITEMS="$ITEMS t$v/$f.safetensors"; n=$((n + 1)); fi
+  done; done
+  k=$(( (MAXW - n) / nr )); [ "$k" -lt 0 ] && k=0
+  for v in $RUNS; do
+    ITEMS="$ITEMS $(ls "$W/t$v"/snap-*.safetensors 2>/dev/null | sort -V | tail -n "$k" | sed "s|^$W/||" | tr '\n' ' ')"
+  done
+  echo "packing:$ITEMS"
 fi
 
 # --- pack --------------------------------------------------------------------------------------------------------
