@@ -23,7 +23,10 @@
 #           speech_tokenizer (an export folder, bf16 is enough) on that audio until DEADLINE: GPU 0 with CODEC_EXTRA0
 #           and CLR0 (e.g. the discriminator: --gan-start 0), GPU 1 with CODEC_EXTRA1 and CLR1. Back: the variants'
 #           speech_tokenizer weights (c0/, c1/, f32), codes3.pt.xz, log.txt. CODES3=0 skips the encoding (the
-#           decoders then get its time; for ids whose codes exist already).
+#           decoders then get its time; for ids whose codes exist already). With GTA=folder (an export with the talker's
+#           config.json + model.safetensors) both decoders learn from ground-truth-aligned codes: codebook 0 of the
+#           audio, the residual codebooks as that talker's code predictor greedily predicts them (train.py gta_codes;
+#           GTA_SHARE0/1: the share of utterances that get them, default 1; QUANT may then hold codebook 0 only).
 #
 # The folder it lives in (VP, carried) holds train.py and render_ids.py (copies of scripts/voice), wheels/
 # (transformers 4.57.3, accelerate 1.12.0, tokenizers 0.22.1, qwen-tts 0.1.1, einops, safetensors, huggingface_hub
@@ -31,6 +34,8 @@
 # --only-binary=:all: --python-version 3.12 ...`), tok/ (train.py's tokenizer step, run here) and, for CALL=1,
 # joe-w16.onnx (onnx_fp16_weights.py), ids.jsonl.gz (every training row of teacher.py --ids-only, shuffled) and
 # test-ids.jsonl (the 50 test sentences' ids). Device command: `CALL=1 bash VP/run.sh` (run tool timeout 600 s).
+# Any FILE.xz in the folder (e.g. joe-w16.onnx.xz, init/model.safetensors.xz: bf16 weights pack to ~70 %) is
+# unpacked next to it first, to fit the 64 MiB carry.
 # CPU dry run: OUT=... W=... DEV=cpu AMP= WHEELS=0 NR=2 RENDER_S=30 DEADLINE=150 CB=4 TB=4 PYR=<venv with onnxruntime> \
 #   KM="--kmeans-k 64 --kmeans-iters 2" PY=<venv with torch> CALL=1 bash run.sh
 set -u
@@ -54,6 +59,9 @@ if [ "${WHEELS:-1}" = 1 ]; then
   export PYTHONPATH=/tmp/site
 fi
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'transformers', transformers.__version__)"
+find "$VP" -name '*.xz' ! -name '*.pt.xz' | while read -r f; do     # codes files (*.pt.xz) are read packed
+  [ -e "${f%.xz}" ] || $PY -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$f" "${f%.xz}"
+done
 cp -r "$VP/tok" "$W/tok"
 gpu() { if [ "$DEV" = cuda ]; then echo "CUDA_VISIBLE_DEVICES=$1"; fi; }
 A=(--work "$W" --size "$SIZE" --device "$DEV" $AMP --log-every 100)
@@ -160,10 +168,11 @@ elif [ "$CALL" = 4 ]; then
   DMIN=$(left_min $((DEADLINE - 30)))
   el decoders for "$DMIN" min
   for v in 0 1; do
-    LR=CLR$v; EX=CODEC_EXTRA$v
-    mkdir -p "$W/c$v"; cp "$W/quantizer.pt" "$W/c$v/"
+    LR=CLR$v; EX=CODEC_EXTRA$v; GS=GTA_SHARE$v
+    mkdir -p "$W/c$v"; cp "$W/quantizer.pt" "$W/c$v/"; cp -r "$W/tok" "$W/c$v/"
     env $(gpu $v) $PY "$VP/train.py" codec --work "$W/c$v" --size "$SIZE" --device "$DEV" $AMP --log-every 100 \
         --manifest "$W/a.jsonl" --init-from "$VP/$INIT" --codec-batch "$CB" --codec-lr "${!LR:-$CLR}" \
+        ${GTA:+--gta-from "$VP/$GTA" --gta-share "${!GS:-1}"} \
         --codec-warmup 100 --codec-steps 1000000 --max-minutes "$DMIN" ${!EX:-} > "$W/codec$v.log" 2>&1 &
     eval "P$v=$!"
   done

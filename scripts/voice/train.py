@@ -19,7 +19,9 @@ Steps (each writes into WORK; run them in order, or `all`):
              multi-scale STFT discriminator): with --scheme mel as a vocoder from the fixed codes (its codebook vectors
              are ordinary parameters, started from the centroids' principal axes); with --scheme learned (the first
              device run) together with a small conv encoder (training only, not exported) and the official split RVQ
-             (EMA k-means updates written into `embedding_sum`/`cluster_usage`).
+             (EMA k-means updates written into `embedding_sum`/`cluster_usage`). --gta-from EXPORT: the decoder
+             learns from ground-truth-aligned codes instead (gta_codes: the residual codebooks as the code predictor
+             predicts them), i.e. from the inputs it gets at inference.
   codes      encodes every teacher utterance into [frames, n] codes (WORK/codes.pt, or --codes-out).
   talker     trains talker + code predictor on (text, codes; --codes: one or more files) in the non-streaming CustomVoice prompt format (the
              format omnitts and the reference use by default for CustomVoice): language "english" or "auto" at random,
@@ -27,7 +29,9 @@ Steps (each writes into WORK; run them in order, or `all`):
              CE on the logits of the official `talker.forward_sub_talker_finetune` (its built-in loss shifts the
              labels once too often, so it is not used).
   roundtrip  (evaluation) encodes + decodes the utterances of --manifest with the trained codec, for wer.py: the
-             codec's own ceiling, separate from the talker's.
+             codec's own ceiling, separate from the talker's. With --gta-from EXPORT the residual codebooks are the
+             ones that export's code predictor greedily predicts (codebook 0 stays the audio's): what the decoder
+             gets at inference when the talker picks the right codebook-0 code.
   probe      (diagnosis) teacher-forced CE of an export with altered inputs: wrong text, random residual codes.
   export     writes the checkpoint directory (bf16 model.safetensors, f32 speech_tokenizer/model.safetensors, configs,
              vocab.json/merges.txt/tokenizer_config.json) and checks it loads through the official
@@ -701,6 +705,13 @@ def step_codec(a, size, ns):
         # fixed codes: no encoder; the decoder's codebook vectors are ordinary trainable parameters
         q, fmel = load_quantizer(torch, a.work, dev)
         mel_codes = encode_audio(torch, q, fmel, audio, dev)
+        if a.gta_from:
+            if a.gta_share < 1 and mel_codes and mel_codes[0].shape[1] < size["n_q"]:
+                raise SystemExit("codec --gta-share < 1 needs a quantizer with every codebook")
+            gta = gta_replace(a, ns, size, dev, rows, mel_codes)
+            # a share (1 - --gta-share) of the utterances keep their true residual codes
+            keep = random.Random(a.seed).random
+            mel_codes = [g if keep() < a.gta_share else c for g, c in zip(gta, mel_codes)]
         enc = torch.nn.Module()
     for n, p in dec.named_parameters():
         if n.endswith("cluster_usage") or (n.endswith("embedding_sum") and mel_codes is None):
@@ -939,12 +950,14 @@ def collate(torch, exs, dev):
     return [t.to(dev, non_blocking=True) for t in (text, codec, labels, att, frames, fmask)]
 
 
-def talker_loss(torch, model, batch, resid_noise=0.0):
-    """Codebook-0 CE (incl. EOS) and code-predictor CE of one collated batch. resid_noise: the share of frames whose
-    residual codes (codebooks 1..n_q-1) in the talker's *input* are replaced by uniformly random codes (targets stay
-    true). At inference those inputs are the code predictor's own samples, which carry nothing the talker's state did
-    not already hold, only sampling noise; a talker trained on the true residuals learns to read them (for k-means
-    residuals they nearly identify the utterance) and derails on sampled ones."""
+def talker_forward(torch, model, batch, resid_noise=0.0):
+    """The talker teacher-forced on one collated batch. resid_noise: the share of frames whose residual codes
+    (codebooks 1..n_q-1) in the talker's *input* are replaced by uniformly random codes (targets stay true). At
+    inference those inputs are the code predictor's own samples, which carry nothing the talker's state did not
+    already hold, only sampling noise; a talker trained on the true residuals learns to read them (for k-means
+    residuals they nearly identify the utterance) and derails on sampled ones.
+    Returns (the talker's output incl. its codebook-0 CE, the hidden states [N, hidden] that predict the N frames,
+    the frames' true codes [N, n_q])."""
     text, codec, labels, att, frames, fmask = batch
     t = model.talker
     emb = t.text_projection(t.model.text_embedding(text)) * att[..., None]
@@ -961,14 +974,88 @@ def talker_loss(torch, model, batch, resid_noise=0.0):
     emb = emb + femb * fmask[..., None]
     out = t(inputs_embeds=emb, attention_mask=att, labels=labels, output_hidden_states=True)
     hidden = out.hidden_states[0][-1][:, :-1]        # hidden at p-1 predicts the frame at p
-    h = hidden[fmask[:, 1:]]
-    c = frames[fmask]
+    return out, hidden[fmask[:, 1:]], frames[fmask]
+
+
+def talker_loss(torch, model, batch, resid_noise=0.0):
+    """Codebook-0 CE (incl. EOS) and code-predictor CE of one collated batch (resid_noise: see talker_forward)."""
+    out, h, c = talker_forward(torch, model, batch, resid_noise)
     # forward_sub_talker_finetune's own loss goes through the causal-LM loss, which shifts the labels by one
     # more position (lm_head[i-1] at position i would learn code i+1); the logits are right, so score them here.
-    logits, _ = t.forward_sub_talker_finetune(c, h)            # [N, n_q-1, 2048]: logits[:, i-1] -> code i
+    logits, _ = model.talker.forward_sub_talker_finetune(c, h)            # [N, n_q-1, 2048]: logits[:, i-1] -> code i
     sub_loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                                                  c[:, 1:].reshape(-1))
     return out.loss, sub_loss
+
+
+def greedy_residuals(torch, model, h, code0):
+    """The code predictor's greedy residual codes (codebooks 1..n_q-1) for frames whose talker hidden states h
+    [N, hidden] and codebook-0 codes code0 [N] are given: what inference decodes when the talker picks code0
+    (generation_config subtalker_dosample=false). The code predictor is causal, so filling one codebook per pass
+    of forward_sub_talker_finetune is exactly its autoregressive greedy loop. Returns [N, n_q] codes."""
+    n_q = model.talker.config.num_code_groups
+    c = torch.zeros(len(code0), n_q, dtype=torch.long, device=code0.device)
+    c[:, 0] = code0
+    for i in range(1, n_q):
+        logits, _ = model.talker.forward_sub_talker_finetune(c, h)
+        c[:, i] = logits[:, i - 1].argmax(-1)
+    return c
+
+
+def gta_codes(torch, model, tok, ids, data, dev, batch=32):
+    """Ground-truth-aligned codes for decoder training: for every utterance of `data` (dicts with text and codes
+    [T, n_q]), its true codebook-0 codes with the residual codebooks replaced by what the code predictor greedily
+    predicts from the talker teacher-forced on them. As at inference, each frame's input to the talker holds the
+    residual codes predicted for it: a first pass with random residual inputs (what the talker was trained on,
+    --resid-noise 1) predicts them, a second pass reads them and predicts again. The decoder then learns from the
+    residual codes it gets at inference, with the true audio as target (as Tacotron 2 trains its WaveNet on
+    ground-truth-aligned predictions). Returns a list of [T, n_q] int16 tensors."""
+    out = []
+    with torch.no_grad():
+        for b in range(0, len(data), batch):
+            exs = [example_tensors(torch, build_example(tok, ids, d["text"], d["codes"], "english"))
+                   for d in data[b:b + batch]]
+            _, h, c = talker_forward(torch, model, collate(torch, exs, dev), resid_noise=1.0)
+            pred = greedy_residuals(torch, model, h, c[:, 0]).cpu()
+            n = 0
+            for e in exs:
+                T = e["codes"].shape[0]
+                e["codes"] = pred[n:n + T]
+                n += T
+            _, h, c = talker_forward(torch, model, collate(torch, exs, dev))
+            pred = greedy_residuals(torch, model, h, c[:, 0]).to(torch.int16).cpu()
+            n = 0
+            for e in exs:
+                T = e["codes"].shape[0]
+                out.append(pred[n:n + T])
+                n += T
+    return out
+
+
+def gta_replace(a, ns, size, dev, rows, mel_codes):
+    """--gta-from: mel_codes (per utterance [T, n_q], or [T, 1] from a quantizer that holds codebook 0 only) with
+    their residual codebooks replaced by gta_codes() of the talker of the export a.gta_from (tokenizer from
+    WORK/tok). Returns [T, n_q] int16 codes per utterance."""
+    import torch
+    n_q = size["n_q"]
+    full = bool(mel_codes) and mel_codes[0].shape[1] == n_q
+    if not full:
+        # the talker reads random residual inputs anyway (resid_noise=1), so only codebook 0 has to be real
+        mel_codes = [torch.nn.functional.pad(c, (0, n_q - c.shape[1])) for c in mel_codes]
+    tok_dir = os.path.join(a.work, "tok")
+    tok, ids = load_tokenizer(tok_dir), special_ids(tok_dir)
+    model = build_talker(ns, size, ids).to(dev)
+    load_export_weights(model, a.gta_from)
+    model.eval()
+    t0 = time.time()
+    data = [dict(text=r["text"], codes=c.long()) for r, c in zip(rows, mel_codes)]
+    pred = gta_codes(torch, model, tok, ids, data, dev)
+    same = ""
+    if full:
+        eq = sum(int((p[:, 1:] == c[:, 1:].to(p.dtype)).sum()) for p, c in zip(pred, mel_codes))
+        same = f"; {100 * eq / max(sum(c[:, 1:].numel() for c in mel_codes), 1):.1f} % equal to the quantizer's"
+    log(f"gta: residual codes of {len(pred)} utterances from {a.gta_from} ({time.time() - t0:.0f} s{same})")
+    return pred
 
 
 def build_talker(ns, size, ids):
@@ -1222,6 +1309,8 @@ def step_roundtrip(a, size, ns):
     if a.scheme == "mel":
         q, fmel = load_quantizer(torch, a.work, dev)
         mel_codes = encode_audio(torch, q, fmel, audio, dev)
+        if a.gta_from:
+            mel_codes = gta_replace(a, ns, size, dev, rows, mel_codes)
     else:
         enc.load_state_dict(st["encoder"])
         enc.eval()
@@ -1313,6 +1402,9 @@ def main():
                          "checkpoints can be compared by wer.py (the error rate moves by several points between them)")
     ap.add_argument("--init-from", help="talker / codec / roundtrip: start from (or use) an exported checkpoint "
                     "directory's weights (talker: model.safetensors; codec: speech_tokenizer/)")
+    ap.add_argument("--gta-from", help="codec / roundtrip (mel scheme): replace the residual codes by the code "
+                    "predictor's greedy ones from this export's talker, teacher-forced on the true codebook 0 (gta_codes)")
+    ap.add_argument("--gta-share", type=float, default=1.0, help="codec --gta-from: share of utterances that get them")
     ap.add_argument("--probe-n", type=int, default=48, help="probe: utterances")
     ap.add_argument("--init-step", type=int, default=0, help="talker: step count of --init-from (logs, warm-up)")
     ap.add_argument("--p-english", type=float, default=0.5, help="share of prompts with language=english (else auto)")
