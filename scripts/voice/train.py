@@ -1015,20 +1015,12 @@ def gta_codes(torch, model, tok, ids, data, dev, batch=32):
         for b in range(0, len(data), batch):
             exs = [example_tensors(torch, build_example(tok, ids, d["text"], d["codes"], "english"))
                    for d in data[b:b + batch]]
+            frames = [e["codes"].shape[0] for e in exs]
             _, h, c = talker_forward(torch, model, collate(torch, exs, dev), resid_noise=1.0)
-            pred = greedy_residuals(torch, model, h, c[:, 0]).cpu()
-            n = 0
-            for e in exs:
-                T = e["codes"].shape[0]
-                e["codes"] = pred[n:n + T]
-                n += T
+            for e, p in zip(exs, greedy_residuals(torch, model, h, c[:, 0]).cpu().split(frames)):
+                e["codes"] = p
             _, h, c = talker_forward(torch, model, collate(torch, exs, dev))
-            pred = greedy_residuals(torch, model, h, c[:, 0]).to(torch.int16).cpu()
-            n = 0
-            for e in exs:
-                T = e["codes"].shape[0]
-                out.append(pred[n:n + T])
-                n += T
+            out += greedy_residuals(torch, model, h, c[:, 0]).to(torch.int16).cpu().split(frames)
     return out
 
 
@@ -1047,6 +1039,7 @@ def gta_replace(a, ns, size, dev, rows, mel_codes):
     model = build_talker(ns, size, ids).to(dev)
     load_export_weights(model, a.gta_from)
     model.eval()
+    torch.manual_seed(a.seed)                       # the first pass's random residual inputs
     t0 = time.time()
     data = [dict(text=r["text"], codes=c.long()) for r, c in zip(rows, mel_codes)]
     pred = gta_codes(torch, model, tok, ids, data, dev)
