@@ -4,7 +4,8 @@
 //! - parity: the fixture's reference audio written as a 24 kHz mono F32 WAV gives the official
 //!   waveform, ICL (`ref-text`) and x-vector only, so the decode path is exact at 24 kHz F32;
 //! - another format and rate (16-bit 44.1 kHz stereo) decodes to 24 kHz mono of the right length,
-//!   close to the original, and gives an encoding close to the official one;
+//!   close to the original, and gives an encoding close to the official one; other rates resample
+//!   as the official reference does (librosa / libsoxr HQ), to 1e-6;
 //! - the engine's cache: two utterances with one reference encode it once;
 //! - concurrent elements with different references (and a CustomVoice one) never mix;
 //! - every misuse is a bus error naming the property and value with a failed state change, or a
@@ -29,7 +30,7 @@ use gst::prelude::*;
 use gst_check::Harness;
 use gstomnitts::engine::{DeviceSpec, Engine, EngineOptions, StageConfig};
 use gstomnitts::omnittssrc::messages;
-use gstomnitts::omnittssrc::ref_audio::{decode_ref_audio, location_to_uri};
+use gstomnitts::omnittssrc::ref_audio::{decode_ref_audio, location_to_uri, resample_to_ref_rate};
 use reference_util::{Suite, code_rows, f32s, reference_suite, rel_l2};
 use serde_json::Value;
 
@@ -277,6 +278,49 @@ fn element_clone_equals_reference_icl_and_x_vector() {
         let done = out.done();
         assert_eq!(done.len(), 1);
         assert_eq!(done[0].get::<String>("reason").unwrap(), "length");
+    }
+}
+
+/// Reference recordings at other rates are resampled as the official reference does
+/// (`librosa.resample` → libsoxr HQ, then `fix_length` to ⌈n · (24000 / sr)⌉):
+/// `tests/fixtures/reference/resample.safetensors` holds signals at 8, 16, 22.05, 44.1 and 48 kHz
+/// and librosa's 24 kHz results. Each one through `resample_to_ref_rate`, and one read from a F32
+/// WAV file through `decode_ref_audio` (GStreamer decodes at the file's rate), must match them in
+/// length and to 1e-6 (bit-identical with the same libsoxr release).
+#[test]
+fn other_rates_resample_like_the_reference() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference/resample.safetensors");
+    let tensors = candle_core::safetensors::load(&path, &candle_core::Device::Cpu).unwrap();
+    let mut inputs: Vec<&String> = tensors.keys().filter(|k| k.starts_with("in_")).collect();
+    inputs.sort();
+    assert!(inputs.len() >= 5, "{inputs:?}");
+    let dir = TempDir::new("resample");
+    for key in inputs {
+        let rate: u32 = key.split('_').nth(1).unwrap().parse().unwrap();
+        let input = f32s(&tensors[key]);
+        let want = f32s(&tensors[&key.replacen("in_", "out_", 1)]);
+        let got = resample_to_ref_rate(&input, rate).unwrap();
+        assert_eq!(got.len(), want.len(), "{key}: length");
+        let max = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!(
+            "{key}: {} -> {} samples, max |diff| {max:e}",
+            input.len(),
+            got.len()
+        );
+        assert!(max < 1e-6, "{key}: max |diff| {max:e}");
+
+        let wav = dir.path().join(format!("{key}.wav"));
+        write_f32_wav(&wav, &input, rate);
+        let decoded = decode_ref_audio(wav.to_str().unwrap(), usize::MAX).unwrap();
+        assert_eq!(
+            decoded, got,
+            "{key}: decode_ref_audio differs from resample_to_ref_rate"
+        );
     }
 }
 

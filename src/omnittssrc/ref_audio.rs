@@ -2,15 +2,17 @@
 //! (WAV, FLAC, Ogg, MP3, … at any rate and channel count) becomes 24 kHz mono `f32` samples, the
 //! input of [`Engine::voice_clone_prompt`](crate::engine::Engine::voice_clone_prompt).
 //!
-//! A private pipeline does the work, outside any application pipeline:
+//! A private pipeline decodes at the recording's own rate, outside any application pipeline:
 //!
 //! ```text
-//! uridecodebin uri=… ! audioconvert ! audioresample ! audio/x-raw,format=F32LE,rate=24000,channels=1,layout=interleaved ! fakesink
+//! uridecodebin uri=… ! audioconvert ! audio/x-raw,format=F32LE,channels=1,layout=interleaved ! fakesink
 //! ```
 //!
-//! `audioconvert` mixes channels down to mono (the mean for stereo) and `audioresample` converts the
-//! rate at its best quality (10; a reference is at most a minute long); a 24 kHz mono F32 file
-//! passes through both unchanged, sample for sample.
+//! `audioconvert` mixes channels down to mono (the mean for stereo, as `librosa.load(mono=True)`).
+//! A rate other than 24 kHz is then converted as the official reference does
+//! (`qwen_tts`' `librosa.resample(y, orig_sr=sr, target_sr=24000)`, i.e. libsoxr's high-quality
+//! recipe through python-soxr, then `librosa.util.fix_length` to ⌈n · (24000 / sr)⌉ samples):
+//! [`resample_to_ref_rate`]. A 24 kHz mono F32 file passes through unchanged, sample for sample.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,9 +82,14 @@ pub fn location_to_uri(location: &str) -> Result<String, RefAudioError> {
 /// What the sink collected.
 #[derive(Default)]
 struct Collected {
+    /// Mono samples at `rate`.
     samples: Vec<f32>,
-    /// A buffer would have passed `max_samples`.
+    /// The decoded stream's sample rate, Hz (0 before the first buffer).
+    rate: u32,
+    /// A buffer would have passed `max_samples` (counted at 24 kHz).
     too_long: bool,
+    /// The rate changed mid-stream: (first rate, new rate).
+    rate_changed: Option<(u32, u32)>,
 }
 
 /// Decodes `location` (a file path or URI) to mono `f32` samples at 24 kHz, at most `max_samples`
@@ -101,23 +108,20 @@ pub fn decode_ref_audio(location: &str, max_samples: usize) -> Result<Vec<f32>, 
     let src = make("uridecodebin")?;
     src.set_property("uri", &uri);
     let convert = make("audioconvert")?;
-    let resample = make("audioresample")?;
-    resample.set_property("quality", 10i32);
     let filter = make("capsfilter")?;
     filter.set_property(
         "caps",
         gst_audio::AudioCapsBuilder::new_interleaved()
             .format(gst_audio::AudioFormat::F32le)
-            .rate(REF_AUDIO_RATE as i32)
             .channels(1)
             .build(),
     );
     let sink = make("fakesink")?;
     sink.set_property("sync", false);
     sink.set_property("signal-handoffs", true);
-    let chain = [&convert, &resample, &filter, &sink];
+    let chain = [&convert, &filter, &sink];
     let built = pipeline
-        .add_many([&src, &convert, &resample, &filter, &sink])
+        .add_many([&src, &convert, &filter, &sink])
         .and_then(|()| gst::Element::link_many(chain));
     built.map_err(|e| RefAudioError::Pipeline(e.to_string()))?;
 
@@ -149,10 +153,26 @@ pub fn decode_ref_audio(location: &str, max_samples: usize) -> Result<Vec<f32>, 
         let collected = collected.clone();
         sink.connect("handoff", false, move |args| {
             let buffer = args.get(1).and_then(|v| v.get::<gst::Buffer>().ok())?;
+            let rate = args
+                .get(2)
+                .and_then(|v| v.get::<gst::Pad>().ok())
+                .and_then(|pad| pad.current_caps())
+                .and_then(|caps| gst_audio::AudioInfo::from_caps(&caps).ok())
+                .map(|info| info.rate())?;
             let map = buffer.map_readable().ok()?;
             let mut c = collected.lock().unwrap_or_else(|p| p.into_inner());
+            if c.rate == 0 {
+                c.rate = rate;
+            } else if c.rate != rate {
+                let first = c.rate;
+                c.rate_changed.get_or_insert((first, rate));
+                return None;
+            }
             let n = map.len() / 4;
-            if c.too_long || c.samples.len() + n > max_samples {
+            // the limit counts 24 kHz samples: ⌈(decoded + n) · 24000 / rate⌉ after resampling
+            let at_ref_rate =
+                ((c.samples.len() + n) as u64 * REF_AUDIO_RATE as u64).div_ceil(rate.max(1) as u64);
+            if c.too_long || at_ref_rate > max_samples as u64 {
                 c.too_long = true;
                 return None;
             }
@@ -170,12 +190,75 @@ pub fn decode_ref_audio(location: &str, max_samples: usize) -> Result<Vec<f32>, 
     let _ = pipeline.set_state(gst::State::Null);
     result?;
     let c = std::mem::take(&mut *collected.lock().unwrap_or_else(|p| p.into_inner()));
+    if let Some((from, to)) = c.rate_changed {
+        return Err(RefAudioError::Decode(format!(
+            "the sample rate changed mid-stream ({from} Hz -> {to} Hz)"
+        )));
+    }
     if c.samples.is_empty() {
         return Err(RefAudioError::NoAudio(
             " (the audio stream is empty)".into(),
         ));
     }
-    Ok(c.samples)
+    resample_to_ref_rate(&c.samples, c.rate)
+}
+
+/// Converts mono `samples` at `rate` Hz to [`REF_AUDIO_RATE`] as the official reference does:
+/// `librosa.resample(y, orig_sr=rate, target_sr=24000)` with its default `res_type="soxr_hq"`
+/// (python-soxr: libsoxr, `SOXR_HQ` recipe, no flags, `f32` in and out, the whole signal then a
+/// flush), then `librosa.util.fix_length` to ⌈len · (24000 / rate)⌉ samples, computed in f64
+/// (zeros appended or the tail cut). `rate == 24000` returns the samples unchanged. Bit-identical
+/// to the reference where libsoxr is the same release (0.1.3).
+///
+/// Errors: [`RefAudioError::Decode`] for a zero rate or when libsoxr reports an error.
+pub fn resample_to_ref_rate(samples: &[f32], rate: u32) -> Result<Vec<f32>, RefAudioError> {
+    if rate == REF_AUDIO_RATE {
+        return Ok(samples.to_vec());
+    }
+    let soxr_error =
+        |e: soxr::Error| RefAudioError::Decode(format!("resampling from {rate} Hz: {e}"));
+    if rate == 0 {
+        return Err(RefAudioError::Decode(
+            "the stream has no sample rate".into(),
+        ));
+    }
+    let mut soxr = soxr::Soxr::<soxr::format::Mono<f32>>::new_with_params(
+        rate as f64,
+        REF_AUDIO_RATE as f64,
+        soxr::params::QualitySpec::new(soxr::params::QualityRecipe::high()),
+        soxr::params::RuntimeSpec::default(),
+    )
+    .map_err(soxr_error)?;
+    // Both lengths in f64 as the reference computes them: librosa's target is
+    // `ceil(len * (24000 / rate))`, one more than the exact ratio when that product rounds up
+    // (44.1 kHz: 110,250 samples -> 60,001); python-soxr's output buffer is
+    // `(size_t)(len * 24000 / rate) + 1`.
+    let len = samples.len() as f64;
+    let target = (len * (REF_AUDIO_RATE as f64 / rate as f64)).ceil() as usize;
+    let capacity = (len * REF_AUDIO_RATE as f64 / rate as f64) as usize + 1;
+    let mut out = vec![0f32; capacity];
+    let mut produced = 0;
+    let mut consumed = 0;
+    while consumed < samples.len() && produced < capacity {
+        let step = soxr
+            .process(&samples[consumed..], &mut out[produced..])
+            .map_err(soxr_error)?;
+        consumed += step.input_frames;
+        produced += step.output_frames;
+        if step.input_frames == 0 && step.output_frames == 0 {
+            break;
+        }
+    }
+    while produced < capacity {
+        let n = soxr.drain(&mut out[produced..]).map_err(soxr_error)?;
+        if n == 0 {
+            break;
+        }
+        produced += n;
+    }
+    out.truncate(produced);
+    out.resize(target, 0.0);
+    Ok(out)
 }
 
 /// Plays the pipeline until EOS, an error, too much audio, no audio stream, or the timeout.
