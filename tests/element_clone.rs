@@ -595,8 +595,25 @@ fn errors_bad_reference_fail_the_state_change() {
     );
     assert_names(
         &start_error(&base, &icl("file:///nonexistent/voice.flac")),
-        &["ref-audio", "'file:///nonexistent/voice.flac'"],
+        &[
+            "ref-audio",
+            "'file:///nonexistent/voice.flac'",
+            "no such file",
+        ],
     );
+    // A FIFO, as a path or a file URI: refused before the decoder would block opening it.
+    let fifo = f._dir.path().join("voice.fifo");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo failed");
+    let fifo_uri = location_to_uri(f.good.as_str())
+        .unwrap()
+        .replace("good.wav", "voice.fifo");
+    for location in [fifo.display().to_string(), fifo_uri] {
+        assert_names(
+            &start_error(&base, &icl(&location)),
+            &["ref-audio", &location, "not a regular file"],
+        );
+    }
     assert_names(
         &start_error(&base, &icl(&f.text)),
         &["ref-audio", &f.text, "decode"],

@@ -55,28 +55,42 @@ pub enum RefAudioError {
     Pipeline(String),
 }
 
-/// The URI of `location`: a URI (`file:///…`, `https://…`) is kept as it is; anything else is a
+/// The URI of `location`: a URI (`file:///…`, `https://…`) is kept as it is (a `file` URI must name
+/// an existing regular file, as a path must); anything else is a
 /// file path (relative to the working directory), which must exist.
 pub fn location_to_uri(location: &str) -> Result<String, RefAudioError> {
     let location = location.trim();
     if location.is_empty() {
         return Err(RefAudioError::NotFound("empty location".into()));
     }
-    if glib::uri_parse_scheme(location).is_some() {
+    if let Some(scheme) = glib::uri_parse_scheme(location) {
+        // A local file must be a regular file: opening a FIFO or device would block the
+        // decoding pipeline's state change, before any timeout can apply.
+        if scheme.eq_ignore_ascii_case("file") {
+            let (path, _) = glib::filename_from_uri(location)
+                .map_err(|e| RefAudioError::NotFound(e.to_string()))?;
+            regular_file(&path)?;
+        }
         return Ok(location.to_string());
     }
     let path = Path::new(location);
-    if !path.is_file() {
-        return Err(RefAudioError::NotFound(if path.exists() {
-            "not a regular file".into()
-        } else {
-            "no such file".into()
-        }));
-    }
+    regular_file(path)?;
     let abs = std::path::absolute(path).map_err(|e| RefAudioError::NotFound(e.to_string()))?;
     glib::filename_to_uri(&abs, None)
         .map(|u| u.to_string())
         .map_err(|e| RefAudioError::NotFound(e.to_string()))
+}
+
+/// `Ok` for an existing regular file (links followed), else why not.
+fn regular_file(path: &Path) -> Result<(), RefAudioError> {
+    if path.is_file() {
+        return Ok(());
+    }
+    Err(RefAudioError::NotFound(if path.exists() {
+        "not a regular file".into()
+    } else {
+        "no such file".into()
+    }))
 }
 
 /// What the sink collected.
