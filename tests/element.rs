@@ -582,12 +582,27 @@ fn runtime_bad_speaker_refuses_the_utterance() {
     assert!(!e.emit_by_name::<bool>("push-text", &[&"Refused one."]));
     e.set_property("speaker", "Ryan"); // case-insensitive
     assert!(e.emit_by_name::<bool>("push-text", &[&"Accepted one."]));
+    // Refused at once (push-text returned false), but the error keeps its place in the stream:
+    // nothing on the bus while the first utterance's audio is still held back.
+    let early = drain(&bus);
+    assert!(errors(&early).is_empty(), "{:?}", errors(&early));
     pad.remove_probe(probe);
     let bufs = pull_all(&mut h);
     check_timeline(&bufs, 4);
-    let msgs = drain(&bus);
+    let msgs = [early, drain(&bus)].concat();
     assert_names(&errors(&msgs), &["speaker", "nobody"]);
     assert_eq!(element_messages(&msgs, messages::DONE).len(), 2);
+    // ... and comes after the first utterance is done, so none of its audio is lost.
+    let is_done = |m: &gst::Message| m.structure().is_some_and(|s| s.name() == messages::DONE);
+    let first_done = msgs.iter().position(is_done).unwrap();
+    let error = msgs
+        .iter()
+        .position(|m| matches!(m.view(), gst::MessageView::Error(_)))
+        .unwrap();
+    assert!(
+        first_done < error,
+        "error at {error}, first done at {first_done}"
+    );
 }
 
 #[test]

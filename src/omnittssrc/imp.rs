@@ -419,7 +419,9 @@ impl OmniTtsSrc {
     }
 
     /// Queues `text` as an utterance (the `push-text` action and `text` set while running).
-    /// Returns false, with an element error posted, when the text is refused.
+    /// Returns false when the text is refused, with an element error that names the property
+    /// and value: at once before start, and while running in stream order, after the audio of
+    /// the utterances queued before it (none of which is lost).
     fn push_text(&self, text: &str) -> bool {
         let settings = self.settings();
         let mut state = lock(&self.state);
@@ -437,14 +439,19 @@ impl OmniTtsSrc {
         let info = rt.info.clone();
         drop(state);
         let mut utterances = Vec::new();
+        let mut refused = None;
         for piece in settings.utterance_texts(text) {
             match build_request(&settings, &info, &piece) {
-                Ok((request, clone)) => utterances.push((piece, request, clone)),
+                Ok((request, clone)) => utterances.push((piece, Ok(request), clone)),
                 Err(e) => {
-                    self.post_input_error(&e);
-                    return false;
+                    refused = Some(e.to_string());
+                    break;
                 }
             }
+        }
+        if let Some(error) = &refused {
+            // the whole text is refused, as one utterance whose error keeps its place in the stream
+            utterances = vec![(text.to_string(), Err(error.clone()), None)];
         }
         let now = if info.live {
             self.obj().current_running_time()
@@ -472,7 +479,7 @@ impl OmniTtsSrc {
             );
         }
         shared.cond.notify_all();
-        true
+        refused.is_none()
     }
 
     /// Drops queued text and audio and stops the utterance in flight (flush, `cancel`).
@@ -1368,7 +1375,7 @@ impl BaseSrcImpl for OmniTtsSrc {
             for text in texts.iter().flat_map(|t| settings.utterance_texts(t)) {
                 let (request, clone) = build_request(&settings, &info, &text)
                     .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ("{}", e)))?;
-                inner.queue(text, request, clone, 0);
+                inner.queue(text, Ok(request), clone, 0);
             }
         }
         let element: gst::Element = self.obj().clone().upcast();

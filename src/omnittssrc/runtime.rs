@@ -34,8 +34,10 @@ pub(super) struct Utterance {
     pub id: u64,
     /// The text as given (for bus messages).
     pub text: String,
-    /// What the engine will be asked to do (without the voice-clone prompt).
-    pub request: EngineRequest,
+    /// What the engine will be asked to do (without the voice-clone prompt), or why the text was
+    /// refused when it was queued: the refusal is then posted in stream order, after the audio
+    /// of the utterances queued before it.
+    pub request: Result<EngineRequest, String>,
     /// Base checkpoints: the reference voice, turned into `request`'s prompt by the worker.
     pub clone: Option<CloneSpec>,
     /// Live mode: the sample position (stream sample counter) the text arrived at; speech is
@@ -164,7 +166,7 @@ impl Inner {
     pub fn queue(
         &mut self,
         text: String,
-        request: EngineRequest,
+        request: Result<EngineRequest, String>,
         clone: Option<CloneSpec>,
         start_pos: u64,
     ) -> &Utterance {
@@ -329,19 +331,18 @@ fn worker_loop(
         let Utterance {
             id,
             text,
-            mut request,
+            request,
             clone,
             start_pos,
         } = utt;
         gst::debug!(CAT, "worker: submitting utterance {id}: {text:?}");
-        let submitted = match &clone {
-            Some(spec) => cloner
-                .prompt(engine, spec)
-                .map(|prompt| request.voice.voice_clone = Some(prompt))
-                .map_err(|e| e.to_string()),
-            None => Ok(()),
-        }
-        .and_then(|()| engine.submit(request).map_err(|e| e.to_string()));
+        let submitted = request.and_then(|mut request| {
+            if let Some(spec) = &clone {
+                let prompt = cloner.prompt(engine, spec).map_err(|e| e.to_string())?;
+                request.voice.voice_clone = Some(prompt);
+            }
+            engine.submit(request).map_err(|e| e.to_string())
+        });
         let handle = match submitted {
             Ok(h) => h,
             Err(error) => {
