@@ -224,6 +224,47 @@ fn cancellation_mid_stream_stops_both_stages_and_frees_the_engine() {
     assert_eq!(r.metrics.frames, 5);
 }
 
+/// A long prompt is read in chunks of 512 positions, and a cancel stops it between two chunks
+/// instead of after the whole text (a NULL state change waits for it).
+#[test]
+fn cancelling_during_a_long_prefill_stops_it_promptly() {
+    let e = load("tiny-customvoice", config(|c| c.ar.guard.enabled = false));
+    let text = "Every word of this long paragraph is read before the first frame. ".repeat(400);
+    let run_prefill = |cancel_after: Option<Duration>| {
+        let h = e
+            .submit(greedy(&e, voice(&text, Some("vivian")), 2))
+            .unwrap();
+        assert!(matches!(
+            h.recv_timeout(Duration::from_secs(30)),
+            Ok(EngineEvent::Started)
+        ));
+        let t = Instant::now();
+        if let Some(after) = cancel_after {
+            thread::sleep(after);
+            h.cancel();
+        }
+        let reason = loop {
+            match h.recv_timeout(Duration::from_secs(600)) {
+                Ok(EngineEvent::Finished { reason, .. }) => break reason,
+                Ok(_) => {}
+                Err(e) => panic!("no Finished: {e:?}"),
+            }
+        };
+        (reason, t.elapsed())
+    };
+    let (reason, whole) = run_prefill(None);
+    assert_eq!(reason, FinishReason::Length);
+    let (reason, cancelled) = run_prefill(Some(Duration::from_millis(50)));
+    eprintln!(
+        "whole prefill + 1 frame {whole:?}, cancelled after 50 ms: finished in {cancelled:?}"
+    );
+    assert_eq!(reason, FinishReason::Cancelled);
+    assert!(
+        cancelled * 4 < whole,
+        "cancel took {cancelled:?}, the whole prefill {whole:?}"
+    );
+}
+
 #[test]
 fn cancelling_a_queued_request_finishes_it_promptly() {
     let e = load("tiny-customvoice", config(|c| c.ar.guard.enabled = false));

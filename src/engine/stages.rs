@@ -581,7 +581,10 @@ impl<'m> ArStage<'m> {
         let started = Instant::now();
         req.send(EngineEvent::Started);
         let r = &req.request;
-        let result = guarded(|| self.model.start(&r.voice, &r.sampling));
+        let result = guarded(|| {
+            self.model
+                .start_until(&r.voice, &r.sampling, &|| req.is_cancelled())
+        });
         let timing = ArTiming {
             started: Some(started),
             prefill: started.elapsed(),
@@ -597,6 +600,11 @@ impl<'m> ArStage<'m> {
                     frames: 0,
                     budget,
                 })
+            }
+            Err(_) if req.is_cancelled() => {
+                // stopped between prefill chunks (or failed after the cancel): nobody waits for it
+                req.release_from_ar(FinishReason::Cancelled, timing);
+                None
             }
             Err(msg) => {
                 req.release_from_ar(

@@ -18,6 +18,9 @@ pub(crate) const FUSED_MAX_ROWS: usize = 4;
 /// longer ones (long text prompts) run in chunks of this many positions.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// The error text of a prefill stopped by [`LayerCaches::run_until`]'s `stop`.
+pub const PREFILL_STOPPED: &str = "prefill stopped (request cancelled)";
+
 /// The sizes of one Qwen3 decoder stack, taken from a checkpoint's config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransformerConfig {
@@ -387,23 +390,40 @@ impl LayerCaches {
         rope: &RotaryEmbedding,
         x: &Tensor,
     ) -> Result<Tensor> {
-        self.run_in_chunks(layers, rope, x, PREFILL_CHUNK)
+        self.run_in_chunks(layers, rope, x, PREFILL_CHUNK, &|| false)
     }
 
-    /// [`Self::run`] with the chunk length as a parameter (`chunk` ≥ 1 positions).
+    /// [`Self::run`] that asks `stop` before each chunk of a long input and, when it answers
+    /// true, fails with [`PREFILL_STOPPED`] (the caches then hold the chunks run so far), so a
+    /// cancelled request does not wait for the rest of a long prompt.
+    pub fn run_until(
+        &mut self,
+        layers: &[DecoderLayer],
+        rope: &RotaryEmbedding,
+        x: &Tensor,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Tensor> {
+        self.run_in_chunks(layers, rope, x, PREFILL_CHUNK, stop)
+    }
+
+    /// [`Self::run_until`] with the chunk length as a parameter (`chunk` ≥ 1 positions).
     pub(crate) fn run_in_chunks(
         &mut self,
         layers: &[DecoderLayer],
         rope: &RotaryEmbedding,
         x: &Tensor,
         chunk: usize,
+        stop: &dyn Fn() -> bool,
     ) -> Result<Tensor> {
         let t = x.dim(1)?;
         if t > chunk {
             let mut outs = Vec::with_capacity(t.div_ceil(chunk));
             for start in (0..t).step_by(chunk) {
+                if stop() {
+                    candle_core::bail!("{PREFILL_STOPPED}");
+                }
                 let part = x.narrow(1, start, chunk.min(t - start))?;
-                outs.push(self.run_in_chunks(layers, rope, &part, chunk)?);
+                outs.push(self.run_in_chunks(layers, rope, &part, chunk, stop)?);
             }
             return Tensor::cat(&outs, 1);
         }

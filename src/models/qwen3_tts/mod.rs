@@ -721,12 +721,25 @@ impl ArModel {
         req: &VoiceRequest,
         sampling: &SamplingParams,
     ) -> Result<ArSession<'_>, ModelError> {
+        self.start_until(req, sampling, &|| false)
+    }
+
+    /// [`Self::start`] whose prefill asks `stop` before each chunk of
+    /// [`PREFILL_CHUNK`](crate::nn::transformer::PREFILL_CHUNK) prompt positions and gives up with
+    /// an error ([`PREFILL_STOPPED`](crate::nn::transformer::PREFILL_STOPPED)) when it answers
+    /// true: the engine's cancel, so a long prompt does not hold up a cancelled request.
+    pub fn start_until(
+        &self,
+        req: &VoiceRequest,
+        sampling: &SamplingParams,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<ArSession<'_>, ModelError> {
         sampling.validate()?;
         let prompt = self.plan(req)?;
         let prefill = self.prompt_embeds(&prompt)?;
         let trailing = self.talker.text_embed(&prompt.trailing)?;
         let (cache, (hidden, logits)) = match self.lease_talker_graphs(prompt.rows.len()) {
-            Some(mut g) => match g.prefill(&self.talker, &prefill) {
+            Some(mut g) => match g.prefill(&self.talker, &prefill, stop) {
                 Ok(out) => (TalkerCache::Graphs(g), out),
                 Err(e) => {
                     self.return_talker_graphs(g);
@@ -737,7 +750,7 @@ impl ArModel {
                 let mut cache = self
                     .talker
                     .new_cache(prompt.rows.len() + sampling.max_new_tokens.min(4096) + 1);
-                let out = self.talker.forward(&prefill, &mut cache)?;
+                let out = self.talker.forward_until(&prefill, &mut cache, stop)?;
                 (TalkerCache::Own(cache), out)
             }
         };
@@ -1039,8 +1052,12 @@ mod tests {
         };
         let x = Tensor::randn(0f32, 1f32, (1, 37, hidden), &Device::Cpu).expect("x");
         let (mut one, mut chunked) = (m.talker.new_cache(64), m.talker.new_cache(64));
-        let a = one.run_in_chunks(layers, rope, &x, 37).expect("one piece");
-        let b = chunked.run_in_chunks(layers, rope, &x, 8).expect("chunks");
+        let a = one
+            .run_in_chunks(layers, rope, &x, 37, &|| false)
+            .expect("one piece");
+        let b = chunked
+            .run_in_chunks(layers, rope, &x, 8, &|| false)
+            .expect("chunks");
         assert_eq!(b.dims(), &[1, 37, hidden]);
         assert_eq!(chunked.seq_len(), 37);
         let d = max_diff(&a, &b);

@@ -136,8 +136,19 @@ impl Talker {
     /// Returns the final-normed hidden state of the last position (`[1, 1, hidden]`) and the
     /// codec-head logits of that position as f32 (`vocab_size` values).
     pub fn forward(&self, embeds: &Tensor, cache: &mut LayerCaches) -> Result<(Tensor, Vec<f32>)> {
+        self.forward_until(embeds, cache, &|| false)
+    }
+
+    /// [`Self::forward`] that gives up between prefill chunks when `stop` answers true
+    /// ([`LayerCaches::run_until`]).
+    pub fn forward_until(
+        &self,
+        embeds: &Tensor,
+        cache: &mut LayerCaches,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(Tensor, Vec<f32>)> {
         let t = embeds.dim(1)?;
-        let h = cache.run(&self.model.layers, &self.rope, embeds)?;
+        let h = cache.run_until(&self.model.layers, &self.rope, embeds, stop)?;
         let last = h.narrow(1, t - 1, 1)?;
         let last = self.model.norm.forward(&last)?;
         let logits = self

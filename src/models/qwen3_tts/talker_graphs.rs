@@ -158,9 +158,15 @@ impl TalkerGraphs {
     }
 
     /// Starts an utterance: clears the owned cache and runs the prefill `embeds` (`[1, t, hidden]`)
-    /// eagerly into it. Returns what [`Talker::forward`] returns. Errors when `t` does not leave
-    /// room for a step (`t >= capacity`).
-    pub fn prefill(&mut self, talker: &Talker, embeds: &Tensor) -> Result<(Tensor, Vec<f32>)> {
+    /// eagerly into it (asking `stop` between chunks: [`Talker::forward_until`]). Returns what
+    /// [`Talker::forward`] returns. Errors when `t` does not leave room for a step
+    /// (`t >= capacity`) or `stop` answered true.
+    pub fn prefill(
+        &mut self,
+        talker: &Talker,
+        embeds: &Tensor,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(Tensor, Vec<f32>)> {
         let t = embeds.dim(1)?;
         if t >= self.capacity {
             candle_core::bail!(
@@ -169,7 +175,7 @@ impl TalkerGraphs {
             );
         }
         self.cache.reset();
-        talker.forward(embeds, &mut self.cache)
+        talker.forward_until(embeds, &mut self.cache, stop)
     }
 
     /// Whether another position fits (else move to an eager cache: [`Self::cache_copy`]).
