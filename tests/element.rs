@@ -645,6 +645,16 @@ fn cancel_action_stops_the_utterance() {
     let done = wait_element_message(&bus, messages::DONE, Duration::from_secs(5), &mut seen)
         .expect("done message after cancel");
     assert_eq!(done.get::<&str>("reason").unwrap(), "cancelled");
+    // Its figures are what the element saw: the first audio's TTFA and the time since its start.
+    let first = element_messages(&seen, messages::FIRST_AUDIO);
+    assert_eq!(first.len(), 1);
+    assert_eq!(
+        done.get::<f64>("ttfa-ms").unwrap(),
+        first[0].get::<f64>("ttfa-ms").unwrap()
+    );
+    assert!(done.get::<f64>("wall-ms").unwrap() > 0.0);
+    assert!(done.get::<f64>("audio-ms").unwrap() > 0.0);
+    assert!(done.get::<f64>("rtf").unwrap() > 0.0);
     let rest = pull_all(&mut h);
     // Whatever was already in flight is bounded, then EOS.
     assert!(rest.len() < 4000 * 4, "{} buffers after cancel", rest.len());

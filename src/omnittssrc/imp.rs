@@ -507,9 +507,19 @@ impl OmniTtsSrc {
             "{why}: discarded queued text and audio (had any: {had})"
         );
         if let Some(cur) = cur {
+            // The engine's own metrics went with the discarded items: what the element saw.
+            let audio_ms = cur.samples_out as f64 * 1000.0 / RATE as f64;
+            let wall_ms = cur.since.elapsed().as_secs_f64() * 1000.0;
             let metrics = Metrics {
                 frames: (cur.samples_out / spf.max(1) as u64) as usize,
-                audio_ms: cur.samples_out as f64 * 1000.0 / RATE as f64,
+                audio_ms,
+                ttfa_ms: cur.ttfa_ms,
+                wall_ms,
+                rtf: if audio_ms > 0.0 {
+                    wall_ms / audio_ms
+                } else {
+                    0.0
+                },
                 ..Metrics::default()
             };
             let msg = done_message(
@@ -707,15 +717,12 @@ impl OmniTtsSrc {
                     .build();
                 msgs.push(gst::message::Element::builder(s).src(src).build());
                 gst::info!(CAT, imp = self, "utterance {id} starts at sample {n}");
-                inner.current = Some(Current {
-                    id,
-                    text,
-                    start: n,
-                    samples_out: 0,
-                    underruns: 0,
-                });
+                inner.current = Some(Current::new(id, text, n));
             }
             Item::FirstAudio { id, ttfa_ms } => {
+                if let Some(cur) = inner.current.as_mut().filter(|c| c.id == id) {
+                    cur.ttfa_ms = Some(ttfa_ms);
+                }
                 let s = gst::Structure::builder(messages::FIRST_AUDIO)
                     .field("id", id)
                     .field("ttfa-ms", ttfa_ms)
@@ -728,13 +735,10 @@ impl OmniTtsSrc {
                 reason,
                 metrics,
             } => {
-                let cur = inner.current.take().unwrap_or(Current {
-                    id,
-                    text: String::new(),
-                    start: n,
-                    samples_out: 0,
-                    underruns: 0,
-                });
+                let cur = inner
+                    .current
+                    .take()
+                    .unwrap_or_else(|| Current::new(id, String::new(), n));
                 gst::info!(
                     CAT,
                     imp = self,

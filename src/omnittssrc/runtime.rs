@@ -81,6 +81,26 @@ pub(super) struct Current {
     pub samples_out: u64,
     /// Live mode: silence buffers inserted because audio was late.
     pub underruns: u32,
+    /// The engine's time to first audio, once reported.
+    pub ttfa_ms: Option<f64>,
+    /// When `create()` reached its start (for the done message of a cancelled utterance, whose
+    /// engine metrics are dropped with it).
+    pub since: std::time::Instant,
+}
+
+impl Current {
+    /// An utterance starting at sample `start`, nothing output yet.
+    pub fn new(id: u64, text: String, start: u64) -> Current {
+        Current {
+            id,
+            text,
+            start,
+            samples_out: 0,
+            underruns: 0,
+            ttfa_ms: None,
+            since: std::time::Instant::now(),
+        }
+    }
 }
 
 /// Everything guarded by the one mutex.
