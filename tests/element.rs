@@ -6,7 +6,7 @@ mod element_util;
 
 use element_util::{
     TempDir, assert_names, block_first_buffer, drain, element_messages, errors, init, play_to_eos,
-    pts_of, start_must_fail, tiny_model, wait_element_message,
+    pts_of, start_must_fail, tiny_model, wait_element_message, warnings,
 };
 use gst::prelude::*;
 use gst_check::Harness;
@@ -603,6 +603,45 @@ fn runtime_bad_speaker_refuses_the_utterance() {
         first_done < error,
         "error at {error}, first done at {first_done}"
     );
+}
+
+/// Properties the model load and the caps depend on keep their value once started: a warning
+/// names the property, and the change is ignored (not applied silently, not an error).
+#[test]
+fn ready_only_properties_keep_their_value_while_running() {
+    let (mut h, bus) = harness(&[("text", v("Good one.")), ("max-new-tokens", v(4u32))]);
+    let e = h.element().unwrap();
+    let model = e.property::<String>("model");
+    let (pad, probe, blocked) = block_first_buffer(&e);
+    h.play();
+    blocked
+        .recv_timeout(Duration::from_secs(60))
+        .expect("first buffer");
+    e.set_property("model", "/nonexistent/model");
+    e.set_property("samples-per-buffer", 7u32);
+    e.set_property("is-live", true);
+    // A voice property still applies to text queued after it.
+    e.set_property("speaker", "vivian");
+    assert_eq!(e.property::<String>("model"), model);
+    assert_eq!(e.property::<u32>("samples-per-buffer"), 480);
+    assert!(!e.property::<bool>("is-live"));
+    assert_eq!(
+        e.property::<Option<String>>("speaker").as_deref(),
+        Some("vivian")
+    );
+    pad.remove_probe(probe);
+    let bufs = pull_all(&mut h);
+    check_timeline(&bufs, 4);
+    let msgs = drain(&bus);
+    let warns = warnings(&msgs);
+    assert_eq!(warns.len(), 3, "{warns:?}");
+    for (w, name) in warns.iter().zip(["model", "samples-per-buffer", "is-live"]) {
+        assert!(
+            w.contains(&format!("'{name}'")) && w.contains("NULL or READY"),
+            "{w}"
+        );
+    }
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
 }
 
 #[test]

@@ -1138,6 +1138,22 @@ impl ObjectImpl for OmniTtsSrc {
 
     fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
         let name = pspec.name();
+        // Properties that the model load or the caps depend on (flagged mutable in NULL/READY)
+        // keep their value once started; a warning on the bus says so.
+        let ready_only = pspec.flags().bits() & gst::ffi::GST_PARAM_MUTABLE_READY as u32 != 0;
+        if ready_only && lock(&self.state).runtime.is_some() {
+            gst::warning!(CAT, imp = self, "{name} can only change in NULL or READY");
+            gst::element_imp_warning!(
+                self,
+                gst::CoreError::StateChange,
+                (
+                    "property '{name}' can only be changed in the NULL or READY state; {:?} \
+                     ignored, the element keeps its current value",
+                    value
+                )
+            );
+            return;
+        }
         let mut s = lock(&self.settings);
         gst::debug!(CAT, imp = self, "set {name} = {value:?}");
         match name {
