@@ -1427,7 +1427,13 @@ impl BaseSrcImpl for OmniTtsSrc {
                 info,
             });
         }
-        gst::element_imp_info!(self, gst::ResourceError::Settings, ("{}", ready));
+        // gst-launch prints only the debug part of an info message: the text goes there too
+        gst::element_imp_info!(
+            self,
+            gst::ResourceError::Settings,
+            ("{}", ready),
+            ["{}", ready]
+        );
         let _ = self.obj().post_message(
             gst::message::Progress::builder(gst::ProgressType::Complete, "load", &ready)
                 .src(&*self.obj())
