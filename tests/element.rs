@@ -5,8 +5,8 @@
 mod element_util;
 
 use element_util::{
-    TempDir, assert_names, block_first_buffer, drain, element_messages, errors, init, play_to_eos,
-    pts_of, start_must_fail, tiny_model, wait_element_message, warnings,
+    TempDir, assert_names, drain, element_messages, errors, init, play_holding_first_buffer,
+    play_to_eos, pts_of, start_must_fail, tiny_model, wait_element_message, warnings,
 };
 use gst::prelude::*;
 use gst_check::Harness;
@@ -283,11 +283,7 @@ fn push_text_queues_utterances_in_order() {
 
     // Queue a third utterance while running (streaming thread held at its first buffer), and a
     // fourth through the text property.
-    let (pad, probe, blocked) = block_first_buffer(&e);
-    h.play();
-    blocked
-        .recv_timeout(Duration::from_secs(60))
-        .expect("first buffer");
+    let (pad, probe) = play_holding_first_buffer(&mut h);
     assert!(e.emit_by_name::<bool>("push-text", &[&"Third one."]));
     e.set_property("text", "Fourth one.");
     pad.remove_probe(probe);
@@ -573,11 +569,7 @@ fn errors_empty_or_whitespace_text() {
 fn runtime_bad_speaker_refuses_the_utterance() {
     let (mut h, bus) = harness(&[("text", v("Good one.")), ("max-new-tokens", v(4u32))]);
     let e = h.element().unwrap();
-    let (pad, probe, blocked) = block_first_buffer(&e);
-    h.play();
-    blocked
-        .recv_timeout(Duration::from_secs(60))
-        .expect("first buffer");
+    let (pad, probe) = play_holding_first_buffer(&mut h);
     e.set_property("speaker", "nobody");
     assert!(!e.emit_by_name::<bool>("push-text", &[&"Refused one."]));
     e.set_property("speaker", "Ryan"); // case-insensitive
@@ -612,11 +604,7 @@ fn ready_only_properties_keep_their_value_while_running() {
     let (mut h, bus) = harness(&[("text", v("Good one.")), ("max-new-tokens", v(4u32))]);
     let e = h.element().unwrap();
     let model = e.property::<String>("model");
-    let (pad, probe, blocked) = block_first_buffer(&e);
-    h.play();
-    blocked
-        .recv_timeout(Duration::from_secs(60))
-        .expect("first buffer");
+    let (pad, probe) = play_holding_first_buffer(&mut h);
     e.set_property("model", "/nonexistent/model");
     e.set_property("samples-per-buffer", 7u32);
     e.set_property("is-live", true);

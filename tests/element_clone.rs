@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use candle_core::Tensor;
 use element_util::{
-    TempDir, assert_names, block_first_buffer, drain, element_messages, errors, init,
+    TempDir, assert_names, drain, element_messages, errors, init, play_holding_first_buffer,
     start_must_fail, tiny_model, warnings,
 };
 use engine_common::fixture;
@@ -718,11 +718,7 @@ fn runtime_bad_reference_refuses_only_its_utterance() {
         set(&e, k, &val);
     }
     // Hold the first buffer so that the texts below are queued before EOS.
-    let (pad, probe, blocked) = block_first_buffer(&e);
-    h.play();
-    blocked
-        .recv_timeout(Duration::from_secs(60))
-        .expect("first buffer");
+    let (pad, probe) = play_holding_first_buffer(&mut h);
     e.set_property("ref-audio", f.silent.as_str());
     assert!(e.emit_by_name::<bool>("push-text", &[&"Refused."]));
     e.set_property("ref-audio", f.good.as_str());

@@ -303,13 +303,12 @@ fn text_and_debug(error: &gst::glib::Error, debug: Option<gst::glib::GString>) -
     )
 }
 
-/// Blocks the element's streaming thread at its first buffer (so that text pushed meanwhile is
-/// certain to arrive before EOS). Returns the pad, the probe and a receiver fired when blocked.
-pub fn block_first_buffer(
-    e: &gst::Element,
-) -> (gst::Pad, gst::PadProbeId, std::sync::mpsc::Receiver<()>) {
+/// Plays the harness's element with its streaming thread held at the first buffer (so that text
+/// pushed meanwhile is certain to arrive before EOS); returns once it is held. Remove the probe
+/// (`pad.remove_probe(probe)`) to let it go on. Panics after 60 s without a first buffer.
+pub fn play_holding_first_buffer(h: &mut gst_check::Harness) -> (gst::Pad, gst::PadProbeId) {
     use gst::prelude::{ElementExt, PadExtManual};
-    let pad = e.static_pad("src").unwrap();
+    let pad = h.element().unwrap().static_pad("src").unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let probe = pad
         .add_probe(
@@ -320,7 +319,10 @@ pub fn block_first_buffer(
             },
         )
         .unwrap();
-    (pad, probe, rx)
+    h.play();
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("first buffer");
+    (pad, probe)
 }
 
 /// Plays `pipeline` to EOS (panics on an error message or after 60 s without a message), sets it
