@@ -26,6 +26,8 @@ fn make_repo(root: &std::path::Path) {
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
         .collect();
     std::fs::write(root.join("model.safetensors"), &weights).unwrap();
+    std::fs::write(root.join("vocab.json"), br#"{"a": 0}"#).unwrap();
+    std::fs::write(root.join("merges.txt"), b"#version: 0.2\n").unwrap();
     std::fs::write(root.join("speech_tokenizer/config.json"), b"{}").unwrap();
     std::fs::write(
         root.join("speech_tokenizer/model.safetensors"),
@@ -54,7 +56,7 @@ fn repo_id_is_downloaded_then_served_from_cache() {
 
     let got = hub::resolve_model(REPO, &opts(&server.endpoint, cache.path(), false))
         .expect("download from the loopback hub");
-    assert_eq!(got.source, ModelSource::Downloaded { files: 5 });
+    assert_eq!(got.source, ModelSource::Downloaded { files: 7 });
     assert!(
         got.dir.starts_with(cache.path()),
         "{} not in the cache",
@@ -78,8 +80,8 @@ fn repo_id_is_downloaded_then_served_from_cache() {
     );
     let requests = server.requests.load(Ordering::SeqCst);
     assert!(
-        requests > 5,
-        "expected info + 5 files, saw {requests} requests"
+        requests > 7,
+        "expected info + 7 files, saw {requests} requests"
     );
 
     // Server gone: the cache alone must answer, with no request.
@@ -91,6 +93,35 @@ fn repo_id_is_downloaded_then_served_from_cache() {
     let offline = hub::resolve_model(REPO, &opts(&dead_endpoint(), cache.path(), true))
         .expect("cached snapshot, offline");
     assert_eq!(offline.dir, got.dir);
+}
+
+/// A snapshot that lacks files a checkpoint needs (another tool fetched only some): offline it is
+/// an error naming them; online the missing ones are fetched and the rest reused.
+#[test]
+fn partial_snapshot_is_completed_or_named() {
+    let repo_dir = TempDir::new("hub-repo-partial");
+    make_repo(repo_dir.path());
+    let cache = TempDir::new("hub-cache-partial");
+    let server = HubServer::start(REPO, repo_dir.path());
+    let got = hub::resolve_model(REPO, &opts(&server.endpoint, cache.path(), false)).unwrap();
+    std::fs::remove_file(got.dir.join("generation_config.json")).unwrap();
+    std::fs::remove_file(got.dir.join("speech_tokenizer/model.safetensors")).unwrap();
+
+    let err = hub::resolve_model(REPO, &opts(&dead_endpoint(), cache.path(), true)).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, HubError::NotCached { .. }), "{err:?}");
+    assert!(
+        text.contains("lacks generation_config.json, speech_tokenizer/model.safetensors"),
+        "{text}"
+    );
+
+    let again = hub::resolve_model(REPO, &opts(&server.endpoint, cache.path(), false)).unwrap();
+    assert_eq!(again.source, ModelSource::Downloaded { files: 2 });
+    assert_eq!(again.dir, got.dir);
+    let mut want = read_tree(repo_dir.path());
+    want.remove("README.md");
+    want.remove(".gitattributes");
+    assert_eq!(read_tree(&again.dir), want);
 }
 
 #[test]

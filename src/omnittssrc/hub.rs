@@ -159,11 +159,46 @@ pub fn repo_cache_folder(cache_dir: &Path, repo_id: &str) -> PathBuf {
     cache_dir.join(Repo::new(repo_id.to_string(), RepoType::Model).folder_name())
 }
 
-/// The cached snapshot of `repo_id` at `main`, if its `config.json` is there.
-fn cached_snapshot(cache_dir: &Path, repo_id: &str) -> Option<PathBuf> {
+/// The files a Qwen3-TTS checkpoint cannot load without (one of each group).
+const REQUIRED_FILES: &[&[&str]] = &[
+    &["config.json"],
+    &["generation_config.json"],
+    &["vocab.json"],
+    &["merges.txt"],
+    &["model.safetensors", "model.safetensors.index.json"],
+    &["speech_tokenizer/config.json"],
+    &["speech_tokenizer/model.safetensors"],
+];
+
+/// What the hub cache holds of a repo at `main`.
+enum Cached {
+    /// A snapshot with every [`REQUIRED_FILES`] group.
+    Complete(PathBuf),
+    /// A snapshot (its `config.json` is there) without these files, e.g. written by another
+    /// tool that fetched only some of them.
+    Partial(Vec<&'static str>),
+    Absent,
+}
+
+fn cached_snapshot(cache_dir: &Path, repo_id: &str) -> Cached {
     let cache = Cache::new(cache_dir.to_path_buf());
-    let config = cache.model(repo_id.to_string()).get("config.json")?;
-    config.parent().map(Path::to_path_buf)
+    let Some(dir) = cache
+        .model(repo_id.to_string())
+        .get("config.json")
+        .and_then(|config| config.parent().map(Path::to_path_buf))
+    else {
+        return Cached::Absent;
+    };
+    let missing: Vec<&'static str> = REQUIRED_FILES
+        .iter()
+        .filter(|group| !group.iter().any(|f| dir.join(f).is_file()))
+        .map(|group| group[0])
+        .collect();
+    if missing.is_empty() {
+        Cached::Complete(dir)
+    } else {
+        Cached::Partial(missing)
+    }
 }
 
 /// Resolves the `model` property value to a checkpoint directory, downloading a repo id into
@@ -191,26 +226,35 @@ pub fn resolve_model(value: &str, opts: &HubOptions) -> Result<ResolvedModel, Hu
             value: value.to_string(),
         });
     }
-    if let Some(dir) = cached_snapshot(&opts.cache_dir, value) {
-        return Ok(ResolvedModel {
-            dir,
-            source: ModelSource::Cache,
-        });
-    }
+    let partial = match cached_snapshot(&opts.cache_dir, value) {
+        Cached::Complete(dir) => {
+            return Ok(ResolvedModel {
+                dir,
+                source: ModelSource::Cache,
+            });
+        }
+        Cached::Partial(missing) => format!("; the cached snapshot lacks {}", missing.join(", ")),
+        Cached::Absent => String::new(),
+    };
     let not_cached = |why: String| HubError::NotCached {
         repo: value.to_string(),
         cache: repo_cache_folder(&opts.cache_dir, value),
         why,
     };
     if opts.offline {
-        return Err(not_cached("HF_HUB_OFFLINE is set".to_string()));
+        return Err(not_cached(format!("HF_HUB_OFFLINE is set{partial}")));
     }
     // hf-hub has internal asserts/unwraps on odd server answers: never let one unwind into GStreamer.
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| download(value, opts)))
         .unwrap_or_else(|_| {
             Err("the download panicked (unexpected answer from the server)".to_string())
         });
-    result.map_err(|e| not_cached(format!("downloading from {} failed: {e}", opts.endpoint)))
+    result.map_err(|e| {
+        not_cached(format!(
+            "downloading from {} failed: {e}{partial}",
+            opts.endpoint
+        ))
+    })
 }
 
 /// Downloads every needed file of `repo_id` (see [`is_needed`]) into the cache.
