@@ -38,6 +38,23 @@ fn make_repo(root: &std::path::Path) {
     std::fs::write(root.join(".gitattributes"), b"*.safetensors filter=lfs").unwrap();
 }
 
+/// A repo (`make_repo`) served by a loopback hub, and an empty cache: (repo, cache, server).
+fn served_repo(tag: &str) -> (TempDir, TempDir, HubServer) {
+    let repo_dir = TempDir::new(&format!("hub-repo-{tag}"));
+    make_repo(repo_dir.path());
+    let cache = TempDir::new(&format!("hub-cache-{tag}"));
+    let server = HubServer::start(REPO, repo_dir.path());
+    (repo_dir, cache, server)
+}
+
+/// The files of the repo that a download must bring (not README.md, not dot files).
+fn needed_tree(repo: &std::path::Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut want = read_tree(repo);
+    want.remove("README.md");
+    want.remove(".gitattributes");
+    want
+}
+
 fn opts(endpoint: &str, cache: &std::path::Path, offline: bool) -> HubOptions {
     HubOptions {
         endpoint: endpoint.to_string(),
@@ -49,10 +66,7 @@ fn opts(endpoint: &str, cache: &std::path::Path, offline: bool) -> HubOptions {
 
 #[test]
 fn repo_id_is_downloaded_then_served_from_cache() {
-    let repo_dir = TempDir::new("hub-repo");
-    make_repo(repo_dir.path());
-    let cache = TempDir::new("hub-cache");
-    let server = HubServer::start(REPO, repo_dir.path());
+    let (repo_dir, cache, server) = served_repo("full");
 
     let got = hub::resolve_model(REPO, &opts(&server.endpoint, cache.path(), false))
         .expect("download from the loopback hub");
@@ -70,12 +84,9 @@ fn repo_id_is_downloaded_then_served_from_cache() {
         "unexpected snapshot dir {}",
         got.dir.display()
     );
-    let mut want = read_tree(repo_dir.path());
-    want.remove("README.md");
-    want.remove(".gitattributes");
     assert_eq!(
         read_tree(&got.dir),
-        want,
+        needed_tree(repo_dir.path()),
         "downloaded files differ from the served ones"
     );
     let requests = server.requests.load(Ordering::SeqCst);
@@ -99,10 +110,7 @@ fn repo_id_is_downloaded_then_served_from_cache() {
 /// an error naming them; online the missing ones are fetched and the rest reused.
 #[test]
 fn partial_snapshot_is_completed_or_named() {
-    let repo_dir = TempDir::new("hub-repo-partial");
-    make_repo(repo_dir.path());
-    let cache = TempDir::new("hub-cache-partial");
-    let server = HubServer::start(REPO, repo_dir.path());
+    let (repo_dir, cache, server) = served_repo("partial");
     let got = hub::resolve_model(REPO, &opts(&server.endpoint, cache.path(), false)).unwrap();
     std::fs::remove_file(got.dir.join("generation_config.json")).unwrap();
     std::fs::remove_file(got.dir.join("speech_tokenizer/model.safetensors")).unwrap();
@@ -118,10 +126,7 @@ fn partial_snapshot_is_completed_or_named() {
     let again = hub::resolve_model(REPO, &opts(&server.endpoint, cache.path(), false)).unwrap();
     assert_eq!(again.source, ModelSource::Downloaded { files: 2 });
     assert_eq!(again.dir, got.dir);
-    let mut want = read_tree(repo_dir.path());
-    want.remove("README.md");
-    want.remove(".gitattributes");
-    assert_eq!(read_tree(&again.dir), want);
+    assert_eq!(read_tree(&again.dir), needed_tree(repo_dir.path()));
 }
 
 #[test]
