@@ -609,6 +609,8 @@ fn errors_bad_reference_fail_the_state_change() {
         .unwrap()
         .replace("good.wav", "voice.fifo");
     for location in [fifo.display().to_string(), fifo_uri] {
+        // Checked before any pipeline exists, so a regression fails here instead of hanging.
+        assert!(location_to_uri(&location).is_err(), "{location} accepted");
         assert_names(
             &start_error(&base, &icl(&location)),
             &["ref-audio", &location, "not a regular file"],

@@ -180,6 +180,8 @@ enum Cached {
     Absent,
 }
 
+/// The cached snapshot of `repo_id` at `main` (found by its `config.json`), and whether it is
+/// complete.
 fn cached_snapshot(cache_dir: &Path, repo_id: &str) -> Cached {
     let cache = Cache::new(cache_dir.to_path_buf());
     let Some(dir) = cache

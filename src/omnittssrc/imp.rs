@@ -438,21 +438,19 @@ impl OmniTtsSrc {
         let shared = rt.shared.clone();
         let info = rt.info.clone();
         drop(state);
-        let mut utterances = Vec::new();
-        let mut refused = None;
-        for piece in settings.utterance_texts(text) {
-            match build_request(&settings, &info, &piece) {
-                Ok((request, clone)) => utterances.push((piece, Ok(request), clone)),
-                Err(e) => {
-                    refused = Some(e.to_string());
-                    break;
-                }
-            }
-        }
-        if let Some(error) = &refused {
-            // the whole text is refused, as one utterance whose error keeps its place in the stream
-            utterances = vec![(text.to_string(), Err(error.clone()), None)];
-        }
+        let built: Result<Vec<_>, InputError> = settings
+            .utterance_texts(text)
+            .into_iter()
+            .map(|piece| {
+                build_request(&settings, &info, &piece)
+                    .map(|(request, clone)| (piece, Ok(request), clone))
+            })
+            .collect();
+        // A refused text is queued whole, as one utterance whose error keeps its place in the stream.
+        let (utterances, accepted) = match built {
+            Ok(u) => (u, true),
+            Err(e) => (vec![(text.to_string(), Err(e.to_string()), None)], false),
+        };
         let now = if info.live {
             self.obj().current_running_time()
         } else {
@@ -479,7 +477,7 @@ impl OmniTtsSrc {
             );
         }
         shared.cond.notify_all();
-        refused.is_none()
+        accepted
     }
 
     /// Drops queued text and audio and stops the utterance in flight (flush, `cancel`).

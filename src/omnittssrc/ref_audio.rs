@@ -229,13 +229,13 @@ pub fn resample_to_ref_rate(samples: &[f32], rate: u32) -> Result<Vec<f32>, RefA
     if rate == REF_AUDIO_RATE {
         return Ok(samples.to_vec());
     }
-    let soxr_error =
-        |e: soxr::Error| RefAudioError::Decode(format!("resampling from {rate} Hz: {e}"));
     if rate == 0 {
         return Err(RefAudioError::Decode(
             "the stream has no sample rate".into(),
         ));
     }
+    let soxr_error =
+        |e: soxr::Error| RefAudioError::Decode(format!("resampling from {rate} Hz: {e}"));
     let mut soxr = soxr::Soxr::<soxr::format::Mono<f32>>::new_with_params(
         rate as f64,
         REF_AUDIO_RATE as f64,
