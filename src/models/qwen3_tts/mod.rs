@@ -186,7 +186,7 @@ pub struct VoiceRequest {
     pub text: String,
     /// CustomVoice preset speaker (case-insensitive). `None`/empty: no speaker row.
     pub speaker: Option<String>,
-    /// Language (case-insensitive); `None` = `auto`.
+    /// Language (case-insensitive name, or its ISO 639-1 code: `en`, `zh`, …); `None` = `auto`.
     pub language: Option<String>,
     /// Instruct / voice description (CustomVoice 1.7B, VoiceDesign); ignored for 0.6B
     /// CustomVoice like the reference wrapper.
@@ -714,8 +714,9 @@ impl ArModel {
         })
     }
 
-    /// Validates the request (unknown speaker/language, empty text → [`ModelError::InvalidRequest`]
-    /// naming the field and value), tokenizes, builds the dual-track prompt and runs the prefill.
+    /// Validates the request (unknown speaker/language, empty text, a prompt beyond the talker's
+    /// position budget → [`ModelError::InvalidRequest`] naming the field and value), tokenizes,
+    /// builds the dual-track prompt and runs the prefill.
     pub fn start(
         &self,
         req: &VoiceRequest,
@@ -736,6 +737,7 @@ impl ArModel {
     ) -> Result<ArSession<'_>, ModelError> {
         sampling.validate()?;
         let prompt = self.plan(req)?;
+        prompt.check_position_budget(&self.config, &req.text, sampling.max_new_tokens)?;
         let prefill = self.prompt_embeds(&prompt)?;
         let trailing = self.talker.text_embed(&prompt.trailing)?;
         let (cache, (hidden, logits)) = match self.lease_talker_graphs(prompt.rows.len()) {

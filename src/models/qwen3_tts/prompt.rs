@@ -112,12 +112,33 @@ pub struct ResolvedRequest {
     pub ref_frames: usize,
 }
 
+/// Longest value, in characters, an [`ModelError::InvalidRequest`] quotes (a longer one is cut
+/// with "…", so that a refused megabyte of text does not become a megabyte of error message).
+const QUOTED_VALUE_CHARS: usize = 80;
+
 fn invalid(field: &str, value: &str, msg: impl Into<String>) -> ModelError {
+    let mut value: String = value.chars().take(QUOTED_VALUE_CHARS + 1).collect();
+    if value.chars().count() > QUOTED_VALUE_CHARS {
+        value = value.chars().take(QUOTED_VALUE_CHARS).collect();
+        value.push('…');
+    }
     ModelError::InvalidRequest {
         field: field.to_string(),
-        value: value.to_string(),
+        value,
         msg: msg.into(),
     }
+}
+
+/// The talker's position budget when `config.json` names none: the reference
+/// `Qwen3TTSTalkerConfig` default of `max_position_embeddings`.
+pub const DEFAULT_MAX_POSITIONS: usize = 32768;
+
+/// The most talker positions one utterance may take: `talker_config.max_position_embeddings`
+/// (32768 in the released checkpoints and the bundled voice), else [`DEFAULT_MAX_POSITIONS`].
+pub fn position_budget(cfg: &Qwen3TtsConfig) -> usize {
+    cfg.talker_config
+        .max_position_embeddings
+        .unwrap_or(DEFAULT_MAX_POSITIONS)
 }
 
 /// The reference default of `non_streaming_mode` for the variant's generate call:
@@ -133,6 +154,10 @@ pub fn default_prompt_mode(variant: ModelVariant) -> PromptMode {
 pub const NOTHING_TO_SPEAK: &str =
     "nothing to speak (empty, or only whitespace, control or invisible characters)";
 
+/// Why a text is refused: it has no word or number for the model to say.
+pub const NO_WORDS_TO_SPEAK: &str = "nothing the tokenizer can speak: no letter or digit, only \
+     punctuation, symbols or emoji (the model turns such text into noise)";
+
 /// Whether `text` has nothing to speak: it is empty or holds only whitespace, control characters
 /// and invisible format characters (soft hyphen, zero-width and bidi marks, word joiners, BOM).
 pub fn nothing_to_speak(text: &str) -> bool {
@@ -144,29 +169,87 @@ pub fn nothing_to_speak(text: &str) -> bool {
         .all(|c| c.is_whitespace() || c.is_control() || invisible(c))
 }
 
+/// Whether `text` has no letter and no digit: nothing the tokenizer's pre-tokenizer
+/// ([`QWEN2_PATTERN`](super::tokenizer::QWEN2_PATTERN)) makes a word or number piece of, only
+/// punctuation and symbol pieces (emoji included). The reference speaks such text all the same,
+/// as noise: with the bundled voice, greedy, `!!!` gives 0.48 s, four emoji 2.5 s and 120
+/// punctuation marks 35.9 s of sound that says nothing.
+pub fn no_words_to_speak(text: &str) -> bool {
+    !text.chars().any(char::is_alphanumeric)
+}
+
+/// Why `text` cannot be spoken ([`NOTHING_TO_SPEAK`] or [`NO_WORDS_TO_SPEAK`]), or `None`.
+pub fn unspeakable(text: &str) -> Option<&'static str> {
+    if nothing_to_speak(text) {
+        Some(NOTHING_TO_SPEAK)
+    } else if no_words_to_speak(text) {
+        Some(NO_WORDS_TO_SPEAK)
+    } else {
+        None
+    }
+}
+
+/// ISO 639-1 codes of the Qwen3-TTS languages (the names of the released checkpoints'
+/// `codec_language_id`), accepted as aliases of the names.
+pub const LANGUAGE_CODES: [(&str, &str); 10] = [
+    ("en", "english"),
+    ("zh", "chinese"),
+    ("ja", "japanese"),
+    ("ko", "korean"),
+    ("de", "german"),
+    ("fr", "french"),
+    ("ru", "russian"),
+    ("pt", "portuguese"),
+    ("es", "spanish"),
+    ("it", "italian"),
+];
+
+/// Resolves a language setting against `supported` (lower-case names, `auto` included, as
+/// [`Qwen3TtsConfig::supported_languages`] lists them): trimmed, case-insensitive, a name or the
+/// ISO 639-1 code of one ([`LANGUAGE_CODES`]: `en`, `ZH`, …). Returns the name as `supported`
+/// spells it; otherwise a message that lists the supported names with their codes.
+pub fn resolve_language(supported: &[String], value: &str) -> Result<String, String> {
+    let v = value.trim().to_lowercase();
+    let name = LANGUAGE_CODES
+        .iter()
+        .find(|(code, _)| *code == v)
+        .map_or(v.as_str(), |(_, name)| name);
+    if let Some(l) = supported.iter().find(|l| l.eq_ignore_ascii_case(name)) {
+        return Ok(l.clone());
+    }
+    let listed: Vec<String> = supported
+        .iter()
+        .map(|l| {
+            match LANGUAGE_CODES
+                .iter()
+                .find(|(_, n)| l.eq_ignore_ascii_case(n))
+            {
+                Some((code, _)) => format!("{l} ({code})"),
+                None => l.clone(),
+            }
+        })
+        .collect();
+    Err(format!(
+        "unsupported language; supported: {} (names or ISO 639-1 codes, case-insensitive)",
+        listed.join(", ")
+    ))
+}
+
 /// Validates `req` like the reference wrapper (case-insensitive language and speaker, `auto`
 /// default, instruct dropped for 0.6B CustomVoice, empty instruct = none, empty speaker = none)
 /// and applies the dialect rule of `generate` (language `chinese` or `auto` with a dialect
-/// speaker → that dialect's row).
+/// speaker → that dialect's row). Also refused: text with nothing to speak ([`unspeakable`]).
+/// The language may be given by its ISO 639-1 code ([`resolve_language`]).
 pub fn resolve(cfg: &Qwen3TtsConfig, req: &VoiceRequest) -> Result<ResolvedRequest, ModelError> {
     let tc = &cfg.talker_config;
-    if nothing_to_speak(&req.text) {
-        return Err(invalid("text", &req.text, NOTHING_TO_SPEAK));
+    if let Some(why) = unspeakable(&req.text) {
+        return Err(invalid("text", &req.text, why));
     }
-    let language = req
-        .language
-        .as_deref()
-        .unwrap_or("auto")
-        .trim()
-        .to_lowercase();
-    let supported = cfg.supported_languages();
-    if !supported.contains(&language) {
-        return Err(invalid(
-            "language",
-            req.language.as_deref().unwrap_or(""),
-            format!("unsupported language; supported: {}", supported.join(", ")),
-        ));
-    }
+    let language = resolve_language(
+        &cfg.supported_languages(),
+        req.language.as_deref().unwrap_or("auto"),
+    )
+    .map_err(|msg| invalid("language", req.language.as_deref().unwrap_or(""), msg))?;
     let speaker = req
         .speaker
         .as_deref()
@@ -342,6 +425,71 @@ pub struct Prompt {
 }
 
 impl Prompt {
+    /// Talker positions the prompt takes: its prefill rows and, in streaming mode, the text ids
+    /// still to be fed (one a frame; the trailing `tts_pad` of the other modes is no text).
+    pub fn positions(&self, cfg: &Qwen3TtsConfig) -> usize {
+        let streamed = if self.trailing == [cfg.tts_pad_token_id] {
+            0
+        } else {
+            self.trailing.len()
+        };
+        self.rows.len() + streamed
+    }
+
+    /// Text ids of the prompt: those of the text body and, for ICL, of the reference text's body;
+    /// the rest of [`Self::positions`] is fixed by the request's settings.
+    pub fn text_ids(&self) -> usize {
+        let body = self.input_ids.len().saturating_sub(8);
+        let ref_body = self
+            .ref_ids
+            .as_ref()
+            .map_or(0, |ids| ids.len().saturating_sub(5));
+        body + ref_body
+    }
+
+    /// Checks that the prompt and `max_new_tokens` frames fit in the talker's position budget
+    /// ([`position_budget`]): `positions + max_new_tokens ≤ max_position_embeddings`. Beyond it the
+    /// model has never seen such positions and a huge text would take memory and prefill time
+    /// without bound, so the text is refused (field `text`, naming the most text ids one
+    /// utterance holds with these settings), or `max_new_tokens` when it alone leaves no room.
+    pub fn check_position_budget(
+        &self,
+        cfg: &Qwen3TtsConfig,
+        text: &str,
+        max_new_tokens: usize,
+    ) -> Result<(), ModelError> {
+        let budget = position_budget(cfg);
+        let positions = self.positions(cfg);
+        if positions.saturating_add(max_new_tokens) <= budget {
+            return Ok(());
+        }
+        let text_ids = self.text_ids().min(positions);
+        let fixed = positions - text_ids;
+        let room = budget.saturating_sub(fixed);
+        if max_new_tokens >= room {
+            return Err(invalid(
+                "max_new_tokens",
+                &max_new_tokens.to_string(),
+                format!(
+                    "{max_new_tokens} frames and the prompt's {fixed} other positions leave no room \
+                     for text in the talker's {budget} positions (max_position_embeddings); \
+                     lower max-new-tokens"
+                ),
+            ));
+        }
+        let limit = room - max_new_tokens;
+        Err(invalid(
+            "text",
+            text,
+            format!(
+                "too long for one utterance: {text_ids} text ids, at most {limit} here (the \
+                 talker's {budget} positions, max_position_embeddings, less {max_new_tokens} for \
+                 max-new-tokens frames and {fixed} for the rest of the prompt); split the text \
+                 into sentences (split-sentences) or shorter pieces"
+            ),
+        ))
+    }
+
     /// Builds the rows of a prompt without ICL block (CustomVoice, VoiceDesign, Base x-vector
     /// only). See [`Prompt::build_with_ref`].
     pub fn build(
@@ -521,5 +669,169 @@ impl Prompt {
             ref_frames: if icl { r.ref_frames } else { 0 },
             voice_clone: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::models::qwen3_tts::tokenizer::TextTokenizer;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(name)
+    }
+
+    fn config(dir: &str) -> Qwen3TtsConfig {
+        Qwen3TtsConfig::from_file(&fixture(dir).join("config.json")).unwrap()
+    }
+
+    fn request(text: &str, language: Option<&str>) -> VoiceRequest {
+        VoiceRequest {
+            text: text.into(),
+            speaker: Some("vivian".into()),
+            language: language.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    fn refusal(r: Result<impl std::fmt::Debug, ModelError>) -> (String, String, String) {
+        match r {
+            Err(ModelError::InvalidRequest { field, value, msg }) => (field, value, msg),
+            other => panic!("expected InvalidRequest, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn iso_639_1_codes_are_language_aliases() {
+        let cfg = config("tests/fixtures/tiny-customvoice");
+        let supported = cfg.supported_languages();
+        for (code, name) in LANGUAGE_CODES {
+            for v in [code.to_string(), code.to_uppercase(), format!(" {code} ")] {
+                assert_eq!(resolve_language(&supported, &v).as_deref(), Ok(name), "{v}");
+            }
+            assert_eq!(resolve_language(&supported, name).as_deref(), Ok(name));
+        }
+        assert_eq!(resolve_language(&supported, "AUTO").as_deref(), Ok("auto"));
+        let r = resolve(&cfg, &request("Hallo.", Some("DE"))).unwrap();
+        assert_eq!(r.language, "german");
+        assert_eq!(
+            r.language_id,
+            Some(cfg.talker_config.codec_language_id["german"])
+        );
+        assert_eq!(
+            r,
+            resolve(&cfg, &request("Hallo.", Some("German"))).unwrap()
+        );
+    }
+
+    #[test]
+    fn unknown_language_lists_names_and_codes() {
+        let cfg = config("tests/fixtures/tiny-customvoice");
+        let (field, value, msg) = refusal(resolve(&cfg, &request("Hi.", Some("xx"))));
+        assert_eq!((field.as_str(), value.as_str()), ("language", "xx"));
+        for want in [
+            "auto",
+            "english (en)",
+            "chinese (zh)",
+            "korean (ko)",
+            "italian (it)",
+        ] {
+            assert!(msg.contains(want), "{msg}");
+        }
+        // A code is an alias only of a language the checkpoint has: the bundled voice speaks
+        // English alone.
+        let voice = config("models/omnitts-en");
+        let joe = |language| VoiceRequest {
+            speaker: Some("joe".into()),
+            ..request("Hi.", Some(language))
+        };
+        let (field, value, msg) = refusal(resolve(&voice, &joe("zh")));
+        assert_eq!((field.as_str(), value.as_str()), ("language", "zh"));
+        assert!(msg.contains("supported: auto, english (en) ("), "{msg}");
+        assert_eq!(resolve(&voice, &joe("En")).unwrap().language, "english");
+    }
+
+    #[test]
+    fn text_without_letters_or_digits_is_refused() {
+        let cfg = config("tests/fixtures/tiny-customvoice");
+        let punctuation = "!?.,;:".repeat(20);
+        for text in [
+            "!!!",
+            "...",
+            "* * *",
+            "😀😀😀😀",
+            "?! -- (…) «»",
+            punctuation.as_str(),
+        ] {
+            let (field, _, msg) = refusal(resolve(&cfg, &request(text, None)));
+            assert_eq!(field, "text", "{text}");
+            assert_eq!(msg, NO_WORDS_TO_SPEAK, "{text}");
+        }
+        let (_, _, msg) = refusal(resolve(&cfg, &request(" \u{200B}\n", None)));
+        assert_eq!(msg, NOTHING_TO_SPEAK);
+        for text in ["Hello!", "42", "你好。", "Ça va ?", "😀 yes", "①", "x"] {
+            assert!(resolve(&cfg, &request(text, None)).is_ok(), "{text}");
+            assert_eq!(unspeakable(text), None, "{text}");
+        }
+    }
+
+    /// The prompt of `text` on `dir`'s checkpoint in the variant's default mode.
+    fn plan(cfg: &Qwen3TtsConfig, tok: &TextTokenizer, text: &str) -> Prompt {
+        let r = resolve(cfg, &request(text, None)).unwrap();
+        let ids = tok.encode(&r.assistant_text).unwrap();
+        Prompt::build(cfg, &r, ids, None).unwrap()
+    }
+
+    #[test]
+    fn one_utterance_fits_the_talker_position_budget() {
+        let dir = fixture("tests/fixtures/tiny-customvoice");
+        let cfg = config("tests/fixtures/tiny-customvoice");
+        let tok = TextTokenizer::from_dir(&dir).unwrap();
+        assert_eq!(position_budget(&cfg), 32768);
+        let text = "one two three four five six seven eight nine ten ".repeat(4);
+        let p = plan(&cfg, &tok, &text);
+        let fixed = p.positions(&cfg) - p.text_ids();
+        assert!(p.text_ids() >= 40 && fixed > 5, "{} {fixed}", p.text_ids());
+        // Exactly at the budget it fits; one frame more and the text is refused, naming the limit
+        // and what to do.
+        let frames = 32768 - p.positions(&cfg);
+        assert!(p.check_position_budget(&cfg, &text, frames).is_ok());
+        let (field, value, msg) = refusal(p.check_position_budget(&cfg, &text, frames + 1));
+        assert_eq!(field, "text");
+        assert!(value.ends_with('…') && value.chars().count() == QUOTED_VALUE_CHARS + 1);
+        let limit = p.text_ids() - 1;
+        for want in [
+            format!("{} text ids, at most {limit} here", p.text_ids()),
+            "32768 positions, max_position_embeddings".into(),
+            format!("less {} for max-new-tokens", frames + 1),
+            "split-sentences".into(),
+        ] {
+            assert!(msg.contains(&want), "{want:?} not in {msg}");
+        }
+        // max-new-tokens alone can leave no room for text.
+        let (field, value, _) = refusal(p.check_position_budget(&cfg, &text, 32768 - fixed));
+        assert_eq!(
+            (field.as_str(), value),
+            ("max_new_tokens", (32768 - fixed).to_string())
+        );
+    }
+
+    #[test]
+    fn streaming_prompts_count_the_text_still_to_feed() {
+        let dir = fixture("tests/fixtures/tiny-customvoice");
+        let cfg = config("tests/fixtures/tiny-customvoice");
+        let tok = TextTokenizer::from_dir(&dir).unwrap();
+        let text = "A short sentence of several words to feed.";
+        let non_streaming = plan(&cfg, &tok, text);
+        let mut req = request(text, None);
+        req.prompt_mode = Some(PromptMode::Streaming);
+        let r = resolve(&cfg, &req).unwrap();
+        let streaming =
+            Prompt::build(&cfg, &r, tok.encode(&r.assistant_text).unwrap(), None).unwrap();
+        assert!(streaming.rows.len() < non_streaming.rows.len());
+        assert_eq!(streaming.text_ids(), non_streaming.text_ids());
+        assert_eq!(streaming.positions(&cfg), non_streaming.positions(&cfg) - 1);
     }
 }
