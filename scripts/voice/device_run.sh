@@ -28,7 +28,8 @@
 #           audio, the residual codebooks as that talker's code predictor greedily predicts them (train.py gta_codes;
 #           GTA_SHARE0/1: the share of utterances that get them, default 1; QUANT may then hold codebook 0 only).
 #
-# The folder it lives in (VP, carried) holds train.py and render_ids.py (copies of scripts/voice), wheels/
+# The folder it lives in (VP, carried) holds train.py and render_ids.py (copies of scripts/voice) and omnitts_py/ (a
+# copy of scripts/omnitts_py, the package train.py runs), wheels/
 # (transformers 4.57.3, accelerate 1.12.0, tokenizers 0.22.1, qwen-tts 0.1.1, einops, safetensors, huggingface_hub
 # 0.36.2, regex, pyyaml, tqdm, filelock, packaging, requests + deps, fsspec, psutil: `pip download --no-deps
 # --only-binary=:all: --python-version 3.12 ...`), tok/ (train.py's tokenizer step, run here) and, for CALL=1,
