@@ -14,7 +14,7 @@
 //!
 //! Base checkpoints clone a voice from `--ref-audio REF` (a file path or URI in any format
 //! GStreamer decodes, resampled to 24 kHz mono by the element's own reader,
-//! `gstomnitts::omnittssrc::ref_audio`; 0.5 s to 60 s) with `--ref-text "transcript"` (ICL mode) or
+//! `gstomnitts::element_common::ref_audio`; 0.5 s to 60 s) with `--ref-text "transcript"` (ICL mode) or
 //! `--x-vector-only` (speaker embedding only):
 //!
 //! ```sh
@@ -28,6 +28,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use clap::Parser;
+use gstomnitts::element_common::ref_audio::decode_ref_audio;
 use gstomnitts::engine::DeviceSpec;
 use gstomnitts::models::qwen3_tts::code2wav::{
     Code2Wav, REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES,
@@ -35,7 +36,6 @@ use gstomnitts::models::qwen3_tts::code2wav::{
 use gstomnitts::models::qwen3_tts::{
     ArModel, ArStep, Checkpoint, MAX_REF_AUDIO_SAMPLES, PromptMode, SamplingParams, VoiceRequest,
 };
-use gstomnitts::omnittssrc::ref_audio::decode_ref_audio;
 
 #[derive(Parser, Debug)]
 #[command(about = "Qwen3-TTS synthesis (stage 0 + codec decode)")]

@@ -10,7 +10,7 @@ use element_util::{
 };
 use gst::prelude::*;
 use gst_check::Harness;
-use gstomnitts::omnittssrc::messages;
+use gstomnitts::element_common::messages;
 use std::time::{Duration, Instant};
 
 const SPF: u64 = 1920;

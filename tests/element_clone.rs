@@ -28,9 +28,11 @@ use engine_common::fixture;
 use gst::glib;
 use gst::prelude::*;
 use gst_check::Harness;
+use gstomnitts::element_common::messages;
+use gstomnitts::element_common::ref_audio::{
+    decode_ref_audio, location_to_uri, resample_to_ref_rate,
+};
 use gstomnitts::engine::{DeviceSpec, Engine, EngineOptions, StageConfig};
-use gstomnitts::omnittssrc::messages;
-use gstomnitts::omnittssrc::ref_audio::{decode_ref_audio, location_to_uri, resample_to_ref_rate};
 use reference_util::{Suite, code_rows, f32s, reference_suite, rel_l2};
 use serde_json::Value;
 

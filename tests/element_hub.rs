@@ -4,7 +4,7 @@
 mod element_util;
 
 use element_util::{HubServer, TempDir, dead_endpoint, read_tree};
-use gstomnitts::omnittssrc::hub::{self, HubError, HubOptions, ModelSource};
+use gstomnitts::element_common::hub::{self, HubError, HubOptions, ModelSource};
 use std::sync::atomic::Ordering;
 
 const REPO: &str = "omnitts-test/tiny-hub";

@@ -6,7 +6,7 @@ mod element_util;
 use element_util::{element_messages, errors, init, serial, tiny_model, wait_element_message};
 use gst::prelude::*;
 use gst_check::Harness;
-use gstomnitts::omnittssrc::messages;
+use gstomnitts::element_common::messages;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

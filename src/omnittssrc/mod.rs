@@ -8,12 +8,18 @@
 //! duration as latency, fills the time between utterances with GAP-flagged silence, and speaks text
 //! pushed later at the running time it arrives.
 //!
-//! Per utterance it posts element messages (see [`messages`]): started, first audio (TTFA), and
+//! Per utterance it posts element messages (see [`messages`](crate::element_common::messages)): started, first audio (TTFA), and
 //! done (finish reason, frames, audio ms, RTF). With `split-sentences` every sentence of a text
 //! (Unicode sentence boundaries, `sentences.rs`) is an utterance of its own.
 //!
 //! Base checkpoints clone the voice of a reference recording (`ref-audio`, read by
-//! [`ref_audio`]; `ref-text` for ICL, or `x-vector-only`), encoded once by the engine's cache.
+//! [`ref_audio`](crate::element_common::ref_audio); `ref-text` for ICL, or `x-vector-only`),
+//! encoded once by the engine's cache.
+//!
+//! The properties, request building, model loading and messages it shares with the other
+//! omnitts elements are in [`element_common`](crate::element_common); here: `imp.rs` (the
+//! GObject glue, `create()`), `output.rs` (what each `create()` returns), `runtime.rs` (the text
+//! queue and the worker thread), `sentences.rs` (`split-sentences`).
 //!
 //! ```text
 //! gst-launch-1.0 omnittssrc model=tests/fixtures/tiny-customvoice text="Hello." ! audioconvert ! wavenc ! filesink location=out.wav
@@ -23,14 +29,10 @@ use gst::glib;
 use gst::prelude::*;
 use std::sync::LazyLock;
 
-pub mod hub;
 mod imp;
-pub mod ref_audio;
+mod output;
 mod runtime;
 mod sentences;
-mod voice_clone;
-
-pub use runtime::messages;
 
 /// Debug category `omnittssrc` (`GST_DEBUG=omnittssrc:5`).
 pub(crate) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
@@ -40,47 +42,6 @@ pub(crate) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {
         Some("omnitts Qwen3-TTS source"),
     )
 });
-
-/// Longest value, in characters, quoted in an error message (longer ones are cut with "…").
-const QUOTED_VALUE_CHARS: usize = 80;
-
-/// A rejected input, reported as "property 'value': why"; the value is escaped (control and
-/// invisible characters as `\u{…}`, so no terminal escape reaches a log) and cut to
-/// [`QUOTED_VALUE_CHARS`] characters.
-#[derive(Debug)]
-pub(crate) struct InputError {
-    pub property: &'static str,
-    pub value: String,
-    pub why: String,
-}
-
-impl std::fmt::Display for InputError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut shown: String = self.value.chars().take(QUOTED_VALUE_CHARS).collect();
-        if self.value.chars().nth(QUOTED_VALUE_CHARS).is_some() {
-            shown.push('…');
-        }
-        write!(
-            f,
-            "{} '{}': {}",
-            self.property,
-            shown.escape_debug(),
-            self.why
-        )
-    }
-}
-
-pub(crate) fn input_error(
-    property: &'static str,
-    value: &str,
-    why: impl Into<String>,
-) -> InputError {
-    InputError {
-        property,
-        value: value.to_string(),
-        why: why.into(),
-    }
-}
 
 glib::wrapper! {
     /// The `omnittssrc` element (GType `GstOmniTtsSrc`).

@@ -3,8 +3,10 @@
 //! [`Engine`](crate::engine::Engine).
 //!
 //! ```text
-//! push-text ─► pending (utterances) ─► worker ─► Engine::submit ─► events ─► items (bounded, samples) ─► create()
+//! push-text ─► pending (utterances) ─► worker ─► Engine::submit ─► events ─► Output (items, bounded) ─► create()
 //! ```
+//!
+//! [`Output`] decides what each `create()` returns; this file keeps the text and the worker.
 //!
 //! Base checkpoints: before submitting, the worker gives the utterance its voice-clone prompt
 //! ([`VoiceCloner`]: the reference decoded once per `ref-audio`, encoded once by the engine's
@@ -21,12 +23,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gst::glib;
-use gst::prelude::*;
 
+use crate::element_common::messages::UtteranceDone;
+use crate::element_common::voice_clone::{CloneSpec, VoiceCloner};
 use crate::engine::{Canceller, Engine, EngineEvent, EngineRequest, FinishReason, Metrics};
 
 use super::CAT;
-use super::voice_clone::{CloneSpec, VoiceCloner};
+use super::output::{Item, Notice, Output, Step, Upstream};
 
 /// One queued piece of text with the request built from the properties at the time it was queued.
 pub(super) struct Utterance {
@@ -45,117 +48,44 @@ pub(super) struct Utterance {
     pub start_pos: u64,
 }
 
-/// What the worker hands to `create()`, in stream order.
-pub(super) enum Item {
-    /// An utterance was accepted by the engine.
-    Started {
-        id: u64,
-        text: String,
-        start_pos: u64,
-    },
-    /// 24 kHz mono samples in [-1, 1]; `pos` counts samples already turned into buffers.
-    Audio { samples: Vec<f32>, pos: usize },
-    /// The engine reported its time to first audio.
-    FirstAudio { id: u64, ttfa_ms: f64 },
-    /// The engine finished the utterance.
-    Done {
-        id: u64,
-        reason: FinishReason,
-        metrics: Metrics,
-    },
-    /// The utterance was refused (engine validation, unusable reference), nothing was started.
-    Refused {
-        id: u64,
-        text: String,
-        error: String,
-    },
-}
-
-/// The utterance `create()` is currently emitting.
-pub(super) struct Current {
-    pub id: u64,
-    pub text: String,
-    /// Sample position of its first buffer.
-    pub start: u64,
-    /// Audio samples output so far (silence not counted).
-    pub samples_out: u64,
-    /// Live mode: silence buffers inserted because audio was late.
-    pub underruns: u32,
-    /// The engine's time to first audio, once reported.
-    pub ttfa_ms: Option<f64>,
-    /// When `create()` reached its start (for the done message of a cancelled utterance, whose
-    /// engine metrics are dropped with it).
-    pub since: std::time::Instant,
-}
-
-impl Current {
-    /// An utterance starting at sample `start`, nothing output yet.
-    pub fn new(id: u64, text: String, start: u64) -> Current {
-        Current {
-            id,
-            text,
-            start,
-            samples_out: 0,
-            underruns: 0,
-            ttfa_ms: None,
-            since: std::time::Instant::now(),
-        }
-    }
-}
-
-/// Everything guarded by the one mutex.
+/// Everything guarded by the one mutex: the text waiting for the worker, the worker's state, and
+/// the [`Output`] it feeds.
 pub(super) struct Inner {
     /// Utterances not yet taken by the worker.
-    pub pending: VecDeque<Utterance>,
-    /// Output of the worker, consumed by `create()`.
-    pub items: VecDeque<Item>,
-    /// Samples in `items` not yet consumed.
-    pub queued_samples: usize,
-    /// Back-pressure bound for `queued_samples` (the worker waits above it).
-    pub max_queued_samples: usize,
+    pending: VecDeque<Utterance>,
     /// The worker has taken an utterance and not yet queued its Done/Refused item.
-    pub worker_busy: bool,
+    worker_busy: bool,
     /// Live mode: the `start_pos` of the utterance the worker is submitting (its Started item
     /// is not queued yet).
-    pub busy_start: Option<u64>,
+    busy_start: Option<u64>,
     /// Cancels the engine request in flight.
-    pub canceller: Option<Canceller>,
+    canceller: Option<Canceller>,
     /// Bumped by flush and `cancel`: work of an older epoch is discarded.
-    pub epoch: u64,
+    epoch: u64,
     /// BaseSrc `unlock()` is in effect: `create()` returns FLUSHING.
-    pub unlocked: bool,
+    unlocked: bool,
     /// `stop()`: the worker must exit.
-    pub shutdown: bool,
+    shutdown: bool,
     /// Set when the worker died (panic); `create()` turns it into an element error.
-    pub worker_failure: Option<String>,
-    /// Non-live: EOS was returned, no more text is accepted.
-    pub eos: bool,
+    worker_failure: Option<String>,
     /// Next utterance id.
-    pub next_id: u64,
-    /// Next sample position: the stream's sample counter (offset of the next buffer).
-    pub n: u64,
-    /// Buffers output since start (the first gets DISCONT).
-    pub buffers: u64,
-    /// Live mode: running time of sample 0 (taken at the first `create()`).
-    pub r0: Option<gst::ClockTime>,
-    /// The utterance being emitted.
-    pub current: Option<Current>,
+    next_id: u64,
+    /// The worker's items, turned into buffers.
+    output: Output,
 }
 
 /// The queue: one mutex, one condvar.
 pub(super) struct Shared {
-    pub inner: Mutex<Inner>,
-    pub cond: Condvar,
+    inner: Mutex<Inner>,
+    cond: Condvar,
 }
 
 impl Shared {
-    pub fn new(max_queued_samples: usize) -> Arc<Shared> {
+    /// The queue of a stream whose buffers `output` decides.
+    pub fn new(output: Output) -> Arc<Shared> {
         Arc::new(Shared {
             inner: Mutex::new(Inner {
                 pending: VecDeque::new(),
-                items: VecDeque::new(),
-                queued_samples: 0,
-                max_queued_samples,
                 worker_busy: false,
                 busy_start: None,
                 canceller: None,
@@ -163,12 +93,8 @@ impl Shared {
                 unlocked: false,
                 shutdown: false,
                 worker_failure: None,
-                eos: false,
                 next_id: 1,
-                n: 0,
-                buffers: 0,
-                r0: None,
-                current: None,
+                output,
             }),
             cond: Condvar::new(),
         })
@@ -179,8 +105,30 @@ impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Wakes everyone waiting on the queue (call after every change).
+    pub fn notify(&self) {
+        self.cond.notify_all();
+    }
+
+    /// Waits for a change, or at most `timeout`.
+    pub fn wait<'a>(
+        &self,
+        guard: MutexGuard<'a, Inner>,
+        timeout: Option<Duration>,
+    ) -> MutexGuard<'a, Inner> {
+        match timeout {
+            Some(t) => self
+                .cond
+                .wait_timeout(guard, t)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0),
+            None => self.cond.wait(guard).unwrap_or_else(|p| p.into_inner()),
+        }
+    }
 }
 
+/// The element's side.
 impl Inner {
     /// Queues an utterance for the worker under the next id; returns it as queued.
     pub fn queue(
@@ -202,92 +150,115 @@ impl Inner {
         &self.pending[self.pending.len() - 1]
     }
 
+    /// Non-live: the stream has ended; no more text is accepted.
+    pub fn ended(&self) -> bool {
+        self.output.ended()
+    }
+
+    /// Live: the sample position that text arriving at running time `now` is due at.
+    pub fn arrival_pos(&self, now: Option<gst::ClockTime>) -> u64 {
+        self.output.arrival_pos(now)
+    }
+
+    /// Whether any text or audio is queued, or an utterance in progress.
+    pub fn has_work(&self) -> bool {
+        self.worker_busy || !self.pending.is_empty() || self.output.busy()
+    }
+
     /// Drops all queued text and audio, cancels the engine request in flight and retires the
-    /// current utterance. Returns the retired utterance (its done message is the caller's to post).
-    pub fn discard_all(&mut self) -> Option<Current> {
+    /// current utterance; returns its done message (the caller's to post).
+    pub fn discard_all(&mut self, samples_per_frame: usize) -> Option<UtteranceDone> {
         self.epoch += 1;
         self.pending.clear();
-        self.items.clear();
-        self.queued_samples = 0;
         self.busy_start = None;
         if let Some(c) = &self.canceller {
             c.cancel();
         }
-        self.current.take()
+        self.output.cancel(samples_per_frame)
+    }
+
+    /// BaseSrc `unlock()` (true) and `unlock_stop()` (false).
+    pub fn set_unlocked(&mut self, unlocked: bool) {
+        self.unlocked = unlocked;
+    }
+
+    /// `stop()`: the worker exits, `create()` returns FLUSHING, everything queued is dropped.
+    pub fn shut_down(&mut self) {
+        self.shutdown = true;
+        self.unlocked = true;
+        self.discard_all(1);
+    }
+
+    /// What `create()` does next, at running time `now` (live mode); notices to post go to
+    /// `notices`.
+    pub fn next_step(&mut self, now: gst::ClockTime, notices: &mut Vec<Notice>) -> Step {
+        if self.unlocked {
+            return Step::Flushing;
+        }
+        if let Some(what) = self.worker_failure.take() {
+            return Step::Failed(what);
+        }
+        let up = Upstream {
+            idle: self.pending.is_empty() && !self.worker_busy,
+            submitting: self.busy_start.is_some(),
+            next_start: self
+                .pending
+                .front()
+                .map(|u| u.start_pos)
+                .or(self.busy_start),
+        };
+        self.output.next(&up, now, notices)
     }
 }
 
-/// Bus message structure names (element messages posted by `omnittssrc`).
-pub mod messages {
-    /// An utterance's first buffer is being output. Fields: `id` (u64), `text` (string),
-    /// `pts` (u64 ns, stream time of its first sample).
-    pub const STARTED: &str = "omnitts/utterance-started";
-    /// The engine produced the utterance's first audio. Fields: `id`, `ttfa-ms` (f64, from
-    /// submission to the first decoded chunk), `pts`.
-    pub const FIRST_AUDIO: &str = "omnitts/utterance-first-audio";
-    /// The utterance ended. Fields: `id`, `text`, `reason` (`eos`, `length`, `guard`, `cancelled`,
-    /// `error`), `error` (string, empty unless `reason` is `error`), `frames` (u64 codec frames
-    /// generated), `samples` (u64 audio samples output), `audio-ms` (f64 audio generated),
-    /// `ttfa-ms` (f64, -1 if none), `rtf` (f64, wall time / audio time), `wall-ms` (f64),
-    /// `ar-ms-per-frame`, `decoder-ms-per-frame` (f64), `underruns` (u32, live mode), `pts`
-    /// (start), `duration` (u64 ns from the first to past the last output sample).
-    pub const DONE: &str = "omnitts/utterance-done";
-}
+/// The worker's side.
+impl Inner {
+    /// The next utterance to submit and the epoch it belongs to; the worker is busy from here
+    /// until [`Inner::worker_done`].
+    fn take_utterance(&mut self) -> Option<(Utterance, u64)> {
+        let u = self.pending.pop_front()?;
+        self.worker_busy = true;
+        self.busy_start = Some(u.start_pos);
+        Some((u, self.epoch))
+    }
 
-/// The name a [`FinishReason`] is reported as in the done message, and its error text.
-pub(super) fn reason_name(r: &FinishReason) -> (&'static str, String) {
-    let error = match r {
-        FinishReason::Error(e) => e.clone(),
-        _ => String::new(),
-    };
-    (r.as_str(), error)
-}
+    /// Whether work of `epoch` is still wanted.
+    fn is_current(&self, epoch: u64) -> bool {
+        self.epoch == epoch && !self.shutdown
+    }
 
-/// Builds the done message for `cur`, whose last sample ended at position `end`.
-pub(super) fn done_message(
-    src: &gst::Element,
-    cur: &Current,
-    end: u64,
-    rate: u32,
-    reason: &FinishReason,
-    metrics: &Metrics,
-) -> gst::Message {
-    let (reason, error) = reason_name(reason);
-    let pts = pts_of(cur.start, rate);
-    let duration = pts_of(end, rate).saturating_sub(pts);
-    let s = gst::Structure::builder(messages::DONE)
-        .field("id", cur.id)
-        .field("text", cur.text.as_str())
-        .field("reason", reason)
-        .field("error", error.as_str())
-        .field("frames", metrics.frames as u64)
-        .field("samples", cur.samples_out)
-        .field("audio-ms", metrics.audio_ms)
-        .field("ttfa-ms", metrics.ttfa_ms.unwrap_or(-1.0))
-        .field("rtf", metrics.rtf)
-        .field("wall-ms", metrics.wall_ms)
-        .field("ar-ms-per-frame", metrics.ar_ms_per_frame)
-        .field("decoder-ms-per-frame", metrics.decoder_ms_per_frame)
-        .field("underruns", cur.underruns)
-        .field("pts", pts.nseconds())
-        .field("duration", duration.nseconds())
-        .build();
-    gst::message::Element::builder(s).src(src).build()
-}
+    /// The utterance was refused before it started: its error keeps its place in the stream.
+    fn refuse(&mut self, epoch: u64, id: u64, text: String, error: String) {
+        if self.epoch == epoch {
+            self.output.push(Item::Refused { id, text, error });
+        }
+        self.worker_busy = false;
+        self.busy_start = None;
+    }
 
-/// Stream time of sample position `n`: `n * SECOND / rate`, integer, rounded down.
-pub(super) fn pts_of(n: u64, rate: u32) -> gst::ClockTime {
-    gst::ClockTime::from_nseconds(
-        n.mul_div_floor(gst::ClockTime::SECOND.nseconds(), rate as u64)
-            .unwrap_or(u64::MAX),
-    )
-}
+    /// The engine accepted the utterance; false when it is no longer wanted.
+    fn start(&mut self, epoch: u64, canceller: Canceller, item: Item) -> bool {
+        self.busy_start = None;
+        if !self.is_current(epoch) {
+            return false;
+        }
+        self.canceller = Some(canceller);
+        self.output.push(item);
+        true
+    }
 
-/// Sample position of stream time `t` (rounded down).
-pub(super) fn pos_of(t: gst::ClockTime, rate: u32) -> u64 {
-    t.nseconds()
-        .mul_div_floor(rate as u64, gst::ClockTime::SECOND.nseconds())
-        .unwrap_or(u64::MAX)
+    /// Queues an item of `epoch` (dropped when that epoch was discarded).
+    fn push(&mut self, epoch: u64, item: Item) {
+        if self.epoch == epoch {
+            self.output.push(item);
+        }
+    }
+
+    /// The worker is done with its utterance.
+    fn worker_done(&mut self) {
+        self.canceller = None;
+        self.worker_busy = false;
+    }
 }
 
 /// How long the worker waits on the engine between checks of the stop/cancel flags.
@@ -317,9 +288,8 @@ pub(super) fn spawn_worker(
                     .unwrap_or_else(|| "unknown panic".into());
                 let mut inner = shared.lock();
                 inner.worker_failure = Some(what);
-                inner.worker_busy = false;
-                inner.canceller = None;
-                shared.cond.notify_all();
+                inner.worker_done();
+                shared.notify();
             }
             // The element's stop() drops the last reference, which joins the stage threads.
             drop(engine);
@@ -340,12 +310,10 @@ fn worker_loop(
                 if inner.shutdown {
                     return;
                 }
-                if let Some(u) = inner.pending.pop_front() {
-                    inner.worker_busy = true;
-                    inner.busy_start = Some(u.start_pos);
-                    break (u, inner.epoch);
+                if let Some(taken) = inner.take_utterance() {
+                    break taken;
                 }
-                inner = shared.cond.wait(inner).unwrap_or_else(|p| p.into_inner());
+                inner = shared.wait(inner, None);
             }
         };
         let Utterance {
@@ -366,30 +334,21 @@ fn worker_loop(
         let handle = match submitted {
             Ok(h) => h,
             Err(error) => {
-                let mut inner = shared.lock();
-                if inner.epoch == epoch {
-                    inner.items.push_back(Item::Refused { id, text, error });
-                }
-                inner.worker_busy = false;
-                inner.busy_start = None;
-                shared.cond.notify_all();
+                shared.lock().refuse(epoch, id, text, error);
+                shared.notify();
                 continue;
             }
         };
         {
-            let mut inner = shared.lock();
-            inner.busy_start = None;
-            if inner.epoch == epoch && !inner.shutdown {
-                inner.canceller = Some(handle.canceller());
-                inner.items.push_back(Item::Started {
-                    id,
-                    text,
-                    start_pos,
-                });
-            } else {
+            let started = Item::Started {
+                id,
+                text,
+                start_pos,
+            };
+            if !shared.lock().start(epoch, handle.canceller(), started) {
                 handle.cancel();
             }
-            shared.cond.notify_all();
+            shared.notify();
         }
 
         // Forward events until Finished.
@@ -398,9 +357,7 @@ fn worker_loop(
             let ev = match handle.recv_timeout(POLL) {
                 Ok(ev) => ev,
                 Err(RecvTimeoutError::Timeout) => {
-                    let inner = shared.lock();
-                    let stale = inner.epoch != epoch || inner.shutdown;
-                    drop(inner);
+                    let stale = !shared.lock().is_current(epoch);
                     if stale {
                         handle.cancel();
                         let t = *cancelled_at.get_or_insert_with(Instant::now);
@@ -416,17 +373,18 @@ fn worker_loop(
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     // The engine dropped the request without Finished.
-                    let mut inner = shared.lock();
-                    if inner.epoch == epoch {
-                        inner.items.push_back(Item::Done {
+                    let reason = FinishReason::Error(
+                        "the engine stopped without finishing the utterance".into(),
+                    );
+                    shared.lock().push(
+                        epoch,
+                        Item::Done {
                             id,
-                            reason: FinishReason::Error(
-                                "the engine stopped without finishing the utterance".into(),
-                            ),
+                            reason,
                             metrics: Metrics::default(),
-                        });
-                    }
-                    shared.cond.notify_all();
+                        },
+                    );
+                    shared.notify();
                     break;
                 }
             };
@@ -439,20 +397,15 @@ fn worker_loop(
                     }
                     let mut inner = shared.lock();
                     // Back-pressure: wait for room (always accept into an empty queue).
-                    while inner.epoch == epoch
-                        && !inner.shutdown
-                        && inner.queued_samples > 0
-                        && inner.queued_samples + len > inner.max_queued_samples
-                    {
-                        inner = shared.cond.wait(inner).unwrap_or_else(|p| p.into_inner());
+                    while inner.is_current(epoch) && !inner.output.has_room(len) {
+                        inner = shared.wait(inner, None);
                     }
-                    if inner.epoch == epoch && !inner.shutdown {
-                        inner.queued_samples += len;
-                        inner.items.push_back(Item::Audio {
+                    if inner.is_current(epoch) {
+                        inner.output.push(Item::Audio {
                             samples: chunk.samples,
                             pos: 0,
                         });
-                        shared.cond.notify_all();
+                        shared.notify();
                     } else {
                         drop(inner);
                         handle.cancel();
@@ -460,11 +413,8 @@ fn worker_loop(
                     }
                 }
                 EngineEvent::FirstAudio { ttfa_ms } => {
-                    let mut inner = shared.lock();
-                    if inner.epoch == epoch {
-                        inner.items.push_back(Item::FirstAudio { id, ttfa_ms });
-                        shared.cond.notify_all();
-                    }
+                    shared.lock().push(epoch, Item::FirstAudio { id, ttfa_ms });
+                    shared.notify();
                 }
                 EngineEvent::Finished { reason, metrics } => {
                     gst::debug!(
@@ -473,28 +423,117 @@ fn worker_loop(
                         metrics.frames
                     );
                     let mut inner = shared.lock();
-                    if inner.epoch == epoch {
-                        inner.items.push_back(Item::Done {
-                            id,
-                            reason,
-                            metrics,
-                        });
-                    } else if let FinishReason::Error(e) = &reason {
+                    if inner.epoch != epoch
+                        && let FinishReason::Error(e) = &reason
+                    {
                         // Discarded utterance, but an engine error is still worth a log line.
                         gst::warning!(CAT, "worker: discarded utterance {id} failed: {e}");
                     }
-                    shared.cond.notify_all();
+                    inner.push(
+                        epoch,
+                        Item::Done {
+                            id,
+                            reason,
+                            metrics,
+                        },
+                    );
+                    shared.notify();
                     break;
                 }
             }
         }
-        let mut inner = shared.lock();
-        inner.canceller = None;
-        inner.worker_busy = false;
-        shared.cond.notify_all();
-        drop(inner);
+        shared.lock().worker_done();
+        shared.notify();
         if element.upgrade().is_none() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::element_common::audio::Samples;
+
+    fn queue_one(inner: &mut Inner, text: &str) -> u64 {
+        inner.queue(text.into(), Err("refused".into()), None, 0).id
+    }
+
+    #[test]
+    fn create_sees_flushing_failure_and_the_end() {
+        let shared = Shared::new(Output::new(480, None, 1000));
+        let mut inner = shared.lock();
+        let mut notices = Vec::new();
+        let now = gst::ClockTime::ZERO;
+        assert_eq!(
+            inner.next_step(now, &mut notices),
+            Step::Eos,
+            "nothing to speak"
+        );
+        assert!(inner.ended());
+
+        let shared = Shared::new(Output::new(480, None, 1000));
+        let mut inner = shared.lock();
+        assert_eq!(queue_one(&mut inner, "a"), 1);
+        assert_eq!(queue_one(&mut inner, "b"), 2);
+        assert!(inner.has_work());
+        // Text is waiting for the worker: no EOS yet.
+        assert_eq!(
+            inner.next_step(now, &mut notices),
+            Step::Wait { until: None }
+        );
+        inner.set_unlocked(true);
+        assert_eq!(inner.next_step(now, &mut notices), Step::Flushing);
+        inner.set_unlocked(false);
+        inner.worker_failure = Some("boom".into());
+        assert_eq!(
+            inner.next_step(now, &mut notices),
+            Step::Failed("boom".into())
+        );
+
+        // The worker takes one; a refusal of the current epoch keeps its place.
+        let (u, epoch) = inner.take_utterance().unwrap();
+        assert_eq!(u.id, 1);
+        inner.refuse(epoch, u.id, u.text, "speaker 'x': unknown".into());
+        // A discard drops what is queued and what older epochs bring later.
+        assert!(inner.discard_all(1920).is_none());
+        assert!(!inner.has_work());
+        inner.refuse(epoch, 2, "b".into(), "stale".into());
+        inner.push(
+            epoch,
+            Item::Audio {
+                samples: vec![0.0; 10],
+                pos: 0,
+            },
+        );
+        assert_eq!(inner.next_step(now, &mut notices), Step::Eos);
+        assert!(notices.is_empty(), "{notices:?}");
+    }
+
+    #[test]
+    fn live_text_is_due_at_its_arrival() {
+        let shared = Shared::new(Output::new(
+            480,
+            Some(gst::ClockTime::from_mseconds(80)),
+            1000,
+        ));
+        let mut inner = shared.lock();
+        let mut notices = Vec::new();
+        let r0 = gst::ClockTime::from_mseconds(100);
+        assert_eq!(inner.arrival_pos(Some(r0)), 0, "before the first step");
+        let Step::Buffer(b) = inner.next_step(r0, &mut notices) else {
+            panic!("live silence expected");
+        };
+        assert_eq!(b.samples, Samples::Silence(480));
+        assert_eq!(
+            inner.arrival_pos(Some(r0 + gst::ClockTime::from_seconds(1))),
+            24_000
+        );
+        inner.queue("later".into(), Err("x".into()), None, 24_000);
+        // Not due yet: silence up to it (480 per buffer), never a wait.
+        let Step::Buffer(b) = inner.next_step(r0, &mut notices) else {
+            panic!("live silence expected");
+        };
+        assert_eq!((b.offset, b.samples), (480, Samples::Silence(480)));
     }
 }

@@ -344,7 +344,7 @@ pub fn play_to_eos(pipeline: &gst::Element) -> Vec<gst::Structure> {
             gst::MessageView::Element(e) => {
                 if let Some(s) = e
                     .structure()
-                    .filter(|s| s.name() == gstomnitts::omnittssrc::messages::DONE)
+                    .filter(|s| s.name() == gstomnitts::element_common::messages::DONE)
                 {
                     dones.push(s.to_owned());
                 }

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use crate::engine::{Engine, EngineError};
 use crate::models::qwen3_tts::{MAX_REF_AUDIO_SAMPLES, ModelVariant, VoiceClonePrompt};
 
+use super::input_error::{InputError, input_error};
 use super::ref_audio::decode_ref_audio;
-use super::{InputError, input_error};
 
 /// The reference voice of one utterance, as the properties gave it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct CloneSpec {
+pub(crate) struct CloneSpec {
     /// `ref-audio`: a file path or URI.
     pub location: String,
     /// `ref-text` (ICL mode); `None` in x-vector-only mode.
@@ -32,7 +32,7 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
 /// `ref-audio`; other variants refuse `ref-audio`, `ref-text` and `x-vector-only`. In
 /// x-vector-only mode `ref-text` is ignored (as in qwen-tts `generate_voice_clone`); a missing
 /// `ref-text` in ICL mode is reported by the engine, which checks it with the audio.
-pub(super) fn clone_spec(
+pub(crate) fn clone_spec(
     variant: ModelVariant,
     model: &str,
     ref_audio: Option<&str>,
@@ -86,7 +86,7 @@ pub(super) fn clone_spec(
 /// Turns [`CloneSpec`]s into prompts, keeping the last decoded recording so that it is decoded
 /// again only when `ref-audio` names another one.
 #[derive(Default)]
-pub(super) struct VoiceCloner {
+pub(crate) struct VoiceCloner {
     decoded: Option<(String, Arc<[f32]>)>,
 }
 

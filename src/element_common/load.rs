@@ -1,0 +1,245 @@
+//! From the settings to a loaded engine: the stage config, the devices, the checkpoint (through
+//! [`super::hub`]), what the engine tells about it ([`ModelInfo`]) and, for Base checkpoints, the
+//! reference voice decoded and encoded once, so that a bad reference fails the state change.
+//! Every error names the property and its value.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::engine::{DeviceSpec, Engine, EngineOptions, StageConfig};
+
+use super::audio::RATE;
+use super::hub;
+use super::input_error::{InputError, input_error};
+use super::request::{ModelInfo, build_request};
+use super::settings::SynthesisSettings;
+use super::voice_clone::VoiceCloner;
+
+/// What an element holds from start to stop.
+pub(crate) struct Loaded {
+    /// Shared with the element's worker, which submits the utterances.
+    pub engine: Arc<Engine>,
+    pub info: ModelInfo,
+    /// Holds the reference decoded at start (Base checkpoints).
+    pub cloner: VoiceCloner,
+}
+
+/// Loads everything an element's `start()` needs for the settings `s`; `live` elements get
+/// later chunks as small as the first (see [`model_info`]). Warnings (unknown stage-config keys,
+/// ignored `ref-text`) are posted on `element`'s bus, progress is logged in `cat`.
+pub(crate) fn load(
+    element: &gst::Element,
+    cat: gst::DebugCategory,
+    s: &SynthesisSettings,
+    live: bool,
+) -> Result<Loaded, gst::ErrorMessage> {
+    let stage_config = load_stage_config(element, s)?;
+    let (engine, dir) = load_engine(element, cat, s, &stage_config)?;
+    let info = model_info(element, s, &stage_config, &engine, dir, live);
+    let cloner = prepare_voice(element, cat, s, &info, &engine)?;
+    Ok(Loaded {
+        engine,
+        info,
+        cloner,
+    })
+}
+
+/// The `stage-config` file, or the built-in configuration when unset; its warnings go to the bus.
+fn load_stage_config(
+    element: &gst::Element,
+    s: &SynthesisSettings,
+) -> Result<StageConfig, gst::ErrorMessage> {
+    let (stage_config, warnings) = match s.stage_config.as_deref().map(str::trim) {
+        Some(p) if !p.is_empty() => StageConfig::from_yaml_file(Path::new(p))
+            .map_err(|e| input_error("stage-config", p, e.to_string()).to_error_msg())?,
+        _ => (StageConfig::default_async(), Vec::new()),
+    };
+    for w in &warnings {
+        gst::element_warning!(
+            element,
+            gst::ResourceError::Settings,
+            ("stage-config '{}': {}", s.stage_config_name(), w)
+        );
+    }
+    Ok(stage_config)
+}
+
+/// Parses a device property the way the engine does and checks that this build can use it;
+/// `None` (unset) takes the stage config's device.
+fn parse_device(
+    property: &'static str,
+    value: Option<&str>,
+    from_stage_config: DeviceSpec,
+) -> Result<DeviceSpec, InputError> {
+    let Some(value) = value else {
+        return Ok(from_stage_config);
+    };
+    let spec =
+        DeviceSpec::from_str(value).map_err(|e| input_error(property, value, e.to_string()))?;
+    spec.check_supported()
+        .map_err(|e| input_error(property, value, e.to_string()))?;
+    Ok(spec)
+}
+
+/// The one place an element gets its engine: the devices, the `model` resolved to a checkpoint
+/// directory, the engine loaded on them with `stage_config`. Returns the engine and the directory.
+fn load_engine(
+    element: &gst::Element,
+    cat: gst::DebugCategory,
+    s: &SynthesisSettings,
+    stage_config: &StageConfig,
+) -> Result<(Arc<Engine>, PathBuf), gst::ErrorMessage> {
+    let ar_device = parse_device("ar-device", s.ar_device.as_deref(), stage_config.ar.device)
+        .map_err(|e| e.to_error_msg())?;
+    let decoder_device = parse_device(
+        "decoder-device",
+        s.decoder_device.as_deref(),
+        stage_config.decoder.device,
+    )
+    .map_err(|e| e.to_error_msg())?;
+    let resolved = hub::resolve_model(&s.model, &hub::HubOptions::from_env()).map_err(|e| {
+        let kind = match e {
+            hub::HubError::NotCached { .. } | hub::HubError::NotFound { .. } => {
+                gst::ResourceError::NotFound
+            }
+            _ => gst::ResourceError::Settings,
+        };
+        gst::error_msg!(kind, ("{}", e))
+    })?;
+    gst::info!(
+        cat,
+        obj = element,
+        "model '{}' → {} ({:?})",
+        s.model,
+        resolved.dir.display(),
+        resolved.source
+    );
+    let opts = EngineOptions {
+        model_dir: resolved.dir.clone(),
+        stage_config: stage_config.clone(),
+        ar_device,
+        decoder_device,
+    };
+    let engine = Engine::load(opts).map_err(|e| {
+        gst::error_msg!(
+            gst::ResourceError::OpenRead,
+            (
+                "model '{}' ({}) could not be loaded (ar-device {}, decoder-device {}): {}",
+                s.model,
+                resolved.dir.display(),
+                ar_device,
+                decoder_device,
+                e
+            )
+        )
+    })?;
+    if engine.sample_rate() != RATE {
+        return Err(gst::error_msg!(
+            gst::ResourceError::Settings,
+            (
+                "model '{}': the checkpoint outputs {} Hz, omnitts elements produce {} Hz only",
+                s.model,
+                engine.sample_rate(),
+                RATE
+            )
+        ));
+    }
+    Ok((Arc::new(engine), resolved.dir))
+}
+
+/// What `engine` tells about its checkpoint, and the chunk sizes its requests get.
+///
+/// Live: later chunks as small as the first unless `chunk-frames` is set. Chunk k+1 then takes
+/// as long to synthesise as chunk k takes to play whenever synthesis is faster than real time,
+/// so a latency of one first chunk holds for the whole utterance. (The stage config's default,
+/// 1 then 25 frames, would leave a gap after the first 80 ms unless RTF < 0.04.)
+fn model_info(
+    element: &gst::Element,
+    s: &SynthesisSettings,
+    stage_config: &StageConfig,
+    engine: &Engine,
+    dir: PathBuf,
+    live: bool,
+) -> ModelInfo {
+    let first_chunk_frames = match stage_config
+        .chunk_policy(s.initial_chunk(), s.chunk())
+        .next_boundary(0)
+    {
+        Some(frames) => frames,
+        None => {
+            // async_chunk: false decodes whole utterances: no audio before the end.
+            if live {
+                gst::element_warning!(
+                    element,
+                    gst::ResourceError::Settings,
+                    (
+                        "stage-config '{}' decodes whole utterances (async_chunk: false): in \
+                         live mode speech starts only after each utterance is synthesised",
+                        s.stage_config_name()
+                    )
+                );
+            }
+            stage_config.decoder.codec_chunk_frames
+        }
+    };
+    let default_chunk_frames =
+        (live && s.chunk().is_none() && stage_config.async_chunk).then_some(first_chunk_frames);
+    ModelInfo {
+        model: s.model.clone(),
+        dir,
+        variant: engine.variant(),
+        speakers: engine.speakers(),
+        languages: engine.languages(),
+        base_sampling: engine.default_sampling_params(),
+        samples_per_frame: engine.samples_per_frame(),
+        first_chunk_frames,
+        default_chunk_frames,
+    }
+}
+
+/// Validates the voice settings against the checkpoint, so that a bad speaker, language or
+/// reference fails the state change; a Base checkpoint's reference is decoded and encoded here
+/// (the engine caches the prompt).
+fn prepare_voice(
+    element: &gst::Element,
+    cat: gst::DebugCategory,
+    s: &SynthesisSettings,
+    info: &ModelInfo,
+    engine: &Engine,
+) -> Result<VoiceCloner, gst::ErrorMessage> {
+    let probe_text = "probe";
+    let (_, clone) = build_request(s, info, probe_text).map_err(|e| e.to_error_msg())?;
+    let mut cloner = VoiceCloner::default();
+    if let Some(spec) = clone {
+        if spec.x_vector_only
+            && let Some(t) = s.ref_text.as_deref().filter(|t| !t.trim().is_empty())
+        {
+            gst::element_warning!(
+                element,
+                gst::ResourceError::Settings,
+                (
+                    "ref-text '{}': ignored, x-vector-only=true clones from the speaker \
+                     embedding alone (as qwen-tts generate_voice_clone does)",
+                    t
+                )
+            );
+        }
+        let t = Instant::now();
+        cloner.prompt(engine, &spec).map_err(|e| e.to_error_msg())?;
+        gst::info!(
+            cat,
+            obj = element,
+            "reference voice '{}' ({}) ready in {:.0} ms",
+            spec.location,
+            if spec.x_vector_only {
+                "x-vector only"
+            } else {
+                "ICL"
+            },
+            t.elapsed().as_secs_f64() * 1000.0
+        );
+    }
+    Ok(cloner)
+}

@@ -1,0 +1,33 @@
+//! What the omnitts elements share, so that every element speaks with the same properties, the
+//! same rules and the same messages.
+//!
+//! ```text
+//! properties ─► SynthesisSettings ─► load (engine, ModelInfo, VoiceCloner) ─► build_request ─► EngineRequest
+//!                                                                               (voice_clone: the reference)
+//! Engine audio ─► audio (caps, sample timeline, buffers) ─► messages (per utterance) / progress (loading)
+//! ```
+//!
+//! - [`settings`]: the values of the synthesis properties (model, stage config, devices, voice,
+//!   sampling, chunk sizes) and their defaults;
+//! - [`properties`]: those properties' param specs, set and get, and the read-only ones that
+//!   describe the loaded checkpoint;
+//! - [`load`]: from the settings to a loaded [`Engine`](crate::engine::Engine) and what it tells
+//!   about its checkpoint ([`request::ModelInfo`]);
+//! - [`request`]: settings + text → [`EngineRequest`](crate::engine::EngineRequest);
+//! - [`voice_clone`], [`ref_audio`]: Base checkpoints' reference voice;
+//! - [`hub`]: the `model` property resolved to a checkpoint directory;
+//! - [`audio`]: the output caps, the sample ↔ time mapping and the output buffers;
+//! - [`messages`], [`progress`]: the bus messages per utterance and around model loading;
+//! - [`input_error`]: how a rejected property value is reported.
+
+pub mod audio;
+pub mod hub;
+pub(crate) mod input_error;
+pub(crate) mod load;
+pub mod messages;
+pub(crate) mod progress;
+pub(crate) mod properties;
+pub mod ref_audio;
+pub(crate) mod request;
+pub(crate) mod settings;
+pub(crate) mod voice_clone;

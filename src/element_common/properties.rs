@@ -1,0 +1,422 @@
+//! The synthesis properties every omnitts element has: their param specs, set and get on
+//! [`SynthesisSettings`], and the read-only properties that describe the loaded checkpoint.
+//!
+//! An element lists [`synthesis_param_specs`] and [`model_info_param_specs`] among its own, and
+//! forwards those names to [`SynthesisSettings::set_property`] / [`SynthesisSettings::property`]
+//! and [`model_info_property`]. Properties flagged `MUTABLE_READY` are refused once the element
+//! has started ([`refuse_ready_only`]).
+
+use gst::glib;
+use gst::prelude::*;
+
+use crate::engine::Engine;
+use crate::models::qwen3_tts::{MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES};
+
+use super::audio::RATE;
+use super::request::ModelInfo;
+use super::settings::{
+    DEFAULT_CHUNK_FRAMES, DEFAULT_INITIAL_CHUNK_FRAMES, DEFAULT_LANGUAGE, DEFAULT_MODEL,
+    PromptModeSetting, SAMPLING_DEFAULTS, SynthesisSettings,
+};
+
+/// Param specs of the model, stage config, device, voice, sampling and chunk properties, in the
+/// order gst-inspect lists them.
+pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
+    vec![
+        glib::ParamSpecString::builder("model")
+            .nick("Model")
+            .blurb(
+                "Qwen3-TTS checkpoint: a local directory, or a Hugging Face repo id \
+                 resolved through the HF cache (HF_HOME / HF_HUB_CACHE) and downloaded \
+                 when online (HF_ENDPOINT, HF_HUB_OFFLINE); default: the bundled small \
+                 English voice (speaker joe) in the source tree's models/omnitts-en",
+            )
+            .default_value(Some(DEFAULT_MODEL))
+            .mutable_ready()
+            .build(),
+        glib::ParamSpecString::builder("stage-config")
+            .nick("Stage config")
+            .blurb(
+                "YAML file with the engine's stage configuration (chunk sizes, queues); \
+                 unset: the built-in async-chunk configuration (configs/qwen3_tts.yaml)",
+            )
+            .mutable_ready()
+            .build(),
+        glib::ParamSpecString::builder("ar-device")
+            .nick("AR device")
+            .blurb(
+                "Device of stage 0 (talker + code predictor): cpu, cuda:N, or auto (CUDA \
+                 device 0 in a CUDA build with a GPU, else cpu); unset: the stage config's \
+                 runtime.devices (auto in the built-in one)",
+            )
+            .mutable_ready()
+            .build(),
+        glib::ParamSpecString::builder("decoder-device")
+            .nick("Decoder device")
+            .blurb(
+                "Device of stage 1 (Code2Wav decoder): cpu, cuda:N, or auto; unset: the \
+                 stage config's runtime.devices (auto in the built-in one)",
+            )
+            .mutable_ready()
+            .build(),
+        glib::ParamSpecString::builder("speaker")
+            .nick("Speaker")
+            .blurb(
+                "Preset speaker of a CustomVoice checkpoint (case-insensitive, see \
+                 available-speakers); unset: the checkpoint's alphabetically first speaker \
+                 (joe in the bundled voice, aiden in the released checkpoints). Applies to text queued after it is set",
+            )
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecString::builder("language")
+            .nick("Language")
+            .blurb(
+                "Language of the text (case-insensitive, see available-languages), or \
+                 auto. Applies to text queued after it is set",
+            )
+            .default_value(Some(DEFAULT_LANGUAGE))
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecString::builder("instruct")
+            .nick("Instruct")
+            .blurb(
+                "Style instruction (1.7B CustomVoice) or voice description (VoiceDesign); \
+                 ignored by 0.6B CustomVoice. Applies to text queued after it is set",
+            )
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecEnum::builder_with_default("prompt-mode", PromptModeSetting::Auto)
+            .nick("Prompt mode")
+            .blurb(
+                "Where the text goes in the model's prompt: fed one token per frame \
+                 (streaming) or all at once (non-streaming); auto: the variant's default. \
+                 Applies to text queued after it is set",
+            )
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecString::builder("ref-audio")
+            .nick("Reference audio")
+            .blurb(&format!(
+                "Base checkpoints only (required there): the recording whose voice is \
+                 cloned, a file path or URI in any format GStreamer decodes (resampled \
+                 to 24 kHz mono); {:.1} s to {:.0} s, not silent (peak above -60 dBFS). \
+                 Decoded once and encoded once per recording. Applies to text queued \
+                 after it is set",
+                MIN_REF_AUDIO_SAMPLES as f64 / RATE as f64,
+                MAX_REF_AUDIO_SAMPLES as f64 / RATE as f64
+            ))
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecString::builder("ref-text")
+            .nick("Reference text")
+            .blurb(
+                "Base checkpoints only: the transcript of ref-audio, for in-context \
+                 (ICL) cloning from the reference's speaker embedding and codec codes; \
+                 required unless x-vector-only=true (then ignored). Applies to text \
+                 queued after it is set",
+            )
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecBoolean::builder("x-vector-only")
+            .nick("X-vector only")
+            .blurb(
+                "Base checkpoints only: clone from the speaker embedding (x-vector) of \
+                 ref-audio alone, without its transcript and codes (ref-text ignored); \
+                 false: ICL cloning, which needs ref-text. Applies to text queued after \
+                 it is set",
+            )
+            .default_value(false)
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecBoolean::builder("do-sample")
+            .nick("Sample")
+            .blurb(
+                "Sample codes (true) or decode greedily, talker and code predictor \
+                 (false, deterministic). Unset sampling properties: the stage config's \
+                 default_sampling_params, else the checkpoint's generation_config.json \
+                 (the defaults shown are the released checkpoints'; the bundled voice's \
+                 is greedy)",
+            )
+            .default_value(SAMPLING_DEFAULTS.do_sample)
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecDouble::builder("temperature")
+            .nick("Temperature")
+            .blurb("Sampling temperature of the talker (0 = greedy)")
+            .minimum(0.0)
+            .maximum(2.0)
+            .default_value(SAMPLING_DEFAULTS.temperature)
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecUInt::builder("top-k")
+            .nick("Top-k")
+            .blurb("Talker: sample among the k most likely codes (0 = no limit)")
+            .minimum(0)
+            .maximum(4096)
+            .default_value(SAMPLING_DEFAULTS.top_k)
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecDouble::builder("top-p")
+            .nick("Top-p")
+            .blurb("Talker: nucleus sampling probability mass (1 = off)")
+            .minimum(0.01)
+            .maximum(1.0)
+            .default_value(SAMPLING_DEFAULTS.top_p)
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecDouble::builder("repetition-penalty")
+            .nick("Repetition penalty")
+            .blurb("Talker: penalty on codes already generated (1 = off)")
+            .minimum(1.0)
+            .maximum(2.0)
+            .default_value(SAMPLING_DEFAULTS.repetition_penalty)
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecUInt::builder("max-new-tokens")
+            .nick("Max new tokens")
+            .blurb(
+                "Longest utterance in codec frames (12.5 per second of audio); the stage \
+                 config's runaway guard may end it earlier",
+            )
+            .minimum(2)
+            .maximum(65536)
+            .default_value(SAMPLING_DEFAULTS.max_new_tokens)
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecUInt64::builder("seed")
+            .nick("Seed")
+            .blurb("Random seed of every utterance (same seed and text: same audio)")
+            .default_value(SAMPLING_DEFAULTS.seed)
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecUInt::builder("initial-chunk-frames")
+            .nick("Initial chunk frames")
+            .blurb(
+                "Codec frames (80 ms each) in the first audio chunk of an utterance; \
+                 smaller = earlier first audio. 0 = the stage config's value. Sets the \
+                 live latency",
+            )
+            .minimum(0)
+            .maximum(1000)
+            .default_value(DEFAULT_INITIAL_CHUNK_FRAMES)
+            .mutable_ready()
+            .build(),
+        glib::ParamSpecUInt::builder("chunk-frames")
+            .nick("Chunk frames")
+            .blurb(
+                "Codec frames (80 ms each) per audio chunk after the first. 0 = the stage \
+                 config's value; live: the first chunk's size, so that audio keeps pace \
+                 with the latency",
+            )
+            .minimum(0)
+            .maximum(1000)
+            .default_value(DEFAULT_CHUNK_FRAMES)
+            .mutable_playing()
+            .build(),
+    ]
+}
+
+/// Param specs of the read-only properties that describe the loaded checkpoint.
+pub(crate) fn model_info_param_specs() -> Vec<glib::ParamSpec> {
+    vec![
+        glib::ParamSpecString::builder("available-speakers")
+            .nick("Available speakers")
+            .blurb("Preset speakers of the loaded checkpoint, comma-separated (after start)")
+            .read_only()
+            .build(),
+        glib::ParamSpecString::builder("available-languages")
+            .nick("Available languages")
+            .blurb("Languages of the loaded checkpoint, comma-separated (after start)")
+            .read_only()
+            .build(),
+        glib::ParamSpecUInt64::builder("voice-clone-encodes")
+            .nick("Voice-clone encodes")
+            .blurb(
+                "Base checkpoints: how many times the engine has encoded a reference \
+                 (speaker and codec encoders) since start; utterances reusing a \
+                 reference take it from the engine's cache (0 before start)",
+            )
+            .read_only()
+            .build(),
+    ]
+}
+
+/// The value of a [`model_info_param_specs`] property; `loaded` is `None` before start.
+/// `None` for any other name.
+pub(crate) fn model_info_property(
+    name: &str,
+    loaded: Option<(&ModelInfo, &Engine)>,
+) -> Option<glib::Value> {
+    Some(match name {
+        "available-speakers" => loaded.map(|(info, _)| info.speakers.join(",")).to_value(),
+        "available-languages" => loaded.map(|(info, _)| info.languages.join(",")).to_value(),
+        "voice-clone-encodes" => loaded
+            .map_or(0, |(_, engine)| engine.voice_clone_stats().encodes)
+            .to_value(),
+        _ => return None,
+    })
+}
+
+/// Whether setting `pspec` now must be refused: it is flagged mutable only in NULL/READY (the
+/// model load or the caps depend on it) and the element has `started`. Then a warning on the bus
+/// says that the element keeps its current value.
+pub(crate) fn refuse_ready_only(
+    element: &gst::Element,
+    pspec: &glib::ParamSpec,
+    value: &glib::Value,
+    started: bool,
+) -> bool {
+    if !started || !pspec.flags().contains(gst::PARAM_FLAG_MUTABLE_READY) {
+        return false;
+    }
+    let name = pspec.name();
+    gst::element_warning!(
+        element,
+        gst::CoreError::StateChange,
+        (
+            "property '{name}' can only be changed in the NULL or READY state; {:?} \
+             ignored, the element keeps its current value",
+            value
+        )
+    );
+    true
+}
+
+impl SynthesisSettings {
+    /// Sets the property `name` (one of [`synthesis_param_specs`]) to `value`, type-checked by
+    /// GObject; false for any other name.
+    pub fn set_property(&mut self, name: &str, value: &glib::Value) -> bool {
+        let s = self;
+        match name {
+            "model" => {
+                s.model = value
+                    .get::<Option<String>>()
+                    .expect("type checked upstream")
+                    .unwrap_or_default()
+            }
+            "stage-config" => s.stage_config = value.get().expect("type checked upstream"),
+            "ar-device" => s.ar_device = value.get().expect("type checked upstream"),
+            "decoder-device" => s.decoder_device = value.get().expect("type checked upstream"),
+            "speaker" => s.speaker = value.get().expect("type checked upstream"),
+            "language" => {
+                s.language = value
+                    .get::<Option<String>>()
+                    .expect("type checked upstream")
+                    .unwrap_or_else(|| DEFAULT_LANGUAGE.into())
+            }
+            "instruct" => s.instruct = value.get().expect("type checked upstream"),
+            "prompt-mode" => s.prompt_mode = value.get().expect("type checked upstream"),
+            "ref-audio" => s.ref_audio = value.get().expect("type checked upstream"),
+            "ref-text" => s.ref_text = value.get().expect("type checked upstream"),
+            "x-vector-only" => s.x_vector_only = value.get().expect("type checked upstream"),
+            "do-sample" => s.do_sample = Some(value.get().expect("type checked upstream")),
+            "temperature" => s.temperature = Some(value.get().expect("type checked upstream")),
+            "top-k" => s.top_k = Some(value.get().expect("type checked upstream")),
+            "top-p" => s.top_p = Some(value.get().expect("type checked upstream")),
+            "repetition-penalty" => {
+                s.repetition_penalty = Some(value.get().expect("type checked upstream"))
+            }
+            "max-new-tokens" => {
+                s.max_new_tokens = Some(value.get().expect("type checked upstream"))
+            }
+            "seed" => s.seed = Some(value.get().expect("type checked upstream")),
+            "initial-chunk-frames" => {
+                s.initial_chunk_frames = value.get().expect("type checked upstream")
+            }
+            "chunk-frames" => s.chunk_frames = value.get().expect("type checked upstream"),
+            _ => return false,
+        }
+        true
+    }
+
+    /// The value of the property `name` (one of [`synthesis_param_specs`]): an unset sampling
+    /// property shows its default. `None` for any other name.
+    pub fn property(&self, name: &str) -> Option<glib::Value> {
+        let s = self;
+        let d = &*SAMPLING_DEFAULTS;
+        Some(match name {
+            "model" => s.model.to_value(),
+            "stage-config" => s.stage_config.to_value(),
+            "ar-device" => s.ar_device.to_value(),
+            "decoder-device" => s.decoder_device.to_value(),
+            "speaker" => s.speaker.to_value(),
+            "language" => s.language.to_value(),
+            "instruct" => s.instruct.to_value(),
+            "prompt-mode" => s.prompt_mode.to_value(),
+            "ref-audio" => s.ref_audio.to_value(),
+            "ref-text" => s.ref_text.to_value(),
+            "x-vector-only" => s.x_vector_only.to_value(),
+            "do-sample" => s.do_sample.unwrap_or(d.do_sample).to_value(),
+            "temperature" => s.temperature.unwrap_or(d.temperature).to_value(),
+            "top-k" => s.top_k.unwrap_or(d.top_k).to_value(),
+            "top-p" => s.top_p.unwrap_or(d.top_p).to_value(),
+            "repetition-penalty" => s
+                .repetition_penalty
+                .unwrap_or(d.repetition_penalty)
+                .to_value(),
+            "max-new-tokens" => s.max_new_tokens.unwrap_or(d.max_new_tokens).to_value(),
+            "seed" => s.seed.unwrap_or(d.seed).to_value(),
+            "initial-chunk-frames" => s.initial_chunk_frames.to_value(),
+            "chunk-frames" => s.chunk_frames.to_value(),
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every synthesis spec is settable and readable through the shared set/get, and no other
+    /// name is taken.
+    #[test]
+    fn specs_and_set_get_cover_the_same_names() {
+        let mut s = SynthesisSettings::default();
+        for spec in synthesis_param_specs() {
+            let name = spec.name();
+            let v = s
+                .property(name)
+                .unwrap_or_else(|| panic!("{name}: no getter"));
+            assert_eq!(v.type_(), spec.value_type(), "{name}");
+            assert!(
+                s.set_property(name, spec.default_value()),
+                "{name}: no setter"
+            );
+        }
+        assert!(!s.set_property("text", &"x".to_value()));
+        assert!(s.property("is-live").is_none());
+        for spec in model_info_param_specs() {
+            let v = model_info_property(spec.name(), None).unwrap();
+            assert_eq!(v.type_(), spec.value_type(), "{}", spec.name());
+        }
+        assert!(model_info_property("model", None).is_none());
+    }
+
+    #[test]
+    fn unset_sampling_shows_the_default_and_set_values_stick() {
+        let mut s = SynthesisSettings::default();
+        assert_eq!(
+            s.property("seed").unwrap().get::<u64>().unwrap(),
+            SAMPLING_DEFAULTS.seed
+        );
+        assert!(s.set_property("seed", &7u64.to_value()));
+        assert_eq!(s.seed, Some(7));
+        assert!(s.set_property("language", &None::<String>.to_value()));
+        assert_eq!(s.language, DEFAULT_LANGUAGE);
+        let ready_only: Vec<_> = synthesis_param_specs()
+            .into_iter()
+            .filter(|p| p.flags().contains(gst::PARAM_FLAG_MUTABLE_READY))
+            .map(|p| p.name().to_string())
+            .collect();
+        assert_eq!(
+            ready_only,
+            [
+                "model",
+                "stage-config",
+                "ar-device",
+                "decoder-device",
+                "initial-chunk-frames"
+            ]
+        );
+    }
+}

@@ -1,0 +1,261 @@
+//! Settings + text → engine request: the speaker, language, instruct and prompt mode checked
+//! against the loaded checkpoint, the sampling properties merged over the engine's defaults,
+//! the chunk sizes, and (Base) the reference voice.
+
+use std::path::PathBuf;
+
+use crate::engine::EngineRequest;
+use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak};
+use crate::models::qwen3_tts::{ModelVariant, SamplingParams, VoiceRequest};
+
+use super::input_error::{InputError, input_error};
+use super::settings::SynthesisSettings;
+use super::voice_clone::{CloneSpec, clone_spec};
+
+/// What loading told about the checkpoint; fixed until the element stops.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelInfo {
+    /// The `model` property as given (for messages).
+    pub model: String,
+    /// The checkpoint directory it resolved to.
+    pub dir: PathBuf,
+    pub variant: ModelVariant,
+    pub speakers: Vec<String>,
+    pub languages: Vec<String>,
+    /// The engine's defaults: generation_config.json overridden by the stage config.
+    pub base_sampling: SamplingParams,
+    /// Audio samples per codec frame (1920 at 24 kHz).
+    pub samples_per_frame: usize,
+    /// Codec frames in an utterance's first audio chunk.
+    pub first_chunk_frames: usize,
+    /// Chunk size of requests when the `chunk-frames` property is 0 (`None`: the stage config's).
+    pub default_chunk_frames: Option<usize>,
+}
+
+/// Matches `value` case-insensitively against `list`, returning the list's spelling.
+fn find_ci<'a>(list: &'a [String], value: &str) -> Option<&'a String> {
+    list.iter().find(|s| s.eq_ignore_ascii_case(value.trim()))
+}
+
+/// Builds the engine request for `text` from the property values `s`, and the reference voice it
+/// is to be spoken in (Base checkpoints; the caller turns it into the request's voice-clone
+/// prompt with a [`VoiceCloner`](super::voice_clone::VoiceCloner)). Errors name the property and
+/// its value: text with nothing to speak, an unknown speaker or language, voice-clone
+/// properties that do not fit the checkpoint.
+pub(crate) fn build_request(
+    s: &SynthesisSettings,
+    info: &ModelInfo,
+    text: &str,
+) -> Result<(EngineRequest, Option<CloneSpec>), InputError> {
+    if nothing_to_speak(text) {
+        return Err(input_error("text", text, NOTHING_TO_SPEAK));
+    }
+    let speaker = match s
+        .speaker
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    {
+        Some(v) => match find_ci(&info.speakers, v) {
+            Some(name) => Some(name.clone()),
+            None if info.speakers.is_empty() => {
+                return Err(input_error(
+                    "speaker",
+                    v,
+                    format!(
+                        "this {:?} checkpoint has no preset speakers; leave speaker unset",
+                        info.variant
+                    ),
+                ));
+            }
+            None => {
+                return Err(input_error(
+                    "speaker",
+                    v,
+                    format!("unknown speaker; available: {}", info.speakers.join(", ")),
+                ));
+            }
+        },
+        // CustomVoice needs a speaker: take the checkpoint's first.
+        None if info.variant == ModelVariant::CustomVoice => info.speakers.first().cloned(),
+        None => None,
+    };
+    let lang = s.language.trim();
+    let language = if lang.is_empty() || lang.eq_ignore_ascii_case("auto") {
+        None
+    } else {
+        match find_ci(&info.languages, lang) {
+            Some(l) => Some(l.clone()),
+            None => {
+                return Err(input_error(
+                    "language",
+                    lang,
+                    format!(
+                        "unknown language; available: auto, {}",
+                        info.languages
+                            .iter()
+                            .filter(|l| !l.eq_ignore_ascii_case("auto"))
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+        }
+    };
+    let instruct = s
+        .instruct
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_string);
+    let clone = clone_spec(
+        info.variant,
+        &info.model,
+        s.ref_audio.as_deref(),
+        s.ref_text.as_deref(),
+        s.x_vector_only,
+    )?;
+    let request = EngineRequest {
+        voice: VoiceRequest {
+            text: text.to_string(),
+            speaker,
+            language,
+            instruct,
+            prompt_mode: s.prompt_mode.prompt_mode(),
+            voice_clone: None,
+        },
+        sampling: sampling(s, &info.base_sampling),
+        initial_chunk_frames: s.initial_chunk(),
+        chunk_frames: s.chunk().or(info.default_chunk_frames),
+    };
+    Ok((request, clone))
+}
+
+/// The sampling properties that are set, over `base` (the engine's defaults); greedy when
+/// `do-sample` is false or the temperature 0.
+fn sampling(s: &SynthesisSettings, base: &SamplingParams) -> SamplingParams {
+    let mut sampling = base.clone();
+    if let Some(v) = s.temperature {
+        sampling.temperature = v;
+    }
+    if let Some(v) = s.top_k {
+        sampling.top_k = v as usize;
+    }
+    if let Some(v) = s.top_p {
+        sampling.top_p = v;
+    }
+    if let Some(v) = s.repetition_penalty {
+        sampling.repetition_penalty = v;
+    }
+    if let Some(v) = s.max_new_tokens {
+        sampling.max_new_tokens = v as usize;
+    }
+    if let Some(v) = s.seed {
+        sampling.seed = v;
+    }
+    if let Some(v) = s.do_sample {
+        sampling.do_sample = v;
+    }
+    if !sampling.do_sample || sampling.temperature <= 0.0 {
+        sampling = sampling.greedy();
+    }
+    sampling
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::qwen3_tts::GenerationConfig;
+
+    fn info(variant: ModelVariant) -> ModelInfo {
+        ModelInfo {
+            model: "m".into(),
+            dir: PathBuf::from("/m"),
+            variant,
+            speakers: if variant == ModelVariant::CustomVoice {
+                vec!["aiden".into(), "joe".into()]
+            } else {
+                Vec::new()
+            },
+            languages: vec!["auto".into(), "english".into(), "german".into()],
+            base_sampling: SamplingParams {
+                do_sample: true,
+                subtalker_do_sample: true,
+                temperature: 0.9,
+                ..SamplingParams::from_generation_config(&GenerationConfig::default())
+            },
+            samples_per_frame: 1920,
+            first_chunk_frames: 1,
+            default_chunk_frames: Some(1),
+        }
+    }
+
+    #[test]
+    fn voice_is_checked_against_the_checkpoint() {
+        let cv = info(ModelVariant::CustomVoice);
+        let mut s = SynthesisSettings::default();
+        let (r, clone) = build_request(&s, &cv, "Hi.").unwrap();
+        assert_eq!(r.voice.speaker.as_deref(), Some("aiden"), "first speaker");
+        assert_eq!((r.voice.language, clone), (None, None));
+        s.speaker = Some(" JOE ".into());
+        s.language = "German".into();
+        s.instruct = Some("  ".into());
+        let (r, _) = build_request(&s, &cv, "Hi.").unwrap();
+        assert_eq!(r.voice.speaker.as_deref(), Some("joe"));
+        assert_eq!(r.voice.language.as_deref(), Some("german"));
+        assert_eq!(r.voice.instruct, None, "blank instruct is unset");
+
+        s.speaker = Some("zoe".into());
+        let e = build_request(&s, &cv, "Hi.").unwrap_err();
+        assert_eq!(e.property, "speaker");
+        assert!(e.why.contains("aiden, joe"), "{e}");
+        s.speaker = None;
+        s.language = "klingon".into();
+        let e = build_request(&s, &cv, "Hi.").unwrap_err();
+        assert_eq!(e.property, "language");
+        assert!(e.why.ends_with("auto, english, german"), "{e}");
+        s.language = "auto".into();
+        assert_eq!(
+            build_request(&s, &cv, " \u{200B}\t").unwrap_err().property,
+            "text"
+        );
+
+        let vd = info(ModelVariant::VoiceDesign);
+        s.speaker = Some("joe".into());
+        let e = build_request(&s, &vd, "Hi.").unwrap_err();
+        assert!(e.why.contains("no preset speakers"), "{e}");
+        s.speaker = None;
+        assert_eq!(build_request(&s, &vd, "Hi.").unwrap().0.voice.speaker, None);
+    }
+
+    #[test]
+    fn sampling_and_chunks_merge_over_the_defaults() {
+        let cv = info(ModelVariant::CustomVoice);
+        let mut s = SynthesisSettings::default();
+        let (r, _) = build_request(&s, &cv, "Hi.").unwrap();
+        assert_eq!(r.sampling, cv.base_sampling);
+        assert_eq!((r.initial_chunk_frames, r.chunk_frames), (None, Some(1)));
+        s.seed = Some(9);
+        s.max_new_tokens = Some(30);
+        s.do_sample = Some(false);
+        s.initial_chunk_frames = 2;
+        s.chunk_frames = 5;
+        let (r, _) = build_request(&s, &cv, "Hi.").unwrap();
+        assert_eq!((r.sampling.seed, r.sampling.max_new_tokens), (9, 30));
+        assert_eq!(
+            r.sampling,
+            r.sampling.clone().greedy(),
+            "do-sample=false is greedy"
+        );
+        assert_eq!((r.initial_chunk_frames, r.chunk_frames), (Some(2), Some(5)));
+        s.do_sample = Some(true);
+        s.temperature = Some(0.0);
+        let (r, _) = build_request(&s, &cv, "Hi.").unwrap();
+        assert_eq!(
+            r.sampling,
+            r.sampling.clone().greedy(),
+            "temperature 0 is greedy"
+        );
+    }
+}

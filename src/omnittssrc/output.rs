@@ -1,0 +1,696 @@
+//! The element's output logic: from what the worker has queued ([`Item`]s, in stream order) and
+//! the clock, what `create()` does next ([`Output::next`]): output a buffer of audio or of GAP
+//! silence, end the stream, or wait. It keeps the stream's sample counter, the utterance being
+//! output and the notices (bus messages, warnings) that go with each step; it does no I/O, so it
+//! is tested without a pipeline.
+//!
+//! Non-live: the audio of each utterance, back to back, then EOS once nothing is left.
+//! Live: buffers keep the clock going. Between utterances, and before an utterance whose text
+//! arrived at a later running time, GAP silence; an utterance whose audio is late (past the
+//! buffer's running time plus the latency) gets silence too, counted as underruns.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::element_common::audio::{OutBuffer, Samples, pts_of};
+use crate::element_common::messages::UtteranceDone;
+use crate::engine::{FinishReason, Metrics};
+
+/// What the worker hands to the output, in stream order.
+#[derive(Debug)]
+pub(super) enum Item {
+    /// An utterance was accepted by the engine; live, it is due at sample `start_pos`.
+    Started {
+        id: u64,
+        text: String,
+        start_pos: u64,
+    },
+    /// 24 kHz mono samples in [-1, 1]; `pos` counts samples already turned into buffers.
+    Audio { samples: Vec<f32>, pos: usize },
+    /// The engine reported its time to first audio.
+    FirstAudio { id: u64, ttfa_ms: f64 },
+    /// The engine finished the utterance.
+    Done {
+        id: u64,
+        reason: FinishReason,
+        metrics: Metrics,
+    },
+    /// The utterance was refused (engine validation, unusable reference), nothing was started.
+    Refused {
+        id: u64,
+        text: String,
+        error: String,
+    },
+}
+
+/// What the output cannot see itself: the text the worker has not queued yet.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Upstream {
+    /// No text is waiting and the worker is not working on any (non-live: the end is reached
+    /// once the items are out).
+    pub idle: bool,
+    /// The worker is submitting an utterance (its Started item will follow).
+    pub submitting: bool,
+    /// Live: the sample position the next utterance not yet started is due at.
+    pub next_start: Option<u64>,
+}
+
+/// What `create()` does next.
+#[derive(Debug, PartialEq)]
+pub(super) enum Step {
+    /// Output this buffer.
+    Buffer(OutBuffer),
+    /// Non-live: everything has been spoken.
+    Eos,
+    /// Nothing to output yet: wait until the worker queues more, or (live) until the running
+    /// time `until` at the latest, then ask again.
+    Wait { until: Option<gst::ClockTime> },
+    /// The element is unlocked (flushing, stopping): return FLUSHING.
+    Flushing,
+    /// The worker died: an element error with this text.
+    Failed(String),
+}
+
+/// Something to tell the application (a bus message or a log line), produced with a step and
+/// posted by the element without any lock held.
+#[derive(Debug)]
+pub(super) enum Notice {
+    /// An utterance's first buffer is next; it starts at sample `pos`.
+    Started {
+        id: u64,
+        text: String,
+        pos: u64,
+        pts: gst::ClockTime,
+    },
+    FirstAudio {
+        id: u64,
+        ttfa_ms: f64,
+        pts: gst::ClockTime,
+    },
+    Done(UtteranceDone),
+    Refused {
+        id: u64,
+        text: String,
+        error: String,
+    },
+    /// Live: the utterance's audio was late at sample `pos`; silence inserted (`count` so far).
+    Underrun {
+        id: u64,
+        pos: u64,
+        count: u32,
+    },
+    /// Live: the utterance's first audio came later than the latency; speech starts late.
+    LateFirstAudio {
+        id: u64,
+        latency: gst::ClockTime,
+    },
+}
+
+/// The utterance being output.
+#[derive(Debug)]
+struct Current {
+    id: u64,
+    text: String,
+    /// Sample position of its first buffer.
+    start: u64,
+    /// Audio samples output so far (silence not counted).
+    samples_out: u64,
+    /// Live mode: silence buffers inserted because audio was late.
+    underruns: u32,
+    /// The engine's time to first audio, once reported.
+    ttfa_ms: Option<f64>,
+    /// When the output reached its start (for the done message of a cancelled utterance, whose
+    /// engine metrics are dropped with it).
+    since: Instant,
+}
+
+impl Current {
+    fn new(id: u64, text: String, start: u64) -> Current {
+        Current {
+            id,
+            text,
+            start,
+            samples_out: 0,
+            underruns: 0,
+            ttfa_ms: None,
+            since: Instant::now(),
+        }
+    }
+}
+
+/// Live mode's clock.
+#[derive(Debug)]
+struct Live {
+    /// The latency reported downstream: how late audio may be before silence replaces it.
+    latency: gst::ClockTime,
+    /// Running time of sample 0 (taken at the first step).
+    r0: Option<gst::ClockTime>,
+}
+
+/// The output logic of one stream (from start to stop).
+#[derive(Debug)]
+pub(super) struct Output {
+    samples_per_buffer: u64,
+    live: Option<Live>,
+    items: VecDeque<Item>,
+    /// Samples in `items` not yet output.
+    queued_samples: usize,
+    /// Back-pressure bound for `queued_samples`.
+    max_queued_samples: usize,
+    /// The stream's sample counter: the offset of the next buffer.
+    n: u64,
+    /// No buffer has been output yet (the first gets DISCONT).
+    first: bool,
+    current: Option<Current>,
+    /// Non-live: EOS was returned.
+    eos: bool,
+}
+
+impl Output {
+    /// The output of a stream of buffers of at most `samples_per_buffer` samples; live with
+    /// `live_latency` when `Some`. The worker waits while `max_queued_samples` are queued.
+    pub fn new(
+        samples_per_buffer: u32,
+        live_latency: Option<gst::ClockTime>,
+        max_queued_samples: usize,
+    ) -> Output {
+        Output {
+            samples_per_buffer: samples_per_buffer.max(1) as u64,
+            live: live_latency.map(|latency| Live { latency, r0: None }),
+            items: VecDeque::new(),
+            queued_samples: 0,
+            max_queued_samples,
+            n: 0,
+            first: true,
+            current: None,
+            eos: false,
+        }
+    }
+
+    /// Whether `len` more samples may be queued now (always into an empty queue).
+    pub fn has_room(&self, len: usize) -> bool {
+        self.queued_samples == 0 || self.queued_samples + len <= self.max_queued_samples
+    }
+
+    /// Queues an item from the worker.
+    pub fn push(&mut self, item: Item) {
+        if let Item::Audio { samples, pos } = &item {
+            self.queued_samples += samples.len() - pos;
+        }
+        self.items.push_back(item);
+    }
+
+    /// Non-live: the stream has ended (EOS returned); no more text is accepted.
+    pub fn ended(&self) -> bool {
+        self.eos
+    }
+
+    /// Whether anything is queued or being output.
+    pub fn busy(&self) -> bool {
+        self.current.is_some() || !self.items.is_empty()
+    }
+
+    /// Live: the sample position that text arriving at running time `now` is due at (0 before the
+    /// first step, and in non-live mode).
+    pub fn arrival_pos(&self, now: Option<gst::ClockTime>) -> u64 {
+        match (self.live.as_ref().and_then(|l| l.r0), now) {
+            (Some(r0), Some(now)) => crate::element_common::audio::pos_of(now.saturating_sub(r0)),
+            _ => 0,
+        }
+    }
+
+    /// Drops everything queued and retires the current utterance; returns its done message
+    /// (reason `cancelled`), with the figures the output saw (`samples_per_frame` turns its
+    /// samples into frames).
+    pub fn cancel(&mut self, samples_per_frame: usize) -> Option<UtteranceDone> {
+        self.items.clear();
+        self.queued_samples = 0;
+        let cur = self.current.take()?;
+        let audio_ms = cur.samples_out as f64 * 1000.0 / crate::element_common::audio::RATE as f64;
+        let wall_ms = cur.since.elapsed().as_secs_f64() * 1000.0;
+        let metrics = Metrics {
+            frames: (cur.samples_out / samples_per_frame.max(1) as u64) as usize,
+            audio_ms,
+            ttfa_ms: cur.ttfa_ms,
+            wall_ms,
+            rtf: if audio_ms > 0.0 {
+                wall_ms / audio_ms
+            } else {
+                0.0
+            },
+            ..Metrics::default()
+        };
+        Some(self.done(cur, FinishReason::Cancelled, metrics))
+    }
+
+    /// PTS of sample position `n`.
+    fn pts(&self, n: u64) -> gst::ClockTime {
+        pts_of(n)
+    }
+
+    fn done(&self, cur: Current, reason: FinishReason, metrics: Metrics) -> UtteranceDone {
+        let pts = self.pts(cur.start);
+        UtteranceDone {
+            id: cur.id,
+            text: cur.text,
+            reason,
+            metrics,
+            samples: cur.samples_out,
+            underruns: cur.underruns,
+            pts,
+            duration: self.pts(self.n).saturating_sub(pts),
+        }
+    }
+
+    /// A buffer of `samples` at the sample counter, which it advances.
+    fn emit(&mut self, samples: Samples) -> Step {
+        let len = samples.len() as u64;
+        let (pts, end) = (self.pts(self.n), self.pts(self.n + len));
+        let buffer = OutBuffer {
+            samples,
+            offset: self.n,
+            pts,
+            duration: end - pts,
+            discont: self.first,
+        };
+        self.n += len;
+        self.first = false;
+        Step::Buffer(buffer)
+    }
+
+    /// What to do next, at running time `now` (used in live mode only); notices to post go to
+    /// `notices`, in stream order.
+    pub fn next(&mut self, up: &Upstream, now: gst::ClockTime, notices: &mut Vec<Notice>) -> Step {
+        let spb = self.samples_per_buffer;
+        if let Some(live) = self.live.as_mut() {
+            live.r0.get_or_insert(now);
+        }
+        loop {
+            let n = self.n;
+            match self.items.front_mut() {
+                Some(Item::Started { start_pos, .. })
+                    if self.live.is_some() && *start_pos > n && self.current.is_none() =>
+                {
+                    // Live: the text arrived at a later running time; silence until then.
+                    let len = (*start_pos - n).min(spb);
+                    return self.emit(Samples::Silence(len as usize));
+                }
+                Some(Item::Audio { samples, pos }) => {
+                    let len = (samples.len() - *pos).min(spb as usize);
+                    let chunk = samples[*pos..*pos + len].to_vec();
+                    *pos += len;
+                    if *pos >= samples.len() {
+                        self.items.pop_front();
+                    }
+                    self.queued_samples = self.queued_samples.saturating_sub(len);
+                    if let Some(cur) = self.current.as_mut() {
+                        cur.samples_out += len as u64;
+                    }
+                    return self.emit(Samples::Audio(chunk));
+                }
+                Some(_) => {
+                    if let Some(item) = self.items.pop_front() {
+                        self.handle_event(item, notices);
+                    }
+                }
+                None => return self.when_empty(up, now, notices),
+            }
+        }
+    }
+
+    /// Turns a non-audio item into notices and bookkeeping.
+    fn handle_event(&mut self, item: Item, notices: &mut Vec<Notice>) {
+        let n = self.n;
+        match item {
+            Item::Started { id, text, .. } => {
+                notices.push(Notice::Started {
+                    id,
+                    text: text.clone(),
+                    pos: n,
+                    pts: self.pts(n),
+                });
+                self.current = Some(Current::new(id, text, n));
+            }
+            Item::FirstAudio { id, ttfa_ms } => {
+                if let Some(cur) = self.current.as_mut().filter(|c| c.id == id) {
+                    cur.ttfa_ms = Some(ttfa_ms);
+                }
+                notices.push(Notice::FirstAudio {
+                    id,
+                    ttfa_ms,
+                    pts: self.pts(n),
+                });
+            }
+            Item::Done {
+                id,
+                reason,
+                metrics,
+            } => {
+                let cur = self
+                    .current
+                    .take()
+                    .unwrap_or_else(|| Current::new(id, String::new(), n));
+                notices.push(Notice::Done(self.done(cur, reason, metrics)));
+            }
+            Item::Refused { id, text, error } => {
+                notices.push(Notice::Refused { id, text, error });
+            }
+            // Output by `next()`, never handed here.
+            Item::Audio { .. } => {}
+        }
+    }
+
+    /// No item queued: EOS or wait (non-live); silence or wait (live).
+    fn when_empty(
+        &mut self,
+        up: &Upstream,
+        now: gst::ClockTime,
+        notices: &mut Vec<Notice>,
+    ) -> Step {
+        let n = self.n;
+        let spb = self.samples_per_buffer;
+        let Some(live) = self.live.as_ref() else {
+            if up.idle {
+                self.eos = true;
+                return Step::Eos;
+            }
+            return Step::Wait { until: None };
+        };
+        let due = self.current.is_some() || up.submitting || up.next_start.is_some_and(|s| s <= n);
+        if !due {
+            let len = match up.next_start {
+                Some(s) => (s - n).min(spb),
+                None => spb,
+            };
+            return self.emit(Samples::Silence(len as usize));
+        }
+        // Audio is due: wait for it until this buffer's running time plus the latency.
+        let deadline = live.r0.unwrap_or(gst::ClockTime::ZERO) + pts_of(n) + live.latency;
+        if now < deadline {
+            return Step::Wait {
+                until: Some(deadline),
+            };
+        }
+        // Audio is late: keep the clock going with silence.
+        let latency = live.latency;
+        if let Some(cur) = self.current.as_mut() {
+            if cur.samples_out > 0 {
+                cur.underruns += 1;
+                notices.push(Notice::Underrun {
+                    id: cur.id,
+                    pos: n,
+                    count: cur.underruns,
+                });
+            } else if n == cur.start {
+                notices.push(Notice::LateFirstAudio {
+                    id: cur.id,
+                    latency,
+                });
+            }
+        }
+        self.emit(Samples::Silence(spb as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const IDLE: Upstream = Upstream {
+        idle: true,
+        submitting: false,
+        next_start: None,
+    };
+    const BUSY: Upstream = Upstream {
+        idle: false,
+        submitting: false,
+        next_start: None,
+    };
+    const T0: gst::ClockTime = gst::ClockTime::ZERO;
+
+    fn ms(v: u64) -> gst::ClockTime {
+        gst::ClockTime::from_mseconds(v)
+    }
+
+    fn started(id: u64, start_pos: u64) -> Item {
+        Item::Started {
+            id,
+            text: format!("utterance {id}"),
+            start_pos,
+        }
+    }
+
+    fn audio(len: usize) -> Item {
+        Item::Audio {
+            samples: vec![0.25; len],
+            pos: 0,
+        }
+    }
+
+    fn done(id: u64) -> Item {
+        Item::Done {
+            id,
+            reason: FinishReason::Eos,
+            metrics: Metrics {
+                frames: 7,
+                ..Metrics::default()
+            },
+        }
+    }
+
+    /// The buffer of a step (panics on any other step).
+    fn buffer(step: Step) -> OutBuffer {
+        match step {
+            Step::Buffer(b) => b,
+            other => panic!("expected a buffer, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn non_live_audio_back_to_back_then_eos() {
+        let mut out = Output::new(480, None, 10_000);
+        let mut notices = Vec::new();
+        for item in [
+            started(1, 0),
+            Item::FirstAudio {
+                id: 1,
+                ttfa_ms: 5.0,
+            },
+            audio(1000),
+        ] {
+            out.push(item);
+        }
+        let mut n = 0;
+        for (want_len, discont) in [(480, true), (480, false), (40, false)] {
+            let b = buffer(out.next(&BUSY, T0, &mut notices));
+            assert_eq!(b.samples, Samples::Audio(vec![0.25; want_len]));
+            assert_eq!((b.offset, b.discont), (n, discont));
+            assert_eq!(b.pts, pts_of(n));
+            assert_eq!(b.duration, pts_of(n + want_len as u64) - pts_of(n));
+            n += want_len as u64;
+        }
+        assert!(matches!(
+            &notices[..],
+            [
+                Notice::Started { id: 1, pos: 0, .. },
+                Notice::FirstAudio { id: 1, .. }
+            ]
+        ));
+        notices.clear();
+        // The worker is still busy: wait for it, never EOS.
+        assert_eq!(
+            out.next(&BUSY, T0, &mut notices),
+            Step::Wait { until: None }
+        );
+        out.push(done(1));
+        out.push(started(2, 0));
+        out.push(audio(100));
+        let b = buffer(out.next(&IDLE, T0, &mut notices));
+        assert_eq!((b.offset, b.samples.len(), b.discont), (1000, 100, false));
+        let [
+            Notice::Done(d),
+            Notice::Started {
+                id: 2, pos: 1000, ..
+            },
+        ] = &notices[..]
+        else {
+            panic!("{notices:?}");
+        };
+        assert_eq!((d.id, d.samples, d.metrics.frames), (1, 1000, 7));
+        assert_eq!((d.pts, d.duration), (T0, pts_of(1000)));
+        assert!(!out.ended());
+        notices.clear();
+        out.push(done(2));
+        assert_eq!(out.next(&IDLE, T0, &mut notices), Step::Eos);
+        assert!(out.ended());
+        assert!(matches!(&notices[..], [Notice::Done(d)] if d.id == 2 && d.samples == 100));
+    }
+
+    #[test]
+    fn a_refusal_keeps_its_place_in_the_stream() {
+        let mut out = Output::new(480, None, 10_000);
+        let mut notices = Vec::new();
+        out.push(started(1, 0));
+        out.push(audio(10));
+        out.push(done(1));
+        out.push(Item::Refused {
+            id: 2,
+            text: "bad".into(),
+            error: "speaker 'x': unknown".into(),
+        });
+        assert_eq!(buffer(out.next(&IDLE, T0, &mut notices)).samples.len(), 10);
+        assert_eq!(notices.len(), 1, "only the start before the audio");
+        assert_eq!(out.next(&IDLE, T0, &mut notices), Step::Eos);
+        assert!(matches!(
+            &notices[1..],
+            [Notice::Done(_), Notice::Refused { id: 2, .. }]
+        ));
+    }
+
+    #[test]
+    fn back_pressure_bounds_the_queue() {
+        let mut out = Output::new(480, None, 1000);
+        assert!(out.has_room(5000), "an empty queue takes any chunk");
+        out.push(audio(600));
+        assert!(out.has_room(400));
+        assert!(!out.has_room(401));
+        let mut notices = Vec::new();
+        out.next(&BUSY, T0, &mut notices);
+        assert!(out.has_room(880), "output samples make room");
+        assert!(!out.has_room(881));
+    }
+
+    #[test]
+    fn cancel_reports_what_was_output() {
+        let mut out = Output::new(480, None, 10_000);
+        let mut notices = Vec::new();
+        out.push(started(1, 0));
+        out.push(Item::FirstAudio {
+            id: 1,
+            ttfa_ms: 12.5,
+        });
+        out.push(audio(1920 * 3));
+        for _ in 0..8 {
+            buffer(out.next(&BUSY, T0, &mut notices));
+        }
+        assert!(out.busy());
+        let d = out.cancel(1920).expect("a current utterance");
+        assert_eq!((d.id, d.reason.as_str()), (1, "cancelled"));
+        assert_eq!((d.samples, d.metrics.frames), (3840, 2));
+        assert_eq!(d.metrics.ttfa_ms, Some(12.5));
+        assert!((d.metrics.audio_ms - 160.0).abs() < 1e-9);
+        assert!(!out.busy(), "queued audio dropped");
+        assert!(out.cancel(1920).is_none());
+        assert_eq!(out.next(&IDLE, T0, &mut notices), Step::Eos);
+    }
+
+    #[test]
+    fn live_silence_until_the_text_is_due() {
+        let latency = ms(80);
+        let mut out = Output::new(480, Some(latency), 10_000);
+        let mut notices = Vec::new();
+        let r0 = ms(30);
+        // Nothing queued: GAP silence, one full buffer each step, the first DISCONT.
+        let b = buffer(out.next(&BUSY, r0, &mut notices));
+        assert_eq!(
+            (b.samples, b.offset, b.discont),
+            (Samples::Silence(480), 0, true)
+        );
+        // Text arriving 20 ms later is due 480 samples after sample 0.
+        assert_eq!(out.arrival_pos(Some(r0 + ms(30))), 720);
+        // The next utterance is due at 1000: silence up to it, then its audio.
+        let waiting = Upstream {
+            next_start: Some(1000),
+            ..BUSY
+        };
+        assert_eq!(
+            buffer(out.next(&waiting, r0, &mut notices)).samples,
+            Samples::Silence(480)
+        );
+        out.push(started(1, 1000));
+        out.push(audio(100));
+        assert_eq!(
+            buffer(out.next(&BUSY, r0, &mut notices)).samples,
+            Samples::Silence(40)
+        );
+        assert!(notices.is_empty());
+        let b = buffer(out.next(&BUSY, r0, &mut notices));
+        assert_eq!((b.offset, b.samples.len()), (1000, 100));
+        assert!(matches!(
+            &notices[..],
+            [Notice::Started {
+                id: 1,
+                pos: 1000,
+                ..
+            }]
+        ));
+        // Live never ends by itself.
+        out.push(done(1));
+        let b = buffer(out.next(&IDLE, r0, &mut notices));
+        assert_eq!((b.offset, b.samples), (1100, Samples::Silence(480)));
+        assert!(!out.ended());
+    }
+
+    #[test]
+    fn live_late_audio_waits_for_the_deadline_then_underruns() {
+        let latency = ms(80);
+        let mut out = Output::new(480, Some(latency), 10_000);
+        let mut notices = Vec::new();
+        let r0 = ms(10);
+        // The worker is submitting: audio is due, wait until sample 0's time plus the latency.
+        let submitting = Upstream {
+            submitting: true,
+            ..BUSY
+        };
+        assert_eq!(
+            out.next(&submitting, r0, &mut notices),
+            Step::Wait {
+                until: Some(r0 + latency)
+            }
+        );
+        out.push(started(1, 0));
+        assert_eq!(
+            out.next(&BUSY, r0 + ms(50), &mut notices),
+            Step::Wait {
+                until: Some(r0 + latency)
+            }
+        );
+        // Past the deadline before any audio: speech starts late, silence keeps the clock.
+        notices.clear();
+        let b = buffer(out.next(&BUSY, r0 + latency, &mut notices));
+        assert_eq!(b.samples, Samples::Silence(480));
+        assert!(matches!(
+            &notices[..],
+            [Notice::LateFirstAudio { id: 1, .. }]
+        ));
+        notices.clear();
+        out.push(audio(480));
+        buffer(out.next(&BUSY, r0 + latency, &mut notices));
+        // Audio ran out mid-utterance: the next buffer is due at 40 ms + latency.
+        let deadline = r0 + pts_of(960) + latency;
+        assert_eq!(
+            out.next(&BUSY, deadline - ms(1), &mut notices),
+            Step::Wait {
+                until: Some(deadline)
+            }
+        );
+        let b = buffer(out.next(&BUSY, deadline, &mut notices));
+        assert_eq!((b.offset, b.samples), (960, Samples::Silence(480)));
+        assert!(matches!(
+            &notices[..],
+            [Notice::Underrun {
+                id: 1,
+                pos: 960,
+                count: 1
+            }]
+        ));
+        out.push(done(1));
+        notices.clear();
+        buffer(out.next(&IDLE, deadline, &mut notices));
+        let [Notice::Done(d)] = &notices[..] else {
+            panic!("{notices:?}");
+        };
+        assert_eq!((d.samples, d.underruns), (480, 1));
+        assert_eq!(d.duration, pts_of(1440));
+    }
+}
