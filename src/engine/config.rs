@@ -192,12 +192,19 @@ impl GuardConfig {
 }
 
 /// Stage 0 (talker + code predictor).
+/// `max_waiting` when the stage config does not set it.
+pub const DEFAULT_MAX_WAITING: usize = 64;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ArStageConfig {
     /// `runtime.devices`.
     pub device: DeviceSpec,
-    /// `engine_args.max_num_seqs`: requests the stage works on at once (interleaved by frame).
+    /// `engine_args.max_num_seqs`: requests the stage works on at once (batched: every running
+    /// request advances one frame in each batched step).
     pub max_num_seqs: usize,
+    /// `engine_args.max_waiting`: requests that may wait (FIFO) for one of the `max_num_seqs`
+    /// places; a request beyond both is refused (`EngineError::Busy`).
+    pub max_waiting: usize,
     /// `engine_args.dtype`.
     pub dtype: DTypeSpec,
     /// `default_sampling_params` + `subtalker_sampling_params`.
@@ -591,6 +598,7 @@ impl Walker<'_> {
         let mut cfg = ArStageConfig {
             device: DeviceSpec::Auto,
             max_num_seqs: 1,
+            max_waiting: DEFAULT_MAX_WAITING,
             dtype: DTypeSpec::Auto,
             sampling: SamplingOverrides::default(),
             guard: GuardConfig::default(),
@@ -636,6 +644,7 @@ impl Walker<'_> {
                 }
                 "engine_output_type" => self.exact_str(val, &key, "latent")?,
                 "max_num_seqs" => cfg.max_num_seqs = self.positive(val, &key)?,
+                "max_waiting" => cfg.max_waiting = self.non_negative(val, &key)?,
                 "dtype" => {
                     let s = self.string(val, &key)?;
                     cfg.dtype = DTypeSpec::parse(s).ok_or_else(|| {

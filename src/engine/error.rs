@@ -56,6 +56,22 @@ pub enum EngineError {
         /// What is allowed.
         msg: String,
     },
+    /// Admission refused a request: stage 0 already holds `max_num_seqs` running requests and
+    /// `max_waiting` waiting ones. The running ones are unharmed; try again later or raise the
+    /// limits in the stage config.
+    #[error(
+        "engine full: {held} requests running or waiting (max_num_seqs = {max_num_seqs} running + \
+         max_waiting = {max_waiting} waiting); raise stage_args[0].engine_args.max_waiting or \
+         max_num_seqs in the stage config, or use an engine of its own"
+    )]
+    Busy {
+        /// Requests stage 0 held when this one was refused.
+        held: usize,
+        /// `stage_args[0].engine_args.max_num_seqs`.
+        max_num_seqs: usize,
+        /// `stage_args[0].engine_args.max_waiting`.
+        max_waiting: usize,
+    },
     /// A stage thread could not be spawned or died.
     #[error("stage {stage}: {msg}")]
     Stage {

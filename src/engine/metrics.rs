@@ -1,5 +1,6 @@
-//! Per-request timing.
+//! Per-request timing, and the batch tallies of the stages.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Timing of one finished request, delivered with `EngineEvent::Finished`. Times are in
@@ -126,5 +127,42 @@ mod tests {
         );
         assert_eq!(empty.rtf, 0.0);
         assert_eq!(empty.ttfa_ms, None);
+    }
+}
+
+/// What a stage's batched steps did since the engine loaded ([`super::Engine::batch_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Batched steps run (stage 0: frames for every running row; stage 1: decode passes).
+    pub steps: u64,
+    /// Rows over all steps (frames produced, chunks decoded); `rows / steps` is the mean batch.
+    pub rows: u64,
+    /// Largest batch of one step.
+    pub max_rows: u64,
+}
+
+/// Lock-free [`BatchStats`] counters, written by a stage thread.
+#[derive(Debug, Default)]
+pub(crate) struct BatchCounters {
+    steps: AtomicU64,
+    rows: AtomicU64,
+    max_rows: AtomicU64,
+}
+
+impl BatchCounters {
+    /// Counts one step of `rows` rows.
+    pub fn step(&self, rows: usize) {
+        let rows = rows as u64;
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.rows.fetch_add(rows, Ordering::Relaxed);
+        self.max_rows.fetch_max(rows, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> BatchStats {
+        BatchStats {
+            steps: self.steps.load(Ordering::Relaxed),
+            rows: self.rows.load(Ordering::Relaxed),
+            max_rows: self.max_rows.load(Ordering::Relaxed),
+        }
     }
 }

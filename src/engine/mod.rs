@@ -29,6 +29,11 @@ mod config;
 mod device;
 mod error;
 mod metrics;
+mod queue;
+pub mod registry;
+mod request;
+mod stage0;
+mod stage1;
 mod stages;
 mod voice_clone;
 
@@ -45,15 +50,19 @@ pub use config::{
 };
 pub use device::{DTypeSpec, DeviceSpec};
 pub use error::EngineError;
-pub use metrics::Metrics;
+pub use metrics::{BatchStats, Metrics};
 pub use voice_clone::{VOICE_CLONE_CACHE_ENTRIES, VoiceCloneStats};
 
 use crate::models::qwen3_tts::{
     Checkpoint, ModelVariant, Qwen3TtsConfig, SamplingParams, VoiceClonePrompt, VoiceRequest,
     prompt,
 };
+use queue::StageQueue;
+pub use registry::SharedEngine;
+use request::{AdmissionControl, RequestCore, RequestShared};
+use stage0::EncodeJob;
 pub use stages::CudaGraphs;
-use stages::{EncodeJob, LoadedInfo, RequestCore, RequestShared, StageQueue, Threads};
+use stages::{LoadedInfo, Threads};
 use voice_clone::{CloneCache, CloneKey};
 
 /// What [`Engine::load`] needs.
@@ -336,6 +345,8 @@ impl Drop for RequestHandle {
     }
 }
 
+static LOADS: AtomicU64 = AtomicU64::new(0);
+
 /// The loaded two-stage engine. Dropping it cancels every request still running (their handles get
 /// `Finished { Cancelled }`) and joins both stage threads.
 pub struct Engine {
@@ -349,6 +360,8 @@ pub struct Engine {
     threads: Mutex<Option<Threads>>,
     /// Encoded voice-clone references ([`Engine::voice_clone_prompt`]).
     voice_clones: Mutex<CloneCache>,
+    /// Stage 0's places: `max_num_seqs` running + `max_waiting` waiting.
+    admission: Arc<AdmissionControl>,
 }
 
 impl fmt::Debug for Engine {
@@ -382,6 +395,9 @@ impl Engine {
             .sampling
             .apply(SamplingParams::from_generation_config(&ckpt.generation));
         let (info, ar_queue, dec_queue, threads) = stages::spawn(ckpt, &opts)?;
+        LOADS.fetch_add(1, Ordering::Relaxed);
+        let ar = &opts.stage_config.ar;
+        let admission = AdmissionControl::new(ar.max_num_seqs + ar.max_waiting);
         Ok(Engine {
             config: opts.stage_config,
             model_config,
@@ -392,7 +408,19 @@ impl Engine {
             next_id: AtomicU64::new(1),
             threads: Mutex::new(Some(threads)),
             voice_clones: Mutex::new(CloneCache::default()),
+            admission,
         })
+    }
+
+    /// Requests stage 0 holds now, running or waiting (at most `max_num_seqs + max_waiting`).
+    pub fn requests_in_stage0(&self) -> usize {
+        self.admission.held()
+    }
+
+    /// Engines loaded in this process so far (every successful [`Engine::load`]; a diagnostic for
+    /// the sharing of [`registry`]).
+    pub fn loads_in_process() -> u64 {
+        LOADS.load(Ordering::Relaxed)
     }
 
     /// The checkpoint's variant.
@@ -573,7 +601,39 @@ impl Engine {
     /// out-of-range sampling values, `chunk_frames` 0) come back here; failures while running come
     /// as `Finished { reason: Error(..) }` on the handle.
     pub fn submit(&self, req: EngineRequest) -> Result<RequestHandle, EngineError> {
+        self.submit_inner(req, None)
+    }
+
+    /// [`Engine::submit`] that also delivers every frame's codes (`num_code_groups` u32s each, in
+    /// order, exactly the frames stage 1 decodes) on the returned receiver, for tools and tests
+    /// that keep or compare the codes. Every frame is sent before `Finished`, so after `Finished`
+    /// the receiver holds all of them.
+    pub fn submit_tapped(
+        &self,
+        req: EngineRequest,
+    ) -> Result<(RequestHandle, Receiver<Vec<u32>>), EngineError> {
+        let (tx, rx) = mpsc::channel();
+        Ok((self.submit_inner(req, Some(tx))?, rx))
+    }
+
+    /// The batch tallies of stage 0 (`[0]`: frames per batched step) and stage 1 (`[1]`: chunks
+    /// per batched exact-streaming decode pass) since the engine loaded.
+    pub fn batch_stats(&self) -> [BatchStats; 2] {
+        [self.info.batches[0].get(), self.info.batches[1].get()]
+    }
+
+    fn submit_inner(
+        &self,
+        req: EngineRequest,
+        codes_tap: Option<mpsc::Sender<Vec<u32>>>,
+    ) -> Result<RequestHandle, EngineError> {
         self.validate(&req)?;
+        let ar = &self.config.ar;
+        let admission = self.admission.admit().map_err(|held| EngineError::Busy {
+            held,
+            max_num_seqs: ar.max_num_seqs,
+            max_waiting: ar.max_waiting,
+        })?;
         let policy = self
             .config
             .chunk_policy(req.initial_chunk_frames, req.chunk_frames);
@@ -588,6 +648,8 @@ impl Engine {
             self.dec_queue.signal.clone(),
             tx,
             Instant::now(),
+            admission,
+            codes_tap,
         ));
         let core = shared.core.clone();
         // Stage 1 first, so it is watching the buffer before stage 0 fills it.

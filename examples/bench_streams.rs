@@ -1,0 +1,221 @@
+//! Many streams on one model: N requests started together, on one shared engine (stage 0 and
+//! stage 1 batch them) against N engines of their own (one stream each, as every element had
+//! before the shared engine), side by side in one run.
+//!
+//! ```sh
+//! cargo run --release --example bench_streams -- --model-dir models/omnitts-en --streams 1,2,4,8,16
+//! cargo run --release --example bench_streams -- --model-dir tests/fixtures/tiny-customvoice
+//! ```
+//!
+//! Every stream asks for the same number of frames (`--frames`; greedy, runaway guard off,
+//! `max_new_tokens = frames + 1`, each stream its own seed and text so the batch is not N copies
+//! of one row; a stream that ends early by EOS is reported with the frames it made). For each N
+//! it prints: aggregate audio-seconds per second of wall time (all audio / time from the first
+//! submit to the last `Finished`), per-stream real-time factor (wall time of the stream / its
+//! audio; median and worst), time to first audio p50 / p95, the mean batch of stage 0, and the
+//! shared / separate ratio of the aggregate. JSON on stdout's last line (also `--json PATH`).
+
+use std::path::PathBuf;
+use std::thread;
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use clap::Parser;
+use gstomnitts::engine::{
+    DeviceSpec, Engine, EngineOptions, EngineRequest, Metrics, SharedEngine, StageConfig,
+};
+use gstomnitts::models::qwen3_tts::VoiceRequest;
+use serde_json::{Value, json};
+
+#[derive(Parser, Debug)]
+#[command(about = "omnitts: N streams on one shared engine against N separate engines")]
+struct Args {
+    /// Checkpoint directory.
+    #[arg(long, default_value = "models/omnitts-en")]
+    model_dir: PathBuf,
+    /// Stream counts to measure, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    streams: Vec<usize>,
+    /// Frames per stream (80 ms each).
+    #[arg(long, default_value_t = 50)]
+    frames: usize,
+    /// Device of both stages: cpu | cuda:N | auto.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Skip the N-separate-engines runs.
+    #[arg(long)]
+    shared_only: bool,
+    /// Write the JSON report here too.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+const TEXTS: [&str; 8] = [
+    "The morning train was late again, so we walked to the station together.",
+    "Please put the kettle on and bring two cups to the table by the window.",
+    "A light rain fell over the harbour while the boats came slowly home.",
+    "She opened the letter, read it twice, and then smiled at the garden.",
+    "Turn left at the old mill, and the farm is the second house on the right.",
+    "The meeting starts at nine, but the coffee is ready a little before.",
+    "He painted the fence blue because his daughter asked him to.",
+    "We listened to the wind in the trees until the fire burned low.",
+];
+
+/// One stream's result.
+struct Stream {
+    metrics: Metrics,
+    /// Submit of the first stream of the run → this stream's `Finished`, s.
+    end_s: f64,
+}
+
+fn request(engine: &Engine, i: usize, frames: usize) -> EngineRequest {
+    let mut voice = VoiceRequest {
+        text: TEXTS[i % TEXTS.len()].to_string(),
+        ..Default::default()
+    };
+    voice.speaker = engine.speakers().first().cloned();
+    let mut s = engine.default_sampling_params().greedy();
+    s.max_new_tokens = frames + 1;
+    s.seed = i as u64 + 1;
+    EngineRequest::new(voice, s)
+}
+
+fn config(n: usize) -> StageConfig {
+    let mut c = StageConfig::default_async();
+    c.ar.guard.enabled = false;
+    c.ar.max_num_seqs = n.max(1);
+    c.decoder.max_num_seqs = n.max(1);
+    c
+}
+
+fn load(args: &Args, n: usize) -> Result<Engine> {
+    let device: DeviceSpec = args.device.parse()?;
+    Engine::load(EngineOptions {
+        model_dir: args.model_dir.clone(),
+        stage_config: config(n),
+        ar_device: device,
+        decoder_device: device,
+    })
+    .with_context(|| format!("loading {}", args.model_dir.display()))
+}
+
+/// Runs `n` streams at once, stream `i` on `engines[i % engines.len()]`.
+fn run_streams(engines: &[SharedEngine], n: usize, frames: usize) -> Result<Vec<Stream>> {
+    let t0 = Instant::now();
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let e = &engines[i % engines.len()];
+            e.submit(request(e, i, frames))
+        })
+        .collect::<Result<_, _>>()?;
+    thread::scope(|s| {
+        let joins: Vec<_> = handles
+            .into_iter()
+            .map(|h| {
+                s.spawn(move || -> Result<Stream> {
+                    let (_, _, metrics) = h.collect()?;
+                    Ok(Stream {
+                        metrics,
+                        end_s: t0.elapsed().as_secs_f64(),
+                    })
+                })
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join()
+                    .map_err(|_| anyhow::anyhow!("stream thread panicked"))?
+            })
+            .collect()
+    })
+}
+
+fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let k = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+    v[k.min(v.len() - 1)]
+}
+
+fn summary(label: &str, n: usize, streams: &[Stream], mean_batch: f64) -> Value {
+    let audio_s: f64 = streams.iter().map(|s| s.metrics.audio_ms / 1e3).sum();
+    let wall_s = streams.iter().map(|s| s.end_s).fold(0.0, f64::max);
+    let rtf: Vec<f64> = streams.iter().map(|s| s.metrics.rtf).collect();
+    let ttfa: Vec<f64> = streams
+        .iter()
+        .map(|s| s.metrics.ttfa_ms.unwrap_or(f64::NAN))
+        .collect();
+    let frames: Vec<f64> = streams.iter().map(|s| s.metrics.frames as f64).collect();
+    json!({
+        "engines": label, "streams": n,
+        "aggregate_audio_s_per_s": audio_s / wall_s,
+        "audio_s": audio_s, "wall_s": wall_s,
+        "rtf_p50": percentile(rtf.clone(), 50.0), "rtf_max": percentile(rtf, 100.0),
+        "ttfa_ms_p50": percentile(ttfa.clone(), 50.0), "ttfa_ms_p95": percentile(ttfa, 95.0),
+        "frames_min": percentile(frames, 0.0),
+        "mean_batch_stage0": mean_batch,
+    })
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    ensure!(!args.streams.is_empty(), "--streams is empty");
+    let mut rows = Vec::new();
+    println!(
+        "{:>8} {:>3} {:>10} {:>8} {:>8} {:>9} {:>9} {:>6} {:>7}",
+        "engines", "N", "audio-s/s", "RTF p50", "RTF max", "TTFA p50", "TTFA p95", "batch", "ratio"
+    );
+    for &n in &args.streams {
+        let shared = SharedEngine::unshared(load(&args, n)?);
+        // Warm-up: one short stream (first-touch allocations, thread pools).
+        run_streams(std::slice::from_ref(&shared), 1, 4)?;
+        let before = shared.batch_stats()[0];
+        let streams = run_streams(std::slice::from_ref(&shared), n, args.frames)?;
+        let after = shared.batch_stats()[0];
+        let mean_batch =
+            (after.rows - before.rows) as f64 / (after.steps - before.steps).max(1) as f64;
+        let s = summary("shared", n, &streams, mean_batch);
+        drop(shared);
+        let sep = if args.shared_only {
+            None
+        } else {
+            let engines: Vec<SharedEngine> = (0..n)
+                .map(|_| load(&args, 1).map(SharedEngine::unshared))
+                .collect::<Result<_>>()?;
+            run_streams(&engines[..1], 1, 4)?;
+            let streams = run_streams(&engines, n, args.frames)?;
+            Some(summary("separate", n, &streams, 1.0))
+        };
+        let agg = |v: &Value| v["aggregate_audio_s_per_s"].as_f64().unwrap_or(f64::NAN);
+        let ratio = sep.as_ref().map(|p| agg(&s) / agg(p));
+        for (row, r) in [(Some(&s), ratio), (sep.as_ref(), None)] {
+            let Some(row) = row else { continue };
+            let f = |k: &str| row[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "{:>8} {:>3} {:>10.2} {:>8.3} {:>8.3} {:>9.1} {:>9.1} {:>6.2} {:>7}",
+                row["engines"].as_str().unwrap_or("?"),
+                n,
+                f("aggregate_audio_s_per_s"),
+                f("rtf_p50"),
+                f("rtf_max"),
+                f("ttfa_ms_p50"),
+                f("ttfa_ms_p95"),
+                f("mean_batch_stage0"),
+                r.map(|r| format!("{r:.2}x")).unwrap_or_default()
+            );
+        }
+        rows.push(json!({ "n": n, "shared": s, "separate": sep, "shared_over_separate": ratio }));
+    }
+    let report = json!({
+        "model_dir": args.model_dir, "device": args.device, "frames": args.frames,
+        "threads": std::env::var("RAYON_NUM_THREADS").ok(), "rows": rows,
+    });
+    println!("{report}");
+    if let Some(p) = &args.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}

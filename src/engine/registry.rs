@@ -1,0 +1,147 @@
+//! The process-wide engine registry: every user in one process that asks for the same checkpoint,
+//! devices, dtype and stage configuration shares one loaded [`Engine`].
+//!
+//! [`acquire`] loads the engine for the first user and hands the same engine to every later one; the
+//! engine is released (its stage threads joined, its weights freed) when the last [`SharedEngine`]
+//! is dropped. Memory for N users is then one model plus N streams' state (KV caches, decoder
+//! state), and stage 0 batches all their requests in each step (see `stage0.rs`).
+//!
+//! Two users load the same engine once even when they start at the same moment: the second waits
+//! for the first one's load and then joins it. Loads of different keys run in parallel.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
+
+use super::{DeviceSpec, Engine, EngineError, EngineOptions, StageConfig};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What makes two engines interchangeable: the checkpoint directory (canonical path), the devices
+/// the stages resolve to (`auto` becomes `cpu` or `cuda:0`), and the stage configuration (which
+/// holds the dtype, the batch limits, the chunking and the sampling overrides).
+#[derive(Debug, Clone, PartialEq)]
+struct Key {
+    model_dir: PathBuf,
+    ar_device: DeviceSpec,
+    decoder_device: DeviceSpec,
+    stage_config: StageConfig,
+}
+
+impl Key {
+    fn new(opts: &EngineOptions) -> Key {
+        let mut stage_config = opts.stage_config.clone();
+        let (ar_device, decoder_device) = (opts.ar_device.resolve(), opts.decoder_device.resolve());
+        // The options' devices are authoritative; the config's only seed them.
+        stage_config.ar.device = ar_device;
+        stage_config.decoder.device = decoder_device;
+        Key {
+            model_dir: std::fs::canonicalize(&opts.model_dir)
+                .unwrap_or_else(|_| opts.model_dir.clone()),
+            ar_device,
+            decoder_device,
+            stage_config,
+        }
+    }
+}
+
+/// One key's engine. Its mutex is held while the engine loads, so users of the same key wait for
+/// that load instead of starting their own.
+struct Slot {
+    key: Key,
+    engine: Mutex<Weak<Engine>>,
+}
+
+static SLOTS: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
+
+/// A user's share of a registry engine; derefs to the [`Engine`]. Dropping the last share of an
+/// engine drops the engine (which cancels whatever is still running on it and joins its threads), so
+/// a user should cancel its own requests before letting go.
+pub struct SharedEngine {
+    engine: Arc<Engine>,
+    loaded: bool,
+}
+
+impl std::fmt::Debug for SharedEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedEngine")
+            .field("engine", &self.engine)
+            .field("loaded", &self.loaded)
+            .field("users", &self.users())
+            .finish()
+    }
+}
+
+impl std::ops::Deref for SharedEngine {
+    type Target = Engine;
+
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+impl SharedEngine {
+    /// An engine of its own, outside the registry (nobody else can join it).
+    pub fn unshared(engine: Engine) -> SharedEngine {
+        SharedEngine {
+            engine: Arc::new(engine),
+            loaded: true,
+        }
+    }
+
+    /// Whether this share loaded the engine (`false`: it joined one that was already loaded).
+    pub fn loaded(&self) -> bool {
+        self.loaded
+    }
+
+    /// How many shares of this engine exist now, this one included.
+    pub fn users(&self) -> usize {
+        Arc::strong_count(&self.engine)
+    }
+
+    /// Whether `self` and `other` are shares of the same engine.
+    pub fn same_engine(&self, other: &SharedEngine) -> bool {
+        Arc::ptr_eq(&self.engine, &other.engine)
+    }
+}
+
+/// The registry's engine for `opts`: joins the loaded engine of an equal key, or loads it (see
+/// [`Engine::load`] for what that does and its errors). A failed load leaves nothing behind, so the
+/// next call tries again.
+pub fn acquire(opts: EngineOptions) -> Result<SharedEngine, EngineError> {
+    let key = Key::new(&opts);
+    let slot = {
+        let mut slots = lock(&SLOTS);
+        // Forget keys whose engine is gone (a slot that is loading is locked: keep it).
+        slots.retain(|s| match s.engine.try_lock() {
+            Ok(w) => w.strong_count() > 0,
+            Err(TryLockError::WouldBlock) => true,
+            Err(TryLockError::Poisoned(p)) => p.into_inner().strong_count() > 0,
+        });
+        match slots.iter().find(|s| s.key == key) {
+            Some(s) => s.clone(),
+            None => {
+                let s = Arc::new(Slot {
+                    key,
+                    engine: Mutex::new(Weak::new()),
+                });
+                slots.push(s.clone());
+                s
+            }
+        }
+    };
+    let mut engine = lock(&slot.engine);
+    if let Some(e) = engine.upgrade() {
+        return Ok(SharedEngine {
+            engine: e,
+            loaded: false,
+        });
+    }
+    let e = Arc::new(Engine::load(opts)?);
+    *engine = Arc::downgrade(&e);
+    Ok(SharedEngine {
+        engine: e,
+        loaded: true,
+    })
+}

@@ -1,0 +1,524 @@
+//! Stage 0: the talker + code predictor thread (see `stages.rs` for the request lifecycle).
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use super::chunk_buffer::PushError;
+use super::config::ArStageConfig;
+use super::metrics::{ArTiming, BatchCounters};
+use super::queue::{DeadOnExit, StageQueue};
+use super::request::RequestShared;
+use super::stages::{CudaGraphs, guarded, panic_message};
+use super::{DeviceSpec, EngineError, EngineEvent, EngineRequest, FinishReason};
+use crate::models::qwen3_tts::{
+    self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, ModelVariant,
+};
+use crate::nn::transformer::PREFILL_CHUNK;
+use shim::{ArModelBatch, PendingSession};
+
+/// Stand-ins for the model's resumable prefill and batched step, with their contract: `begin`
+/// plans the prompt, `prefill_step` runs up to `n` more positions, `next_frames` gives every row
+/// the frame `next_frame` would give it alone.
+mod shim {
+    use crate::models::qwen3_tts::{
+        ArModel, ArSession, ArStep, ModelError, SamplingParams, VoiceRequest,
+    };
+
+    pub(super) struct PendingSession<'m> {
+        model: &'m ArModel,
+        voice: VoiceRequest,
+        sampling: SamplingParams,
+        session: Option<ArSession<'m>>,
+    }
+
+    impl<'m> PendingSession<'m> {
+        pub fn prefill_step(&mut self, _n: usize) -> Result<bool, ModelError> {
+            if self.session.is_none() {
+                self.session = Some(self.model.start(&self.voice, &self.sampling)?);
+            }
+            Ok(true)
+        }
+
+        pub fn into_session(self) -> Result<ArSession<'m>, ModelError> {
+            self.session.ok_or_else(|| {
+                ModelError::Candle(candle_core::Error::Msg("prefill not complete".into()))
+            })
+        }
+    }
+
+    pub(super) trait ArModelBatch {
+        fn begin(
+            &self,
+            voice: &VoiceRequest,
+            sampling: &SamplingParams,
+        ) -> Result<PendingSession<'_>, ModelError>;
+        fn next_frames(&self, rows: &mut [&mut ArSession<'_>]) -> Vec<Result<ArStep, ModelError>>;
+    }
+
+    impl ArModelBatch for ArModel {
+        fn begin(
+            &self,
+            voice: &VoiceRequest,
+            sampling: &SamplingParams,
+        ) -> Result<PendingSession<'_>, ModelError> {
+            self.plan(voice)?;
+            Ok(PendingSession {
+                model: self,
+                voice: voice.clone(),
+                sampling: sampling.clone(),
+                session: None,
+            })
+        }
+
+        fn next_frames(&self, rows: &mut [&mut ArSession<'_>]) -> Vec<Result<ArStep, ModelError>> {
+            rows.iter_mut().map(|s| s.next_frame()).collect()
+        }
+    }
+}
+
+/// A voice-clone reference to encode on stage 0 ([`super::Engine::voice_clone_prompt`]); the
+/// result goes back on `reply` (dropped unanswered if the stage shuts down first).
+pub(crate) struct EncodeJob {
+    pub audio_24k: Vec<f32>,
+    pub ref_text: Option<String>,
+    pub x_vector_only: bool,
+    pub reply: mpsc::SyncSender<Result<model::VoiceClonePrompt, EngineError>>,
+}
+
+/// What stage 0 reports after loading.
+pub(crate) struct ArInfo {
+    pub cuda_graphs: CudaGraphs,
+    pub variant: ModelVariant,
+    pub speakers: Vec<String>,
+    pub languages: Vec<String>,
+    pub groups: usize,
+    pub device: DeviceSpec,
+}
+
+pub(crate) fn ar_thread(
+    ckpt: Checkpoint,
+    device: DeviceSpec,
+    cfg: ArStageConfig,
+    queue: Arc<StageQueue>,
+    ready: mpsc::SyncSender<Result<ArInfo, EngineError>>,
+    batches: Arc<BatchCounters>,
+) {
+    let _dead_on_exit = DeadOnExit(queue.clone());
+    let loaded = (|| {
+        let dev = device.open()?;
+        let dtype = cfg.dtype.for_device(&dev);
+        let model = match catch_unwind(AssertUnwindSafe(|| ArModel::load(&ckpt, &dev, dtype))) {
+            Ok(r) => r.map_err(|e| EngineError::Load {
+                stage: 0,
+                name: "qwen3_tts",
+                source: e,
+            })?,
+            Err(p) => {
+                return Err(EngineError::Stage {
+                    stage: 0,
+                    msg: format!("panicked while loading: {}", panic_message(p.as_ref())),
+                });
+            }
+        };
+        // Capture the code predictor's graphs before reporting ready (field-lessons.md §5): the
+        // stream is still ours alone. A failed capture leaves the model eager.
+        let mut model = model;
+        let graphs = if dev.is_cuda() {
+            match model.enable_cuda_graphs() {
+                Ok(()) => CudaGraphs::Enabled,
+                Err(e) => CudaGraphs::Fallback(e.to_string()),
+            }
+        } else {
+            CudaGraphs::NotApplicable
+        };
+        Ok((model, graphs))
+    })();
+    let (model, cuda_graphs) = match loaded {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let info = ArInfo {
+        cuda_graphs,
+        variant: model.variant(),
+        speakers: model.speakers(),
+        languages: model.languages(),
+        groups: model.num_code_groups(),
+        device: device.resolve(),
+    };
+    let groups = info.groups;
+    if ready.send(Ok(info)).is_err() {
+        return;
+    }
+    drop(ready);
+    ArStage {
+        model: &model,
+        cfg: &cfg,
+        groups,
+        batches: &batches,
+    }
+    .run(&queue);
+}
+
+struct ArStage<'m> {
+    model: &'m ArModel,
+    cfg: &'m ArStageConfig,
+    groups: usize,
+    batches: &'m BatchCounters,
+}
+
+/// A request whose prompt is still running through the talker, a chunk per scheduler step.
+struct Prefilling<'m> {
+    req: Arc<RequestShared>,
+    pending: PendingSession<'m>,
+    timing: ArTiming,
+}
+
+/// One request in the decode batch.
+struct ArActive<'m> {
+    req: Arc<RequestShared>,
+    session: ArSession<'m>,
+    timing: ArTiming,
+    /// Frames pushed so far.
+    frames: usize,
+    /// The runaway guard's budget for this request.
+    budget: Option<usize>,
+}
+
+/// Text tokens of the request (the model's tokenizer on the user text), for the runaway guard.
+/// Should the tokenizer fail — `begin` succeeded, so it cannot in practice — the character count
+/// stands in, which errs on the generous side (BPE tokens rarely outnumber characters).
+fn text_tokens(model: &ArModel, req: &EngineRequest) -> usize {
+    model
+        .tokenizer()
+        .encode(&req.voice.text)
+        .map(|ids| ids.len())
+        .unwrap_or_else(|_| req.voice.text.chars().count())
+}
+
+impl<'m> ArStage<'m> {
+    /// The continuous-batching loop. Each step:
+    /// 1. voice-clone encoding jobs, then requests cancelled while waiting let go;
+    /// 2. admission: waiting requests (FIFO) start while fewer than `max_num_seqs` are prefilling
+    ///    or decoding (`Started` is sent; the prompt is planned and embedded);
+    /// 3. the oldest prefilling request runs one chunk of `prefill_chunk` prompt positions, so a
+    ///    long prompt joining the batch delays the running streams by at most one chunk a step;
+    ///    a finished prefill joins the decode batch;
+    /// 4. every decoding request that is not blocked (its chunk buffer full) advances one frame
+    ///    in one batched forward ([`ArModel::next_frames`]); requests that end (EOS, length,
+    ///    guard, cancel, error) leave the batch at once.
+    ///
+    /// Sleeps on the stage signal only when no step could do anything.
+    fn run(&self, queue: &StageQueue) {
+        let mut waiting: VecDeque<Arc<RequestShared>> = VecDeque::new();
+        let mut prefilling: VecDeque<Prefilling<'m>> = VecDeque::new();
+        let mut active: Vec<ArActive<'m>> = Vec::new();
+        loop {
+            let seen = queue.signal.epoch();
+            let (new, shutdown) = queue.drain();
+            waiting.extend(new);
+            let jobs = queue.take_jobs();
+            if shutdown {
+                drop(jobs);
+                for a in active.drain(..) {
+                    a.req.cancel();
+                    a.req.release_from_ar(FinishReason::Cancelled, a.timing);
+                }
+                for p in prefilling.drain(..) {
+                    p.req.cancel();
+                    p.req.release_from_ar(FinishReason::Cancelled, p.timing);
+                }
+                for r in waiting.drain(..) {
+                    r.cancel();
+                    r.release_from_ar(FinishReason::Cancelled, ArTiming::default());
+                }
+                return;
+            }
+            let mut progress = !jobs.is_empty();
+            for job in jobs {
+                self.encode(job);
+            }
+            // Cancelled before they started: let go at once.
+            waiting.retain(|r| {
+                if r.is_cancelled() {
+                    r.release_from_ar(FinishReason::Cancelled, ArTiming::default());
+                    progress = true;
+                    false
+                } else {
+                    true
+                }
+            });
+            while active.len() + prefilling.len() < self.cfg.max_num_seqs {
+                let Some(r) = waiting.pop_front() else { break };
+                progress = true;
+                if let Some(p) = self.begin(r) {
+                    prefilling.push_back(p);
+                }
+            }
+            if let Some(p) = prefilling.pop_front() {
+                progress = true;
+                match self.prefill_chunk(p) {
+                    Prefill::More(p) => prefilling.push_front(p),
+                    Prefill::Done(a) => active.push(a),
+                    Prefill::Released => {}
+                }
+            }
+            progress |= self.decode_step(&mut active);
+            if !progress {
+                queue.signal.wait_past(seen, None);
+            }
+        }
+    }
+
+    /// Runs one voice-clone encoding job (speaker encoder + codec encoder) and answers it. Invalid
+    /// references come back as `InvalidRequest` naming the field (`ref_audio`, `ref_text`,
+    /// `model`); a model failure or panic as a stage-0 error.
+    fn encode(&self, job: EncodeJob) {
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            self.model.create_voice_clone_prompt(
+                &job.audio_24k,
+                job.ref_text.as_deref(),
+                job.x_vector_only,
+            )
+        }));
+        let result = match result {
+            Ok(Ok(prompt)) => Ok(prompt),
+            Ok(Err(ModelError::InvalidRequest { field, value, msg })) => {
+                Err(EngineError::InvalidRequest { field, value, msg })
+            }
+            Ok(Err(e)) => Err(EngineError::Stage {
+                stage: 0,
+                msg: format!("encoding the voice-clone reference: {e}"),
+            }),
+            Err(p) => Err(EngineError::Stage {
+                stage: 0,
+                msg: format!(
+                    "encoding the voice-clone reference panicked: {}",
+                    panic_message(p.as_ref())
+                ),
+            }),
+        };
+        // The caller may have given up; then nobody listens.
+        let _ = job.reply.send(result);
+    }
+
+    /// Takes a waiting request: sends `Started`, validates it and builds its prompt (no talker
+    /// work yet). A refused request lets go with its error.
+    fn begin(&self, req: Arc<RequestShared>) -> Option<Prefilling<'m>> {
+        let started = Instant::now();
+        req.send(EngineEvent::Started);
+        let r = &req.request;
+        let result = guarded(|| self.model.begin(&r.voice, &r.sampling));
+        let timing = ArTiming {
+            started: Some(started),
+            prefill: started.elapsed(),
+            ..ArTiming::default()
+        };
+        match result {
+            Ok(pending) => Some(Prefilling {
+                req,
+                pending,
+                timing,
+            }),
+            Err(msg) => {
+                req.release_from_ar(
+                    FinishReason::Error(format!("stage 0 (qwen3_tts) prefill: {msg}")),
+                    timing,
+                );
+                None
+            }
+        }
+    }
+
+    /// Runs one chunk of a request's prefill.
+    fn prefill_chunk(&self, mut p: Prefilling<'m>) -> Prefill<'m> {
+        if p.req.is_cancelled() {
+            p.req.release_from_ar(FinishReason::Cancelled, p.timing);
+            return Prefill::Released;
+        }
+        let t = Instant::now();
+        let chunk = PREFILL_CHUNK;
+        let step = guarded(|| p.pending.prefill_step(chunk));
+        p.timing.prefill += t.elapsed();
+        let failed = |req: Arc<RequestShared>, timing: ArTiming, msg: String| {
+            req.release_from_ar(
+                FinishReason::Error(format!("stage 0 (qwen3_tts) prefill: {msg}")),
+                timing,
+            );
+            Prefill::Released
+        };
+        match step {
+            Ok(false) => Prefill::More(p),
+            Ok(true) => {
+                let Prefilling {
+                    req,
+                    pending,
+                    timing,
+                } = p;
+                match guarded(|| pending.into_session()) {
+                    Ok(session) => {
+                        let budget = self.cfg.guard.budget(text_tokens(self.model, &req.request));
+                        Prefill::Done(ArActive {
+                            req,
+                            session,
+                            timing,
+                            frames: 0,
+                            budget,
+                        })
+                    }
+                    Err(msg) => failed(req, timing, msg),
+                }
+            }
+            Err(_) if p.req.is_cancelled() => {
+                // stopped between prefill chunks (or failed after the cancel)
+                p.req.release_from_ar(FinishReason::Cancelled, p.timing);
+                Prefill::Released
+            }
+            Err(msg) => failed(p.req, p.timing, msg),
+        }
+    }
+
+    /// One frame for every request in `active` that can take one, in one batched forward; ends
+    /// and removes the requests that are over. Returns whether anything happened.
+    fn decode_step(&self, active: &mut Vec<ArActive<'m>>) -> bool {
+        let mut progress = false;
+        // Cancelled requests leave first; blocked ones (chunk buffer full) sit this step out.
+        let mut i = 0;
+        while i < active.len() {
+            if active[i].req.is_cancelled() {
+                let a = active.remove(i);
+                self.release(a, FinishReason::Cancelled);
+                progress = true;
+            } else {
+                i += 1;
+            }
+        }
+        let ready: Vec<usize> = (0..active.len())
+            .filter(|&i| active[i].req.buffer.has_space())
+            .collect();
+        if ready.is_empty() {
+            return progress;
+        }
+        let t = Instant::now();
+        let results = {
+            let mut rows: Vec<&mut ArSession<'m>> = Vec::with_capacity(ready.len());
+            let mut rest: &mut [ArActive<'m>] = active;
+            let mut base = 0;
+            for &i in &ready {
+                let (_, tail) = rest.split_at_mut(i - base);
+                let (row, tail) = tail.split_at_mut(1);
+                rows.push(&mut row[0].session);
+                rest = tail;
+                base = i + 1;
+            }
+            let n = rows.len();
+            match guarded(|| Ok(self.model.next_frames(&mut rows))) {
+                Ok(r) if r.len() == n => r,
+                Ok(r) => (0..n)
+                    .map(|_| {
+                        Err(ModelError::Candle(candle_core::Error::Msg(format!(
+                            "batched step returned {} results for {n} rows",
+                            r.len()
+                        ))))
+                    })
+                    .collect(),
+                Err(msg) => (0..n)
+                    .map(|_| Err(ModelError::Candle(candle_core::Error::Msg(msg.clone()))))
+                    .collect(),
+            }
+        };
+        let elapsed = t.elapsed();
+        self.batches.step(ready.len());
+        let mut done: Vec<(usize, FinishReason)> = Vec::new();
+        for (&i, result) in ready.iter().zip(results) {
+            let a = &mut active[i];
+            a.timing.steps += elapsed;
+            if let Some(reason) = self.push_frame(a, result) {
+                done.push((i, reason));
+            }
+        }
+        progress = true;
+        // Remove from the back so the indices stay valid.
+        for (i, reason) in done.into_iter().rev() {
+            let a = active.remove(i);
+            self.release(a, reason);
+        }
+        progress
+    }
+
+    /// Lets go of a request: frees its KV cache before stage 1 can report Finished.
+    fn release(&self, a: ArActive<'m>, reason: FinishReason) {
+        let ArActive {
+            req,
+            session,
+            timing,
+            ..
+        } = a;
+        drop(session);
+        req.release_from_ar(reason, timing);
+    }
+
+    /// Hands a row's frame to its chunk buffer; `Some(reason)` when the request is over.
+    fn push_frame(
+        &self,
+        a: &mut ArActive<'m>,
+        step: Result<ArStep, ModelError>,
+    ) -> Option<FinishReason> {
+        match step {
+            Ok(ArStep::Frame(codes)) => {
+                if codes.len() != self.groups {
+                    return Some(FinishReason::Error(format!(
+                        "stage 0 (qwen3_tts) frame {}: {} codes, expected num_code_groups = {}",
+                        a.frames,
+                        codes.len(),
+                        self.groups
+                    )));
+                }
+                if a.budget.is_some_and(|b| a.frames >= b) {
+                    // This frame would pass the budget: drop it and stop.
+                    return Some(FinishReason::Guard);
+                }
+                let tap = a.req.codes_tap.as_ref().map(|tap| (tap, codes.clone()));
+                match a.req.buffer.try_push(codes) {
+                    Ok(()) => {
+                        if let Some((tap, codes)) = tap {
+                            // A listener that went away only stops listening.
+                            let _ = tap.send(codes);
+                        }
+                        a.frames += 1;
+                        a.timing.frames += 1;
+                        None
+                    }
+                    Err(PushError::Cancelled(_)) => Some(FinishReason::Cancelled),
+                    Err(PushError::Full(_)) | Err(PushError::Finished(_)) => {
+                        // Only this thread pushes, and it checked for space before the step.
+                        Some(FinishReason::Error(
+                            "stage 0: async-chunk buffer refused a frame".to_string(),
+                        ))
+                    }
+                }
+            }
+            Ok(ArStep::Finished(model::FinishReason::Eos)) => Some(FinishReason::Eos),
+            Ok(ArStep::Finished(model::FinishReason::Length)) => Some(FinishReason::Length),
+            Err(e) => Some(FinishReason::Error(format!(
+                "stage 0 (qwen3_tts) frame {}: {e}",
+                a.frames
+            ))),
+        }
+    }
+}
+
+/// What one prefill chunk left.
+enum Prefill<'m> {
+    /// More prompt positions to run.
+    More(Prefilling<'m>),
+    /// The prompt is in the talker's KV cache: the request joins the decode batch.
+    Done(ArActive<'m>),
+    /// The request was cancelled or failed and has let go.
+    Released,
+}
