@@ -31,13 +31,19 @@ mod shim {
         model: &'m ArModel,
         voice: VoiceRequest,
         sampling: SamplingParams,
+        stop: Box<dyn Fn() -> bool + 'm>,
         session: Option<ArSession<'m>>,
     }
 
     impl<'m> PendingSession<'m> {
         pub fn prefill_step(&mut self, _n: usize) -> Result<bool, ModelError> {
             if self.session.is_none() {
-                self.session = Some(self.model.start(&self.voice, &self.sampling)?);
+                let stop = &self.stop;
+                self.session = Some(self.model.start_until(
+                    &self.voice,
+                    &self.sampling,
+                    &|| stop(),
+                )?);
             }
             Ok(true)
         }
@@ -50,25 +56,28 @@ mod shim {
     }
 
     pub(super) trait ArModelBatch {
-        fn begin(
-            &self,
+        fn begin<'m>(
+            &'m self,
             voice: &VoiceRequest,
             sampling: &SamplingParams,
-        ) -> Result<PendingSession<'_>, ModelError>;
+            stop: Box<dyn Fn() -> bool + 'm>,
+        ) -> Result<PendingSession<'m>, ModelError>;
         fn next_frames(&self, rows: &mut [&mut ArSession<'_>]) -> Vec<Result<ArStep, ModelError>>;
     }
 
     impl ArModelBatch for ArModel {
-        fn begin(
-            &self,
+        fn begin<'m>(
+            &'m self,
             voice: &VoiceRequest,
             sampling: &SamplingParams,
-        ) -> Result<PendingSession<'_>, ModelError> {
+            stop: Box<dyn Fn() -> bool + 'm>,
+        ) -> Result<PendingSession<'m>, ModelError> {
             self.plan(voice)?;
             Ok(PendingSession {
                 model: self,
                 voice: voice.clone(),
                 sampling: sampling.clone(),
+                stop,
                 session: None,
             })
         }
@@ -313,7 +322,9 @@ impl<'m> ArStage<'m> {
         let started = Instant::now();
         req.send(EngineEvent::Started);
         let r = &req.request;
-        let result = guarded(|| self.model.begin(&r.voice, &r.sampling));
+        let core = req.core.clone();
+        let stop = Box::new(move || core.is_cancelled());
+        let result = guarded(|| self.model.begin(&r.voice, &r.sampling, stop));
         let timing = ArTiming {
             started: Some(started),
             prefill: started.elapsed(),
