@@ -411,3 +411,23 @@ fn registry_shares_one_engine_per_key() {
     );
     assert!(!r.audio.is_empty());
 }
+
+/// `max_waiting` comes from stage 0's engine_args (default 64); a negative value names its key.
+#[test]
+fn max_waiting_is_read_from_the_stage_config() {
+    use gstomnitts::engine::StageConfig;
+    let yaml = |args: &str| {
+        format!(
+            "async_chunk: true\nstage_args:\n  - stage_id: 0\n    engine_args: {{model_stage: qwen3_tts{args}}}\n  - stage_id: 1\n    engine_args: {{model_stage: code2wav}}\n    engine_input_source: [0]\n"
+        )
+    };
+    let (c, w) = StageConfig::from_yaml_str(&yaml(", max_num_seqs: 4, max_waiting: 3")).unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!((c.ar.max_num_seqs, c.ar.max_waiting), (4, 3));
+    let (c, _) = StageConfig::from_yaml_str(&yaml("")).unwrap();
+    assert_eq!(c.ar.max_waiting, 64);
+    let e = StageConfig::from_yaml_str(&yaml(", max_waiting: -1"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("stage_args[0].engine_args.max_waiting"), "{e}");
+}
