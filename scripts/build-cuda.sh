@@ -17,7 +17,9 @@
 #   CUDA_COMPUTE_CAP      target compute capability                  (default: 90)
 #   OMNITTS_CUDA_RPATH    CUDA library folder on the GPU machine     (default: the PyTorch venv of our GPU machines)
 #   CARGO_TARGET_DIR      cargo's target folder                       (default: target-cuda)
-#   extra arguments are passed to cargo build (e.g. --example bench)
+#   CHECK=1               step 3 runs `cargo check --features cuda --lib --examples` instead (type-checks the
+#                         CUDA code and compiles the kernels to PTX, without the slow release build)
+#   extra arguments are passed to cargo build (e.g. --example bench) or cargo check
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,4 +54,8 @@ fi
 export PATH="$cu13/bin:$PATH" NVCC="$cu13/bin/nvcc" CUDARC_CUDA_VERSION=13000 CUDA_ROOT="$link"
 unset CUDA_HOME CUDA_PATH
 export RUSTFLAGS="${RUSTFLAGS:-} -C link-arg=-Wl,-rpath,$rpath"
-cargo build --release --features cuda "$@"
+if [ "${CHECK:-0}" = 1 ]; then
+    cargo check --features cuda --lib --examples "$@"
+else
+    cargo build --release --features cuda "$@"
+fi

@@ -5,9 +5,9 @@
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::Linear;
 
+use super::config::TransformerConfig;
 use super::rms_norm::RmsNorm;
 use super::rope::RotaryEmbedding;
-use super::transformer::TransformerConfig;
 use super::weights::{WeightError, Weights};
 
 /// Growable key/value cache of one attention layer. Keys and values are stored as
@@ -17,8 +17,8 @@ use super::weights::{WeightError, Weights};
 /// device addresses stay fixed (what a CUDA graph replay needs). A clone copies the buffers.
 #[derive(Debug)]
 pub struct KvCache {
-    k: Option<Tensor>,
-    v: Option<Tensor>,
+    pub(super) k: Option<Tensor>,
+    pub(super) v: Option<Tensor>,
     len: usize,
     capacity_hint: usize,
 }
@@ -82,7 +82,7 @@ impl KvCache {
     /// (`[batch, kv_heads, _, head_dim]`) in `dtype`: allocates the buffers, or grows them by
     /// `capacity_hint` steps keeping the cached positions. Errors when positions are held in
     /// buffers of another batch/head count/dtype.
-    fn ensure_capacity(
+    pub(super) fn ensure_capacity(
         &mut self,
         dims: &[usize],
         dtype: DType,
@@ -159,22 +159,22 @@ fn causal_mask(
 /// `o_proj` `[hidden, heads*head_dim]` (biases iff `attention_bias`), `q_norm`/`k_norm` `[head_dim]`.
 #[derive(Debug, Clone)]
 pub struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
+    pub(super) q_proj: Linear,
+    pub(super) k_proj: Linear,
+    pub(super) v_proj: Linear,
+    pub(super) o_proj: Linear,
     /// q, k and v projections as one matmul (weights concatenated; `q_proj`/`k_proj`/`v_proj` are
     /// then row views of it): set on CUDA when the fused decode kernels are on and there is no
-    /// bias. Used by the fused decode path only.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    qkv_proj: Option<Linear>,
-    q_norm: RmsNorm,
-    k_norm: RmsNorm,
-    num_heads: usize,
-    num_kv_heads: usize,
-    head_dim: usize,
-    scaling: f64,
-    sliding_window: Option<usize>,
+    /// bias (`fused_decode.rs`).
+    #[cfg(feature = "cuda")]
+    pub(super) qkv_proj: Option<Linear>,
+    pub(super) q_norm: RmsNorm,
+    pub(super) k_norm: RmsNorm,
+    pub(super) num_heads: usize,
+    pub(super) num_kv_heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) scaling: f64,
+    pub(super) sliding_window: Option<usize>,
 }
 
 impl Attention {
@@ -187,24 +187,14 @@ impl Attention {
         let q_proj = vb.linear(h, qd, b, "q_proj")?;
         let k_proj = vb.linear(h, kvd, b, "k_proj")?;
         let v_proj = vb.linear(h, kvd, b, "v_proj")?;
-        #[allow(unused_mut)]
-        let (mut q_proj, mut k_proj, mut v_proj, mut qkv_proj) = (q_proj, k_proj, v_proj, None);
         #[cfg(feature = "cuda")]
-        if vb.device().is_cuda() && super::cuda_kernels::enabled() {
-            // On failure (a bias) the separate projections stay.
-            if let Ok((parts, fused)) =
-                super::cuda_kernels::fused_linear::fuse_linears(&[&q_proj, &k_proj, &v_proj])
-            {
-                let mut parts = parts.into_iter();
-                if let (Some(q), Some(k), Some(v)) = (parts.next(), parts.next(), parts.next()) {
-                    (q_proj, k_proj, v_proj, qkv_proj) = (q, k, v, Some(fused));
-                }
-            }
-        }
+        let ([q_proj, k_proj, v_proj], qkv_proj) =
+            super::fused_decode::fuse(vb.device(), [q_proj, k_proj, v_proj]);
         Ok(Self {
             q_proj,
             k_proj,
             v_proj,
+            #[cfg(feature = "cuda")]
             qkv_proj,
             o_proj: vb.linear(qd, h, b, "o_proj")?,
             q_norm: RmsNorm::new(cfg.head_dim, cfg.rms_norm_eps, &vb.pp("q_norm"))?,
@@ -273,178 +263,6 @@ impl Attention {
         vb.scatter_set(slot, &v.contiguous()?, 2)?;
         let (k, v) = (kb.narrow(2, 0, bucket)?, vb.narrow(2, 0, bucket)?);
         self.attend(&q, &k, &v, Some(mask), b, t)
-    }
-
-    /// Whether [`Self::forward_fused`] can run `t` query rows attending to at most `max_keys`
-    /// keys on `x`'s device and dtype (CUDA, bf16/f32, kernels enabled, no sliding window,
-    /// supported head width).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn fused_ok(&self, x: &Tensor, t: usize, max_keys: usize) -> bool {
-        use super::cuda_kernels::decode_attention::{MAX_KEYS, supports_head_dim};
-        use super::cuda_kernels::qk_norm_rope::supports_head_dim as rope_supports_head_dim;
-        super::cuda_kernels::usable_for(x)
-            && self.sliding_window.is_none()
-            && (1..=super::transformer::FUSED_MAX_ROWS).contains(&t)
-            && max_keys <= MAX_KEYS
-            && supports_head_dim(self.head_dim)
-            && rope_supports_head_dim(self.head_dim)
-            && self.num_kv_heads > 0
-            && self.num_heads % self.num_kv_heads == 0
-            && self.q_norm.eps() == self.k_norm.eps()
-    }
-
-    /// Ensures `cache` has buffers with room for `t` more positions of this layer's keys/values
-    /// (`batch` rows, `dtype`), as [`Self::forward`] would allocate them.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn reserve(
-        &self,
-        cache: &mut KvCache,
-        batch: usize,
-        t: usize,
-        dtype: DType,
-        device: &Device,
-    ) -> Result<()> {
-        cache.ensure_capacity(
-            &[batch, self.num_kv_heads, t, self.head_dim],
-            dtype,
-            device,
-            t,
-        )
-    }
-
-    /// The decode path with the fused CUDA kernels (`src/nn/cuda_kernels`): `x` `[batch, t,
-    /// hidden]` (already input-normed) at positions `at.pos + i`, with `at`'s f32 RoPE tables.
-    /// Writes the new keys/values into slots `at.pos + i` of `cache`'s buffers (does not change
-    /// `cache.seq_len()`) and attends causally to at most `at.max_keys` slots. Returns `[batch, t,
-    /// hidden]` as [`Self::forward`]. Launches: 1 matmul (q/k/v fused, 3 otherwise) + 1 or 2 for
-    /// the norms, RoPE, cache write and attention ([`Self::attend_fused`]) + 1 `o_proj`.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn forward_fused(
-        &self,
-        x: &Tensor,
-        at: super::cuda_kernels::DecodeAt<'_>,
-        cache: &KvCache,
-    ) -> Result<Tensor> {
-        let (q, k, v) = match &self.qkv_proj {
-            Some(qkv) => self.split_qkv(&qkv.forward(x)?)?,
-            None => (
-                self.q_proj.forward(x)?,
-                self.k_proj.forward(x)?,
-                self.v_proj.forward(x)?,
-            ),
-        };
-        self.o_proj
-            .forward(&self.attend_fused(&q, &k, &v, at, cache)?)
-    }
-
-    /// `qkv` `[batch, t, (heads + 2·kv_heads)·head_dim]` (the fused q/k/v weight's output) as
-    /// views `q` `[batch, t, heads·head_dim]`, `k`/`v` `[batch, t, kv_heads·head_dim]`.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn split_qkv(&self, qkv: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let qd = self.num_heads * self.head_dim;
-        let kvd = self.num_kv_heads * self.head_dim;
-        Ok((
-            qkv.narrow(2, 0, qd)?,
-            qkv.narrow(2, qd, kvd)?,
-            qkv.narrow(2, qd + kvd, kvd)?,
-        ))
-    }
-
-    /// The part of [`Self::forward_fused`] between the projections and `o_proj`: `q` `[batch, t,
-    /// heads·head_dim]`, `k`/`v` `[batch, t, kv_heads·head_dim]` (rows evenly spaced: contiguous
-    /// or views of one q/k/v output) → per-head norms, RoPE and cache writes, attention (one
-    /// launch with every kernel on, else two) → `[batch, t, heads·head_dim]`, ready for `o_proj`.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn attend_fused(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        at: super::cuda_kernels::DecodeAt<'_>,
-        cache: &KvCache,
-    ) -> Result<Tensor> {
-        use super::cuda_kernels::{decode_attention, qk_norm_rope, rope_attention};
-        let super::cuda_kernels::DecodeAt {
-            cos,
-            sin,
-            pos,
-            max_keys,
-        } = at;
-        let (Some(kb), Some(vb)) = (&cache.k, &cache.v) else {
-            candle_core::bail!("fused decoding needs allocated KV buffers");
-        };
-        let dtype = q.dtype();
-        let heads = self.heads();
-        let (q_w, k_w) = (self.q_norm.weight_as(dtype)?, self.k_norm.weight_as(dtype)?);
-        let eps = self.q_norm.eps();
-        if super::cuda_kernels::all_enabled() && rope_attention::supports_head_dim(self.head_dim) {
-            return rope_attention::rope_attention(
-                q,
-                k,
-                v,
-                &q_w,
-                &k_w,
-                eps,
-                cos,
-                sin,
-                pos,
-                kb,
-                vb,
-                heads,
-                max_keys,
-                self.scaling,
-            );
-        }
-        let q =
-            qk_norm_rope::qk_norm_rope_kv(q, k, v, &q_w, &k_w, eps, cos, sin, pos, kb, vb, heads)?;
-        decode_attention::decode_attention(&q, kb, vb, pos, max_keys, self.scaling)
-    }
-
-    /// The head counts and width, as the fused kernels take them.
-    #[cfg(feature = "cuda")]
-    fn heads(&self) -> super::cuda_kernels::qk_norm_rope::Heads {
-        super::cuda_kernels::qk_norm_rope::Heads {
-            nh: self.num_heads,
-            nkv: self.num_kv_heads,
-            hd: self.head_dim,
-        }
-    }
-
-    /// The fused q/k/v weight `[(heads + 2·kv_heads)·head_dim, hidden]` and `o_proj`'s weight
-    /// `[hidden, heads·head_dim]`, when both exist without a bias (the one-row matmul path of
-    /// [`super::transformer::LayerCaches::run_fused`]).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn gemv_weights(&self) -> Option<(&Tensor, &Tensor)> {
-        let qkv = self.qkv_proj.as_ref()?;
-        (qkv.bias().is_none() && self.o_proj.bias().is_none())
-            .then(|| (qkv.weight(), self.o_proj.weight()))
-    }
-
-    /// This attention with `cache`'s buffers for the whole-stack decode kernel
-    /// ([`super::cuda_kernels::decode_stack`]), in `dtype`; `None` without the fused q/k/v weight
-    /// ([`Self::gemv_weights`]), with a sliding window, or before the cache has buffers.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn stack_attention(
-        &self,
-        cache: &KvCache,
-        dtype: DType,
-    ) -> Result<Option<super::cuda_kernels::decode_stack::StackAttention>> {
-        let (Some((qkv, o)), Some(k_cache), Some(v_cache), None) =
-            (self.gemv_weights(), &cache.k, &cache.v, self.sliding_window)
-        else {
-            return Ok(None);
-        };
-        Ok(Some(super::cuda_kernels::decode_stack::StackAttention {
-            heads: self.heads(),
-            qk_eps: self.q_norm.eps(),
-            scale: self.scaling,
-            qkv: qkv.clone(),
-            q_norm: self.q_norm.weight_as(dtype)?,
-            k_norm: self.k_norm.weight_as(dtype)?,
-            o: o.clone(),
-            k_cache: k_cache.clone(),
-            v_cache: v_cache.clone(),
-        }))
     }
 
     /// Projections, per-head norms and RoPE: `q` `[b, heads, t, hd]`, `k`/`v` `[b, kv_heads, t, hd]`.

@@ -5,21 +5,26 @@
 //! reference runs in f32 (RMSNorm statistics, RoPE tables, attention softmax) upcast internally.
 
 pub mod attention;
+pub mod config;
 pub mod conv;
 #[cfg(feature = "cuda")]
 pub mod cuda_graph;
 #[cfg(feature = "cuda")]
 pub mod cuda_kernels;
+#[cfg(feature = "cuda")]
+mod fused_decode;
 pub mod mlp;
 pub mod rms_norm;
 pub mod rope;
 pub mod snake_beta;
+pub mod switches;
 pub mod transformer;
 pub mod weights;
 
 pub use attention::{Attention, KvCache};
+pub use config::TransformerConfig;
 pub use mlp::Mlp;
 pub use rms_norm::RmsNorm;
 pub use rope::RotaryEmbedding;
-pub use transformer::{DecoderLayer, LayerCaches, TransformerConfig};
+pub use transformer::{DecoderLayer, LayerCaches};
 pub use weights::{WeightError, Weights};

@@ -1,7 +1,7 @@
 //! Launcher of `decode_stack.cu`: a whole decoder stack's decode step (a few rows, every layer) in
 //! one persistent kernel whose phases are separated by grid-wide barriers instead of launches.
 //! Same device functions and work split as the per-layer path
-//! (`DecoderLayer::forward_gemv` in `src/nn/transformer.rs`: 5 launches a layer), so the output is
+//! (`DecoderLayer::forward_gemv` in `src/nn/fused_decode.rs`: 5 launches a layer), so the output is
 //! bit-identical to it; a 5-layer code-predictor step goes from ~25 launches to 1. Opt-in
 //! (`OMNITTS_DECODE_STACK=1`): on an H200 a grid barrier costs about what a launch in a CUDA graph
 //! does (1.9 µs), and the phases lose the per-layer kernels' occupancy, so it is slower
@@ -403,15 +403,9 @@ fn keep<'t>(guards: &mut Vec<DevPtr<'t>>, t: &'t Tensor, dev: &CudaDevice) -> Re
     Ok(addr)
 }
 
-/// Blocks per SM of the stack kernel (at most what fits): `OMNITTS_STACK_BLOCKS_PER_SM`, read once
-/// per process, else 2. More blocks keep more loads in flight; fewer make each barrier cheaper.
+/// Blocks per SM of the stack kernel (at most what fits): `OMNITTS_STACK_BLOCKS_PER_SM`
+/// ([`crate::nn::switches`]), else 2. More blocks keep more loads in flight; fewer make each
+/// barrier cheaper.
 fn blocks_per_sm() -> u32 {
-    static PER_SM: OnceLock<u32> = OnceLock::new();
-    *PER_SM.get_or_init(|| {
-        std::env::var("OMNITTS_STACK_BLOCKS_PER_SM")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|&n| n >= 1)
-            .unwrap_or(2)
-    })
+    crate::nn::switches::Switches::get().stack_blocks_per_sm
 }

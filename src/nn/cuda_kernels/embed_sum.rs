@@ -1,6 +1,6 @@
 //! Launcher of `embed_sum.cu`: the talker's next decode input, `Σ_i table_i[code_i] + text`, in
-//! one upload and one launch (reference: the input sum of `ArSession::next_frame` in
-//! `src/models/qwen3_tts/mod.rs`: `C(a0) + Σ_q cp_table[q](a_{q+1}) + text`, summed in f32 in
+//! one upload and one launch (reference: the input sum of `ArModel::talker_input` in
+//! `src/models/qwen3_tts/ar_model.rs`: `C(a0) + Σ_q cp_table[q](a_{q+1}) + text`, summed in f32 in
 //! codebook order as the CPU does).
 
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;

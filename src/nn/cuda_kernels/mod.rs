@@ -22,7 +22,7 @@
 //! (rounded to the activation dtype as the reference casts them), activations bf16 (or f32).
 //! Only bf16 and f32 activations are supported; other dtypes take the unfused path.
 //!
-//! `OMNITTS_FUSED_KERNELS=0` in the environment turns the fused path off (read once per process),
+//! `OMNITTS_FUSED_KERNELS=0` in the environment turns the fused path off ([`crate::nn::switches`]),
 //! for A/B runs against the unfused candle ops; `OMNITTS_FUSED_KERNELS=1` keeps only the first four
 //! kernels (9 launches per layer), without [`gemv`], [`rope_attention`], [`argmax_embed`] and
 //! [`embed_sum`];
@@ -41,44 +41,33 @@ pub mod rope_attention;
 pub mod sample_embed;
 pub mod silu_mul;
 
-use std::sync::OnceLock;
-
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::op::BackpropOp;
 use candle_core::{DType, Device, Result, Shape, Storage, StorageRef, Tensor};
 
-/// `OMNITTS_FUSED_KERNELS`, read once per process: `0` no fused kernels (candle ops and cuBLAS
-/// only), `1` the per-layer kernels of the first fused version (9 launches per decoder layer),
-/// anything else or unset: all of them ([`gemv`] and [`rope_attention`] too: 5 launches per
-/// layer, and the [`argmax_embed`] / [`embed_sum`] frame kernels). For A/B runs.
-fn level() -> u8 {
-    static LEVEL: OnceLock<u8> = OnceLock::new();
-    *LEVEL.get_or_init(|| match std::env::var("OMNITTS_FUSED_KERNELS") {
-        Ok(v) if v.trim() == "0" => 0,
-        Ok(v) if v.trim() == "1" => 1,
-        _ => 2,
-    })
-}
+use super::switches::{FusedKernels, Switches};
 
-/// Whether the fused decode kernels are on (`OMNITTS_FUSED_KERNELS` is not `0`).
+/// Most query rows per call that take the fused decode path (decode steps: 1; the code
+/// predictor's first step: 2); longer inputs (prefills) run the unfused ops.
+pub const MAX_DECODE_ROWS: usize = 4;
+
+/// Whether the fused decode kernels are on (`OMNITTS_FUSED_KERNELS` is not `0`:
+/// [`crate::nn::switches`]).
 pub fn enabled() -> bool {
-    level() >= 1
+    Switches::get().fused_kernels >= FusedKernels::PerLayer
 }
 
 /// Whether the one-row matmul kernels ([`gemv`]) and the frame kernels ([`argmax_embed`],
 /// [`embed_sum`]) are on (`OMNITTS_FUSED_KERNELS` unset or above `1`).
 pub fn all_enabled() -> bool {
-    level() >= 2
+    Switches::get().fused_kernels == FusedKernels::All
 }
 
 /// Whether the whole-stack decode kernel ([`decode_stack`]) is on: opt-in with
-/// `OMNITTS_DECODE_STACK=1` (read once per process), and only with every other kernel on
-/// ([`all_enabled`]).
+/// `OMNITTS_DECODE_STACK=1`, and only with every other kernel on ([`all_enabled`]).
 pub fn stack_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    all_enabled()
-        && *ON.get_or_init(|| std::env::var("OMNITTS_DECODE_STACK").is_ok_and(|v| v.trim() == "1"))
+    all_enabled() && Switches::get().decode_stack
 }
 
 /// [`usable_for`] `x` with every kernel on ([`all_enabled`]): the condition of the one-row matmuls

@@ -6,8 +6,6 @@
 //! On by default; `OMNITTS_FUSED_SAMPLER=0` keeps `DeviceSampler::sample` (for A/B runs). Checked on
 //! an H200 (docs/cuda.md): the same picks as `DeviceSampler::sample` in 600 of 600 draws.
 
-use std::sync::OnceLock;
-
 use candle_core::{DType, Result, Tensor};
 
 use super::{Args, PickOutputs, cuda_device, dev_ptr, expect, kernel_name, single_block};
@@ -19,10 +17,9 @@ const THREADS: u32 = 1024;
 /// Largest vocabulary the kernel sorts in shared memory (`SAMPLE_MAX_VOCAB`).
 pub const MAX_VOCAB: usize = 4096;
 
-/// Whether the fused sampler is on: unless `OMNITTS_FUSED_SAMPLER=0` (read once).
+/// Whether the fused sampler is on: unless `OMNITTS_FUSED_SAMPLER=0` ([`crate::nn::switches`]).
 pub fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| !std::env::var("OMNITTS_FUSED_SAMPLER").is_ok_and(|v| v.trim() == "0"))
+    crate::nn::switches::Switches::get().fused_sampler
 }
 
 /// The code of step `step` drawn from `logits` (f32, contiguous, `vocab` ≤ [`MAX_VOCAB`]

@@ -11,12 +11,12 @@
 //!
 //! The graphs hold the device addresses of their KV buffers, so [`TalkerGraphs`] owns one KV cache
 //! ([`LayerCaches`]) and serves one utterance at a time: a session takes it, prefills into it
-//! eagerly, steps it, and gives it back (see `ArModel::start`). Without the `cuda` feature, or
+//! eagerly, steps it, and gives it back (a lease: [`super::TalkerLease`]). Without the `cuda` feature, or
 //! before capture, [`TalkerGraphs::step`] runs the same work directly (how the CPU tests check it).
 
 use candle_core::{DType, Module, Result, Tensor};
 
-use super::talker::Talker;
+use crate::models::qwen3_tts::talker::Talker;
 use crate::nn::LayerCaches;
 
 /// Smallest attention bucket (slots); buckets double up to the capacity.
@@ -157,25 +157,21 @@ impl TalkerGraphs {
         }
     }
 
-    /// Starts an utterance: clears the owned cache and runs the prefill `embeds` (`[1, t, hidden]`)
-    /// eagerly into it (asking `stop` between chunks: [`Talker::forward_until`]). Returns what
-    /// [`Talker::forward`] returns. Errors when `t` does not leave room for a step
-    /// (`t >= capacity`) or `stop` answered true.
-    pub fn prefill(
-        &mut self,
-        talker: &Talker,
-        embeds: &Tensor,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<(Tensor, Vec<f32>)> {
-        let t = embeds.dim(1)?;
-        if t >= self.capacity {
-            candle_core::bail!(
-                "prefill of {t} positions leaves no room in {} slots",
-                self.capacity
-            );
-        }
+    /// Starts an utterance: clears the owned cache (its prefill then runs eagerly into
+    /// [`Self::cache_mut`]).
+    pub fn reset(&mut self) {
         self.cache.reset();
-        talker.forward_until(embeds, &mut self.cache, stop)
+    }
+
+    /// The owned cache (positions so far of the utterance it serves).
+    pub fn cache(&self) -> &LayerCaches {
+        &self.cache
+    }
+
+    /// The owned cache, for the eager prefill and eager decode steps (which write the same
+    /// buffers the graphs read).
+    pub fn cache_mut(&mut self) -> &mut LayerCaches {
+        &mut self.cache
     }
 
     /// Whether another position fits (else move to an eager cache: [`Self::cache_copy`]).

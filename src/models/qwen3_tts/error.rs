@@ -1,0 +1,65 @@
+//! The model's error type.
+
+use std::path::PathBuf;
+
+use crate::nn::WeightError;
+
+/// Errors of loading and running the model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid JSON: {msg}")]
+    Json { path: PathBuf, msg: String },
+    #[error("{file}: missing tensor `{name}`")]
+    MissingTensor { file: PathBuf, name: String },
+    #[error("{file}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
+    Shape {
+        file: PathBuf,
+        name: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    #[error("{file}: field `{field}`: {msg}")]
+    Config {
+        file: PathBuf,
+        field: String,
+        msg: String,
+    },
+    #[error("invalid request: {field} = {value:?}: {msg}")]
+    InvalidRequest {
+        field: String,
+        value: String,
+        msg: String,
+    },
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}
+
+impl From<WeightError> for ModelError {
+    fn from(e: WeightError) -> Self {
+        match e {
+            WeightError::Missing { file, name } => ModelError::MissingTensor { file, name },
+            WeightError::Shape {
+                file,
+                name,
+                expected,
+                got,
+            } => ModelError::Shape {
+                file,
+                name,
+                expected,
+                got,
+            },
+            WeightError::Load { file, name, source } => ModelError::Candle(
+                candle_core::Error::Msg(format!("{}: tensor `{name}`: {source}", file.display())),
+            ),
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! Stage 0's CUDA graphs and who may replay them.
+//!
+//! Two sets, captured once at start-up by [`ArModel::enable_cuda_graphs`]:
+//! - the code predictor's frame ([`CpGraphs`]): its KV cache is reset every frame, so any session
+//!   replays it, one at a time under a lock;
+//! - the talker's decode step ([`TalkerGraphs`]): the graphs hold the device addresses of the one KV
+//!   cache they own, so they serve one utterance from prefill to end. A session leases them
+//!   ([`TalkerLease`], given back when it is dropped); a session that finds them leased, or a
+//!   prompt that does not fit them, keeps its own cache and steps eagerly ([`TalkerCache`]).
+//!
+//! Without the `cuda` feature nothing is captured, but the talker graphs' work (the decode step at
+//! a device-side position) still runs directly on any device: how the CPU tests check it.
+
+mod code_predictor;
+mod talker;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use candle_core::Tensor;
+
+pub use code_predictor::CpGraphs;
+pub use talker::TalkerGraphs;
+
+use super::ar_model::ArModel;
+use super::error::ModelError;
+use super::talker::Talker;
+use crate::nn::LayerCaches;
+
+/// Positions (prompt + frames) of the KV cache that the talker decode graphs own
+/// ([`ArModel::enable_cuda_graphs`]); a longer utterance continues eagerly past it.
+pub const TALKER_GRAPH_POSITIONS: usize = 4096;
+
+/// The graphs an [`ArModel`] holds: none until [`ArModel::enable_cuda_graphs`].
+#[derive(Debug, Default)]
+pub(super) struct ArGraphs {
+    code_predictor: Option<Mutex<CpGraphs>>,
+    talker: Option<TalkerSlot>,
+}
+
+/// The talker decode graphs and whether a session holds them.
+#[derive(Debug)]
+struct TalkerSlot {
+    graphs: Mutex<TalkerGraphs>,
+    capacity: usize,
+    leased: AtomicBool,
+}
+
+impl TalkerSlot {
+    fn new(graphs: TalkerGraphs) -> Self {
+        Self {
+            capacity: graphs.capacity(),
+            graphs: Mutex::new(graphs),
+            leased: AtomicBool::new(false),
+        }
+    }
+}
+
+fn poisoned(what: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{what}: lock poisoned by a panic"))
+}
+
+impl ArGraphs {
+    /// The code predictor's frame graphs, when captured.
+    pub(super) fn code_predictor(&self) -> Option<&Mutex<CpGraphs>> {
+        self.code_predictor.as_ref()
+    }
+
+    /// Leases the talker decode graphs for an utterance of `prefill_len` prompt positions, if
+    /// enabled, free and large enough. Their cache is cleared for the new utterance.
+    pub(super) fn lease_talker(&self, prefill_len: usize) -> Option<TalkerLease<'_>> {
+        let slot = self.talker.as_ref()?;
+        if prefill_len >= slot.capacity
+            || slot
+                .leased
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return None;
+        }
+        let lease = TalkerLease { slot };
+        lease.lock().ok()?.reset();
+        Some(lease)
+    }
+
+    /// Whether a session holds the talker decode graphs.
+    #[cfg(test)]
+    pub(super) fn talker_leased(&self) -> bool {
+        self.talker
+            .as_ref()
+            .is_some_and(|s| s.leased.load(Ordering::Acquire))
+    }
+}
+
+/// A session's hold on the talker decode graphs; dropping it gives them back.
+#[derive(Debug)]
+pub(super) struct TalkerLease<'a> {
+    slot: &'a TalkerSlot,
+}
+
+impl TalkerLease<'_> {
+    /// The graphs (the lock is uncontended: only the lease holder takes it).
+    fn lock(&self) -> candle_core::Result<MutexGuard<'_, TalkerGraphs>> {
+        self.slot
+            .graphs
+            .lock()
+            .map_err(|_| poisoned("talker decode graphs"))
+    }
+}
+
+impl Drop for TalkerLease<'_> {
+    fn drop(&mut self) {
+        self.slot.leased.store(false, Ordering::Release);
+    }
+}
+
+/// The talker KV cache of one utterance: its own (eager steps), or the one of the leased decode
+/// graphs.
+#[derive(Debug)]
+pub(super) enum TalkerCache<'a> {
+    Own(LayerCaches),
+    Leased(TalkerLease<'a>),
+}
+
+/// Mutable access to a [`TalkerCache`]'s layer caches (holding the graphs' lock when leased).
+pub(super) enum CacheGuard<'g> {
+    Own(&'g mut LayerCaches),
+    Leased(MutexGuard<'g, TalkerGraphs>),
+}
+
+impl std::ops::Deref for CacheGuard<'_> {
+    type Target = LayerCaches;
+    fn deref(&self) -> &LayerCaches {
+        match self {
+            CacheGuard::Own(c) => c,
+            CacheGuard::Leased(g) => g.cache(),
+        }
+    }
+}
+
+impl std::ops::DerefMut for CacheGuard<'_> {
+    fn deref_mut(&mut self) -> &mut LayerCaches {
+        match self {
+            CacheGuard::Own(c) => c,
+            CacheGuard::Leased(g) => g.cache_mut(),
+        }
+    }
+}
+
+impl<'a> TalkerCache<'a> {
+    /// The leased graphs' cache when `graphs` can lease them for `prefill_len` prompt positions,
+    /// else an own cache sized for `capacity_hint` positions.
+    pub(super) fn for_utterance(
+        graphs: &'a ArGraphs,
+        talker: &Talker,
+        prefill_len: usize,
+        capacity_hint: usize,
+    ) -> Self {
+        match graphs.lease_talker(prefill_len) {
+            Some(lease) => TalkerCache::Leased(lease),
+            None => TalkerCache::Own(talker.new_cache(capacity_hint)),
+        }
+    }
+
+    /// The layer caches, for an eager prefill or an eager decode step.
+    pub(super) fn lock(&mut self) -> candle_core::Result<CacheGuard<'_>> {
+        Ok(match self {
+            TalkerCache::Own(c) => CacheGuard::Own(c),
+            TalkerCache::Leased(l) => CacheGuard::Leased(l.lock()?),
+        })
+    }
+
+    /// Before a decode step: past the leased graphs' capacity, continues on an own copy of the
+    /// cache and gives the graphs back.
+    pub(super) fn ensure_room(&mut self) -> candle_core::Result<()> {
+        if let TalkerCache::Leased(l) = self {
+            let g = l.lock()?;
+            if !g.has_room() {
+                let copy = g.cache_copy();
+                drop(g);
+                *self = TalkerCache::Own(copy);
+            }
+        }
+        Ok(())
+    }
+
+    /// One decode position `input` `[1, 1, hidden]`: on the leased graphs, or eagerly. Returns
+    /// what [`Talker::forward`] returns. Call [`Self::ensure_room`] first.
+    pub(super) fn step(
+        &mut self,
+        talker: &Talker,
+        input: &Tensor,
+    ) -> candle_core::Result<(Tensor, Vec<f32>)> {
+        match self {
+            TalkerCache::Own(cache) => talker.forward(input, cache),
+            TalkerCache::Leased(l) => l.lock()?.step(talker, input),
+        }
+    }
+
+    /// Whether the decode steps run on the leased graphs.
+    pub(super) fn is_leased(&self) -> bool {
+        matches!(self, TalkerCache::Leased(_))
+    }
+}
+
+impl ArModel {
+    /// Captures the code predictor's frame as CUDA graphs, replayed by every later frame instead
+    /// of launching each kernel (same kernels, same data: identical logits; by default one graph per
+    /// frame with the codes chosen on the device, one graph per step with `OMNITTS_CP_FRAME_GRAPH=0`,
+    /// see [`CpGraphs`]). Call it once at start-up, before serving (capture needs the stream to
+    /// itself). On error nothing changes and frames keep running eagerly. Errors: not a CUDA
+    /// device, a build without the `cuda` feature, or a failed capture (the message names the
+    /// CUDA call).
+    ///
+    /// Two sets are captured: the code predictor's frame, and the talker's decode step (one
+    /// graph per attention bucket over an owned KV cache of [`TALKER_GRAPH_POSITIONS`] positions;
+    /// see [`TalkerGraphs`]). One utterance at a time replays the talker graphs; others run
+    /// eagerly meanwhile. Batched frames ([`ArModel::next_frames`] with more than one row) run
+    /// eagerly.
+    pub fn enable_cuda_graphs(&mut self) -> Result<(), ModelError> {
+        let cp = CpGraphs::capture(&self.code_predictor, self.dtype)?;
+        let mut talker = TalkerGraphs::new(&self.talker, self.dtype, TALKER_GRAPH_POSITIONS)?;
+        talker.capture(&self.talker)?;
+        self.graphs = ArGraphs {
+            code_predictor: Some(Mutex::new(cp)),
+            talker: Some(TalkerSlot::new(talker)),
+        };
+        Ok(())
+    }
+
+    /// The talker decode step at a device-side position without capturing graphs (any device):
+    /// the graphs' work run directly, so tests can compare it with the eager step.
+    #[cfg(test)]
+    pub(super) fn enable_slot_decode(&mut self, positions: usize) -> Result<(), ModelError> {
+        let g = TalkerGraphs::new(&self.talker, self.dtype, positions)?;
+        self.graphs.talker = Some(TalkerSlot::new(g));
+        Ok(())
+    }
+
+    /// Back to eager execution (drops the graphs).
+    pub fn disable_cuda_graphs(&mut self) {
+        self.graphs = ArGraphs::default();
+    }
+
+    /// Whether frames replay CUDA graphs.
+    pub fn cuda_graphs_enabled(&self) -> bool {
+        self.graphs.code_predictor.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::models::qwen3_tts::testing::fixture;
+    use crate::models::qwen3_tts::{
+        ArModel, ArStep, FinishReason, GenerationConfig, SamplingParams, VoiceRequest,
+    };
+
+    /// Greedy codes, finish reason, the logits before every frame and the prompt length.
+    fn generate(
+        m: &ArModel,
+        g: &GenerationConfig,
+        req: &VoiceRequest,
+        max: usize,
+    ) -> (Vec<Vec<u32>>, FinishReason, Vec<Vec<f32>>, usize, bool) {
+        let sampling = SamplingParams {
+            max_new_tokens: max,
+            ..SamplingParams::from_generation_config(g)
+        }
+        .greedy();
+        let mut s = m.start(req, &sampling).expect("start");
+        let prompt = s.prompt_ids().rows.len();
+        let mut frames = Vec::new();
+        let mut logits = vec![s.pending_logits().to_vec()];
+        loop {
+            match s.next_frame().expect("frame") {
+                ArStep::Frame(f) => {
+                    frames.push(f);
+                    logits.push(s.pending_logits().to_vec());
+                }
+                ArStep::Finished(r) => {
+                    return (frames, r, logits, prompt, s.uses_talker_graphs());
+                }
+            }
+        }
+    }
+
+    /// The talker decode step at a device-side position (the work the CUDA graphs capture: scatter
+    /// into the KV slot, bucketed masked attention, RoPE rows by index) gives the eager step's
+    /// greedy codes and logits, across bucket boundaries and past its capacity (eager fallback),
+    /// and the lease returns to the model after every utterance.
+    #[test]
+    fn slot_decode_equals_eager_decode() {
+        let mut fell_back = false;
+        for name in ["tiny-customvoice", "tiny-voicedesign"] {
+            let (eager, gen_cfg) = fixture(name);
+            let (mut slot, _) = fixture(name);
+            // Buckets 64, 128, 150: prompts of ~20-40 positions cross two boundaries in 90 frames,
+            // and the 140-frame run outgrows the cache and finishes eagerly.
+            slot.enable_slot_decode(150).expect("slot decode");
+            let speaker = eager.speakers().into_iter().next();
+            let instruct = (name == "tiny-voicedesign").then(|| "A calm low voice.".to_string());
+            for (text, max) in [("Hello world, this is a test.", 90), ("Short.", 140)] {
+                let req = VoiceRequest {
+                    text: text.into(),
+                    speaker: speaker.clone(),
+                    language: Some("english".into()),
+                    instruct: instruct.clone(),
+                    ..VoiceRequest::default()
+                };
+                let (codes_e, reason_e, logits_e, prompt, _) =
+                    generate(&eager, &gen_cfg, &req, max);
+                let (codes_s, reason_s, logits_s, _, on_graphs) =
+                    generate(&slot, &gen_cfg, &req, max);
+                let positions = prompt + codes_e.len();
+                assert!(
+                    positions > 64,
+                    "{name}: {positions} positions cross no bucket"
+                );
+                assert_eq!(on_graphs, positions <= 150, "{name}: {positions} positions");
+                fell_back |= !on_graphs;
+                assert_eq!(codes_s, codes_e, "{name} '{text}': codes differ");
+                assert_eq!(reason_s, reason_e, "{name} '{text}'");
+                for (i, (a, b)) in logits_s.iter().zip(&logits_e).enumerate() {
+                    let d = a
+                        .iter()
+                        .zip(b)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0f32, f32::max);
+                    assert!(d <= 1e-4, "{name} '{text}' frame {i}: logits differ by {d}");
+                }
+                assert!(!slot.graphs.talker_leased(), "lease not returned");
+            }
+        }
+        assert!(fell_back, "no utterance outgrew the slot cache");
+    }
+}

@@ -1,0 +1,321 @@
+//! Per-utterance generation state over a shared [`ArModel`]: [`ArSession`] holds one utterance's
+//! talker KV cache, sampling settings, RNG stream and codebook-0 history, and makes its frames
+//! ([`ArSession::next_frame`]). Many sessions can run over one model.
+
+use candle_core::Tensor;
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+
+use super::ar_model::ArModel;
+use super::error::ModelError;
+use super::graphs::TalkerCache;
+use super::prompt::Prompt;
+use super::request::{SamplingParams, VoiceRequest};
+use super::sampling::{TalkerProcessors, TokenChooser};
+use crate::nn::LayerCaches;
+
+/// Why an utterance ended (model level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// Codebook 0 produced the codec EOS id.
+    Eos,
+    /// `max_new_tokens` codebook-0 tokens were sampled.
+    Length,
+}
+
+/// Result of one [`ArSession::next_frame`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArStep {
+    /// One codec frame: `num_code_groups` codes, each below the codebook size.
+    Frame(Vec<u32>),
+    Finished(FinishReason),
+}
+
+impl ArModel {
+    /// Validates the request (unknown speaker/language, empty text, a prompt beyond the talker's
+    /// position budget → [`ModelError::InvalidRequest`] naming the field and value), tokenizes,
+    /// builds the dual-track prompt and runs the prefill.
+    pub fn start(
+        &self,
+        req: &VoiceRequest,
+        sampling: &SamplingParams,
+    ) -> Result<ArSession<'_>, ModelError> {
+        self.start_until(req, sampling, &|| false)
+    }
+
+    /// [`Self::start`] whose prefill asks `stop` before each chunk of
+    /// [`PREFILL_CHUNK`](crate::nn::transformer::PREFILL_CHUNK) prompt positions and gives up with
+    /// an error ([`PREFILL_STOPPED`](crate::nn::transformer::PREFILL_STOPPED)) when it answers
+    /// true: the engine's cancel, so a long prompt does not hold up a cancelled request.
+    pub fn start_until(
+        &self,
+        req: &VoiceRequest,
+        sampling: &SamplingParams,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<ArSession<'_>, ModelError> {
+        sampling.validate()?;
+        let prompt = self.plan(req)?;
+        prompt.check_position_budget(&self.config, &req.text, sampling.max_new_tokens)?;
+        let prefill = self.prompt_embeds(&prompt)?;
+        let trailing = self.talker.text_embed(&prompt.trailing)?;
+        let rows = prompt.rows.len();
+        let mut cache = TalkerCache::for_utterance(
+            &self.graphs,
+            &self.talker,
+            rows,
+            rows + sampling.max_new_tokens.min(4096) + 1,
+        );
+        let (hidden, logits) = self
+            .talker
+            .forward_until(&prefill, &mut *cache.lock()?, stop)?;
+        let tc = &self.config.talker_config;
+        Ok(ArSession {
+            model: self,
+            processors: TalkerProcessors {
+                repetition_penalty: sampling.repetition_penalty as f32,
+                min_new_tokens: 2,
+                eos: tc.codec_eos_token_id,
+            },
+            talker_chooser: TokenChooser {
+                do_sample: sampling.do_sample,
+                temperature: sampling.temperature as f32,
+                top_k: sampling.top_k,
+                top_p: sampling.top_p as f32,
+            },
+            cp_chooser: TokenChooser {
+                do_sample: sampling.subtalker_do_sample,
+                temperature: sampling.subtalker_temperature as f32,
+                top_k: sampling.subtalker_top_k,
+                top_p: sampling.subtalker_top_p as f32,
+            },
+            max_new_tokens: sampling.max_new_tokens,
+            rng: ChaCha20Rng::seed_from_u64(sampling.seed),
+            prompt,
+            prefill,
+            trailing,
+            cache,
+            cp_cache: self.code_predictor.new_cache(),
+            hidden,
+            logits,
+            history: Vec::new(),
+            frames: 0,
+            finished: None,
+            timing: StepTiming::default(),
+        })
+    }
+}
+
+/// One utterance in progress: the talker KV cache and the sampling state. Dropping it gives
+/// leased talker decode graphs back to the model.
+pub struct ArSession<'a> {
+    model: &'a ArModel,
+    processors: TalkerProcessors,
+    talker_chooser: TokenChooser,
+    cp_chooser: TokenChooser,
+    max_new_tokens: usize,
+    rng: ChaCha20Rng,
+    prompt: Prompt,
+    prefill: Tensor,
+    /// `[trailing.len(), hidden]`.
+    trailing: Tensor,
+    cache: TalkerCache<'a>,
+    cp_cache: LayerCaches,
+    /// Final-normed talker hidden state of the last position, `[1, 1, hidden]`.
+    hidden: Tensor,
+    /// Codec-head logits of the last position (f32).
+    logits: Vec<f32>,
+    /// Codebook-0 tokens sampled so far.
+    history: Vec<u32>,
+    frames: usize,
+    finished: Option<FinishReason>,
+    timing: StepTiming,
+}
+
+/// Wall-clock split of the last [`ArSession::next_frame`] that produced a frame, in ms. Both parts
+/// end with a device-to-host copy of logits, so on a GPU they include the device work.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTiming {
+    /// The code predictor's 15 steps (codebooks 1..), sampling included.
+    pub code_predictor_ms: f64,
+    /// The talker decode step that follows (input sum, 1 position, codec-head logits).
+    pub talker_ms: f64,
+}
+
+impl ArSession<'_> {
+    /// The prompt plan (token ids, rows, trailing text ids).
+    pub fn prompt_ids(&self) -> &Prompt {
+        &self.prompt
+    }
+
+    /// The prefill `inputs_embeds`, `[1, rows, hidden]` in the model dtype.
+    pub fn prefill_embeds(&self) -> &Tensor {
+        &self.prefill
+    }
+
+    /// The decode-time text vectors, `[trailing, hidden]`.
+    pub fn trailing_embeds(&self) -> &Tensor {
+        &self.trailing
+    }
+
+    pub fn frames_generated(&self) -> usize {
+        self.frames
+    }
+
+    /// Base ICL: the reference frames in the prompt. They are the codec decoder's left context:
+    /// decode `ref_codes ++ frames` (or prime a stream with them) and drop exactly
+    /// `ref_frames × samples_per_frame` samples from the front. 0 otherwise.
+    pub fn ref_frames(&self) -> usize {
+        self.prompt.ref_frames
+    }
+
+    /// Base ICL: the reference codes `[ref_frames][num_code_groups]` (see [`Self::ref_frames`]).
+    pub fn ref_codes(&self) -> Option<&[Vec<u32>]> {
+        self.prompt
+            .voice_clone
+            .as_ref()
+            .filter(|v| v.icl)
+            .and_then(|v| v.ref_codes.as_deref())
+    }
+
+    /// The talker's codec-head logits (f32, `vocab_size` values, before any logits processor) that
+    /// the next [`Self::next_frame`] samples codebook 0 from; right after [`ArModel::start`] these
+    /// are the prefill logits. Empty once finished.
+    pub fn pending_logits(&self) -> &[f32] {
+        &self.logits
+    }
+
+    /// Timing of the last frame (see [`StepTiming`]).
+    pub fn last_timing(&self) -> StepTiming {
+        self.timing
+    }
+
+    /// Codebook-0 tokens sampled so far (frames plus a final EOS/limit token).
+    pub fn tokens_sampled(&self) -> usize {
+        self.history.len() + usize::from(self.finished == Some(FinishReason::Eos))
+    }
+
+    /// One AR step: `Ok(ArStep::Frame(codes))` with `codes.len() == num_code_groups`, or
+    /// `Ok(ArStep::Finished(reason))` (repeated on later calls). Frames exclude EOS; EOS is masked
+    /// until 2 tokens exist; when `max_new_tokens` tokens have been sampled the last one gets no
+    /// residual codes and is dropped (frames = tokens − 1), as in the reference.
+    pub fn next_frame(&mut self) -> Result<ArStep, ModelError> {
+        if let Some(r) = self.finished {
+            return Ok(ArStep::Finished(r));
+        }
+        let mut logits = std::mem::take(&mut self.logits);
+        self.processors.apply(&mut logits, &self.history);
+        let a0 = self.talker_chooser.choose(&mut logits, &mut self.rng);
+        if a0 == self.processors.eos {
+            self.finished = Some(FinishReason::Eos);
+            return Ok(ArStep::Finished(FinishReason::Eos));
+        }
+        self.history.push(a0);
+        if self.history.len() >= self.max_new_tokens {
+            self.finished = Some(FinishReason::Length);
+            return Ok(ArStep::Finished(FinishReason::Length));
+        }
+        let m = self.model;
+        let c0 = m.talker.codec_embed(&[a0])?; // [1, d]
+        let chooser = self.cp_chooser;
+        let rng = &mut self.rng;
+        let t_cp = std::time::Instant::now();
+        let code0_embed = c0.unsqueeze(0)?;
+        let rest = match m.graphs.code_predictor() {
+            Some(graphs) => {
+                let mut graphs = graphs.lock().map_err(|_| {
+                    ModelError::Candle(candle_core::Error::Msg(
+                        "code predictor CUDA graphs: lock poisoned by a panic".into(),
+                    ))
+                })?;
+                graphs.generate(&m.code_predictor, &self.hidden, &code0_embed, &chooser, rng)?
+            }
+            None => m.code_predictor.generate(
+                &self.hidden,
+                &code0_embed,
+                &mut self.cp_cache,
+                |_, l| chooser.choose(l, rng),
+            )?,
+        };
+        let t_talker = std::time::Instant::now();
+        let mut codes = Vec::with_capacity(m.num_code_groups());
+        codes.push(a0);
+        codes.extend_from_slice(&rest);
+
+        let n = self.frames;
+        let text = if n < self.trailing.dim(0)? {
+            self.trailing.narrow(0, n, 1)?
+        } else {
+            m.tts_pad_embed.clone()
+        };
+        let input = m.talker_input(&codes, &c0, &text)?;
+        self.cache.ensure_room()?;
+        let (hidden, logits) = self.cache.step(&m.talker, &input)?;
+        self.hidden = hidden;
+        self.logits = logits;
+        self.frames += 1;
+        let done = std::time::Instant::now();
+        self.timing = StepTiming {
+            code_predictor_ms: (t_talker - t_cp).as_secs_f64() * 1e3,
+            talker_ms: (done - t_talker).as_secs_f64() * 1e3,
+        };
+        Ok(ArStep::Frame(codes))
+    }
+
+    /// Whether the talker's decode steps run on the leased decode graphs.
+    pub fn uses_talker_graphs(&self) -> bool {
+        self.cache.is_leased()
+    }
+
+    /// Runs [`Self::next_frame`] to the end; returns the frames and the reason.
+    pub fn run_to_end(&mut self) -> Result<(Vec<Vec<u32>>, FinishReason), ModelError> {
+        let mut frames = Vec::new();
+        loop {
+            match self.next_frame()? {
+                ArStep::Frame(f) => frames.push(f),
+                ArStep::Finished(r) => return Ok((frames, r)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::super::testing::fixture;
+
+    /// A prompt longer than the prefill chunk runs in chunks with the result of one piece: the
+    /// same hidden states and the same KV cache (checked through the decode step after it).
+    #[test]
+    fn chunked_prefill_equals_one_piece() {
+        let (m, _) = fixture("tiny-customvoice");
+        let hidden = m.config.talker_config.transformer.hidden_size;
+        let (layers, rope) = (&m.talker.model.layers, m.talker.rope());
+        let max_diff = |a: &Tensor, b: &Tensor| -> f32 {
+            (a - b)
+                .and_then(|d| d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>())
+                .expect("diff")
+        };
+        let x = Tensor::randn(0f32, 1f32, (1, 37, hidden), &Device::Cpu).expect("x");
+        let (mut one, mut chunked) = (m.talker.new_cache(64), m.talker.new_cache(64));
+        let a = one
+            .run_in_chunks(layers, rope, &x, 37, &|| false)
+            .expect("one piece");
+        let b = chunked
+            .run_in_chunks(layers, rope, &x, 8, &|| false)
+            .expect("chunks");
+        assert_eq!(b.dims(), &[1, 37, hidden]);
+        assert_eq!(chunked.seq_len(), 37);
+        let d = max_diff(&a, &b);
+        assert!(d <= 1e-5, "prefill differs by {d}");
+        let next = Tensor::randn(0f32, 1f32, (1, 1, hidden), &Device::Cpu).expect("next");
+        let a = one
+            .run(layers, rope, &next)
+            .expect("decode after one piece");
+        let b = chunked
+            .run(layers, rope, &next)
+            .expect("decode after chunks");
+        let d = max_diff(&a, &b);
+        assert!(d <= 1e-5, "decode after the prefill differs by {d}");
+    }
+}

@@ -1,0 +1,138 @@
+//! The `OMNITTS_*` environment switches, read once per process, in one place. Each selects one of
+//! several equivalent CUDA execution paths, for A/B runs against the default (docs/cuda.md has
+//! the measurements); a build without the `cuda` feature reads none of them.
+//!
+//! | variable | values | default |
+//! |---|---|---|
+//! | `OMNITTS_FUSED_KERNELS` | `0` no fused decode kernels, `1` the four per-layer kernels of the first fused version | all kernels |
+//! | `OMNITTS_DECODE_STACK` | `1` the whole-stack decode kernel | off |
+//! | `OMNITTS_STACK_BLOCKS_PER_SM` | blocks per SM of that kernel, ≥ 1 | 2 |
+//! | `OMNITTS_FUSED_SAMPLER` | `0` the code predictor's sampled codes without the fused sampler kernel | on |
+//! | `OMNITTS_CP_FRAME_GRAPH` | `0` one code-predictor CUDA graph per step instead of one per frame | one per frame |
+//!
+//! Values are trimmed; anything else than the values listed keeps the default.
+
+use std::sync::OnceLock;
+
+/// Which fused CUDA decode kernels run (`OMNITTS_FUSED_KERNELS`), in increasing order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FusedKernels {
+    /// Candle ops and cuBLAS only.
+    Off,
+    /// The first fused version: q/k norm + RoPE + KV write, decode attention, add + RMSNorm,
+    /// SiLU · up (9 launches per decoder layer).
+    PerLayer,
+    /// Every kernel: the one-row matmuls and the frame kernels too (5 launches per layer).
+    All,
+}
+
+/// The switches' values (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Switches {
+    /// `OMNITTS_FUSED_KERNELS`.
+    pub fused_kernels: FusedKernels,
+    /// `OMNITTS_DECODE_STACK`: the whole-stack decode kernel (bit-identical, slower on an H200).
+    pub decode_stack: bool,
+    /// `OMNITTS_STACK_BLOCKS_PER_SM`.
+    pub stack_blocks_per_sm: u32,
+    /// `OMNITTS_FUSED_SAMPLER`: the fused top-k/top-p sampler of the code predictor's frame.
+    pub fused_sampler: bool,
+    /// `OMNITTS_CP_FRAME_GRAPH`: one CUDA graph per code-predictor frame (else one per step).
+    pub cp_frame_graph: bool,
+}
+
+impl Default for Switches {
+    fn default() -> Self {
+        Self::from_lookup(|_| None)
+    }
+}
+
+impl Switches {
+    /// The switches of the process environment, read on the first call.
+    pub fn get() -> &'static Switches {
+        static SWITCHES: OnceLock<Switches> = OnceLock::new();
+        SWITCHES.get_or_init(|| Self::from_lookup(|name| std::env::var(name).ok()))
+    }
+
+    /// The switches with `lookup(name)` as each variable's value (`None`: unset).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let value = |name: &str| lookup(name).map(|v| v.trim().to_string());
+        let is = |name: &str, want: &str| value(name).is_some_and(|v| v == want);
+        Self {
+            fused_kernels: match value("OMNITTS_FUSED_KERNELS").as_deref() {
+                Some("0") => FusedKernels::Off,
+                Some("1") => FusedKernels::PerLayer,
+                _ => FusedKernels::All,
+            },
+            decode_stack: is("OMNITTS_DECODE_STACK", "1"),
+            stack_blocks_per_sm: value("OMNITTS_STACK_BLOCKS_PER_SM")
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n >= 1)
+                .unwrap_or(2),
+            fused_sampler: !is("OMNITTS_FUSED_SAMPLER", "0"),
+            cp_frame_graph: !is("OMNITTS_CP_FRAME_GRAPH", "0"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> Switches {
+        Switches::from_lookup(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn defaults_without_variables() {
+        let s = with(&[]);
+        assert_eq!(s, Switches::default());
+        assert_eq!(s.fused_kernels, FusedKernels::All);
+        assert!(!s.decode_stack);
+        assert_eq!(s.stack_blocks_per_sm, 2);
+        assert!(s.fused_sampler);
+        assert!(s.cp_frame_graph);
+    }
+
+    #[test]
+    fn each_variable_is_read() {
+        let s = with(&[
+            ("OMNITTS_FUSED_KERNELS", " 1 "),
+            ("OMNITTS_DECODE_STACK", "1"),
+            ("OMNITTS_STACK_BLOCKS_PER_SM", "3"),
+            ("OMNITTS_FUSED_SAMPLER", "0"),
+            ("OMNITTS_CP_FRAME_GRAPH", "0"),
+        ]);
+        assert_eq!(s.fused_kernels, FusedKernels::PerLayer);
+        assert!(s.decode_stack);
+        assert_eq!(s.stack_blocks_per_sm, 3);
+        assert!(!s.fused_sampler);
+        assert!(!s.cp_frame_graph);
+        assert_eq!(
+            with(&[("OMNITTS_FUSED_KERNELS", "0")]).fused_kernels,
+            FusedKernels::Off
+        );
+        assert!(
+            FusedKernels::Off < FusedKernels::PerLayer
+                && FusedKernels::PerLayer < FusedKernels::All
+        );
+    }
+
+    #[test]
+    fn other_values_keep_the_defaults() {
+        let s = with(&[
+            ("OMNITTS_FUSED_KERNELS", "2"),
+            ("OMNITTS_DECODE_STACK", "yes"),
+            ("OMNITTS_STACK_BLOCKS_PER_SM", "0"),
+            ("OMNITTS_FUSED_SAMPLER", "off"),
+            ("OMNITTS_CP_FRAME_GRAPH", ""),
+        ]);
+        assert_eq!(s, Switches::default());
+        let s = with(&[("OMNITTS_STACK_BLOCKS_PER_SM", "many")]);
+        assert_eq!(s.stack_blocks_per_sm, 2);
+    }
+}
