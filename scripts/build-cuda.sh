@@ -18,7 +18,8 @@
 #   OMNITTS_CUDA_RPATH    CUDA library folder on the GPU machine     (default: the PyTorch venv of our GPU machines)
 #   CARGO_TARGET_DIR      cargo's target folder                       (default: target-cuda)
 #   CHECK=1               step 3 runs `cargo check --features cuda --lib --examples` instead (type-checks the
-#                         CUDA code and compiles the kernels to PTX, without the slow release build)
+#                         CUDA code and compiles the kernels to PTX, without the slow release build);
+#                         CHECK=clippy runs `cargo clippy` on the same targets
 #   extra arguments are passed to cargo build (e.g. --example bench) or cargo check
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,11 +30,13 @@ rpath=${OMNITTS_CUDA_RPATH:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target-cuda}
 
 mkdir -p "$work"
-if [ ! -x "$work/venv/bin/python" ]; then
+# The marker is written once the install has completed (an interrupted one is redone).
+if [ ! -f "$work/venv/.installed" ]; then
     python3 -m venv "$work/venv"
     "$work/venv/bin/pip" install -q \
         nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85 \
         nvidia-cuda-runtime==13.0.96 nvidia-cublas==13.1.0.3 nvidia-cuda-nvrtc==13.0.88 nvidia-curand==10.4.0.35
+    touch "$work/venv/.installed"
 fi
 cu13=$("$work/venv/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')
 
@@ -56,6 +59,8 @@ unset CUDA_HOME CUDA_PATH
 export RUSTFLAGS="${RUSTFLAGS:-} -C link-arg=-Wl,-rpath,$rpath"
 if [ "${CHECK:-0}" = 1 ]; then
     cargo check --features cuda --lib --examples "$@"
+elif [ "${CHECK:-0}" = clippy ]; then
+    cargo clippy --features cuda --lib --examples "$@"
 else
     cargo build --release --features cuda "$@"
 fi
