@@ -12,6 +12,7 @@ pub mod engine;
 pub mod models;
 pub mod nn;
 pub mod omnittssrc;
+pub mod remote;
 
 use gst::glib;
 

@@ -1,0 +1,219 @@
+//! The JSON body of `POST /v1/audio/speech`, as vLLM-Omni's `OpenAICreateSpeechRequest` defines
+//! it for Qwen3-TTS (vllm-project/vllm-omni, vllm_omni/entrypoints/openai/protocol/audio.py,
+//! commit 0131cb5560450800b800e889fb849ea2c851bd3f; how the Qwen3-TTS builder maps it:
+//! serving_speech.py `_build_tts_params`, commit 12651860e57754e73712ce1785cda4ef82c8bb7e).
+//!
+//! | field | what it carries |
+//! |---|---|
+//! | `input` | the text of one utterance |
+//! | `model` | the served model name (the server's own when absent) |
+//! | `voice` | a preset speaker (CustomVoice) |
+//! | `language` | `Auto`, `English`, ... (the server title-cases it) |
+//! | `instructions` | style instruction (1.7B CustomVoice) or voice description (VoiceDesign) |
+//! | `task_type` | `CustomVoice`, `VoiceDesign` or `Base`; the server takes `Base` when `ref_audio` is given |
+//! | `ref_audio`, `ref_text`, `x_vector_only_mode` | the reference voice of a Base checkpoint |
+//! | `max_new_tokens` | frame cap of the utterance |
+//! | `seed` | random seed (int64) |
+//! | `initial_codec_chunk_frames` | frames in the first Code2Wav chunk |
+//! | `non_streaming_mode` | the prompt mode: all of the text in the prompt (true) or one token per frame |
+//! | `stream`, `stream_format`, `response_format`, `sample_rate` | always `true`, `"audio"`/`"sse"`, `"pcm"`, 24000 |
+
+use std::fmt;
+use std::io::Cursor;
+
+use base64::Engine as _;
+use serde::Serialize;
+
+use super::SAMPLE_RATE;
+use super::options::StreamProtocol;
+
+/// The request's `task_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum TaskType {
+    /// Preset speakers.
+    CustomVoice,
+    /// A voice described in `instructions`.
+    VoiceDesign,
+    /// A voice cloned from `ref_audio`.
+    Base,
+}
+
+/// One utterance for the server. `None` fields are left out of the JSON (the server's defaults).
+#[derive(Clone, PartialEq, Serialize)]
+pub struct SpeechRequest {
+    /// The text.
+    pub input: String,
+    /// The served model name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Preset speaker.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub voice: Option<String>,
+    /// Language name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub language: Option<String>,
+    /// Style instruction or voice description.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    /// The checkpoint variant the request is for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_type: Option<TaskType>,
+    /// The reference recording as a data URL ([`reference_data_url`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ref_audio: Option<String>,
+    /// Transcript of the reference (ICL cloning).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ref_text: Option<String>,
+    /// Clone from the speaker embedding alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_vector_only_mode: Option<bool>,
+    /// Frame cap.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<u32>,
+    /// Random seed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// Frames in the first audio chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initial_codec_chunk_frames: Option<u32>,
+    /// Prompt mode: true = all of the text in the prompt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub non_streaming_mode: Option<bool>,
+    /// Always true: the audio streams as it is decoded.
+    stream: bool,
+    /// `"audio"` (raw PCM) or `"sse"`.
+    stream_format: &'static str,
+    /// Always `"pcm"`: 16-bit little-endian mono.
+    response_format: &'static str,
+    /// Always 24000: the rate the element produces.
+    sample_rate: u32,
+}
+
+impl SpeechRequest {
+    /// A streaming request for `input` with the server's defaults for everything else.
+    pub fn new(input: impl Into<String>, protocol: StreamProtocol) -> SpeechRequest {
+        SpeechRequest {
+            input: input.into(),
+            model: None,
+            voice: None,
+            language: None,
+            instructions: None,
+            task_type: None,
+            ref_audio: None,
+            ref_text: None,
+            x_vector_only_mode: None,
+            max_new_tokens: None,
+            seed: None,
+            initial_codec_chunk_frames: None,
+            non_streaming_mode: None,
+            stream: true,
+            stream_format: protocol.stream_format(),
+            response_format: "pcm",
+            sample_rate: SAMPLE_RATE,
+        }
+    }
+
+    /// The stream form asked for.
+    pub fn protocol(&self) -> StreamProtocol {
+        if self.stream_format == "sse" {
+            StreamProtocol::Sse
+        } else {
+            StreamProtocol::Pcm
+        }
+    }
+
+    /// Asks for `protocol`.
+    pub fn set_protocol(&mut self, protocol: StreamProtocol) {
+        self.stream_format = protocol.stream_format();
+    }
+
+    /// The JSON body.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Strings, numbers and booleans only: serialisation cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for SpeechRequest {
+    /// Like the JSON, with `ref_audio` shown by its size (it is the whole recording).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.clone();
+        if let Some(r) = &mut shown.ref_audio {
+            *r = format!("<data URL, {} bytes>", r.len());
+        }
+        f.write_str(&String::from_utf8_lossy(&shown.to_json()))
+    }
+}
+
+/// The reference recording as the `ref_audio` data URL: a 32-bit float WAV of `samples_24k`
+/// (mono, 24 kHz, the samples the local engine would clone from), base64 in
+/// `data:audio/wav;base64,...`.
+pub fn reference_data_url(samples_24k: &[f32]) -> String {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: SAMPLE_RATE,
+        bits_per_sample: 32,
+        sample_format: hound::SampleFormat::Float,
+    };
+    let mut wav = Cursor::new(Vec::with_capacity(64 + samples_24k.len() * 4));
+    // Writing to memory cannot fail, and a float WAV holds any number of samples under 4 GiB.
+    if let Ok(mut w) = hound::WavWriter::new(&mut wav, spec) {
+        for &s in samples_24k {
+            let _ = w.write_sample(s);
+        }
+        let _ = w.finalize();
+    }
+    format!(
+        "data:audio/wav;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(wav.into_inner())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_fields_are_left_out() {
+        let r = SpeechRequest::new("Hello.", StreamProtocol::Pcm);
+        let v: serde_json::Value = serde_json::from_slice(&r.to_json()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "input": "Hello.", "stream": true, "stream_format": "audio",
+                "response_format": "pcm", "sample_rate": 24000
+            })
+        );
+        let mut r = SpeechRequest::new("Hi", StreamProtocol::Sse);
+        r.voice = Some("vivian".into());
+        r.task_type = Some(TaskType::VoiceDesign);
+        r.non_streaming_mode = Some(true);
+        r.seed = Some(-3);
+        let v: serde_json::Value = serde_json::from_slice(&r.to_json()).unwrap();
+        assert_eq!(v["stream_format"], "sse");
+        assert_eq!(v["voice"], "vivian");
+        assert_eq!(v["task_type"], "VoiceDesign");
+        assert_eq!(v["non_streaming_mode"], true);
+        assert_eq!(v["seed"], -3);
+        assert_eq!(r.protocol(), StreamProtocol::Sse);
+    }
+
+    #[test]
+    fn the_reference_is_a_float_wav_data_url() {
+        let samples: Vec<f32> = (0..2400).map(|i| (i as f32 * 0.01).sin() * 0.5).collect();
+        let url = reference_data_url(&samples);
+        let b64 = url.strip_prefix("data:audio/wav;base64,").unwrap();
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap();
+        let mut r = hound::WavReader::new(Cursor::new(bytes)).unwrap();
+        assert_eq!(r.spec().sample_rate, 24000);
+        assert_eq!(r.spec().channels, 1);
+        let back: Vec<f32> = r.samples::<f32>().map(Result::unwrap).collect();
+        assert_eq!(back, samples);
+        let mut req = SpeechRequest::new("x", StreamProtocol::Pcm);
+        req.ref_audio = Some(url);
+        let shown = format!("{req:?}");
+        assert!(shown.contains("<data URL,") && shown.len() < 300, "{shown}");
+    }
+}
