@@ -270,7 +270,13 @@ fn cancelling_during_a_long_prefill_stops_it_promptly() {
 
 #[test]
 fn cancelling_a_queued_request_finishes_it_promptly() {
-    let e = load("tiny-customvoice", config(|c| c.ar.guard.enabled = false));
+    let e = load(
+        "tiny-customvoice",
+        config(|c| {
+            c.ar.guard.enabled = false;
+            c.ar.max_num_seqs = 1;
+        }),
+    );
     let long = e
         .submit(greedy(&e, voice(TEXT, Some("vivian")), ENDLESS))
         .unwrap();

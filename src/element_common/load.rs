@@ -8,7 +8,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::engine::{DeviceSpec, Engine, EngineOptions, StageConfig};
+use crate::engine::{DeviceSpec, Engine, EngineOptions, SharedEngine, StageConfig, registry};
 
 use super::audio::RATE;
 use super::hub;
@@ -19,8 +19,9 @@ use super::voice_clone::VoiceCloner;
 
 /// What an element holds from start to stop.
 pub(crate) struct Loaded {
-    /// Shared with the element's worker, which submits the utterances.
-    pub engine: Arc<Engine>,
+    /// The element's share of its engine (loaded for it, or joined: see
+    /// [`SharedEngine::loaded`]); also held by the element's worker, which submits the utterances.
+    pub engine: Arc<SharedEngine>,
     pub info: ModelInfo,
     /// Holds the reference decoded at start (Base checkpoints).
     pub cloner: VoiceCloner,
@@ -90,7 +91,7 @@ fn load_engine(
     cat: gst::DebugCategory,
     s: &SynthesisSettings,
     stage_config: &StageConfig,
-) -> Result<(Arc<Engine>, PathBuf), gst::ErrorMessage> {
+) -> Result<(Arc<SharedEngine>, PathBuf), gst::ErrorMessage> {
     let ar_device = parse_device("ar-device", s.ar_device.as_deref(), stage_config.ar.device)
         .map_err(|e| e.to_error_msg())?;
     let decoder_device = parse_device(
@@ -122,7 +123,12 @@ fn load_engine(
         ar_device,
         decoder_device,
     };
-    let engine = Engine::load(opts).map_err(|e| {
+    let loaded = if s.shared_engine {
+        registry::acquire(opts)
+    } else {
+        Engine::load(opts).map(SharedEngine::unshared)
+    };
+    let engine = loaded.map_err(|e| {
         gst::error_msg!(
             gst::ResourceError::OpenRead,
             (
@@ -146,6 +152,13 @@ fn load_engine(
             )
         ));
     }
+    gst::info!(
+        cat,
+        obj = element,
+        "engine {} ({} elements share it)",
+        if engine.loaded() { "loaded" } else { "joined" },
+        engine.users()
+    );
     Ok((Arc::new(engine), resolved.dir))
 }
 

@@ -59,6 +59,16 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             )
             .mutable_ready()
             .build(),
+        glib::ParamSpecBoolean::builder("shared-engine")
+            .nick("Shared engine")
+            .blurb(
+                "Share one loaded engine with every omnitts element of this process that uses \
+                 the same model, devices and stage config: one model in memory, and stage 0 \
+                 batches all their utterances in each step. false: load an engine of its own",
+            )
+            .default_value(true)
+            .mutable_ready()
+            .build(),
         glib::ParamSpecString::builder("speaker")
             .nick("Speaker")
             .blurb(
@@ -297,6 +307,7 @@ impl SynthesisSettings {
             "stage-config" => s.stage_config = value.get().expect("type checked upstream"),
             "ar-device" => s.ar_device = value.get().expect("type checked upstream"),
             "decoder-device" => s.decoder_device = value.get().expect("type checked upstream"),
+            "shared-engine" => s.shared_engine = value.get().expect("type checked upstream"),
             "speaker" => s.speaker = value.get().expect("type checked upstream"),
             "language" => {
                 s.language = value
@@ -339,6 +350,7 @@ impl SynthesisSettings {
             "stage-config" => s.stage_config.to_value(),
             "ar-device" => s.ar_device.to_value(),
             "decoder-device" => s.decoder_device.to_value(),
+            "shared-engine" => s.shared_engine.to_value(),
             "speaker" => s.speaker.to_value(),
             "language" => s.language.to_value(),
             "instruct" => s.instruct.to_value(),
@@ -415,6 +427,7 @@ mod tests {
                 "stage-config",
                 "ar-device",
                 "decoder-device",
+                "shared-engine",
                 "initial-chunk-frames"
             ]
         );

@@ -98,6 +98,8 @@ pub(crate) struct SynthesisSettings {
     pub stage_config: Option<String>,
     pub ar_device: Option<String>,
     pub decoder_device: Option<String>,
+    /// Join the process-wide engine of the same key (`shared-engine`, default true).
+    pub shared_engine: bool,
     pub speaker: Option<String>,
     pub language: String,
     pub instruct: Option<String>,
@@ -125,6 +127,7 @@ impl Default for SynthesisSettings {
             stage_config: None,
             ar_device: None,
             decoder_device: None,
+            shared_engine: true,
             speaker: None,
             language: DEFAULT_LANGUAGE.to_string(),
             instruct: None,

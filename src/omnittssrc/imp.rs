@@ -21,7 +21,7 @@ use crate::element_common::properties::{
 use crate::element_common::request::{ModelInfo, build_request};
 use crate::element_common::settings::SynthesisSettings;
 use crate::element_common::{messages, progress};
-use crate::engine::Engine;
+use crate::engine::SharedEngine;
 use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak};
 
 use super::CAT;
@@ -76,7 +76,7 @@ impl Settings {
 /// Exists between start() and stop().
 struct Runtime {
     /// Shared with the worker, which submits the utterances.
-    engine: Arc<Engine>,
+    engine: Arc<SharedEngine>,
     shared: Arc<Shared>,
     worker: Option<std::thread::JoinHandle<()>>,
     info: ModelInfo,
@@ -393,7 +393,7 @@ impl ObjectImpl for OmniTtsSrc {
                 }
                 drop(s);
                 let state = lock(&self.state);
-                let loaded = state.runtime.as_ref().map(|rt| (&rt.info, &*rt.engine));
+                let loaded = state.runtime.as_ref().map(|rt| (&rt.info, &**rt.engine));
                 if let Some(v) = model_info_property(other, loaded) {
                     return v;
                 }
@@ -523,12 +523,21 @@ impl BaseSrcImpl for OmniTtsSrc {
                         ("could not start the worker thread: {}", e)
                     )
                 })?;
+        let sharing = match (engine.loaded(), engine.users()) {
+            (true, 1) if settings.synthesis.shared_engine => "engine loaded".to_string(),
+            (true, _) if !settings.synthesis.shared_engine => {
+                "engine of its own (shared-engine=false)".to_string()
+            }
+            (true, n) => format!("engine loaded, {n} elements share it"),
+            (false, n) => format!("joined the loaded engine, {n} elements share it"),
+        };
         let ready = format!(
-            "omnittssrc: model '{}' ready ({}; {:?}; {} speakers; loaded in {:.0} ms; live latency {} ms)",
+            "omnittssrc: model '{}' ready ({}; {:?}; {} speakers; {}; ready in {:.0} ms; live latency {} ms)",
             model,
             info.dir.display(),
             info.variant,
             info.speakers.len(),
+            sharing,
             load_ms,
             latency.mseconds()
         );

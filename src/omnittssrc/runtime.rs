@@ -26,7 +26,9 @@ use gst::glib;
 
 use crate::element_common::messages::UtteranceDone;
 use crate::element_common::voice_clone::{CloneSpec, VoiceCloner};
-use crate::engine::{Canceller, Engine, EngineEvent, EngineRequest, FinishReason, Metrics};
+use crate::engine::{
+    Canceller, Engine, EngineEvent, EngineRequest, FinishReason, Metrics, SharedEngine,
+};
 
 use super::CAT;
 use super::output::{Item, Notice, Output, Step, Upstream};
@@ -269,7 +271,7 @@ const CANCEL_GRACE: Duration = Duration::from_secs(10);
 /// Spawns the worker. It holds a reference to the engine until it exits, which happens on
 /// `shutdown`; `cloner` comes with the reference decoded at start.
 pub(super) fn spawn_worker(
-    engine: Arc<Engine>,
+    engine: Arc<SharedEngine>,
     mut cloner: VoiceCloner,
     shared: Arc<Shared>,
     element: glib::WeakRef<gst::Element>,
@@ -291,7 +293,8 @@ pub(super) fn spawn_worker(
                 inner.worker_done();
                 shared.notify();
             }
-            // The element's stop() drops the last reference, which joins the stage threads.
+            // The element's stop() drops the element's share; the engine's last share joins its
+            // stage threads.
             drop(engine);
         })
 }
