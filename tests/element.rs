@@ -399,6 +399,7 @@ fn property_round_trip() {
         ("samples-per-buffer", v(960u32)),
         ("is-live", v(true)),
         ("split-sentences", v(true)),
+        ("shared-engine", v(false)),
     ];
     let read_only = [
         "available-speakers",
