@@ -10,16 +10,12 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use gstomnitts::models::qwen3_tts::code2wav::{Code2Wav, ModelError};
-use reference_util::{frames, max_abs, rel_l2};
+use reference_util::{fixture, fixtures_dir, frames, max_abs, rel_l2};
 
 const CHECKPOINTS: [&str; 3] = ["tiny-customvoice", "tiny-voicedesign", "tiny-base"];
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
-}
-
 fn load_model(name: &str) -> Code2Wav {
-    let dir = fixtures().join(name);
+    let dir = fixture(name);
     Code2Wav::load(&dir, &Device::Cpu)
         .unwrap_or_else(|e| panic!("loading Code2Wav from {}: {e}", dir.display()))
 }
@@ -30,7 +26,7 @@ struct Reference {
 }
 
 fn reference(name: &str) -> Reference {
-    let dir = fixtures().join("reference");
+    let dir = fixtures_dir().join("reference");
     let text = std::fs::read_to_string(dir.join(format!("{name}.json"))).expect("reference json");
     let json: serde_json::Value = serde_json::from_str(&text).expect("reference json parses");
     let tensors =
@@ -209,7 +205,7 @@ const F32_TOL: f32 = 1e-4;
 const F64_TOL: f32 = 1e-6;
 
 fn load_model_f64(name: &str) -> Code2Wav {
-    Code2Wav::load_with_dtype(&fixtures().join(name), &Device::Cpu, DType::F64).expect("f64 load")
+    Code2Wav::load_with_dtype(&fixture(name), &Device::Cpu, DType::F64).expect("f64 load")
 }
 
 /// Decodes `codes` with every (initial, chunk) schedule on a reused stream and compares with `decode`.
@@ -421,7 +417,7 @@ fn modified_checkpoint(
     edit: impl FnOnce(&mut HashMap<String, Tensor>),
     edit_config: impl FnOnce(&mut serde_json::Value),
 ) -> PathBuf {
-    let src = fixtures().join("tiny-customvoice/speech_tokenizer");
+    let src = fixture("tiny-customvoice").join("speech_tokenizer");
     let dir = std::env::temp_dir().join(format!("code2wav-test-{}-{tag}", std::process::id()));
     let st = dir.join("speech_tokenizer");
     std::fs::create_dir_all(&st).unwrap();

@@ -3,26 +3,28 @@
 //! matches the done messages. Runs on the tiny random-weight checkpoint in tests/fixtures.
 
 mod element_util;
+mod reference_util;
 
 use element_util::{
     TempDir, assert_names, drain, element_messages, errors, init, play_holding_first_buffer,
-    play_to_eos, pts_of, start_must_fail, tiny_model, wait_element_message, warnings,
+    play_to_eos, pts_of, start_error, v, wait_element_message, warnings,
 };
 use gst::prelude::*;
 use gst_check::Harness;
 use gstomnitts::element_common::messages;
+use reference_util::fixture_model;
 use std::time::{Duration, Instant};
 
 const SPF: u64 = 1920;
 
 /// A harness on `omnittssrc` with the tiny model, greedy decoding, a bus, and `props`.
-fn harness(props: &[(&str, glib::Value)]) -> (Harness, gst::Bus) {
+fn harness(props: &[(&str, glib::SendValue)]) -> (Harness, gst::Bus) {
     init();
     let h = Harness::new("omnittssrc");
     let e = h.element().expect("element");
     let bus = gst::Bus::new();
     e.set_bus(Some(&bus));
-    e.set_property("model", tiny_model());
+    e.set_property("model", fixture_model("tiny-customvoice"));
     e.set_property("do-sample", false);
     for (k, v) in props {
         e.set_property_from_value(k, v);
@@ -31,10 +33,6 @@ fn harness(props: &[(&str, glib::Value)]) -> (Harness, gst::Bus) {
 }
 
 use gst::glib;
-
-fn v<T: ToValue>(x: T) -> glib::Value {
-    x.to_value()
-}
 
 /// Every message on `bus` so far, asserting that none is an error.
 fn drain_ok(bus: &gst::Bus) -> Vec<gst::Message> {
@@ -369,14 +367,14 @@ fn property_round_trip() {
     init();
     let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
     let cases: Vec<(&str, glib::Value)> = vec![
-        ("text", v("round trip")),
-        ("model", v("/some/dir")),
-        ("stage-config", v("/some/stage.yaml")),
-        ("ar-device", v("cpu")),
-        ("decoder-device", v("cuda:1")),
-        ("speaker", v("ryan")),
-        ("language", v("english")),
-        ("instruct", v("calm")),
+        ("text", "round trip".to_value()),
+        ("model", "/some/dir".to_value()),
+        ("stage-config", "/some/stage.yaml".to_value()),
+        ("ar-device", "cpu".to_value()),
+        ("decoder-device", "cuda:1".to_value()),
+        ("speaker", "ryan".to_value()),
+        ("language", "english".to_value()),
+        ("instruct", "calm".to_value()),
         ("prompt-mode", {
             let t = glib::Type::from_name("GstOmniTtsPromptMode").unwrap();
             glib::EnumClass::with_type(t)
@@ -384,22 +382,22 @@ fn property_round_trip() {
                 .to_value_by_nick("non-streaming")
                 .unwrap()
         }),
-        ("ref-audio", v("/some/voice.flac")),
-        ("ref-text", v("what the voice says")),
-        ("x-vector-only", v(true)),
-        ("do-sample", v(false)),
-        ("temperature", v(0.5f64)),
-        ("top-k", v(7u32)),
-        ("top-p", v(0.8f64)),
-        ("repetition-penalty", v(1.3f64)),
-        ("max-new-tokens", v(123u32)),
-        ("seed", v(7u64)),
-        ("initial-chunk-frames", v(3u32)),
-        ("chunk-frames", v(9u32)),
-        ("samples-per-buffer", v(960u32)),
-        ("is-live", v(true)),
-        ("split-sentences", v(true)),
-        ("shared-engine", v(false)),
+        ("ref-audio", "/some/voice.flac".to_value()),
+        ("ref-text", "what the voice says".to_value()),
+        ("x-vector-only", true.to_value()),
+        ("do-sample", false.to_value()),
+        ("temperature", 0.5f64.to_value()),
+        ("top-k", 7u32.to_value()),
+        ("top-p", 0.8f64.to_value()),
+        ("repetition-penalty", 1.3f64.to_value()),
+        ("max-new-tokens", 123u32.to_value()),
+        ("seed", 7u64.to_value()),
+        ("initial-chunk-frames", 3u32.to_value()),
+        ("chunk-frames", 9u32.to_value()),
+        ("samples-per-buffer", 960u32.to_value()),
+        ("is-live", true.to_value()),
+        ("split-sentences", true.to_value()),
+        ("shared-engine", false.to_value()),
     ];
     let read_only = [
         "available-speakers",
@@ -462,45 +460,26 @@ fn available_speakers_and_languages_after_start() {
     pull_all(&mut h);
 }
 
-/// Starts an element with `props` to PAUSED; expects the state change to fail and returns the
-/// error messages posted.
-fn start_error(props: &[(&str, glib::Value)]) -> Vec<String> {
-    init();
-    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
-    e.set_property("model", tiny_model());
-    for (k, v) in props {
-        e.set_property_from_value(k, v);
-    }
-    start_must_fail(&e, &format!("{props:?}"))
-}
-
 #[test]
 fn errors_missing_or_unreadable_model() {
     assert_names(
-        &start_error(&[("text", v("x")), ("model", v("/nonexistent/omnitts-model"))]),
+        &start_error("/nonexistent/omnitts-model", &[("text", v("x"))]),
         &["model", "/nonexistent/omnitts-model"],
     );
     // A directory whose config.json is not JSON.
     let bad = TempDir::new("badmodel");
     std::fs::write(bad.path().join("config.json"), b"this is not json").unwrap();
     let dir = bad.path().display().to_string();
-    assert_names(
-        &start_error(&[("text", v("x")), ("model", v(&dir))]),
-        &["model", &dir],
-    );
+    assert_names(&start_error(&dir, &[("text", v("x"))]), &["model", &dir]);
     // A directory that is not a checkpoint at all.
     let empty = TempDir::new("emptymodel");
     let dir = empty.path().display().to_string();
-    assert_names(
-        &start_error(&[("text", v("x")), ("model", v(&dir))]),
-        &["model", &dir],
-    );
+    assert_names(&start_error(&dir, &[("text", v("x"))]), &["model", &dir]);
     // A Base (voice-clone) checkpoint without a reference recording (tests/element_clone.rs
     // covers voice cloning).
-    let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-base");
-    let base = base.display().to_string();
+    let base = fixture_model("tiny-base");
     assert_names(
-        &start_error(&[("text", v("x")), ("model", v(&base))]),
+        &start_error(&base, &[("text", v("x"))]),
         &["ref-audio", &base, "Base"],
     );
     // A repo id that is neither cached nor downloadable: tests/element_hub.rs (it needs its own
@@ -510,19 +489,31 @@ fn errors_missing_or_unreadable_model() {
 #[test]
 fn errors_unknown_speaker_language_bad_device_bad_stage_config() {
     assert_names(
-        &start_error(&[("text", v("x")), ("speaker", v("nobody"))]),
+        &start_error(
+            &fixture_model("tiny-customvoice"),
+            &[("text", v("x")), ("speaker", v("nobody"))],
+        ),
         &["speaker", "nobody"],
     );
     assert_names(
-        &start_error(&[("text", v("x")), ("language", v("klingon"))]),
+        &start_error(
+            &fixture_model("tiny-customvoice"),
+            &[("text", v("x")), ("language", v("klingon"))],
+        ),
         &["language", "klingon"],
     );
     assert_names(
-        &start_error(&[("text", v("x")), ("ar-device", v("gpu7"))]),
+        &start_error(
+            &fixture_model("tiny-customvoice"),
+            &[("text", v("x")), ("ar-device", v("gpu7"))],
+        ),
         &["ar-device", "gpu7"],
     );
     assert_names(
-        &start_error(&[("text", v("x")), ("decoder-device", v("cuda:x"))]),
+        &start_error(
+            &fixture_model("tiny-customvoice"),
+            &[("text", v("x")), ("decoder-device", v("cuda:x"))],
+        ),
         &["decoder-device", "cuda:x"],
     );
     let dir = TempDir::new("stagecfg");
@@ -530,11 +521,17 @@ fn errors_unknown_speaker_language_bad_device_bad_stage_config() {
     std::fs::write(&yaml, "stages: [unclosed\n  - : :").unwrap();
     let p = yaml.display().to_string();
     assert_names(
-        &start_error(&[("text", v("x")), ("stage-config", v(&p))]),
+        &start_error(
+            &fixture_model("tiny-customvoice"),
+            &[("text", v("x")), ("stage-config", v(&p))],
+        ),
         &["stage-config", &p],
     );
     assert_names(
-        &start_error(&[("text", v("x")), ("stage-config", v("/no/such/stage.yaml"))]),
+        &start_error(
+            &fixture_model("tiny-customvoice"),
+            &[("text", v("x")), ("stage-config", v("/no/such/stage.yaml"))],
+        ),
         &["stage-config", "/no/such/stage.yaml"],
     );
 }
@@ -542,7 +539,10 @@ fn errors_unknown_speaker_language_bad_device_bad_stage_config() {
 #[test]
 fn error_messages_quote_long_values_shortened() {
     let long = "y".repeat(200);
-    let errs = start_error(&[("text", v("x")), ("speaker", v(long.as_str()))]);
+    let errs = start_error(
+        &fixture_model("tiny-customvoice"),
+        &[("text", v("x")), ("speaker", v(long.as_str()))],
+    );
     let shortened = format!("'{}…'", "y".repeat(80));
     assert_names(&errs, &["speaker", &shortened]);
     assert!(
@@ -554,16 +554,22 @@ fn error_messages_quote_long_values_shortened() {
 #[test]
 fn errors_empty_or_whitespace_text() {
     // The value is quoted escaped (the tab as `\t`).
-    assert_names(&start_error(&[("text", v("  \t "))]), &["text", "'  \\t '"]);
+    assert_names(
+        &start_error(&fixture_model("tiny-customvoice"), &[("text", v("  \t "))]),
+        &["text", "'  \\t '"],
+    );
     // Only invisible format or control characters: nothing to speak either.
     for t in ["\u{200b}\u{feff}\u{2060}", "\u{1}\u{2}\u{1b}\u{7f}"] {
         assert_names(
-            &start_error(&[("text", v(t))]),
+            &start_error(&fixture_model("tiny-customvoice"), &[("text", v(t))]),
             &["text", "nothing to speak"],
         );
     }
     // Non-live without any text has nothing to do.
-    assert_names(&start_error(&[]), &["text"]);
+    assert_names(
+        &start_error(&fixture_model("tiny-customvoice"), &[]),
+        &["text"],
+    );
 }
 
 #[test]
@@ -697,7 +703,7 @@ fn parse_launch_to_wav_has_expected_length() {
     let pipeline = gst::parse::launch(&format!(
         "omnittssrc name=src model=\"{}\" do-sample=false max-new-tokens=10 \
          text=\"Hello from omnitts.\" ! audioconvert ! wavenc ! filesink location=\"{}\"",
-        tiny_model(),
+        fixture_model("tiny-customvoice"),
         wav.display()
     ))
     .unwrap()

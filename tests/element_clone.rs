@@ -17,14 +17,12 @@ mod reference_util;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use candle_core::Tensor;
 use element_util::{
-    TempDir, assert_names, drain, element_messages, errors, init, play_holding_first_buffer,
-    start_must_fail, tiny_model, warnings,
+    TempDir, assert_names, drain, element_messages, errors, init, play_holding_first_buffer, set,
+    start_error, v, warnings,
 };
-use engine_common::fixture;
 use gst::glib;
 use gst::prelude::*;
 use gst_check::Harness;
@@ -33,7 +31,9 @@ use gstomnitts::element_common::ref_audio::{
     decode_ref_audio, location_to_uri, resample_to_ref_rate,
 };
 use gstomnitts::engine::{DeviceSpec, Engine, EngineOptions, StageConfig};
-use reference_util::{Suite, code_rows, f32s, reference_suite, rel_l2};
+use reference_util::{
+    Suite, code_rows, f32s, fixture, fixture_model, fixtures_dir, reference_suite, rel_l2,
+};
 use serde_json::Value;
 
 const TOL: f64 = 1e-4;
@@ -148,28 +148,6 @@ fn write_s16_44k_stereo_wav(path: &Path, samples: &[f32]) -> usize {
     n
 }
 
-fn tiny_base() -> String {
-    fixture("tiny-base").display().to_string()
-}
-
-/// A property value (Send, so that property lists can go to other threads). Enum properties take
-/// their nick as a string.
-fn v<T: ToSendValue>(x: T) -> glib::SendValue {
-    x.to_send_value()
-}
-
-/// Sets a property from [`v`]'s value.
-fn set(e: &gst::Element, name: &str, value: &glib::Value) {
-    let pspec = e
-        .find_property(name)
-        .unwrap_or_else(|| panic!("no property {name}"));
-    if pspec.value_type().is_a(glib::Type::ENUM) {
-        e.set_property_from_str(name, value.get::<&str>().unwrap());
-    } else {
-        e.set_property_from_value(name, value);
-    }
-}
-
 /// Element properties of a fixture case: text, language, budget, prompt mode, greedy.
 fn case_props(case: &Value) -> Vec<(&'static str, glib::SendValue)> {
     let mode = match case["prompt_mode"].as_str().unwrap() {
@@ -270,7 +248,7 @@ fn element_clone_equals_reference_icl_and_x_vector() {
         } else {
             props.push(("x-vector-only", v(true)));
         }
-        let out = run_element(&tiny_base(), &props, &[]);
+        let out = run_element(&fixture_model("tiny-base"), &props, &[]);
         assert!(errors(&out.msgs).is_empty(), "{:?}", errors(&out.msgs));
         let frames = case["num_frames"].as_u64().unwrap() as usize;
         assert_eq!(out.audio.len(), frames * SPF, "{}", case["id"]);
@@ -291,8 +269,7 @@ fn element_clone_equals_reference_icl_and_x_vector() {
 /// length and to 1e-6 (bit-identical with the same libsoxr release).
 #[test]
 fn other_rates_resample_like_the_reference() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference/resample.safetensors");
+    let path = fixtures_dir().join("reference/resample.safetensors");
     let tensors = candle_core::safetensors::load(&path, &candle_core::Device::Cpu).unwrap();
     let mut inputs: Vec<&String> = tensors.keys().filter(|k| k.starts_with("in_")).collect();
     inputs.sort();
@@ -395,7 +372,7 @@ fn other_format_and_rate_is_resampled_to_24k_mono() {
         v(location_to_uri(wav.to_str().unwrap()).unwrap()),
     ));
     props.push(("x-vector-only", v(true)));
-    let out = run_element(&tiny_base(), &props, &[]);
+    let out = run_element(&fixture_model("tiny-base"), &props, &[]);
     assert!(errors(&out.msgs).is_empty(), "{:?}", errors(&out.msgs));
     let done = out.done();
     assert_eq!(done[0].get::<String>("reason").unwrap(), "length");
@@ -420,7 +397,7 @@ fn repeated_utterances_encode_the_reference_once() {
         ("ref-audio", v(wav.to_str().unwrap())),
         ("ref-text", v("This is the reference.")),
     ];
-    let out = run_element(&tiny_base(), &props, &["Same words."]);
+    let out = run_element(&fixture_model("tiny-base"), &props, &["Same words."]);
     assert!(errors(&out.msgs).is_empty(), "{:?}", errors(&out.msgs));
     assert_eq!(out.done().len(), 2);
     assert_eq!(out.encodes, 1, "the reference must be encoded once");
@@ -454,7 +431,7 @@ fn concurrent_elements_do_not_mix() {
     let budget = ("max-new-tokens", v(12u32));
     let runs: Vec<(String, Vec<(&str, glib::SendValue)>)> = vec![
         (
-            tiny_base(),
+            fixture_model("tiny-base"),
             vec![
                 text.clone(),
                 budget.clone(),
@@ -463,7 +440,7 @@ fn concurrent_elements_do_not_mix() {
             ],
         ),
         (
-            tiny_base(),
+            fixture_model("tiny-base"),
             vec![
                 text.clone(),
                 budget.clone(),
@@ -471,7 +448,10 @@ fn concurrent_elements_do_not_mix() {
                 ("x-vector-only", v(true)),
             ],
         ),
-        (tiny_model(), vec![text.clone(), budget.clone()]),
+        (
+            fixture_model("tiny-customvoice"),
+            vec![text.clone(), budget.clone()],
+        ),
     ];
     let alone: Vec<Vec<f32>> = runs
         .iter()
@@ -505,19 +485,6 @@ fn concurrent_elements_do_not_mix() {
             "run {i}: concurrent output differs from its run alone: rel L2 {e:e}"
         );
     }
-}
-
-/// Starts an element on `model` with `props` to PAUSED; expects the state change to fail and
-/// returns the error messages posted.
-fn start_error(model: &str, props: &[(&str, glib::SendValue)]) -> Vec<String> {
-    init();
-    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
-    e.set_property("model", model);
-    e.set_property("text", "Hello.");
-    for (k, val) in props {
-        set(&e, k, val);
-    }
-    start_must_fail(&e, &format!("{props:?}"))
 }
 
 /// A folder with reference files: good, silent, too short, too long, not a media file, video only.
@@ -584,9 +551,10 @@ fn refs() -> Refs {
 #[test]
 fn errors_bad_reference_fail_the_state_change() {
     let f = refs();
-    let base = tiny_base();
+    let base = fixture_model("tiny-base");
     let icl = |path: &str| {
         vec![
+            ("text", v("Hello.")),
             ("ref-audio", v(path)),
             ("ref-text", v("This is the reference.")),
         ]
@@ -643,31 +611,40 @@ fn errors_bad_reference_fail_the_state_change() {
 #[test]
 fn errors_clone_properties_against_the_checkpoint() {
     let f = refs();
-    let base = tiny_base();
+    let base = fixture_model("tiny-base");
     // Base without a reference.
-    assert_names(&start_error(&base, &[]), &["ref-audio", &base, "Base"]);
+    assert_names(
+        &start_error(&base, &[("text", v("Hello."))]),
+        &["ref-audio", &base, "Base"],
+    );
     // A transcript without its recording.
     assert_names(
-        &start_error(&base, &[("ref-text", v("Words."))]),
+        &start_error(&base, &[("text", v("Hello.")), ("ref-text", v("Words."))]),
         &["ref-text", "'Words.'", "ref-audio"],
     );
     // ICL without a transcript.
     assert_names(
-        &start_error(&base, &[("ref-audio", v(f.good.as_str()))]),
+        &start_error(
+            &base,
+            &[("text", v("Hello.")), ("ref-audio", v(f.good.as_str()))],
+        ),
         &["ref-text", "transcript", "x-vector-only"],
     );
     // Cloning properties on a CustomVoice checkpoint.
-    let cv = tiny_model();
+    let cv = fixture_model("tiny-customvoice");
     assert_names(
-        &start_error(&cv, &[("ref-audio", v(f.good.as_str()))]),
+        &start_error(
+            &cv,
+            &[("text", v("Hello.")), ("ref-audio", v(f.good.as_str()))],
+        ),
         &["ref-audio", &f.good, "Base"],
     );
     assert_names(
-        &start_error(&cv, &[("ref-text", v("Words."))]),
+        &start_error(&cv, &[("text", v("Hello.")), ("ref-text", v("Words."))]),
         &["ref-text", "Base"],
     );
     assert_names(
-        &start_error(&cv, &[("x-vector-only", v(true))]),
+        &start_error(&cv, &[("text", v("Hello.")), ("x-vector-only", v(true))]),
         &["x-vector-only", "Base"],
     );
 }
@@ -689,8 +666,12 @@ fn x_vector_only_ignores_ref_text_with_a_warning() {
         }
         p
     };
-    let with = run_element(&tiny_base(), &props(Some("Ignored words.")), &[]);
-    let without = run_element(&tiny_base(), &props(None), &[]);
+    let with = run_element(
+        &fixture_model("tiny-base"),
+        &props(Some("Ignored words.")),
+        &[],
+    );
+    let without = run_element(&fixture_model("tiny-base"), &props(None), &[]);
     assert!(errors(&with.msgs).is_empty());
     assert_names(
         &warnings(&with.msgs),
@@ -712,7 +693,7 @@ fn runtime_bad_reference_refuses_only_its_utterance() {
     let bus = gst::Bus::new();
     e.set_bus(Some(&bus));
     for (k, val) in [
-        ("model", v(tiny_base())),
+        ("model", v(fixture_model("tiny-base"))),
         ("do-sample", v(false)),
         ("max-new-tokens", v(4u32)),
         ("text", v("First.")),

@@ -2,9 +2,12 @@
 //! of the cache without network, and the errors when it can be neither found nor fetched.
 
 mod element_util;
+mod hub_server;
+mod reference_util;
 
-use element_util::{HubServer, TempDir, dead_endpoint, read_tree};
+use element_util::TempDir;
 use gstomnitts::element_common::hub::{self, HubError, HubOptions, ModelSource};
+use hub_server::{HubServer, dead_endpoint, read_tree};
 use std::sync::atomic::Ordering;
 
 const REPO: &str = "omnitts-test/tiny-hub";
@@ -79,7 +82,7 @@ fn repo_id_is_downloaded_then_served_from_cache() {
     assert!(
         got.dir.ends_with(format!(
             "models--omnitts-test--tiny-hub/snapshots/{}",
-            element_util::FAKE_COMMIT
+            hub_server::FAKE_COMMIT
         )),
         "unexpected snapshot dir {}",
         got.dir.display()
@@ -232,7 +235,7 @@ fn element_loads_a_repo_id_through_the_hub_cache() {
     let cache = TempDir::new("hub-element");
     let server = HubServer::start(
         ELEMENT_REPO,
-        std::path::Path::new(&element_util::tiny_model()),
+        std::path::Path::new(&reference_util::fixture_model("tiny-customvoice")),
     );
     let cache_dir = cache.path().display().to_string();
     let run = |endpoint: &str, offline: bool| {
@@ -254,10 +257,12 @@ fn element_loads_a_repo_id_through_the_hub_cache() {
     let snapshot = cache
         .path()
         .join("models--omnitts-test--tiny-customvoice/snapshots")
-        .join(element_util::FAKE_COMMIT);
+        .join(hub_server::FAKE_COMMIT);
     assert_eq!(
         read_tree(&snapshot),
-        read_tree(std::path::Path::new(&element_util::tiny_model())),
+        read_tree(std::path::Path::new(&reference_util::fixture_model(
+            "tiny-customvoice"
+        ))),
         "cached snapshot differs from the checkpoint"
     );
     drop(server);

@@ -2,11 +2,13 @@
 //! at the running time it arrives, application EOS, and Opus over RTP on loopback.
 
 mod element_util;
+mod reference_util;
 
-use element_util::{element_messages, errors, init, serial, tiny_model, wait_element_message};
+use element_util::{element_messages, errors, init, serial, wait_element_message};
 use gst::prelude::*;
 use gst_check::Harness;
 use gstomnitts::element_common::messages;
+use reference_util::fixture_model;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,7 +20,7 @@ fn latency_is_the_first_chunk() {
     for (initial, spb, want_ms) in [(3u32, 480u32, 240u64), (1, 480, 80), (1, 24000, 1000)] {
         let mut h = Harness::new("omnittssrc");
         let e = h.element().unwrap();
-        e.set_property("model", tiny_model());
+        e.set_property("model", fixture_model("tiny-customvoice"));
         e.set_property("is-live", true);
         e.set_property("initial-chunk-frames", initial);
         e.set_property("samples-per-buffer", spb);
@@ -56,7 +58,7 @@ fn live_pipeline(extra: &str) -> (gst::Pipeline, gst::Element, Arc<Mutex<Vec<See
     let pipeline = gst::parse::launch(&format!(
         "omnittssrc name=src is-live=true model=\"{}\" do-sample=false {extra} ! \
          fakesink name=sink sync=true signal-handoffs=true",
-        tiny_model()
+        fixture_model("tiny-customvoice")
     ))
     .unwrap()
     .downcast::<gst::Pipeline>()
@@ -242,7 +244,7 @@ fn opus_over_rtp_on_loopback() {
         "omnittssrc name=src is-live=true model=\"{}\" do-sample=false max-new-tokens=12 \
          text=\"Over the network.\" ! audioconvert ! audioresample ! opusenc ! \
          rtpopuspay pt=96 ! udpsink host=127.0.0.1 port={port} sync=true",
-        tiny_model()
+        fixture_model("tiny-customvoice")
     ))
     .unwrap()
     .downcast::<gst::Pipeline>()

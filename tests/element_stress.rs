@@ -6,9 +6,11 @@
 //! with up to 16 arenas only after ~100 runs).
 
 mod element_util;
+mod reference_util;
 
-use element_util::{init, rss_kib, thread_count, tiny_model};
+use element_util::{init, rss_kib, thread_count};
 use gst::prelude::*;
+use reference_util::fixture_model;
 use std::time::{Duration, Instant};
 
 const LONG_TEXT: &str = "A long utterance that would take minutes of audio to finish, so that the \
@@ -20,7 +22,7 @@ fn run_once(live: bool) -> Duration {
     let pipeline = gst::parse::launch(&format!(
         "omnittssrc name=src model=\"{}\" is-live={live} max-new-tokens=4000 text=\"{LONG_TEXT}\" ! \
          fakesink name=sink sync={live} signal-handoffs=true",
-        tiny_model()
+        fixture_model("tiny-customvoice")
     ))
     .unwrap()
     .downcast::<gst::Pipeline>()

@@ -13,7 +13,7 @@ use gstomnitts::engine::{
     DecoderStreamingMode, DeviceSpec, Engine, EngineError, EngineEvent, EngineOptions,
     FinishReason, StageConfig,
 };
-use reference_util::max_abs;
+use reference_util::{fixture, max_abs};
 
 /// f32 tolerance of "streamed == whole decode". The fixture decoder is deliberately sensitive: its
 /// SnakeBeta stack amplifies f32 rounding so that two whole decodes with different internal pass

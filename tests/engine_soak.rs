@@ -2,6 +2,7 @@
 //! Alone in its own test binary so that /proc/self/task counts only this test's threads.
 
 mod engine_common;
+mod reference_util;
 
 use engine_common::*;
 use gstomnitts::engine::FinishReason;

@@ -1,7 +1,6 @@
-//! Helpers shared by the engine integration tests (tiny fixture checkpoints, CPU).
+//! Helpers shared by the engine integration tests (tiny fixture checkpoints, CPU). The test file
+//! declares `mod reference_util;` too: the fixture paths come from there.
 #![allow(dead_code)]
-
-use std::path::PathBuf;
 
 use gstomnitts::engine::{
     AudioChunk, DeviceSpec, Engine, EngineEvent, EngineOptions, EngineRequest, FinishReason,
@@ -9,18 +8,7 @@ use gstomnitts::engine::{
 };
 use gstomnitts::models::qwen3_tts::VoiceRequest;
 
-/// `tests/fixtures/<name>`; panics with a clear message when the fixtures are missing.
-pub fn fixture(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name);
-    assert!(
-        p.join("config.json").is_file(),
-        "fixture checkpoint {} is missing (tests/fixtures, see its README)",
-        p.display()
-    );
-    p
-}
+use crate::reference_util::fixture;
 
 /// The shipped async config with both stages on the CPU, edited by `f`.
 pub fn config(f: impl FnOnce(&mut StageConfig)) -> StageConfig {

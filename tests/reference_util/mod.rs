@@ -1,6 +1,7 @@
-//! Helpers shared by the tests that compare with the official reference's recorded outputs
-//! (tests/fixtures/reference/*.json + safetensors): reading ids and codes from the JSON, tensors as
-//! f32 vectors, and the error measures the tolerances are stated in.
+//! Helpers shared by the tests that use the fixtures (tests/fixtures, see its README): the paths of
+//! the fixture checkpoints (every test file that needs one takes it from here), and the official
+//! reference's recorded outputs (tests/fixtures/reference/*.json + safetensors): reading ids and
+//! codes from the JSON, tensors as f32 vectors, and the error measures the tolerances are stated in.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -10,9 +11,25 @@ use candle_core::{DType, Device, Tensor};
 use gstomnitts::models::qwen3_tts::{ArModel, Checkpoint, SamplingParams};
 use serde_json::Value;
 
-/// `tests/fixtures`.
+/// `tests/fixtures`: the fixture checkpoints and the reference's records (tests/fixtures/README.md).
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// `tests/fixtures/<name>`, a fixture checkpoint; panics with a clear message when it is missing.
+pub fn fixture(name: &str) -> PathBuf {
+    let p = fixtures_dir().join(name);
+    assert!(
+        p.join("config.json").is_file(),
+        "fixture checkpoint {} is missing (tests/fixtures, see its README)",
+        p.display()
+    );
+    p
+}
+
+/// [`fixture`] as the elements' `model` property value.
+pub fn fixture_model(name: &str) -> String {
+    fixture(name).display().to_string()
 }
 
 /// One checkpoint's reference record: `reference/<name>.json` and its safetensors.
