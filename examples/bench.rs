@@ -15,8 +15,8 @@
 //! configuration is run in async-chunk mode (exact streaming) and in batch mode. Prints a table and
 //! a JSON document (also written to `--json PATH`).
 //!
-//! `--random-weights` builds the real 0.6B CustomVoice layout (qwen3-tts.md §1.3, §1.5, §8): it
-//! takes `config.json`, `generation_config.json`, the tokenizer files and
+//! `--random-weights` builds the real 0.6B CustomVoice layout (docs/qwen3-tts.md §1.3, §1.5, §8):
+//! it takes `config.json`, `generation_config.json`, the tokenizer files and
 //! `speech_tokenizer/{config,preprocessor_config}.json` of the tiny CustomVoice fixture, replaces
 //! the widths/depths by the real values, and writes `model.safetensors` (bf16) and
 //! `speech_tokenizer/model.safetensors` (f32, decoder only) with seeded random values. The tensor

@@ -36,7 +36,7 @@ fn streamed_equals_whole_decode_for_every_schedule() {
     let spf = batch.samples_per_frame();
     assert_eq!(spf, 1920);
     assert_eq!(batch.sample_rate(), 24000);
-    // max_new_tokens 40 → 39 frames (the 40th sampled token is dropped, qwen3-tts.md §5).
+    // max_new_tokens 40 → 39 frames (the 40th sampled token is dropped, docs/qwen3-tts.md §5).
     let whole = run(&batch, greedy(&batch, voice(TEXT, Some("vivian")), 40));
     assert_eq!(whole.reason, FinishReason::Length);
     let frames = whole.metrics.frames;

@@ -1,4 +1,5 @@
-//! A random-weight Qwen3-TTS CustomVoice checkpoint in the real layout (0.6B / 1.7B shapes, qwen3-tts.md
+//! A random-weight Qwen3-TTS CustomVoice checkpoint in the real layout (0.6B / 1.7B shapes,
+//! docs/qwen3-tts.md
 //! §1.3, §1.5), for the benchmarks: configs and tokenizer files from the tiny CustomVoice fixture with the
 //! real widths and depths, and the tensor list (names and shapes) derived from the configs, checked against
 //! the tiny fixture's files before use. Random values as the reference's `init_random_`: N(0, 0.02²),
@@ -355,7 +356,8 @@ pub fn check_layout(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Writes everything of a CustomVoice checkpoint of `size` (`0.6b` | `1.7b`, qwen3-tts.md §1.3, §1.5)
+/// Writes everything of a CustomVoice checkpoint of `size` (`0.6b` | `1.7b`, docs/qwen3-tts.md
+/// §1.3, §1.5)
 /// into `dir` but the weights: `config.json` and `speech_tokenizer/config.json` with the real widths and
 /// depths, and the tokenizer, generation and preprocessor files of `template` (the tiny CustomVoice
 /// fixture), after checking the layout functions against the template's files. Returns the two
@@ -372,7 +374,7 @@ pub fn write_configs(size: &str, template: &Path, dir: &Path) -> Result<(Value, 
     ] {
         fs::copy(template.join(f), dir.join(f)).with_context(|| format!("copying {f}"))?;
     }
-    // qwen3-tts.md §1.3.
+    // docs/qwen3-tts.md §1.3.
     let (d, inter, tag) = match size {
         "0.6b" => (1024, 3072, "0b6"),
         "1.7b" => (2048, 6144, "1b7"),

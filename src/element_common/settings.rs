@@ -18,8 +18,8 @@ pub(crate) const DEFAULT_CHUNK_FRAMES: u32 = 0;
 
 /// What gst-inspect shows as the sampling defaults: the built-in stage config's
 /// `default_sampling_params` (configs/qwen3_tts.yaml: max-new-tokens and seed), else the released
-/// checkpoints' `generation_config.json` values (qwen3-tts.md §1.4). An unset property takes the
-/// loaded stage config's value, else the loaded checkpoint's (the bundled voice's: greedy).
+/// checkpoints' `generation_config.json` values (docs/qwen3-tts.md §1.4). An unset property takes
+/// the loaded stage config's value, else the loaded checkpoint's (the bundled voice's: greedy).
 pub(crate) struct SamplingDefaults {
     pub do_sample: bool,
     pub temperature: f64,

@@ -1,6 +1,6 @@
 //! The async-chunk buffer between stage 0 (producer of codec frames) and stage 1 (consumer).
 //!
-//! Protocol (vLLM-Omni `talker2code2wav_async_chunk`, qwen3-tts.md §9.2), per request:
+//! Protocol (vLLM-Omni `talker2code2wav_async_chunk`, docs/qwen3-tts.md §9.2), per request:
 //! - the producer pushes one frame at a time; at `capacity` frames not yet taken it blocks (never
 //!   drops) until the consumer takes a chunk, the request is cancelled, or — for the non-blocking
 //!   variant — it gets the frame back;

@@ -1,5 +1,5 @@
 //! Stage configuration: YAML with vLLM-Omni's field names (`configs/qwen3_tts.yaml`,
-//! `configs/qwen3_tts_batch.yaml`; qwen3-tts.md §9).
+//! `configs/qwen3_tts_batch.yaml`; docs/qwen3-tts.md §9).
 //!
 //! The document is parsed into a `serde_yaml_ng::Value` and walked by hand, so that every unknown
 //! key becomes a warning naming its path (`stage_args[1].engine_args.foo: unknown key, ignored`)
@@ -152,7 +152,8 @@ impl SamplingOverrides {
     }
 }
 
-/// The runaway guard (field-lessons §3): generation ends with `FinishReason::Guard` once the frame
+/// The runaway guard (docs/field-lessons.md §3): generation ends with `FinishReason::Guard` once
+/// the frame
 /// count reaches `max(floor_frames, ceil(frames_per_text_token × text tokens))`, unless the
 /// caller's `max_new_tokens` ends it first.
 #[derive(Debug, Clone, Copy, PartialEq)]

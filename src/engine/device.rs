@@ -142,7 +142,7 @@ pub fn pin_cpu_threads() {
 }
 
 /// Weight/activation dtype of the AR stage (`engine_args.dtype`). The decoder always runs in f32
-/// (field-lessons §2).
+/// (docs/field-lessons.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DTypeSpec {
     /// bf16 on CUDA, f32 on the CPU.

@@ -10,8 +10,8 @@
 //!
 //! Only codes (plain `u32`s on the host) cross between the stages, so each stage can live on its own
 //! device. The engine knows nothing of GStreamer. Design notes: docs/architecture.md,
-//! field-lessons.md §1 (sample-exact chunks), §3 (runaway guard), qwen3-tts.md §9 (stage split and
-//! the async-chunk protocol).
+//! docs/field-lessons.md §1 (sample-exact chunks), §3 (runaway guard), docs/qwen3-tts.md §9 (stage
+//! split and the async-chunk protocol).
 //!
 //! Lifecycle of a request: `submit` validates it synchronously and queues it on both stages.
 //! Stage 0 takes it when it has a free slot (`max_num_seqs`), sends `Started`, runs the prefill and

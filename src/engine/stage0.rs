@@ -132,8 +132,8 @@ pub(crate) fn ar_thread(
                 });
             }
         };
-        // Capture the code predictor's graphs before reporting ready (field-lessons.md §5): the
-        // stream is still ours alone. A failed capture leaves the model eager.
+        // Capture the code predictor's graphs before reporting ready (docs/field-lessons.md §5):
+        // the stream is still ours alone. A failed capture leaves the model eager.
         let mut model = model;
         let graphs = if dev.is_cuda() {
             match model.enable_cuda_graphs() {

@@ -190,8 +190,8 @@ impl<'c> DecStage<'c> {
     }
 
     /// The decoder state a request starts with. For Base ICL the reference codes are the decoder's
-    /// left context for the whole utterance (field-lessons.md §4): the exact stream is primed with
-    /// them and their audio dropped, the windowed history starts with their tail, and a whole
+    /// left context for the whole utterance (docs/field-lessons.md §4): the exact stream is primed
+    /// with them and their audio dropped, the windowed history starts with their tail, and a whole
     /// decode prepends them.
     fn init_state(
         &self,

@@ -1,7 +1,7 @@
 //! 1-D rotary position embedding, NeoX/half-split pairing (dims i and i + head_dim/2), as the
 //! reference `Qwen3TTSRotaryEmbedding` / `Qwen3TTSTalkerRotaryEmbedding` compute it with identical
 //! temporal/height/width position streams (the talker's interleaved "MRoPE" then reduces to this;
-//! see qwen3-tts.md §3.2). Tables are computed in f32 and cast to the activation dtype at use.
+//! see docs/qwen3-tts.md §3.2). Tables are computed in f32 and cast to the activation dtype at use.
 //!
 //! The tables live on the device and are computed once for a range of positions that doubles when
 //! a later position is asked for, so a decode step uploads nothing (no host-to-device copy per

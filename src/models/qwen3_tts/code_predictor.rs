@@ -1,6 +1,6 @@
 //! The code predictor ("sub-talker", MTP): a small Qwen3 decoder that fills codebooks 1.. of a
 //! frame from the talker's hidden state and codebook-0 embedding (reference
-//! `Qwen3TTSTalkerCodePredictorModelForConditionalGeneration`; qwen3-tts.md §4).
+//! `Qwen3TTSTalkerCodePredictorModelForConditionalGeneration`; docs/qwen3-tts.md §4).
 //! Weight prefix `talker.code_predictor.`.
 
 use candle_core::{DType, Device, Module, Result, Tensor};

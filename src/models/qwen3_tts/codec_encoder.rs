@@ -1,5 +1,5 @@
 //! The 12 Hz codec's encoder (reference audio → codes), used by Base voice cloning
-//! (qwen3-tts.md §7.5).
+//! (docs/qwen3-tts.md §7.5).
 //!
 //! Reference: `Qwen3TTSTokenizerV2Encoder` (= transformers `MimiModel` without its decoder parts)
 //! and `Qwen3TTSTokenizerV2Model.encode` in

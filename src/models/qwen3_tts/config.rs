@@ -172,7 +172,7 @@ impl<'a> Obj<'a> {
 }
 
 /// `rope_scaling`: only the `default` rope type exists in Qwen3-TTS (the talker's interleaved
-/// MRoPE with identical position streams is plain 1-D RoPE, qwen3-tts.md §3.2).
+/// MRoPE with identical position streams is plain 1-D RoPE, docs/qwen3-tts.md §3.2).
 fn check_rope_scaling(o: &Obj<'_>) -> Result<(), ModelError> {
     if let Some(rs) = o.opt_obj("rope_scaling")? {
         let ty = match rs.opt_string("rope_type")? {

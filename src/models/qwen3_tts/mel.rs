@@ -1,4 +1,4 @@
-//! The 128-bin log-mel front end of the Base speaker encoder (qwen3-tts.md §6).
+//! The 128-bin log-mel front end of the Base speaker encoder (docs/qwen3-tts.md §6).
 //!
 //! Reference: `mel_spectrogram` in `qwen_tts/core/models/modeling_qwen3_tts.py`, called by
 //! `Qwen3TTSForConditionalGeneration.extract_speaker_embedding` with n_fft 1024, hop 256,

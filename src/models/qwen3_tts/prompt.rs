@@ -1,4 +1,5 @@
-//! The dual-track prompt (qwen3-tts.md §3.4; reference `Qwen3TTSForConditionalGeneration.generate`
+//! The dual-track prompt (docs/qwen3-tts.md §3.4; reference
+//! `Qwen3TTSForConditionalGeneration.generate`
 //! in `modeling_qwen3_tts.py` and the `generate_custom_voice` / `generate_voice_design` wrappers in
 //! `inference/qwen3_tts_model.py`).
 //!
@@ -41,7 +42,7 @@ pub struct PromptRow {
 }
 
 /// A Base voice-clone prompt (reference `VoiceClonePromptItem` of `create_voice_clone_prompt`,
-/// qwen3-tts.md §3.4): the speaker x-vector and, in ICL mode, the reference codes and text.
+/// docs/qwen3-tts.md §3.4): the speaker x-vector and, in ICL mode, the reference codes and text.
 ///
 /// Built from audio by `ArModel::create_voice_clone_prompt`, or directly (e.g. from stored
 /// codes). In ICL mode the reference codes are also the codec decoder's left context: decode

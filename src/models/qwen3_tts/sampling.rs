@@ -1,5 +1,5 @@
 //! Logits processing and token choice, exactly in the order Hugging Face `generate` applies it
-//! for the reference (transformers 4.57 `_get_logits_processor` + `_sample`; qwen3-tts.md §5):
+//! for the reference (transformers 4.57 `_get_logits_processor` + `_sample`; docs/qwen3-tts.md §5):
 //!
 //! talker codebook 0: repetition penalty over the codebook-0 ids generated so far →
 //! min-new-tokens (EOS masked while fewer than `min_new_tokens` tokens exist) → suppression of

@@ -1,4 +1,4 @@
-//! The Base checkpoints' speaker encoder: ECAPA-TDNN without BatchNorm (qwen3-tts.md §6).
+//! The Base checkpoints' speaker encoder: ECAPA-TDNN without BatchNorm (docs/qwen3-tts.md §6).
 //!
 //! Reference: `Qwen3TTSSpeakerEncoder`, `TimeDelayNetBlock`, `Res2NetBlock`,
 //! `SqueezeExcitationBlock`, `SqueezeExcitationRes2NetBlock`, `AttentiveStatisticsPooling` and

@@ -1,6 +1,6 @@
 //! The talker: a Qwen3 decoder over summed text + codec embeddings with a codec head
-//! (reference `Qwen3TTSTalkerForConditionalGeneration` / `Qwen3TTSTalkerModel`; qwen3-tts.md §3).
-//! Weight prefix `talker.`.
+//! (reference `Qwen3TTSTalkerForConditionalGeneration` / `Qwen3TTSTalkerModel`; docs/qwen3-tts.md
+//! §3). Weight prefix `talker.`.
 
 use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear};

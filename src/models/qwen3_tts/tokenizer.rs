@@ -1,5 +1,5 @@
 //! The Qwen2 byte-level BPE text tokenizer (reference: `Qwen2TokenizerFast` loaded by
-//! `processing_qwen3_tts.py`; qwen3-tts.md §2).
+//! `processing_qwen3_tts.py`; docs/qwen3-tts.md §2).
 //!
 //! The published checkpoints ship `vocab.json` + `merges.txt` + `tokenizer_config.json` and no
 //! `tokenizer.json`. [`TextTokenizer::from_vocab_merges`] builds the same pipeline the
@@ -23,7 +23,7 @@ use super::ModelError;
 use super::config::read_json;
 
 /// The Qwen2 pre-tokenizer regex (not the Mistral one that transformers 4.57.3 may patch in for
-/// local directories; see qwen3-tts.md §2).
+/// local directories; see docs/qwen3-tts.md §2).
 pub const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Text tokenizer of a checkpoint.

@@ -10,7 +10,7 @@ use crate::models::qwen3_tts::sampling::TokenChooser;
 #[cfg(feature = "cuda")]
 use crate::nn::LayerCaches;
 
-/// The code predictor's frame as CUDA graphs, captured once at start-up (field-lessons §5:
+/// The code predictor's frame as CUDA graphs, captured once at start-up (docs/field-lessons.md §5:
 /// positions and shapes are the same in every frame; graph output = eager output). Two kinds:
 ///
 /// - **whole frame** (the default; docs/cuda.md has its GPU parity and speed): all

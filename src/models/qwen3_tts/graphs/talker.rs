@@ -5,7 +5,8 @@
 //! into slot `p` of preallocated KV buffers, RoPE rows are picked with `index_select`, and attention
 //! runs over a fixed bucket of slots (64, 128, … up to the capacity) with an additive mask computed
 //! on the device from `p`. So the work of a step is the same for every `p` below a bucket, and one
-//! graph per bucket, captured at start-up (field-lessons §5), serves every position. Masked slots
+//! graph per bucket, captured at start-up (docs/field-lessons.md §5), serves every position. Masked
+//! slots
 //! get probability exactly 0, so the result equals the eager step up to the summation order of
 //! the longer softmax and value product (tested: same greedy codes as eager on the fixtures).
 //!
