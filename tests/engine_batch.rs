@@ -16,7 +16,7 @@ use gstomnitts::engine::{
     Engine, EngineError, EngineEvent, EngineRequest, FinishReason, RequestHandle,
 };
 use gstomnitts::models::qwen3_tts::{PromptMode, VoiceClonePrompt, VoiceRequest};
-use reference_util::{f32s, frames, reference_suite, rel_l2};
+use reference_util::{f32s, fixture, frames, reference_suite, rel_l2};
 use serde_json::Value;
 
 const WAVE_TOL: f64 = 1e-5;
