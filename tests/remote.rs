@@ -3,6 +3,7 @@
 //! finish reasons of both stream forms, and every fault the server can inject.
 
 mod engine_common;
+mod reference_util;
 mod speech_server;
 
 use std::sync::{Arc, LazyLock};
