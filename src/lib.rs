@@ -7,6 +7,7 @@
 //! The crate is the GStreamer plugin `omnitts` (`libgstomnitts.so`). Applications that link it
 //! statically call [`plugin_register_static`] once after `gst::init()`.
 
+mod config_path;
 pub mod element_common;
 pub mod engine;
 pub mod models;

@@ -1,7 +1,9 @@
 //! Stage-config YAML: the shipped files, defaults, unknown-key warnings and errors that name the
 //! key path and the value.
 
-use gstomnitts::engine::{DecoderStreamingMode, DeviceSpec, EngineError, StageConfig};
+use gstomnitts::engine::{
+    DecoderStreamingMode, DeviceSpec, EngineError, GuardConfig, SamplingOverrides, StageConfig,
+};
 
 const BASE: &str = r#"
 async_chunk: true
@@ -257,6 +259,157 @@ fn errors_name_key_path_and_value() {
         let got = err_of(yaml);
         assert!(got.contains(want), "want {want:?}\n got {got:?}");
     }
+}
+
+#[test]
+fn more_errors_name_key_path_and_value() {
+    let cases: &[(String, &str)] = &[
+        (
+            edit("runtime: {devices: cpu}", "runtime: {devices: cpu, 3: x}"),
+            "stage_args[0].runtime: keys must be strings, got 3",
+        ),
+        (
+            edit("runtime: {devices: cpu}", "runtime: [cpu]"),
+            "stage_args[0].runtime: invalid type: sequence, expected a mapping",
+        ),
+        (
+            edit(
+                "engine_args: {model_stage: qwen3_tts}",
+                "engine_args: qwen3_tts",
+            ),
+            "stage_args[0].engine_args: expected a mapping, got \"qwen3_tts\"",
+        ),
+        (
+            "[1, 2]".to_string(),
+            "<document>: invalid type: sequence, expected a mapping with stage_args",
+        ),
+        (
+            edit(
+                "  - stage_id: 1\n    runtime: {devices: cpu}",
+                "  - runtime: {devices: cpu}",
+            ),
+            "stage_args[1].stage_id: missing (0 or 1)",
+        ),
+        (
+            edit(
+                "  - stage_id: 0\n",
+                "  - stage_id: 0\n    stage_type: diffusion\n",
+            ),
+            "stage_args[0].stage_type: expected \"llm\", got \"diffusion\"",
+        ),
+        (
+            edit(
+                "  - stage_id: 0\n",
+                "  - stage_id: 0\n    final_output: true\n",
+            ),
+            "stage_args[0].final_output: expected false (stage 0 emits codec frames, not the final output), got true",
+        ),
+        (
+            edit(
+                "  - stage_id: 0\n",
+                "  - stage_id: 0\n    engine_input_source: [0]\n",
+            ),
+            "stage_args[0].engine_input_source: expected [] (stage 0 takes the request), got a list (- 0)",
+        ),
+        (
+            edit("    engine_args: {model_stage: qwen3_tts}\n", ""),
+            "stage_args[0].engine_args: missing (needs model_stage: qwen3_tts)",
+        ),
+        (
+            edit("{model_stage: qwen3_tts}", "{model_stage: 3}"),
+            "stage_args[0].engine_args.model_stage: expected a string, got 3",
+        ),
+        (
+            edit(
+                "{model_stage: qwen3_tts}",
+                "{model_stage: qwen3_tts, model_arch: Qwen3ForCausalLM}",
+            ),
+            "stage_args[0].engine_args.model_arch: expected \"Qwen3TTSTalkerForConditionalGeneration\", got \"Qwen3ForCausalLM\"",
+        ),
+        (
+            edit(
+                "model_stage: code2wav",
+                "model_stage: code2wav\n      engine_output_type: latent",
+            ),
+            "stage_args[1].engine_args.engine_output_type: expected \"audio\", got \"latent\"",
+        ),
+        (
+            edit(
+                "{model_stage: qwen3_tts}",
+                "{model_stage: qwen3_tts}\n    default_sampling_params: {repetition_penalty: 0}",
+            ),
+            "stage_args[0].default_sampling_params.repetition_penalty: expected a number > 0, got 0",
+        ),
+        (
+            edit(
+                "{model_stage: qwen3_tts}",
+                "{model_stage: qwen3_tts}\n    default_sampling_params: {max_tokens: 0}",
+            ),
+            "stage_args[0].default_sampling_params.max_tokens: expected a positive integer, got 0",
+        ),
+        (
+            edit(
+                "{model_stage: qwen3_tts}",
+                "{model_stage: qwen3_tts}\n    default_sampling_params: {seed: -1}",
+            ),
+            "stage_args[0].default_sampling_params.seed: expected a non-negative integer, got -1",
+        ),
+        (
+            edit(
+                "{model_stage: qwen3_tts}",
+                "{model_stage: qwen3_tts}\n    subtalker_sampling_params: {temperature: hot}",
+            ),
+            "stage_args[0].subtalker_sampling_params.temperature: expected a number ≥ 0 (0 = greedy), got \"hot\"",
+        ),
+        (
+            edit(
+                "{model_stage: qwen3_tts}",
+                "{model_stage: qwen3_tts}\n    runaway_guard: {enabled: 1}",
+            ),
+            "stage_args[0].runaway_guard.enabled: expected true or false, got 1",
+        ),
+    ];
+    for (yaml, want) in cases {
+        let got = err_of(yaml);
+        assert!(got.contains(want), "want {want:?}\n got {got:?}");
+    }
+}
+
+#[test]
+fn keys_of_the_other_stage_warn() {
+    let y = edit(
+        "engine_input_source: [0]",
+        "engine_input_source: [0]\n    default_sampling_params: {temperature: 0.5}\n    runaway_guard: {enabled: false}",
+    )
+    .replace(
+        "{model_stage: qwen3_tts}",
+        "{model_stage: qwen3_tts, codec_chunk_frames: 4}",
+    );
+    let (c, w) = StageConfig::from_yaml_str(&y).unwrap();
+    assert_eq!(w.len(), 3, "{w:?}");
+    for want in [
+        "stage config <string>: stage_args[1].default_sampling_params: ignored (the decoder is deterministic)",
+        "stage config <string>: stage_args[1].runaway_guard: unknown key, ignored",
+        "stage config <string>: stage_args[0].engine_args.codec_chunk_frames: unknown key, ignored",
+    ] {
+        assert!(w.iter().any(|m| m == want), "{want:?} not in {w:?}");
+    }
+    // Neither reached a stage.
+    assert_eq!(c.decoder.codec_chunk_frames, 10);
+    assert_eq!(c.ar.sampling.temperature, None);
+    assert!(c.ar.guard.enabled);
+}
+
+#[test]
+fn an_empty_section_takes_its_defaults() {
+    let y = edit(
+        "{model_stage: qwen3_tts}",
+        "{model_stage: qwen3_tts}\n    runaway_guard:\n    default_sampling_params:",
+    );
+    let (c, w) = StageConfig::from_yaml_str(&y).unwrap();
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(c.ar.guard, GuardConfig::default());
+    assert_eq!(c.ar.sampling, SamplingOverrides::default());
 }
 
 #[test]

@@ -1,10 +1,12 @@
 //! Stage configuration: YAML with vLLM-Omni's field names (`configs/qwen3_tts.yaml`,
 //! `configs/qwen3_tts_batch.yaml`; docs/qwen3-tts.md §9).
 //!
-//! The document is parsed into a `serde_yaml_ng::Value` and walked by hand, so that every unknown
-//! key becomes a warning naming its path (`stage_args[1].engine_args.foo: unknown key, ignored`)
-//! and every wrong value an error naming the path and the value
-//! (`stage_args[1].engine_args.codec_chunk_frames: expected a positive integer, got -3`).
+//! Each stage is read with serde derive ([`ArStageConfig`] and [`DecoderStageConfig`] are the
+//! structs of their `engine_args`) through [`crate::config_path`], so that every unknown key
+//! becomes a warning naming its path (`stage_args[1].engine_args.foo: unknown key, ignored`) and
+//! every wrong value an error naming the path and the value
+//! (`stage_args[1].engine_args.codec_chunk_frames: expected a positive integer, got -3`). The
+//! keys whose value the stage id fixes (`model_stage`, `final_output`, …) are checked first.
 //!
 //! Layout (defaults in parentheses; see `configs/qwen3_tts.yaml` for the commented reference):
 //! ```yaml
@@ -17,7 +19,8 @@
 //!       model_stage: qwen3_tts       # required
 //!       model_arch: Qwen3TTSTalkerForConditionalGeneration
 //!       engine_output_type: latent
-//!       max_num_seqs: 1              # requests interleaved frame by frame on this stage
+//!       max_num_seqs: 1              # requests batched frame by frame on this stage
+//!       max_waiting: 64              # requests that may wait for a place (FIFO); more are refused
 //!       dtype: auto                  # auto (bf16 on CUDA, f32 on CPU) | float32 | bfloat16 | float16
 //!     default_sampling_params: {temperature, top_k, top_p, repetition_penalty, max_tokens, seed}
 //!     subtalker_sampling_params: {do_sample, temperature, top_k, top_p}
@@ -47,9 +50,12 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer};
 use serde_yaml_ng::{Mapping, Value};
 
 use super::{DTypeSpec, DeviceSpec, EngineError};
+use crate::config_path::{self, join};
 use crate::models::qwen3_tts::SamplingParams;
 
 /// The shipped default stage configuration (async chunk, exact streaming).
@@ -80,28 +86,57 @@ impl DecoderStreamingMode {
 
 /// Values from `default_sampling_params` / `subtalker_sampling_params` of stage 0; `None` keeps
 /// the checkpoint's `generation_config.json` value.
-#[derive(Debug, Clone, Default, PartialEq)]
+///
+/// Deserializes from `default_sampling_params`; the `subtalker_*` fields are read from
+/// `subtalker_sampling_params` by [`StageConfig::from_yaml_str`].
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(expecting = "a mapping")]
 pub struct SamplingOverrides {
     /// `temperature` (≥ 0; 0 = greedy).
+    #[serde(default, deserialize_with = "some::<Temperature, _>")]
     pub temperature: Option<f64>,
     /// `top_k` (0 or -1 = disabled).
+    #[serde(default, deserialize_with = "some::<TopK, _>")]
     pub top_k: Option<usize>,
     /// `top_p` in (0, 1].
+    #[serde(default, deserialize_with = "some::<TopP, _>")]
     pub top_p: Option<f64>,
     /// `repetition_penalty` (> 0).
+    #[serde(default, deserialize_with = "some::<PositiveNumber, _>")]
     pub repetition_penalty: Option<f64>,
     /// `max_tokens`: the frame cap (`max_new_tokens`).
+    #[serde(default, deserialize_with = "some::<Positive, _>")]
     pub max_tokens: Option<usize>,
     /// `seed`.
+    #[serde(default, deserialize_with = "some::<Seed, _>")]
     pub seed: Option<u64>,
     /// `subtalker_sampling_params.do_sample`.
+    #[serde(skip)]
     pub subtalker_do_sample: Option<bool>,
     /// `subtalker_sampling_params.temperature`.
+    #[serde(skip)]
     pub subtalker_temperature: Option<f64>,
     /// `subtalker_sampling_params.top_k`.
+    #[serde(skip)]
     pub subtalker_top_k: Option<usize>,
     /// `subtalker_sampling_params.top_p`.
+    #[serde(skip)]
     pub subtalker_top_p: Option<f64>,
+}
+
+/// `subtalker_sampling_params` of stage 0 (the code predictor), merged into
+/// [`SamplingOverrides`].
+#[derive(Default, Deserialize)]
+#[serde(expecting = "a mapping")]
+struct SubtalkerSampling {
+    #[serde(default, deserialize_with = "some::<Bool, _>")]
+    do_sample: Option<bool>,
+    #[serde(default, deserialize_with = "some::<Temperature, _>")]
+    temperature: Option<f64>,
+    #[serde(default, deserialize_with = "some::<TopK, _>")]
+    top_k: Option<usize>,
+    #[serde(default, deserialize_with = "some::<TopP, _>")]
+    top_p: Option<f64>,
 }
 
 impl SamplingOverrides {
@@ -150,19 +185,33 @@ impl SamplingOverrides {
         }
         base
     }
+
+    fn with_subtalker(self, s: SubtalkerSampling) -> Self {
+        SamplingOverrides {
+            subtalker_do_sample: s.do_sample,
+            subtalker_temperature: s.temperature,
+            subtalker_top_k: s.top_k,
+            subtalker_top_p: s.top_p,
+            ..self
+        }
+    }
 }
 
 /// The runaway guard (docs/field-lessons.md §3): generation ends with `FinishReason::Guard` once
-/// the frame
-/// count reaches `max(floor_frames, ceil(frames_per_text_token × text tokens))`, unless the
-/// caller's `max_new_tokens` ends it first.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// the frame count reaches `max(floor_frames, ceil(frames_per_text_token × text tokens))`, unless
+/// the caller's `max_new_tokens` ends it first. Deserializes from stage 0's `runaway_guard`; keys
+/// left out keep [`GuardConfig::default`].
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, expecting = "a mapping")]
 pub struct GuardConfig {
     /// Off = only `max_new_tokens` limits an utterance.
+    #[serde(deserialize_with = "checked::<Bool, _>")]
     pub enabled: bool,
     /// The budget never goes below this many frames (75 = 6 s).
+    #[serde(deserialize_with = "checked::<Positive, _>")]
     pub floor_frames: usize,
     /// Frames allowed per text token of the request.
+    #[serde(deserialize_with = "checked::<PositiveNumber, _>")]
     pub frames_per_text_token: f64,
 }
 
@@ -192,44 +241,92 @@ impl GuardConfig {
     }
 }
 
-/// Stage 0 (talker + code predictor).
 /// `max_waiting` when the stage config does not set it.
 pub const DEFAULT_MAX_WAITING: usize = 64;
 
-#[derive(Debug, Clone, PartialEq)]
+/// Stage 0 (talker + code predictor).
+///
+/// Deserializes from the stage's `engine_args`: a new engine setting is one field here, with its
+/// doc and its `#[serde(default = …, deserialize_with = "checked::<…, _>")]`. `device`, `sampling`
+/// and `guard` come from the stage's other sections and are filled in by
+/// [`StageConfig::from_yaml_str`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(expecting = "a mapping")]
 pub struct ArStageConfig {
     /// `runtime.devices`.
+    #[serde(skip)]
     pub device: DeviceSpec,
     /// `engine_args.max_num_seqs`: requests the stage works on at once (batched: every running
     /// request advances one frame in each batched step).
+    #[serde(
+        default = "default_usize::<1>",
+        deserialize_with = "checked::<Positive, _>"
+    )]
     pub max_num_seqs: usize,
     /// `engine_args.max_waiting`: requests that may wait (FIFO) for one of the `max_num_seqs`
     /// places; a request beyond both is refused (`EngineError::Busy`).
+    #[serde(
+        default = "default_usize::<DEFAULT_MAX_WAITING>",
+        deserialize_with = "checked::<NonNegative, _>"
+    )]
     pub max_waiting: usize,
     /// `engine_args.dtype`.
+    #[serde(default, deserialize_with = "checked::<ArDType, _>")]
     pub dtype: DTypeSpec,
     /// `default_sampling_params` + `subtalker_sampling_params`.
+    #[serde(skip)]
     pub sampling: SamplingOverrides,
     /// `runaway_guard`.
+    #[serde(skip)]
     pub guard: GuardConfig,
 }
 
 /// Stage 1 (Code2Wav).
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Deserializes from the stage's `engine_args` (a new engine setting is one field here);
+/// `device` comes from `runtime` and is filled in by [`StageConfig::from_yaml_str`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(expecting = "a mapping")]
 pub struct DecoderStageConfig {
     /// `runtime.devices`.
+    #[serde(skip)]
     pub device: DeviceSpec,
     /// `engine_args.max_num_seqs`.
+    #[serde(
+        default = "default_usize::<1>",
+        deserialize_with = "checked::<Positive, _>"
+    )]
     pub max_num_seqs: usize,
     /// `engine_args.codec_chunk_frames` (≥ 1).
+    #[serde(
+        default = "default_usize::<25>",
+        deserialize_with = "checked::<Positive, _>"
+    )]
     pub codec_chunk_frames: usize,
     /// `engine_args.initial_codec_chunk_frames` (0 = no separate first chunk).
+    #[serde(
+        default = "default_usize::<1>",
+        deserialize_with = "checked::<NonNegative, _>"
+    )]
     pub initial_codec_chunk_frames: usize,
     /// `engine_args.codec_left_context_frames` (windowed mode).
+    #[serde(
+        default = "default_usize::<72>",
+        deserialize_with = "checked::<NonNegative, _>"
+    )]
     pub codec_left_context_frames: usize,
     /// `engine_args.decoder_streaming_mode`.
+    #[serde(
+        rename = "decoder_streaming_mode",
+        default,
+        deserialize_with = "checked::<StreamingMode, _>"
+    )]
     pub streaming_mode: DecoderStreamingMode,
     /// `engine_args.codec_buffer_frames`: frames stage 0 may run ahead of stage 1 before it blocks.
+    #[serde(
+        default = "default_usize::<50>",
+        deserialize_with = "checked::<Positive, _>"
+    )]
     pub codec_buffer_frames: usize,
 }
 
@@ -291,15 +388,15 @@ impl StageConfig {
     ) -> Result<(StageConfig, Vec<String>), EngineError> {
         let doc: Value = serde_yaml_ng::from_str(text).map_err(|e| EngineError::Config {
             source_name: source.to_string(),
-            key: "<document>".to_string(),
+            key: DOCUMENT.to_string(),
             msg: format!("not valid YAML: {e}"),
         })?;
-        let mut w = Walker {
+        let mut r = Reader {
             source,
             warnings: Vec::new(),
         };
-        let cfg = w.document(&doc)?;
-        Ok((cfg, w.warnings))
+        let cfg = r.document(&doc)?;
+        Ok((cfg, r.warnings))
     }
 
     /// The chunk policy for a request, with optional per-request overrides.
@@ -318,6 +415,94 @@ impl StageConfig {
         }
     }
 }
+
+/// The key of errors about the document as a whole.
+const DOCUMENT: &str = "<document>";
+
+/// The top level of the document.
+#[derive(Deserialize)]
+#[serde(expecting = "a mapping with stage_args")]
+struct Document {
+    #[serde(default = "default_true", deserialize_with = "checked::<Bool, _>")]
+    async_chunk: bool,
+    /// Each entry is read as the stage its `stage_id` names (see [`Reader::document`]).
+    #[serde(default, deserialize_with = "some::<AnyValue, _>")]
+    stage_args: Option<Value>,
+}
+
+/// `stage_args[stage_id = 0]` less the keys [`StageSpec`] checks.
+#[derive(Deserialize)]
+#[serde(expecting = "a mapping")]
+struct ArStage {
+    #[serde(default)]
+    runtime: Runtime,
+    engine_args: ArStageConfig,
+    #[serde(default)]
+    default_sampling_params: SamplingOverrides,
+    #[serde(default)]
+    subtalker_sampling_params: SubtalkerSampling,
+    #[serde(default)]
+    runaway_guard: GuardConfig,
+}
+
+/// `stage_args[stage_id = 1]` less the keys [`StageSpec`] checks.
+#[derive(Deserialize)]
+#[serde(expecting = "a mapping")]
+struct DecoderStage {
+    #[serde(default)]
+    runtime: Runtime,
+    engine_args: DecoderStageConfig,
+}
+
+/// `runtime` of a stage.
+#[derive(Default, Deserialize)]
+#[serde(expecting = "a mapping")]
+struct Runtime {
+    #[serde(default, deserialize_with = "checked::<Devices, _>")]
+    devices: DeviceSpec,
+}
+
+fn default_usize<const N: usize>() -> usize {
+    N
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The keys of a stage whose values are fixed by its stage id: vLLM-Omni's files carry them,
+/// omnitts checks them and reads the rest of the stage with serde.
+struct StageSpec {
+    id: usize,
+    /// `engine_args.model_stage` (required).
+    model_stage: &'static str,
+    /// `engine_args.model_arch`.
+    model_arch: &'static str,
+    /// `engine_args.engine_output_type` and `final_output_type`.
+    output_type: &'static str,
+    /// `final_output`, and why.
+    final_output: (bool, &'static str),
+    /// `engine_input_source` (required when not empty), and how it is written in messages.
+    input_source: (&'static [u64], &'static str),
+}
+
+const AR_STAGE: StageSpec = StageSpec {
+    id: 0,
+    model_stage: "qwen3_tts",
+    model_arch: "Qwen3TTSTalkerForConditionalGeneration",
+    output_type: "latent",
+    final_output: (false, "emits codec frames, not the final output"),
+    input_source: (&[], "[] (stage 0 takes the request)"),
+};
+
+const DECODER_STAGE: StageSpec = StageSpec {
+    id: 1,
+    model_stage: "code2wav",
+    model_arch: "Qwen3TTSCode2Wav",
+    output_type: "audio",
+    final_output: (true, "produces the final audio"),
+    input_source: (&[0], "[0]"),
+};
 
 /// Compact rendering of a YAML value for messages.
 fn show(v: &Value) -> String {
@@ -341,158 +526,246 @@ fn show(v: &Value) -> String {
     }
 }
 
-struct Walker<'s> {
+/// "expected {what}, got {value}".
+fn expected(what: &str, got: &Value) -> String {
+    format!("expected {what}, got {}", show(got))
+}
+
+/// The check of one YAML value: its conversion, or the error message.
+trait Check {
+    type Out;
+    fn check(v: &Value) -> Result<Self::Out, String>;
+}
+
+/// `deserialize_with` for a value checked by `C`.
+fn checked<'de, C: Check, D: Deserializer<'de>>(d: D) -> Result<C::Out, D::Error> {
+    C::check(&Value::deserialize(d)?).map_err(D::Error::custom)
+}
+
+/// `deserialize_with` for an optional value checked by `C` (with `#[serde(default)]`).
+fn some<'de, C: Check, D: Deserializer<'de>>(d: D) -> Result<Option<C::Out>, D::Error> {
+    checked::<C, D>(d).map(Some)
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        _ => None,
+    }
+}
+
+fn float(v: &Value, what: &str, ok: impl Fn(f64) -> bool) -> Result<f64, String> {
+    match v {
+        Value::Number(n) => n.as_f64().filter(|x| x.is_finite() && ok(*x)),
+        _ => None,
+    }
+    .ok_or_else(|| expected(what, v))
+}
+
+fn string(v: &Value) -> Result<&str, String> {
+    v.as_str().ok_or_else(|| expected("a string", v))
+}
+
+/// `want` exactly.
+fn exact(v: &Value, want: &str) -> Result<(), String> {
+    if string(v)? == want {
+        Ok(())
+    } else {
+        Err(expected(&format!("{want:?}"), v))
+    }
+}
+
+struct AnyValue;
+impl Check for AnyValue {
+    type Out = Value;
+    fn check(v: &Value) -> Result<Value, String> {
+        Ok(v.clone())
+    }
+}
+
+struct Bool;
+impl Check for Bool {
+    type Out = bool;
+    fn check(v: &Value) -> Result<bool, String> {
+        v.as_bool().ok_or_else(|| expected("true or false", v))
+    }
+}
+
+/// An integer ≥ 1.
+struct Positive;
+impl Check for Positive {
+    type Out = usize;
+    fn check(v: &Value) -> Result<usize, String> {
+        int(v)
+            .filter(|n| *n >= 1)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| expected("a positive integer", v))
+    }
+}
+
+/// An integer ≥ 0.
+struct NonNegative;
+impl Check for NonNegative {
+    type Out = usize;
+    fn check(v: &Value) -> Result<usize, String> {
+        int(v)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| expected("a non-negative integer", v))
+    }
+}
+
+struct Seed;
+impl Check for Seed {
+    type Out = u64;
+    fn check(v: &Value) -> Result<u64, String> {
+        NonNegative::check(v).map(|n| n as u64)
+    }
+}
+
+/// A finite number > 0.
+struct PositiveNumber;
+impl Check for PositiveNumber {
+    type Out = f64;
+    fn check(v: &Value) -> Result<f64, String> {
+        float(v, "a number > 0", |x| x > 0.0)
+    }
+}
+
+struct Temperature;
+impl Check for Temperature {
+    type Out = f64;
+    fn check(v: &Value) -> Result<f64, String> {
+        float(v, "a number ≥ 0 (0 = greedy)", |x| x >= 0.0)
+    }
+}
+
+struct TopP;
+impl Check for TopP {
+    type Out = f64;
+    fn check(v: &Value) -> Result<f64, String> {
+        float(v, "a number in (0, 1]", |x| x > 0.0 && x <= 1.0)
+    }
+}
+
+/// A non-negative integer, or -1 (vLLM's "disabled") which maps to 0.
+struct TopK;
+impl Check for TopK {
+    type Out = usize;
+    fn check(v: &Value) -> Result<usize, String> {
+        match int(v) {
+            Some(-1) => Ok(0),
+            n => n
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| expected("a non-negative integer or -1 (disabled)", v)),
+        }
+    }
+}
+
+/// `runtime.devices`: a device this build can run.
+struct Devices;
+impl Check for Devices {
+    type Out = DeviceSpec;
+    fn check(v: &Value) -> Result<DeviceSpec, String> {
+        let what = "\"cpu\", \"cuda:N\", a GPU index or \"auto\"";
+        let s = match v {
+            Value::String(s) => s.clone(),
+            Value::Number(n) if n.is_u64() => n.to_string(),
+            _ => return Err(expected(what, v)),
+        };
+        let spec: DeviceSpec = s.parse().map_err(|_| expected(what, v))?;
+        spec.check_supported().map_err(|e| match e {
+            EngineError::Device { msg, .. } => format!("{}: {msg}", show(v)),
+            other => other.to_string(),
+        })?;
+        Ok(spec)
+    }
+}
+
+/// Stage 0's `engine_args.dtype`.
+struct ArDType;
+impl Check for ArDType {
+    type Out = DTypeSpec;
+    fn check(v: &Value) -> Result<DTypeSpec, String> {
+        DTypeSpec::parse(string(v)?)
+            .ok_or_else(|| expected("auto, float32, bfloat16 or float16", v))
+    }
+}
+
+struct StreamingMode;
+impl Check for StreamingMode {
+    type Out = DecoderStreamingMode;
+    fn check(v: &Value) -> Result<DecoderStreamingMode, String> {
+        DecoderStreamingMode::parse(string(v)?)
+            .ok_or_else(|| expected("\"exact\" or \"windowed\"", v))
+    }
+}
+
+/// YAML allows any value as a mapping key; a configuration key is a string (a number would
+/// otherwise name a field by its position). Returns the path of the offending mapping.
+fn check_keys(v: &Value, path: &str) -> Result<(), (String, String)> {
+    match v {
+        Value::Mapping(m) => m.iter().try_for_each(|(k, val)| match k {
+            Value::String(s) => check_keys(val, &join(path, s)),
+            other => Err((
+                path.to_string(),
+                format!("keys must be strings, got {}", show(other)),
+            )),
+        }),
+        Value::Sequence(s) => s
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, val)| check_keys(val, &format!("{path}[{i}]"))),
+        Value::Tagged(t) => check_keys(&t.value, path),
+        _ => Ok(()),
+    }
+}
+
+struct Reader<'s> {
     source: &'s str,
     warnings: Vec<String>,
 }
 
 type R<T> = Result<T, EngineError>;
 
-impl Walker<'_> {
+impl Reader<'_> {
     fn err(&self, key: &str, msg: impl Into<String>) -> EngineError {
         EngineError::Config {
             source_name: self.source.to_string(),
-            key: key.to_string(),
+            key: if key.is_empty() { DOCUMENT } else { key }.to_string(),
             msg: msg.into(),
         }
     }
 
-    fn expected(&self, key: &str, what: &str, got: &Value) -> EngineError {
-        self.err(key, format!("expected {what}, got {}", show(got)))
+    fn warn(&mut self, key: &str, what: &str) {
+        self.warnings
+            .push(format!("stage config {}: {key}: {what}", self.source));
     }
 
-    fn warn_unknown(&mut self, key: &str) {
-        self.warnings.push(format!(
-            "stage config {}: {key}: unknown key, ignored",
-            self.source
-        ));
-    }
-
-    /// The entries of a mapping as (string key, value).
-    fn entries<'v>(&self, v: &'v Value, path: &str) -> R<Vec<(String, &'v Value)>> {
-        let m: &Mapping = v
-            .as_mapping()
-            .ok_or_else(|| self.expected(path, "a mapping", v))?;
-        m.iter()
-            .map(|(k, val)| match k {
-                Value::String(s) => Ok((s.clone(), val)),
-                other => Err(self.err(path, format!("keys must be strings, got {}", show(other)))),
-            })
-            .collect()
-    }
-
-    fn boolean(&self, v: &Value, key: &str) -> R<bool> {
-        v.as_bool()
-            .ok_or_else(|| self.expected(key, "true or false", v))
-    }
-
-    fn string<'v>(&self, v: &'v Value, key: &str) -> R<&'v str> {
-        v.as_str().ok_or_else(|| self.expected(key, "a string", v))
-    }
-
-    fn int(&self, v: &Value, key: &str, what: &str) -> R<i64> {
-        match v {
-            Value::Number(n) if n.is_i64() || n.is_u64() => {
-                n.as_i64().ok_or_else(|| self.expected(key, what, v))
-            }
-            _ => Err(self.expected(key, what, v)),
+    /// Deserializes `T` from `v`, found at `path`; keys no field takes become warnings.
+    fn read<T: DeserializeOwned>(&mut self, v: &Value, path: &str) -> R<T> {
+        let mut unknown = Vec::new();
+        let r = config_path::deserialize(v, path, |key| unknown.push(key));
+        for key in unknown {
+            self.warn(&key, "unknown key, ignored");
         }
-    }
-
-    fn positive(&self, v: &Value, key: &str) -> R<usize> {
-        let what = "a positive integer";
-        let n = self.int(v, key, what)?;
-        if n < 1 {
-            return Err(self.expected(key, what, v));
-        }
-        usize::try_from(n).map_err(|_| self.expected(key, what, v))
-    }
-
-    fn non_negative(&self, v: &Value, key: &str) -> R<usize> {
-        let what = "a non-negative integer";
-        let n = self.int(v, key, what)?;
-        usize::try_from(n).map_err(|_| self.expected(key, what, v))
-    }
-
-    fn float(&self, v: &Value, key: &str, what: &str, ok: impl Fn(f64) -> bool) -> R<f64> {
-        let x = match v {
-            Value::Number(n) => n.as_f64(),
-            _ => None,
-        };
-        match x {
-            Some(x) if x.is_finite() && ok(x) => Ok(x),
-            _ => Err(self.expected(key, what, v)),
-        }
-    }
-
-    /// `top_k`: a non-negative integer, or -1 (vLLM's "disabled") which maps to 0.
-    fn top_k(&self, v: &Value, key: &str) -> R<usize> {
-        let what = "a non-negative integer or -1 (disabled)";
-        let n = self.int(v, key, what)?;
-        match n {
-            -1 => Ok(0),
-            n => usize::try_from(n).map_err(|_| self.expected(key, what, v)),
-        }
-    }
-
-    fn top_p(&self, v: &Value, key: &str) -> R<f64> {
-        self.float(v, key, "a number in (0, 1]", |x| x > 0.0 && x <= 1.0)
-    }
-
-    fn temperature(&self, v: &Value, key: &str) -> R<f64> {
-        self.float(v, key, "a number ≥ 0 (0 = greedy)", |x| x >= 0.0)
-    }
-
-    fn device(&self, v: &Value, key: &str) -> R<DeviceSpec> {
-        let what = "\"cpu\", \"cuda:N\", a GPU index or \"auto\"";
-        let s = match v {
-            Value::String(s) => s.clone(),
-            Value::Number(n) if n.is_u64() => n.to_string(),
-            _ => return Err(self.expected(key, what, v)),
-        };
-        let spec: DeviceSpec = s.parse().map_err(|_| self.expected(key, what, v))?;
-        spec.check_supported().map_err(|e| {
-            self.err(
-                key,
-                match e {
-                    EngineError::Device { msg, .. } => format!("{}: {msg}", show(v)),
-                    other => other.to_string(),
-                },
-            )
-        })?;
-        Ok(spec)
-    }
-
-    fn exact_str(&self, v: &Value, key: &str, want: &str) -> R<()> {
-        let s = self.string(v, key)?;
-        if s == want {
-            Ok(())
-        } else {
-            Err(self.expected(key, &format!("{want:?}"), v))
-        }
+        r.map_err(|e| self.err(&e.path, e.msg))
     }
 
     fn document(&mut self, doc: &Value) -> R<StageConfig> {
         if doc.is_null() {
             return Err(self.err(
-                "<document>",
+                DOCUMENT,
                 "empty document; expected a mapping with stage_args",
             ));
         }
-        let mut async_chunk = true;
-        let mut stages: Option<&Value> = None;
-        for (k, v) in self.entries(doc, "<document>")? {
-            match k.as_str() {
-                "async_chunk" => async_chunk = self.boolean(v, "async_chunk")?,
-                "stage_args" => stages = Some(v),
-                _ => self.warn_unknown(&k),
-            }
-        }
-        let stages =
-            stages.ok_or_else(|| self.err("stage_args", "missing (a list of 2 stages)"))?;
+        check_keys(doc, "").map_err(|(key, msg)| self.err(&key, msg))?;
+        let top: Document = self.read(doc, "")?;
+        let stages = top
+            .stage_args
+            .ok_or_else(|| self.err("stage_args", "missing (a list of 2 stages)"))?;
         let list = stages
             .as_sequence()
-            .ok_or_else(|| self.expected("stage_args", "a list of 2 stages", stages))?;
+            .ok_or_else(|| self.err("stage_args", expected("a list of 2 stages", &stages)))?;
         if list.len() != 2 {
             return Err(self.err(
                 "stage_args",
@@ -503,310 +776,143 @@ impl Walker<'_> {
             ));
         }
         let mut ar = None;
-        let mut dec = None;
+        let mut decoder = None;
         for (i, st) in list.iter().enumerate() {
             let path = format!("stage_args[{i}]");
             let m = st
                 .as_mapping()
-                .ok_or_else(|| self.expected(&path, "a mapping (one stage)", st))?;
+                .ok_or_else(|| self.err(&path, expected("a mapping (one stage)", st)))?;
+            let id_key = join(&path, "stage_id");
             let id_val = m
                 .get("stage_id")
-                .ok_or_else(|| self.err(&format!("{path}.stage_id"), "missing (0 or 1)"))?;
-            let id = self.int(id_val, &format!("{path}.stage_id"), "0 or 1")?;
-            match id {
-                0 if ar.is_none() => ar = Some(self.ar_stage(st, &path)?),
-                1 if dec.is_none() => dec = Some(self.decoder_stage(st, &path)?),
-                0 | 1 => {
-                    return Err(self.err(
-                        &format!("{path}.stage_id"),
-                        format!("stage_id {id} appears twice"),
-                    ));
+                .ok_or_else(|| self.err(&id_key, "missing (0 or 1)"))?;
+            match int(id_val) {
+                Some(0) if ar.is_none() => ar = Some(self.ar_stage(m.clone(), &path)?),
+                Some(1) if decoder.is_none() => {
+                    decoder = Some(self.decoder_stage(m.clone(), &path)?)
                 }
-                _ => return Err(self.expected(&format!("{path}.stage_id"), "0 or 1", id_val)),
+                Some(id @ (0 | 1)) => {
+                    return Err(self.err(&id_key, format!("stage_id {id} appears twice")));
+                }
+                _ => return Err(self.err(&id_key, expected("0 or 1", id_val))),
             }
         }
-        // Both present: two entries, no duplicates.
-        let (Some(ar), Some(decoder)) = (ar, dec) else {
+        // Two entries, each 0 or 1, no duplicates: both are present.
+        let (Some(ar), Some(decoder)) = (ar, decoder) else {
             return Err(self.err("stage_args", "stage_id 0 and stage_id 1 are both required"));
         };
         Ok(StageConfig {
-            async_chunk,
+            async_chunk: top.async_chunk,
             ar,
             decoder,
         })
     }
 
-    /// Keys common to both stages; returns true when handled.
-    fn common_key(&mut self, k: &str, v: &Value, path: &str, stage: usize) -> R<bool> {
-        let key = format!("{path}.{k}");
-        match k {
-            "stage_id" => {}
-            "stage_type" => self.exact_str(v, &key, "llm")?,
-            "final_output" => {
-                let want = stage == 1;
-                if self.boolean(v, &key)? != want {
-                    return Err(self.err(
-                        &key,
-                        format!(
-                            "expected {want} (stage {stage} {}), got {}",
-                            if want {
-                                "produces the final audio"
-                            } else {
-                                "emits codec frames, not the final output"
-                            },
-                            show(v)
-                        ),
-                    ));
-                }
+    fn ar_stage(&mut self, mut m: Mapping, path: &str) -> R<ArStageConfig> {
+        self.fixed_keys(&AR_STAGE, &mut m, path)?;
+        let st: ArStage = self.read(&Value::Mapping(m), path)?;
+        Ok(ArStageConfig {
+            device: st.runtime.devices,
+            sampling: st
+                .default_sampling_params
+                .with_subtalker(st.subtalker_sampling_params),
+            guard: st.runaway_guard,
+            ..st.engine_args
+        })
+    }
+
+    fn decoder_stage(&mut self, mut m: Mapping, path: &str) -> R<DecoderStageConfig> {
+        self.fixed_keys(&DECODER_STAGE, &mut m, path)?;
+        if m.remove("default_sampling_params").is_some() {
+            let key = join(path, "default_sampling_params");
+            self.warn(&key, "ignored (the decoder is deterministic)");
+        }
+        if let Some(args) = m.get_mut("engine_args").and_then(Value::as_mapping_mut)
+            && let Some(v) = args.remove("dtype")
+            && string(&v).ok().and_then(DTypeSpec::parse) != Some(DTypeSpec::F32)
+        {
+            return Err(self.err(
+                &join(path, "engine_args.dtype"),
+                expected("float32 (the codec decoder runs in f32 only)", &v),
+            ));
+        }
+        let st: DecoderStage = self.read(&Value::Mapping(m), path)?;
+        Ok(DecoderStageConfig {
+            device: st.runtime.devices,
+            ..st.engine_args
+        })
+    }
+
+    /// Checks and removes the keys of stage `m` (at `path`) that `spec` fixes.
+    fn fixed_keys(&self, spec: &StageSpec, m: &mut Mapping, path: &str) -> R<()> {
+        let key = |k: &str| join(path, k);
+        m.remove("stage_id");
+        if let Some(v) = m.remove("stage_type") {
+            exact(&v, "llm").map_err(|e| self.err(&key("stage_type"), e))?;
+        }
+        if let Some(v) = m.remove("final_output") {
+            let (want, why) = spec.final_output;
+            if Bool::check(&v).map_err(|e| self.err(&key("final_output"), e))? != want {
+                return Err(self.err(
+                    &key("final_output"),
+                    format!(
+                        "expected {want} (stage {} {why}), got {}",
+                        spec.id,
+                        show(&v)
+                    ),
+                ));
             }
-            "final_output_type" => {
-                let want = if stage == 1 { "audio" } else { "latent" };
-                self.exact_str(v, &key, want)?;
-            }
-            "engine_input_source" => {
-                let what = if stage == 1 {
-                    "[0]"
-                } else {
-                    "[] (stage 0 takes the request)"
-                };
-                let ok = match v.as_sequence() {
-                    Some(s) if stage == 0 => s.is_empty(),
-                    Some(s) => s.len() == 1 && s[0].as_u64() == Some(0),
-                    None => false,
-                };
+        }
+        if let Some(v) = m.remove("final_output_type") {
+            exact(&v, spec.output_type).map_err(|e| self.err(&key("final_output_type"), e))?;
+        }
+        let (source, source_text) = spec.input_source;
+        let source_given = match m.remove("engine_input_source") {
+            Some(v) => {
+                let ok = v.as_sequence().is_some_and(|s| {
+                    s.len() == source.len()
+                        && s.iter().zip(source).all(|(a, b)| a.as_u64() == Some(*b))
+                });
                 if !ok {
-                    return Err(self.expected(&key, what, v));
+                    return Err(self.err(&key("engine_input_source"), expected(source_text, &v)));
                 }
+                true
             }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    fn runtime(&mut self, v: &Value, path: &str) -> R<DeviceSpec> {
-        let mut device = DeviceSpec::Auto;
-        for (k, val) in self.entries(v, path)? {
-            let key = format!("{path}.{k}");
-            match k.as_str() {
-                "devices" => device = self.device(val, &key)?,
-                _ => self.warn_unknown(&key),
-            }
-        }
-        Ok(device)
-    }
-
-    fn ar_stage(&mut self, st: &Value, path: &str) -> R<ArStageConfig> {
-        let mut cfg = ArStageConfig {
-            device: DeviceSpec::Auto,
-            max_num_seqs: 1,
-            max_waiting: DEFAULT_MAX_WAITING,
-            dtype: DTypeSpec::Auto,
-            sampling: SamplingOverrides::default(),
-            guard: GuardConfig::default(),
+            None => false,
         };
-        let mut have_engine_args = false;
-        for (k, v) in self.entries(st, path)? {
-            if self.common_key(&k, v, path, 0)? {
-                continue;
+        let args_key = key("engine_args");
+        let args = match m.get_mut("engine_args") {
+            None => {
+                return Err(self.err(
+                    &args_key,
+                    format!("missing (needs model_stage: {})", spec.model_stage),
+                ));
             }
-            let key = format!("{path}.{k}");
-            match k.as_str() {
-                "runtime" => cfg.device = self.runtime(v, &key)?,
-                "engine_args" => {
-                    have_engine_args = true;
-                    self.ar_engine_args(v, &key, &mut cfg)?
-                }
-                "default_sampling_params" => self.sampling(v, &key, &mut cfg.sampling)?,
-                "subtalker_sampling_params" => self.subtalker(v, &key, &mut cfg.sampling)?,
-                "runaway_guard" => cfg.guard = self.guard(v, &key)?,
-                _ => self.warn_unknown(&key),
-            }
-        }
-        if !have_engine_args {
-            return Err(self.err(
-                &format!("{path}.engine_args"),
-                "missing (needs model_stage: qwen3_tts)",
-            ));
-        }
-        Ok(cfg)
-    }
-
-    fn ar_engine_args(&mut self, v: &Value, path: &str, cfg: &mut ArStageConfig) -> R<()> {
-        let mut model_stage = false;
-        for (k, val) in self.entries(v, path)? {
-            let key = format!("{path}.{k}");
-            match k.as_str() {
-                "model_stage" => {
-                    self.exact_str(val, &key, "qwen3_tts")?;
-                    model_stage = true;
-                }
-                "model_arch" => {
-                    self.exact_str(val, &key, "Qwen3TTSTalkerForConditionalGeneration")?
-                }
-                "engine_output_type" => self.exact_str(val, &key, "latent")?,
-                "max_num_seqs" => cfg.max_num_seqs = self.positive(val, &key)?,
-                "max_waiting" => cfg.max_waiting = self.non_negative(val, &key)?,
-                "dtype" => {
-                    let s = self.string(val, &key)?;
-                    cfg.dtype = DTypeSpec::parse(s).ok_or_else(|| {
-                        self.expected(&key, "auto, float32, bfloat16 or float16", val)
-                    })?;
-                }
-                _ => self.warn_unknown(&key),
-            }
-        }
-        if !model_stage {
-            return Err(self.err(
-                &format!("{path}.model_stage"),
-                "missing (expected \"qwen3_tts\")",
-            ));
-        }
-        Ok(())
-    }
-
-    fn sampling(&mut self, v: &Value, path: &str, s: &mut SamplingOverrides) -> R<()> {
-        for (k, val) in self.entries(v, path)? {
-            let key = format!("{path}.{k}");
-            match k.as_str() {
-                "temperature" => s.temperature = Some(self.temperature(val, &key)?),
-                "top_k" => s.top_k = Some(self.top_k(val, &key)?),
-                "top_p" => s.top_p = Some(self.top_p(val, &key)?),
-                "repetition_penalty" => {
-                    s.repetition_penalty = Some(self.float(val, &key, "a number > 0", |x| x > 0.0)?)
-                }
-                "max_tokens" => s.max_tokens = Some(self.positive(val, &key)?),
-                "seed" => s.seed = Some(self.non_negative(val, &key)? as u64),
-                _ => self.warn_unknown(&key),
-            }
-        }
-        Ok(())
-    }
-
-    fn subtalker(&mut self, v: &Value, path: &str, s: &mut SamplingOverrides) -> R<()> {
-        for (k, val) in self.entries(v, path)? {
-            let key = format!("{path}.{k}");
-            match k.as_str() {
-                "do_sample" => s.subtalker_do_sample = Some(self.boolean(val, &key)?),
-                "temperature" => s.subtalker_temperature = Some(self.temperature(val, &key)?),
-                "top_k" => s.subtalker_top_k = Some(self.top_k(val, &key)?),
-                "top_p" => s.subtalker_top_p = Some(self.top_p(val, &key)?),
-                _ => self.warn_unknown(&key),
-            }
-        }
-        Ok(())
-    }
-
-    fn guard(&mut self, v: &Value, path: &str) -> R<GuardConfig> {
-        let mut g = GuardConfig::default();
-        for (k, val) in self.entries(v, path)? {
-            let key = format!("{path}.{k}");
-            match k.as_str() {
-                "enabled" => g.enabled = self.boolean(val, &key)?,
-                "floor_frames" => g.floor_frames = self.positive(val, &key)?,
-                "frames_per_text_token" => {
-                    g.frames_per_text_token = self.float(val, &key, "a number > 0", |x| x > 0.0)?
-                }
-                _ => self.warn_unknown(&key),
-            }
-        }
-        Ok(g)
-    }
-
-    fn decoder_stage(&mut self, st: &Value, path: &str) -> R<DecoderStageConfig> {
-        let mut cfg = DecoderStageConfig {
-            device: DeviceSpec::Auto,
-            max_num_seqs: 1,
-            codec_chunk_frames: 25,
-            initial_codec_chunk_frames: 1,
-            codec_left_context_frames: 72,
-            streaming_mode: DecoderStreamingMode::Exact,
-            codec_buffer_frames: 50,
+            Some(Value::Mapping(args)) => args,
+            Some(other) => return Err(self.err(&args_key, expected("a mapping", other))),
         };
-        let mut have_engine_args = false;
-        let mut have_input_source = false;
-        for (k, v) in self.entries(st, path)? {
-            if k == "engine_input_source" {
-                have_input_source = true;
+        let arg_key = |k: &str| join(&args_key, k);
+        match args.remove("model_stage") {
+            Some(v) => {
+                exact(&v, spec.model_stage).map_err(|e| self.err(&arg_key("model_stage"), e))?
             }
-            if self.common_key(&k, v, path, 1)? {
-                continue;
-            }
-            let key = format!("{path}.{k}");
-            match k.as_str() {
-                "runtime" => cfg.device = self.runtime(v, &key)?,
-                "engine_args" => {
-                    have_engine_args = true;
-                    self.decoder_engine_args(v, &key, &mut cfg)?
-                }
-                "default_sampling_params" => self.warnings.push(format!(
-                    "stage config {}: {key}: ignored (the decoder is deterministic)",
-                    self.source
-                )),
-                _ => self.warn_unknown(&key),
+            None => {
+                return Err(self.err(
+                    &arg_key("model_stage"),
+                    format!("missing (expected {:?})", spec.model_stage),
+                ));
             }
         }
-        if !have_engine_args {
+        if let Some(v) = args.remove("model_arch") {
+            exact(&v, spec.model_arch).map_err(|e| self.err(&arg_key("model_arch"), e))?;
+        }
+        if let Some(v) = args.remove("engine_output_type") {
+            exact(&v, spec.output_type).map_err(|e| self.err(&arg_key("engine_output_type"), e))?;
+        }
+        if !source_given && !source.is_empty() {
             return Err(self.err(
-                &format!("{path}.engine_args"),
-                "missing (needs model_stage: code2wav)",
-            ));
-        }
-        if !have_input_source {
-            return Err(self.err(
-                &format!("{path}.engine_input_source"),
-                "missing (expected [0])",
-            ));
-        }
-        Ok(cfg)
-    }
-
-    fn decoder_engine_args(
-        &mut self,
-        v: &Value,
-        path: &str,
-        cfg: &mut DecoderStageConfig,
-    ) -> R<()> {
-        let mut model_stage = false;
-        for (k, val) in self.entries(v, path)? {
-            let key = format!("{path}.{k}");
-            match k.as_str() {
-                "model_stage" => {
-                    self.exact_str(val, &key, "code2wav")?;
-                    model_stage = true;
-                }
-                "model_arch" => self.exact_str(val, &key, "Qwen3TTSCode2Wav")?,
-                "engine_output_type" => self.exact_str(val, &key, "audio")?,
-                "max_num_seqs" => cfg.max_num_seqs = self.positive(val, &key)?,
-                "dtype" => {
-                    let s = self.string(val, &key)?;
-                    if DTypeSpec::parse(s) != Some(DTypeSpec::F32) {
-                        return Err(self.expected(
-                            &key,
-                            "float32 (the codec decoder runs in f32 only)",
-                            val,
-                        ));
-                    }
-                }
-                "codec_chunk_frames" => cfg.codec_chunk_frames = self.positive(val, &key)?,
-                "initial_codec_chunk_frames" => {
-                    cfg.initial_codec_chunk_frames = self.non_negative(val, &key)?
-                }
-                "codec_left_context_frames" => {
-                    cfg.codec_left_context_frames = self.non_negative(val, &key)?
-                }
-                "codec_buffer_frames" => cfg.codec_buffer_frames = self.positive(val, &key)?,
-                "decoder_streaming_mode" => {
-                    let s = self.string(val, &key)?;
-                    cfg.streaming_mode = DecoderStreamingMode::parse(s)
-                        .ok_or_else(|| self.expected(&key, "\"exact\" or \"windowed\"", val))?;
-                }
-                _ => self.warn_unknown(&key),
-            }
-        }
-        if !model_stage {
-            return Err(self.err(
-                &format!("{path}.model_stage"),
-                "missing (expected \"code2wav\")",
+                &key("engine_input_source"),
+                format!("missing (expected {source_text})"),
             ));
         }
         Ok(())

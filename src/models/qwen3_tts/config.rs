@@ -5,14 +5,22 @@
 //! 32 code groups, rope theta 1e4) and are never used for required fields. A missing or
 //! malformed field is a [`ModelError::Config`] naming the file and the dotted field path.
 //! Optional fields default exactly like Hugging Face's `PretrainedConfig` does
-//! (`attention_bias` false, `use_sliding_window` false, `rope_scaling` none, `hidden_act` silu).
+//! (`attention_bias` false, `use_sliding_window` false, `rope_scaling` none, `hidden_act` silu),
+//! and `null` means absent.
+//!
+//! The JSON is read with serde derive into structs that mirror it (private here), then checked
+//! and turned into the public types: the variant from `tts_model_type`, lower-cased speaker and
+//! language maps, ids inside their vocabularies, the decoder stacks as [`TransformerConfig`].
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::{Map, Value};
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
 use super::ModelError;
+use crate::config_path;
 use crate::nn::TransformerConfig;
 
 /// The checkpoint kind (`tts_model_type`).
@@ -41,201 +49,6 @@ impl std::fmt::Display for ModelVariant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
-}
-
-/// Reads typed fields of one JSON object, producing errors that name the file and field path.
-struct Obj<'a> {
-    file: &'a Path,
-    path: String,
-    map: &'a Map<String, Value>,
-}
-
-impl<'a> Obj<'a> {
-    fn root(file: &'a Path, v: &'a Value) -> Result<Self, ModelError> {
-        let map = v.as_object().ok_or_else(|| ModelError::Config {
-            file: file.to_path_buf(),
-            field: "(root)".into(),
-            msg: "expected a JSON object".into(),
-        })?;
-        Ok(Self {
-            file,
-            path: String::new(),
-            map,
-        })
-    }
-
-    fn field_path(&self, key: &str) -> String {
-        if self.path.is_empty() {
-            key.to_string()
-        } else {
-            format!("{}.{}", self.path, key)
-        }
-    }
-
-    fn err(&self, key: &str, msg: impl Into<String>) -> ModelError {
-        ModelError::Config {
-            file: self.file.to_path_buf(),
-            field: self.field_path(key),
-            msg: msg.into(),
-        }
-    }
-
-    fn raw(&self, key: &str) -> Option<&'a Value> {
-        self.map.get(key).filter(|v| !v.is_null())
-    }
-
-    fn req(&self, key: &str) -> Result<&'a Value, ModelError> {
-        self.raw(key).ok_or_else(|| self.err(key, "missing field"))
-    }
-
-    fn obj(&self, key: &str) -> Result<Obj<'a>, ModelError> {
-        let v = self.req(key)?;
-        let map = v
-            .as_object()
-            .ok_or_else(|| self.err(key, format!("expected an object, got {v}")))?;
-        Ok(Obj {
-            file: self.file,
-            path: self.field_path(key),
-            map,
-        })
-    }
-
-    fn opt_obj(&self, key: &str) -> Result<Option<Obj<'a>>, ModelError> {
-        match self.raw(key) {
-            None => Ok(None),
-            Some(_) => self.obj(key).map(Some),
-        }
-    }
-
-    fn usize_of(&self, key: &str, v: &Value) -> Result<usize, ModelError> {
-        v.as_u64()
-            .and_then(|x| usize::try_from(x).ok())
-            .ok_or_else(|| self.err(key, format!("expected a non-negative integer, got {v}")))
-    }
-
-    fn usize(&self, key: &str) -> Result<usize, ModelError> {
-        self.usize_of(key, self.req(key)?)
-    }
-
-    fn positive(&self, key: &str) -> Result<usize, ModelError> {
-        let x = self.usize(key)?;
-        if x == 0 {
-            return Err(self.err(key, "must be > 0"));
-        }
-        Ok(x)
-    }
-
-    fn u32(&self, key: &str) -> Result<u32, ModelError> {
-        let x = self.usize(key)?;
-        u32::try_from(x).map_err(|_| self.err(key, format!("{x} does not fit in u32")))
-    }
-
-    fn f64_of(&self, key: &str, v: &Value) -> Result<f64, ModelError> {
-        v.as_f64()
-            .ok_or_else(|| self.err(key, format!("expected a number, got {v}")))
-    }
-
-    fn f64(&self, key: &str) -> Result<f64, ModelError> {
-        self.f64_of(key, self.req(key)?)
-    }
-
-    fn opt_f64(&self, key: &str) -> Result<Option<f64>, ModelError> {
-        self.raw(key).map(|v| self.f64_of(key, v)).transpose()
-    }
-
-    fn opt_usize(&self, key: &str) -> Result<Option<usize>, ModelError> {
-        self.raw(key).map(|v| self.usize_of(key, v)).transpose()
-    }
-
-    fn opt_bool(&self, key: &str) -> Result<Option<bool>, ModelError> {
-        self.raw(key)
-            .map(|v| {
-                v.as_bool()
-                    .ok_or_else(|| self.err(key, format!("expected true/false, got {v}")))
-            })
-            .transpose()
-    }
-
-    fn string(&self, key: &str) -> Result<String, ModelError> {
-        let v = self.req(key)?;
-        v.as_str()
-            .map(str::to_string)
-            .ok_or_else(|| self.err(key, format!("expected a string, got {v}")))
-    }
-
-    fn opt_string(&self, key: &str) -> Result<Option<String>, ModelError> {
-        match self.raw(key) {
-            None => Ok(None),
-            Some(_) => self.string(key).map(Some),
-        }
-    }
-}
-
-/// `rope_scaling`: only the `default` rope type exists in Qwen3-TTS (the talker's interleaved
-/// MRoPE with identical position streams is plain 1-D RoPE, docs/qwen3-tts.md §3.2).
-fn check_rope_scaling(o: &Obj<'_>) -> Result<(), ModelError> {
-    if let Some(rs) = o.opt_obj("rope_scaling")? {
-        let ty = match rs.opt_string("rope_type")? {
-            Some(t) => Some(t),
-            None => rs.opt_string("type")?,
-        };
-        if let Some(t) = ty
-            && t != "default"
-        {
-            return Err(rs.err(
-                "rope_type",
-                format!("unsupported rope type {t:?} (only \"default\")"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn check_act(o: &Obj<'_>) -> Result<(), ModelError> {
-    let act = o.opt_string("hidden_act")?.unwrap_or_else(|| "silu".into());
-    if act != "silu" {
-        return Err(o.err(
-            "hidden_act",
-            format!("unsupported activation {act:?} (only \"silu\")"),
-        ));
-    }
-    Ok(())
-}
-
-/// Sizes of a Qwen3 decoder stack read from a config object (talker or code predictor).
-fn transformer_config(o: &Obj<'_>) -> Result<TransformerConfig, ModelError> {
-    check_act(o)?;
-    check_rope_scaling(o)?;
-    let heads = o.positive("num_attention_heads")?;
-    let kv = o.positive("num_key_value_heads")?;
-    if heads % kv != 0 {
-        return Err(o.err(
-            "num_key_value_heads",
-            format!("{kv} does not divide num_attention_heads {heads}"),
-        ));
-    }
-    let head_dim = o.positive("head_dim")?;
-    if head_dim % 2 != 0 {
-        return Err(o.err("head_dim", format!("{head_dim} must be even for RoPE")));
-    }
-    let use_sw = o.opt_bool("use_sliding_window")?.unwrap_or(false);
-    let sliding_window = if use_sw {
-        Some(o.positive("sliding_window")?)
-    } else {
-        None
-    };
-    Ok(TransformerConfig {
-        hidden_size: o.positive("hidden_size")?,
-        intermediate_size: o.positive("intermediate_size")?,
-        num_hidden_layers: o.usize("num_hidden_layers")?,
-        num_attention_heads: heads,
-        num_key_value_heads: kv,
-        head_dim,
-        rms_norm_eps: o.f64("rms_norm_eps")?,
-        rope_theta: o.f64("rope_theta")?,
-        attention_bias: o.opt_bool("attention_bias")?.unwrap_or(false),
-        sliding_window,
-    })
 }
 
 /// `talker_config.code_predictor_config` (reference `Qwen3TTSTalkerCodePredictorConfig`).
@@ -304,27 +117,268 @@ pub struct Qwen3TtsConfig {
     pub speaker_encoder_config: Option<SpeakerEncoderConfig>,
 }
 
-fn id_map(o: &Obj<'_>, key: &str, vocab: usize) -> Result<BTreeMap<String, u32>, ModelError> {
-    let m = o.obj(key)?;
-    let mut out = BTreeMap::new();
-    for (name, v) in m.map {
-        // A bare integer or a one-element list of one integer.
-        let scalar = match v {
+/// Deserializes `T` from the JSON object `v`, found at `path` of `file` (`""` for the root).
+/// Keys that no field takes are ignored, as the reference's config classes ignore them. Pass a
+/// value through [`without_nulls`] first.
+///
+/// Errors: [`ModelError::Config`] naming `file` and the field path (`talker_config.head_dim`,
+/// `(root)` for the document itself).
+pub(crate) fn from_json<T: DeserializeOwned>(
+    file: &Path,
+    v: &Value,
+    path: &str,
+) -> Result<T, ModelError> {
+    let field = |p: &str| {
+        if p.is_empty() {
+            "(root)".to_string()
+        } else {
+            p.to_string()
+        }
+    };
+    if !v.is_object() {
+        return Err(ModelError::Config {
+            file: file.to_path_buf(),
+            field: field(path),
+            msg: format!("expected a JSON object, got {v}"),
+        });
+    }
+    config_path::deserialize(v, path, |_| {}).map_err(|e| ModelError::Config {
+        file: file.to_path_buf(),
+        field: field(&e.path),
+        msg: e.msg,
+    })
+}
+
+/// `v` without the `null` members of its objects: Hugging Face writes an unset value as `null`,
+/// and omnitts reads it as absent (the field's default, or missing when it is required).
+pub(crate) fn without_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The validation pass over deserialized values: errors name `file` and `path.key`.
+struct Fields<'a> {
+    file: &'a Path,
+    path: &'a str,
+}
+
+impl Fields<'_> {
+    fn err(&self, key: &str, msg: impl Into<String>) -> ModelError {
+        ModelError::Config {
+            file: self.file.to_path_buf(),
+            field: config_path::join(self.path, key),
+            msg: msg.into(),
+        }
+    }
+
+    fn positive(&self, key: &str, v: usize) -> Result<usize, ModelError> {
+        if v == 0 {
+            return Err(self.err(key, "must be > 0"));
+        }
+        Ok(v)
+    }
+}
+
+/// The keys of a Qwen3 decoder stack, read from the talker's and from the code predictor's
+/// config object (each object is read twice: as its own struct and as this one).
+#[derive(Deserialize)]
+struct StackJson {
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+    head_dim: usize,
+    rms_norm_eps: f64,
+    rope_theta: f64,
+    #[serde(default)]
+    attention_bias: bool,
+    #[serde(default)]
+    use_sliding_window: bool,
+    sliding_window: Option<usize>,
+    #[serde(default = "silu")]
+    hidden_act: String,
+    rope_scaling: Option<RopeScalingJson>,
+}
+
+fn silu() -> String {
+    "silu".to_string()
+}
+
+/// `rope_scaling`: only the `default` rope type exists in Qwen3-TTS (the talker's interleaved
+/// MRoPE with identical position streams is plain 1-D RoPE, docs/qwen3-tts.md §3.2).
+#[derive(Deserialize)]
+struct RopeScalingJson {
+    rope_type: Option<String>,
+    /// The older spelling of `rope_type`.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+}
+
+impl StackJson {
+    /// Sizes of the decoder stack of the config object at `path`.
+    fn read(file: &Path, v: &Value, path: &str) -> Result<TransformerConfig, ModelError> {
+        let s: StackJson = from_json(file, v, path)?;
+        let f = Fields { file, path };
+        if s.hidden_act != "silu" {
+            return Err(f.err(
+                "hidden_act",
+                format!("unsupported activation {:?} (only \"silu\")", s.hidden_act),
+            ));
+        }
+        if let Some(rs) = &s.rope_scaling
+            && let Some(t) = rs.rope_type.as_ref().or(rs.kind.as_ref())
+            && t != "default"
+        {
+            return Err(f.err(
+                "rope_scaling.rope_type",
+                format!("unsupported rope type {t:?} (only \"default\")"),
+            ));
+        }
+        let heads = f.positive("num_attention_heads", s.num_attention_heads)?;
+        let kv = f.positive("num_key_value_heads", s.num_key_value_heads)?;
+        if heads % kv != 0 {
+            return Err(f.err(
+                "num_key_value_heads",
+                format!("{kv} does not divide num_attention_heads {heads}"),
+            ));
+        }
+        let head_dim = f.positive("head_dim", s.head_dim)?;
+        if head_dim % 2 != 0 {
+            return Err(f.err("head_dim", format!("{head_dim} must be even for RoPE")));
+        }
+        let sliding_window = match (s.use_sliding_window, s.sliding_window) {
+            (false, _) => None,
+            (true, None) => return Err(f.err("sliding_window", "missing field")),
+            (true, Some(w)) => Some(f.positive("sliding_window", w)?),
+        };
+        Ok(TransformerConfig {
+            hidden_size: f.positive("hidden_size", s.hidden_size)?,
+            intermediate_size: f.positive("intermediate_size", s.intermediate_size)?,
+            num_hidden_layers: s.num_hidden_layers,
+            num_attention_heads: heads,
+            num_key_value_heads: kv,
+            head_dim,
+            rms_norm_eps: s.rms_norm_eps,
+            rope_theta: s.rope_theta,
+            attention_bias: s.attention_bias,
+            sliding_window,
+        })
+    }
+}
+
+/// A codec row id: an integer, or a list of one integer (as `spk_id` writes some speakers).
+struct CodecId(u64);
+
+impl<'de> Deserialize<'de> for CodecId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        let scalar = match &v {
             Value::Array(a) if a.len() == 1 => &a[0],
             other => other,
         };
-        let id = scalar
+        scalar
             .as_u64()
-            .ok_or_else(|| m.err(name, format!("expected an id (int or [int]), got {v}")))?;
-        if id as usize >= vocab {
-            return Err(m.err(
-                name,
-                format!("id {id} is outside the codec vocabulary (vocab_size {vocab})"),
-            ));
-        }
-        out.insert(name.to_lowercase(), id as u32);
+            .map(CodecId)
+            .ok_or_else(|| D::Error::custom(format!("expected an id (int or [int]), got {v}")))
     }
-    Ok(out)
+}
+
+/// A `spk_is_dialect` value: `false` (no dialect) or the dialect's `codec_language_id` key.
+struct Dialect(Option<String>);
+
+impl<'de> Deserialize<'de> for Dialect {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::Bool(false) => Ok(Dialect(None)),
+            Value::String(s) => Ok(Dialect(Some(s))),
+            other => Err(D::Error::custom(format!(
+                "expected false or a dialect name, got {other}"
+            ))),
+        }
+    }
+}
+
+/// `config.json` as written; `talker_config` is read by [`TalkerJson`] and [`StackJson`].
+#[derive(Deserialize)]
+struct ConfigJson {
+    tts_model_type: String,
+    tts_model_size: String,
+    tokenizer_type: Option<String>,
+    tts_pad_token_id: u32,
+    tts_bos_token_id: u32,
+    tts_eos_token_id: u32,
+    im_start_token_id: Option<u32>,
+    im_end_token_id: Option<u32>,
+    assistant_token_id: Option<u32>,
+    talker_config: Value,
+    speaker_encoder_config: Option<Value>,
+}
+
+/// `talker_config` less its decoder stack; `code_predictor_config` is read by
+/// [`CodePredictorJson`] and [`StackJson`].
+#[derive(Deserialize)]
+struct TalkerJson {
+    vocab_size: usize,
+    text_vocab_size: usize,
+    text_hidden_size: usize,
+    num_code_groups: usize,
+    max_position_embeddings: Option<usize>,
+    codec_pad_id: u32,
+    codec_bos_id: u32,
+    codec_eos_token_id: u32,
+    codec_think_id: u32,
+    codec_nothink_id: u32,
+    codec_think_bos_id: u32,
+    codec_think_eos_id: u32,
+    codec_language_id: BTreeMap<String, CodecId>,
+    spk_id: BTreeMap<String, CodecId>,
+    #[serde(default)]
+    spk_is_dialect: BTreeMap<String, Dialect>,
+    code_predictor_config: Value,
+}
+
+/// `talker_config.code_predictor_config` less its decoder stack.
+#[derive(Deserialize)]
+struct CodePredictorJson {
+    vocab_size: usize,
+    num_code_groups: usize,
+    max_position_embeddings: Option<usize>,
+}
+
+/// `speaker_encoder_config`: the sizes the checkpoint check needs (the speaker encoder reads the
+/// rest from [`SpeakerEncoderConfig::raw`]).
+#[derive(Deserialize)]
+struct SpeakerEncoderJson {
+    enc_dim: Option<usize>,
+    sample_rate: Option<usize>,
+}
+
+/// Lower-cased names → ids below `vocab` (the map at `f.path`).
+fn id_map(
+    f: &Fields<'_>,
+    map: BTreeMap<String, CodecId>,
+    vocab: usize,
+) -> Result<BTreeMap<String, u32>, ModelError> {
+    map.into_iter()
+        .map(|(name, CodecId(id))| {
+            if id >= vocab as u64 {
+                return Err(f.err(
+                    &name,
+                    format!("id {id} is outside the codec vocabulary (vocab_size {vocab})"),
+                ));
+            }
+            Ok((name.to_lowercase(), id as u32))
+        })
+        .collect()
 }
 
 impl Qwen3TtsConfig {
@@ -336,36 +390,34 @@ impl Qwen3TtsConfig {
 
     /// Parses and validates an already-read `config.json` (`file` is used in errors).
     pub fn from_value(file: &Path, v: &Value) -> Result<Self, ModelError> {
-        let root = Obj::root(file, v)?;
-        let tts_model_type = root.string("tts_model_type")?;
-        let variant = match tts_model_type.as_str() {
+        let v = without_nulls(v);
+        let root: ConfigJson = from_json(file, &v, "")?;
+        let r = Fields { file, path: "" };
+        let variant = match root.tts_model_type.as_str() {
             "custom_voice" => ModelVariant::CustomVoice,
             "voice_design" => ModelVariant::VoiceDesign,
             "base" => ModelVariant::Base,
             other => {
-                return Err(root.err(
+                return Err(r.err(
                     "tts_model_type",
                     format!("unknown model type {other:?} (custom_voice, voice_design or base)"),
                 ));
             }
         };
-        let tts_model_size = root.string("tts_model_size")?;
-        let opt_u32 = |key: &str| -> Result<Option<u32>, ModelError> {
-            root.opt_usize(key)?
-                .map(|x| u32::try_from(x).map_err(|_| root.err(key, "does not fit in u32")))
-                .transpose()
-        };
 
-        let t = root.obj("talker_config")?;
-        let transformer = transformer_config(&t)?;
-        let vocab_size = t.positive("vocab_size")?;
-        let text_vocab_size = t.positive("text_vocab_size")?;
-        let num_code_groups = t.positive("num_code_groups")?;
+        let t = Fields {
+            file,
+            path: "talker_config",
+        };
+        let transformer = StackJson::read(file, &root.talker_config, t.path)?;
+        let talker: TalkerJson = from_json(file, &root.talker_config, t.path)?;
+        let vocab_size = t.positive("vocab_size", talker.vocab_size)?;
+        let text_vocab_size = t.positive("text_vocab_size", talker.text_vocab_size)?;
+        let num_code_groups = t.positive("num_code_groups", talker.num_code_groups)?;
         if num_code_groups < 2 {
             return Err(t.err("num_code_groups", "must be at least 2"));
         }
-        let codec_id = |key: &str| -> Result<u32, ModelError> {
-            let id = t.u32(key)?;
+        let codec_id = |key: &str, id: u32| -> Result<u32, ModelError> {
             if id as usize >= vocab_size {
                 return Err(t.err(
                     key,
@@ -374,43 +426,53 @@ impl Qwen3TtsConfig {
             }
             Ok(id)
         };
-        let codec_pad_id = codec_id("codec_pad_id")?;
-        let codec_bos_id = codec_id("codec_bos_id")?;
-        let codec_eos_token_id = codec_id("codec_eos_token_id")?;
-        let codec_think_id = codec_id("codec_think_id")?;
-        let codec_nothink_id = codec_id("codec_nothink_id")?;
-        let codec_think_bos_id = codec_id("codec_think_bos_id")?;
-        let codec_think_eos_id = codec_id("codec_think_eos_id")?;
-        let codec_language_id = id_map(&t, "codec_language_id", vocab_size)?;
-        let spk_id = id_map(&t, "spk_id", vocab_size)?;
+        let codec_pad_id = codec_id("codec_pad_id", talker.codec_pad_id)?;
+        let codec_bos_id = codec_id("codec_bos_id", talker.codec_bos_id)?;
+        let codec_eos_token_id = codec_id("codec_eos_token_id", talker.codec_eos_token_id)?;
+        let codec_think_id = codec_id("codec_think_id", talker.codec_think_id)?;
+        let codec_nothink_id = codec_id("codec_nothink_id", talker.codec_nothink_id)?;
+        let codec_think_bos_id = codec_id("codec_think_bos_id", talker.codec_think_bos_id)?;
+        let codec_think_eos_id = codec_id("codec_think_eos_id", talker.codec_think_eos_id)?;
+        let codec_language_id = id_map(
+            &Fields {
+                file,
+                path: "talker_config.codec_language_id",
+            },
+            talker.codec_language_id,
+            vocab_size,
+        )?;
+        let spk_id = id_map(
+            &Fields {
+                file,
+                path: "talker_config.spk_id",
+            },
+            talker.spk_id,
+            vocab_size,
+        )?;
+        let d = Fields {
+            file,
+            path: "talker_config.spk_is_dialect",
+        };
         let mut spk_is_dialect = BTreeMap::new();
-        if let Some(d) = t.opt_obj("spk_is_dialect")? {
-            for (name, v) in d.map {
-                match v {
-                    Value::Bool(false) | Value::Null => {}
-                    Value::String(dialect) => {
-                        let dialect = dialect.to_lowercase();
-                        if !codec_language_id.contains_key(&dialect) {
-                            return Err(d.err(
-                                name,
-                                format!("dialect {dialect:?} is not a key of codec_language_id"),
-                            ));
-                        }
-                        spk_is_dialect.insert(name.to_lowercase(), dialect);
-                    }
-                    other => {
-                        return Err(d.err(
-                            name,
-                            format!("expected false or a dialect name, got {other}"),
-                        ));
-                    }
-                }
+        for (name, Dialect(dialect)) in talker.spk_is_dialect {
+            let Some(dialect) = dialect else { continue };
+            let dialect = dialect.to_lowercase();
+            if !codec_language_id.contains_key(&dialect) {
+                return Err(d.err(
+                    &name,
+                    format!("dialect {dialect:?} is not a key of codec_language_id"),
+                ));
             }
+            spk_is_dialect.insert(name.to_lowercase(), dialect);
         }
 
-        let c = t.obj("code_predictor_config")?;
-        let cp_transformer = transformer_config(&c)?;
-        let cp_groups = c.positive("num_code_groups")?;
+        let c = Fields {
+            file,
+            path: "talker_config.code_predictor_config",
+        };
+        let cp_transformer = StackJson::read(file, &talker.code_predictor_config, c.path)?;
+        let cp: CodePredictorJson = from_json(file, &talker.code_predictor_config, c.path)?;
+        let cp_groups = c.positive("num_code_groups", cp.num_code_groups)?;
         if cp_groups != num_code_groups {
             return Err(c.err(
                 "num_code_groups",
@@ -419,9 +481,9 @@ impl Qwen3TtsConfig {
         }
         let code_predictor_config = CodePredictorConfig {
             transformer: cp_transformer,
-            vocab_size: c.positive("vocab_size")?,
+            vocab_size: c.positive("vocab_size", cp.vocab_size)?,
             num_code_groups: cp_groups,
-            max_position_embeddings: c.opt_usize("max_position_embeddings")?,
+            max_position_embeddings: cp.max_position_embeddings,
         };
         // Codebook-0 codes share the talker vocabulary with control rows; every code must be
         // below the first suppressed id so that it can also index the code predictor tables.
@@ -433,9 +495,9 @@ impl Qwen3TtsConfig {
             transformer,
             vocab_size,
             text_vocab_size,
-            text_hidden_size: t.positive("text_hidden_size")?,
+            text_hidden_size: t.positive("text_hidden_size", talker.text_hidden_size)?,
             num_code_groups,
-            max_position_embeddings: t.opt_usize("max_position_embeddings")?,
+            max_position_embeddings: talker.max_position_embeddings,
             codec_pad_id,
             codec_bos_id,
             codec_eos_token_id,
@@ -449,19 +511,21 @@ impl Qwen3TtsConfig {
             code_predictor_config,
         };
 
-        let speaker_encoder_config = match root.opt_obj("speaker_encoder_config")? {
+        let speaker_encoder_config = match root.speaker_encoder_config {
             None => None,
-            Some(s) => Some(SpeakerEncoderConfig {
-                enc_dim: s.opt_usize("enc_dim")?,
-                sample_rate: s.opt_usize("sample_rate")?,
-                raw: Value::Object(s.map.clone()),
-            }),
+            Some(raw) => {
+                let s: SpeakerEncoderJson = from_json(file, &raw, "speaker_encoder_config")?;
+                Some(SpeakerEncoderConfig {
+                    enc_dim: s.enc_dim,
+                    sample_rate: s.sample_rate,
+                    raw,
+                })
+            }
         };
 
-        let text_id = |key: &str| -> Result<u32, ModelError> {
-            let id = root.u32(key)?;
+        let text_id = |key: &str, id: u32| -> Result<u32, ModelError> {
             if id as usize >= text_vocab_size {
-                return Err(root.err(
+                return Err(r.err(
                     key,
                     format!("id {id} is outside the text vocabulary ({text_vocab_size})"),
                 ));
@@ -470,15 +534,15 @@ impl Qwen3TtsConfig {
         };
         Ok(Self {
             variant,
-            tts_model_type,
-            tts_model_size,
-            tokenizer_type: root.opt_string("tokenizer_type")?,
-            tts_pad_token_id: text_id("tts_pad_token_id")?,
-            tts_bos_token_id: text_id("tts_bos_token_id")?,
-            tts_eos_token_id: text_id("tts_eos_token_id")?,
-            im_start_token_id: opt_u32("im_start_token_id")?,
-            im_end_token_id: opt_u32("im_end_token_id")?,
-            assistant_token_id: opt_u32("assistant_token_id")?,
+            tts_model_type: root.tts_model_type,
+            tts_model_size: root.tts_model_size,
+            tokenizer_type: root.tokenizer_type,
+            tts_pad_token_id: text_id("tts_pad_token_id", root.tts_pad_token_id)?,
+            tts_bos_token_id: text_id("tts_bos_token_id", root.tts_bos_token_id)?,
+            tts_eos_token_id: text_id("tts_eos_token_id", root.tts_eos_token_id)?,
+            im_start_token_id: root.im_start_token_id,
+            im_end_token_id: root.im_end_token_id,
+            assistant_token_id: root.assistant_token_id,
             talker_config,
             speaker_encoder_config,
         })
@@ -510,8 +574,10 @@ impl Qwen3TtsConfig {
     }
 }
 
-/// `generation_config.json` (the defaults of the reference wrapper's generate calls).
-#[derive(Debug, Clone, PartialEq)]
+/// `generation_config.json` (the defaults of the reference wrapper's generate calls). Keys left
+/// out keep [`GenerationConfig::default`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
 pub struct GenerationConfig {
     pub do_sample: bool,
     pub repetition_penalty: f64,
@@ -552,27 +618,9 @@ impl GenerationConfig {
         Self::from_value(path, &v)
     }
 
+    /// Parses an already-read `generation_config.json` (`file` is used in errors).
     pub fn from_value(file: &Path, v: &Value) -> Result<Self, ModelError> {
-        let o = Obj::root(file, v)?;
-        let d = Self::default();
-        Ok(Self {
-            do_sample: o.opt_bool("do_sample")?.unwrap_or(d.do_sample),
-            repetition_penalty: o
-                .opt_f64("repetition_penalty")?
-                .unwrap_or(d.repetition_penalty),
-            temperature: o.opt_f64("temperature")?.unwrap_or(d.temperature),
-            top_p: o.opt_f64("top_p")?.unwrap_or(d.top_p),
-            top_k: o.opt_usize("top_k")?.unwrap_or(d.top_k),
-            subtalker_dosample: o
-                .opt_bool("subtalker_dosample")?
-                .unwrap_or(d.subtalker_dosample),
-            subtalker_temperature: o
-                .opt_f64("subtalker_temperature")?
-                .unwrap_or(d.subtalker_temperature),
-            subtalker_top_p: o.opt_f64("subtalker_top_p")?.unwrap_or(d.subtalker_top_p),
-            subtalker_top_k: o.opt_usize("subtalker_top_k")?.unwrap_or(d.subtalker_top_k),
-            max_new_tokens: o.opt_usize("max_new_tokens")?.unwrap_or(d.max_new_tokens),
-        })
+        from_json(file, &without_nulls(v), "")
     }
 }
 
@@ -673,6 +721,130 @@ mod tests {
         assert!(s.contains("talker_config.hidden_size"), "{s}");
     }
 
+    /// The field and message of the config error for `v`.
+    fn config_error(v: &Value) -> (String, String) {
+        match Qwen3TtsConfig::from_value(Path::new("c.json"), v) {
+            Err(ModelError::Config { field, msg, .. }) => (field, msg),
+            Err(e) => panic!("expected a config error, got {e}"),
+            Ok(_) => panic!("expected a config error for {v}"),
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_value() {
+        let cases: Vec<(Box<dyn Fn(&mut Value)>, &str, &str)> = vec![
+            (
+                Box::new(|v| *v = json!([1, 2])),
+                "(root)",
+                "expected a JSON object, got [1,2]",
+            ),
+            (
+                Box::new(|v| v["tts_model_type"] = json!("karaoke")),
+                "tts_model_type",
+                "unknown model type \"karaoke\"",
+            ),
+            (
+                Box::new(|v| v["talker_config"]["hidden_size"] = json!("big")),
+                "talker_config.hidden_size",
+                "\"big\"",
+            ),
+            (
+                Box::new(|v| v["talker_config"]["num_key_value_heads"] = json!(3)),
+                "talker_config.num_key_value_heads",
+                "3 does not divide num_attention_heads 4",
+            ),
+            (
+                Box::new(|v| v["talker_config"]["hidden_act"] = json!("gelu")),
+                "talker_config.hidden_act",
+                "unsupported activation \"gelu\"",
+            ),
+            (
+                Box::new(|v| v["talker_config"]["rope_scaling"]["rope_type"] = json!("yarn")),
+                "talker_config.rope_scaling.rope_type",
+                "unsupported rope type \"yarn\"",
+            ),
+            (
+                Box::new(|v| {
+                    v["talker_config"]["use_sliding_window"] = json!(true);
+                    v["talker_config"]["sliding_window"] = Value::Null;
+                }),
+                "talker_config.sliding_window",
+                "missing field",
+            ),
+            (
+                Box::new(|v| v["talker_config"]["spk_id"]["eric"] = json!("x")),
+                "talker_config.spk_id.eric",
+                "expected an id (int or [int]), got \"x\"",
+            ),
+            (
+                Box::new(|v| v["talker_config"]["spk_id"]["eric"] = json!([3100])),
+                "talker_config.spk_id.eric",
+                "id 3100 is outside the codec vocabulary (vocab_size 3072)",
+            ),
+            (
+                Box::new(|v| v["talker_config"]["spk_is_dialect"]["eric"] = json!(3)),
+                "talker_config.spk_is_dialect.eric",
+                "expected false or a dialect name, got 3",
+            ),
+            (
+                Box::new(|v| {
+                    v["talker_config"]["code_predictor_config"]["num_code_groups"] = json!(8)
+                }),
+                "talker_config.code_predictor_config.num_code_groups",
+                "8 differs from talker_config.num_code_groups 16",
+            ),
+            (
+                Box::new(|v| v["tts_pad_token_id"] = json!(200000)),
+                "tts_pad_token_id",
+                "id 200000 is outside the text vocabulary (151936)",
+            ),
+            (
+                Box::new(|v| v["talker_config"] = json!(5)),
+                "talker_config",
+                "expected a JSON object, got 5",
+            ),
+            (
+                Box::new(|v| {
+                    v.as_object_mut().unwrap().remove("talker_config");
+                }),
+                "talker_config",
+                "missing field",
+            ),
+        ];
+        for (change, field, msg) in cases {
+            let mut v = sample();
+            change(&mut v);
+            let (f, m) = config_error(&v);
+            assert_eq!(f, field, "{m}");
+            assert!(m.contains(msg), "{field}: want {msg:?}, got {m:?}");
+        }
+    }
+
+    #[test]
+    fn null_is_absent() {
+        let mut v = sample();
+        v["talker_config"]["attention_bias"] = Value::Null;
+        v["talker_config"]["sliding_window"] = Value::Null;
+        v["talker_config"]["rope_scaling"] = Value::Null;
+        v["talker_config"]["spk_is_dialect"]["vivian"] = Value::Null;
+        v["tokenizer_type"] = Value::Null;
+        let c = Qwen3TtsConfig::from_value(Path::new("c.json"), &v).unwrap();
+        assert!(!c.talker_config.transformer.attention_bias);
+        assert_eq!(c.talker_config.transformer.sliding_window, None);
+        assert_eq!(c.tokenizer_type, None);
+        assert!(!c.talker_config.spk_is_dialect.contains_key("vivian"));
+        // A required field that is null is missing.
+        let mut v = sample();
+        v["talker_config"]["head_dim"] = Value::Null;
+        assert_eq!(
+            config_error(&v),
+            (
+                "talker_config.head_dim".to_string(),
+                "missing field".to_string()
+            )
+        );
+    }
+
     #[test]
     fn generation_config_falls_back_like_the_wrapper() {
         let g = GenerationConfig::from_value(
@@ -684,5 +856,16 @@ mod tests {
         assert_eq!(g.top_k, 7);
         assert_eq!(g.max_new_tokens, 2048);
         assert!(GenerationConfig::from_value(Path::new("g.json"), &json!({"top_k": "x"})).is_err());
+        match GenerationConfig::from_value(Path::new("g.json"), &json!({"top_p": "x"})) {
+            Err(ModelError::Config { field, msg, .. }) => {
+                assert_eq!(field, "top_p");
+                assert!(msg.contains("\"x\""), "{msg}");
+            }
+            other => panic!("expected a config error, got {other:?}"),
+        }
+        // null keeps the wrapper's default, as an absent key does.
+        let g = GenerationConfig::from_value(Path::new("g.json"), &json!({"temperature": null}))
+            .unwrap();
+        assert_eq!(g, GenerationConfig::default());
     }
 }

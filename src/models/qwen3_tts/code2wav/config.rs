@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::ModelError;
+use crate::models::qwen3_tts::config::{from_json, without_nulls};
 
 /// Top level of `speech_tokenizer/config.json` (encoder part ignored).
 #[derive(Debug, Clone, Deserialize)]
@@ -88,8 +89,8 @@ impl DecoderConfig {
 impl SpeechTokenizerConfig {
     /// Reads and validates `path` (a `speech_tokenizer/config.json`).
     ///
-    /// Errors: [`ModelError::Io`], [`ModelError::Json`] (names the missing/bad field),
-    /// [`ModelError::Config`] for inconsistent values.
+    /// Errors: [`ModelError::Io`], [`ModelError::Json`] (not JSON), [`ModelError::Config`] naming
+    /// the missing, mistyped or inconsistent field (`decoder_config.sliding_window`).
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
         let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
@@ -100,10 +101,11 @@ impl SpeechTokenizerConfig {
 
     /// Parses and validates JSON text; `path` is only used in error messages.
     pub fn from_json_str(text: &str, path: &Path) -> Result<Self, ModelError> {
-        let cfg: Self = serde_json::from_str(text).map_err(|e| ModelError::Json {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| ModelError::Json {
             path: path.to_path_buf(),
             msg: e.to_string(),
         })?;
+        let cfg: Self = from_json(path, &without_nulls(&v), "")?;
         cfg.validate(path)?;
         Ok(cfg)
     }
@@ -207,5 +209,64 @@ impl SpeechTokenizerConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &str =
+        include_str!("../../../../tests/fixtures/tiny-base/speech_tokenizer/config.json");
+
+    fn edited(f: impl FnOnce(&mut serde_json::Value)) -> Result<SpeechTokenizerConfig, ModelError> {
+        let mut v: serde_json::Value = serde_json::from_str(TINY).unwrap();
+        f(&mut v);
+        SpeechTokenizerConfig::from_json_str(&v.to_string(), Path::new("st/config.json"))
+    }
+
+    #[test]
+    fn reads_the_fixture() {
+        let c = edited(|_| {}).unwrap();
+        assert_eq!(c.decoder_config.total_upsample(), c.decode_upsample_rate);
+        // head_dim null = absent: hidden_size / num_attention_heads.
+        let c = edited(|v| v["decoder_config"]["head_dim"] = serde_json::Value::Null).unwrap();
+        let d = &c.decoder_config;
+        assert_eq!(d.head_dim(), d.hidden_size / d.num_attention_heads);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let field_of = |r: Result<SpeechTokenizerConfig, ModelError>| match r {
+            Err(ModelError::Config { file, field, msg }) => {
+                assert_eq!(file, Path::new("st/config.json"));
+                (field, msg)
+            }
+            Err(e) => panic!("expected a config error, got {e}"),
+            Ok(_) => panic!("expected a config error"),
+        };
+        let (f, m) = field_of(edited(|v| {
+            v["decoder_config"]
+                .as_object_mut()
+                .unwrap()
+                .remove("sliding_window");
+        }));
+        assert_eq!(
+            (f.as_str(), m.as_str()),
+            ("decoder_config.sliding_window", "missing field")
+        );
+        let (f, m) = field_of(edited(|v| {
+            v["decoder_config"]["upsample_rates"] = "x".into()
+        }));
+        assert_eq!(f, "decoder_config.upsample_rates");
+        assert!(m.contains("\"x\""), "{m}");
+        let (f, _) = field_of(edited(|v| {
+            v["decoder_config"]["num_key_value_heads"] = 0.into()
+        }));
+        assert_eq!(f, "decoder_config.num_key_value_heads");
+        match SpeechTokenizerConfig::from_json_str("{", Path::new("st/config.json")) {
+            Err(ModelError::Json { path, .. }) => assert_eq!(path, Path::new("st/config.json")),
+            other => panic!("expected a JSON error, got {other:?}"),
+        }
     }
 }
