@@ -137,13 +137,13 @@ impl SpeechTokenizerConfig {
         if self.output_sample_rate == 0 {
             return Err(err("output_sample_rate", "must be > 0".into()));
         }
-        if d.head_dim() == 0 || d.head_dim() % 2 != 0 {
+        if d.head_dim() == 0 || !d.head_dim().is_multiple_of(2) {
             return Err(err(
                 "decoder_config.head_dim",
                 format!("{} must be even and > 0 (RoPE half split)", d.head_dim()),
             ));
         }
-        if d.codebook_dim % 2 != 0 {
+        if !d.codebook_dim.is_multiple_of(2) {
             return Err(err(
                 "decoder_config.codebook_dim",
                 format!(
@@ -158,7 +158,7 @@ impl SpeechTokenizerConfig {
                 format!("{} must be ≥ 2 (1 semantic + acoustic)", d.num_quantizers),
             ));
         }
-        if d.num_attention_heads % d.num_key_value_heads != 0 {
+        if !d.num_attention_heads.is_multiple_of(d.num_key_value_heads) {
             return Err(err(
                 "decoder_config.num_key_value_heads",
                 format!(
@@ -180,7 +180,7 @@ impl SpeechTokenizerConfig {
         let halvings = 1usize
             .checked_shl(d.upsample_rates.len() as u32)
             .unwrap_or(usize::MAX);
-        if d.decoder_dim % halvings != 0 {
+        if !d.decoder_dim.is_multiple_of(halvings) {
             return Err(err(
                 "decoder_config.decoder_dim",
                 format!(
