@@ -14,80 +14,9 @@ use super::request::RequestShared;
 use super::stages::{CudaGraphs, guarded, panic_message};
 use super::{DeviceSpec, EngineError, EngineEvent, EngineRequest, FinishReason};
 use crate::models::qwen3_tts::{
-    self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, ModelVariant,
+    self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, ModelVariant, PendingSession,
 };
 use crate::nn::transformer::PREFILL_CHUNK;
-use shim::{ArModelBatch, PendingSession};
-
-/// Stand-ins for the model's resumable prefill and batched step, with their contract: `begin`
-/// plans the prompt, `prefill_step` runs up to `n` more positions, `next_frames` gives every row
-/// the frame `next_frame` would give it alone.
-mod shim {
-    use crate::models::qwen3_tts::{
-        ArModel, ArSession, ArStep, ModelError, SamplingParams, VoiceRequest,
-    };
-
-    pub(super) struct PendingSession<'m> {
-        model: &'m ArModel,
-        voice: VoiceRequest,
-        sampling: SamplingParams,
-        stop: Box<dyn Fn() -> bool + 'm>,
-        session: Option<ArSession<'m>>,
-    }
-
-    impl<'m> PendingSession<'m> {
-        pub fn prefill_step(&mut self, _n: usize) -> Result<bool, ModelError> {
-            if self.session.is_none() {
-                let stop = &self.stop;
-                self.session = Some(self.model.start_until(
-                    &self.voice,
-                    &self.sampling,
-                    &|| stop(),
-                )?);
-            }
-            Ok(true)
-        }
-
-        pub fn into_session(self) -> Result<ArSession<'m>, ModelError> {
-            self.session.ok_or_else(|| {
-                ModelError::Candle(candle_core::Error::Msg("prefill not complete".into()))
-            })
-        }
-    }
-
-    pub(super) trait ArModelBatch {
-        fn begin<'m>(
-            &'m self,
-            voice: &VoiceRequest,
-            sampling: &SamplingParams,
-            stop: Box<dyn Fn() -> bool + 'm>,
-        ) -> Result<PendingSession<'m>, ModelError>;
-        fn next_frames(&self, rows: &mut [&mut ArSession<'_>]) -> Vec<Result<ArStep, ModelError>>;
-    }
-
-    impl ArModelBatch for ArModel {
-        fn begin<'m>(
-            &'m self,
-            voice: &VoiceRequest,
-            sampling: &SamplingParams,
-            stop: Box<dyn Fn() -> bool + 'm>,
-        ) -> Result<PendingSession<'m>, ModelError> {
-            self.plan(voice)?;
-            Ok(PendingSession {
-                model: self,
-                voice: voice.clone(),
-                sampling: sampling.clone(),
-                stop,
-                session: None,
-            })
-        }
-
-        fn next_frames(&self, rows: &mut [&mut ArSession<'_>]) -> Vec<Result<ArStep, ModelError>> {
-            rows.iter_mut().map(|s| s.next_frame()).collect()
-        }
-    }
-}
-
 /// A voice-clone reference to encode on stage 0 ([`super::Engine::voice_clone_prompt`]); the
 /// result goes back on `reply` (dropped unanswered if the stage shuts down first).
 pub(crate) struct EncodeJob {
@@ -322,9 +251,7 @@ impl<'m> ArStage<'m> {
         let started = Instant::now();
         req.send(EngineEvent::Started);
         let r = &req.request;
-        let core = req.core.clone();
-        let stop = Box::new(move || core.is_cancelled());
-        let result = guarded(|| self.model.begin(&r.voice, &r.sampling, stop));
+        let result = guarded(|| self.model.begin(&r.voice, &r.sampling));
         let timing = ArTiming {
             started: Some(started),
             prefill: started.elapsed(),

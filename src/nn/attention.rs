@@ -218,17 +218,60 @@ impl Attention {
         sin: &Tensor,
         cache: &mut KvCache,
     ) -> Result<Tensor> {
-        let (b, t, _) = x.dims3()?;
-        let past = cache.seq_len();
         let (q, k, v) = self.qkv(x, cos, sin)?;
-        let (k, v) = cache.append(&k, &v)?;
+        self.o_proj.forward(&self.attend_cached(&q, &k, &v, cache)?)
+    }
+
+    /// One decode position for each of `caches.len()` sequences, each at its own position with
+    /// its own cache: `x` `[rows, 1, hidden]`, row i at position `caches[i].seq_len()`;
+    /// `cos`/`sin` `[rows, 1, head_dim/2]` for those positions. The projections run as one
+    /// matmul over the rows; each row's attention runs over its own cache with the ops
+    /// [`Self::forward`] runs for that row alone. Appends each row's key/value to its cache.
+    /// Returns `[rows, 1, hidden]`. Errors when the rows and caches differ in number.
+    pub fn forward_rows(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor> {
+        let (rows, t, _) = x.dims3()?;
+        if rows != caches.len() || t != 1 {
+            candle_core::bail!(
+                "decode rows: input {:?} for {} caches (one position per cache)",
+                x.dims(),
+                caches.len()
+            );
+        }
+        let (q, k, v) = self.qkv(x, cos, sin)?;
+        let mut out = Vec::with_capacity(rows);
+        for (i, cache) in caches.iter_mut().enumerate() {
+            let row = |t: &Tensor| t.narrow(0, i, 1);
+            out.push(self.attend_cached(&row(&q)?, &row(&k)?, &row(&v)?, cache)?);
+        }
+        self.o_proj.forward(&Tensor::cat(&out, 0)?)
+    }
+
+    /// Appends `k`/`v` (`[b, kv_heads, t, hd]`) to `cache` and attends `q` (`[b, heads, t, hd]`,
+    /// at positions `cache.seq_len()..`) over every cached position, causally (and within the
+    /// sliding window). Returns `[b, t, heads·hd]`, before `o_proj`.
+    fn attend_cached(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cache: &mut KvCache,
+    ) -> Result<Tensor> {
+        let (b, _, t, _) = q.dims4()?;
+        let past = cache.seq_len();
+        let (k, v) = cache.append(k, v)?;
         let s = k.dim(2)?;
         let mask = if t > 1 || self.sliding_window.is_some_and(|w| w < s) {
-            Some(causal_mask(t, past, self.sliding_window, x.device())?)
+            Some(causal_mask(t, past, self.sliding_window, q.device())?)
         } else {
             None
         };
-        self.attend(&q, &k, &v, mask.as_ref(), b, t)
+        self.attend_heads(q, &k, &v, mask.as_ref(), b, t)
     }
 
     /// One decode position whose index lives on the device, for CUDA graphs (the same kernels at
@@ -262,7 +305,8 @@ impl Attention {
         kb.scatter_set(slot, &k.contiguous()?, 2)?;
         vb.scatter_set(slot, &v.contiguous()?, 2)?;
         let (k, v) = (kb.narrow(2, 0, bucket)?, vb.narrow(2, 0, bucket)?);
-        self.attend(&q, &k, &v, Some(mask), b, t)
+        self.o_proj
+            .forward(&self.attend_heads(&q, &k, &v, Some(mask), b, t)?)
     }
 
     /// Projections, per-head norms and RoPE: `q` `[b, heads, t, hd]`, `k`/`v` `[b, kv_heads, t, hd]`.
@@ -284,8 +328,8 @@ impl Attention {
     }
 
     /// Scaled dot-product attention of `q` over `k`/`v` (`[b, kv_heads, s, hd]`) with an optional
-    /// additive f32 mask `[t, s]`, softmax in f32, then `o_proj`. Returns `[b, t, hidden]`.
-    fn attend(
+    /// additive f32 mask `[t, s]`, softmax in f32. Returns `[b, t, heads·hd]`, before `o_proj`.
+    fn attend_heads(
         &self,
         q: &Tensor,
         k: &Tensor,
@@ -312,11 +356,9 @@ impl Attention {
         };
         let probs = candle_nn::ops::softmax_last_dim(&scores)?.to_dtype(dtype)?;
         let out = probs.matmul(&v.contiguous()?)?; // [b, nkv, rep*t, hd]
-        let out = out
-            .reshape((b, nh, t, hd))?
+        out.reshape((b, nh, t, hd))?
             .transpose(1, 2)?
-            .reshape((b, t, nh * hd))?;
-        self.o_proj.forward(&out)
+            .reshape((b, t, nh * hd))
     }
 }
 

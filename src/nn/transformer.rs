@@ -14,9 +14,6 @@ use super::weights::{WeightError, Weights};
 /// longer ones (long text prompts) run in chunks of this many positions.
 pub const PREFILL_CHUNK: usize = 512;
 
-/// The error text of a prefill stopped by [`LayerCaches::run_until`]'s `stop`.
-pub const PREFILL_STOPPED: &str = "prefill stopped (request cancelled)";
-
 /// `h = x + o_proj(Attn(input_layernorm(x)))`; `y = h + mlp(post_attention_layernorm(h))`.
 #[derive(Debug, Clone)]
 pub struct DecoderLayer {
@@ -56,11 +53,22 @@ impl DecoderLayer {
         let h = self
             .self_attn
             .forward(&self.input_layernorm.forward(x)?, cos, sin, cache)?;
-        let h = (x + h)?;
-        let m = self
-            .mlp
-            .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        h + m
+        self.add_mlp(x, &h)
+    }
+
+    /// [`Self::forward`] for one position of each of several sequences with their own caches (see
+    /// [`Attention::forward_rows`]): `x` `[rows, 1, hidden]`, `cos`/`sin` `[rows, 1, head_dim/2]`.
+    pub fn forward_rows(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        caches: &mut [&mut KvCache],
+    ) -> Result<Tensor> {
+        let h = self
+            .self_attn
+            .forward_rows(&self.input_layernorm.forward(x)?, cos, sin, caches)?;
+        self.add_mlp(x, &h)
     }
 
     /// [`Self::forward`] for one position whose index is on the device (see
@@ -82,7 +90,12 @@ impl DecoderLayer {
             mask,
             cache,
         )?;
-        let h = (x + h)?;
+        self.add_mlp(x, &h)
+    }
+
+    /// The layer's second half: `h = x + attn`, then `h + mlp(post_attention_layernorm(h))`.
+    fn add_mlp(&self, x: &Tensor, attn: &Tensor) -> Result<Tensor> {
+        let h = (x + attn)?;
         let m = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&h)?)?;
@@ -149,54 +162,37 @@ impl LayerCaches {
         }
         Ok(h)
     }
+
     /// Runs `layers` over `x` (`[batch, t, hidden]`) at positions `seq_len()..seq_len()+t`,
     /// appending to the caches. Returns the last layer's output (before any final norm).
     /// Inputs longer than [`PREFILL_CHUNK`] positions (long prompts) run in chunks of that many,
     /// each attending to the cache and causally to itself, so a prefill's attention scores take
     /// `O(PREFILL_CHUNK × positions)` memory instead of `O(positions²)`; shorter inputs run in one
-    /// piece. On CUDA, a decode input (`t` ≤ [`MAX_DECODE_ROWS`](super::cuda_kernels::MAX_DECODE_ROWS))
-    /// takes the fused kernels (`fused_decode.rs`); everything else, and every CPU run, the ops
-    /// below.
+    /// piece. On CUDA, a decode input (`t` ≤ `cuda_kernels::MAX_DECODE_ROWS`) takes the fused
+    /// kernels (`fused_decode.rs`); everything else, and every CPU run, the ops below.
     pub fn run(
         &mut self,
         layers: &[DecoderLayer],
         rope: &RotaryEmbedding,
         x: &Tensor,
     ) -> Result<Tensor> {
-        self.run_in_chunks(layers, rope, x, PREFILL_CHUNK, &|| false)
+        self.run_in_chunks(layers, rope, x, PREFILL_CHUNK)
     }
 
-    /// [`Self::run`] that asks `stop` before each chunk of a long input and, when it answers
-    /// true, fails with [`PREFILL_STOPPED`] (the caches then hold the chunks run so far), so a
-    /// cancelled request does not wait for the rest of a long prompt.
-    pub fn run_until(
-        &mut self,
-        layers: &[DecoderLayer],
-        rope: &RotaryEmbedding,
-        x: &Tensor,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<Tensor> {
-        self.run_in_chunks(layers, rope, x, PREFILL_CHUNK, stop)
-    }
-
-    /// [`Self::run_until`] with the chunk length as a parameter (`chunk` ≥ 1 positions).
+    /// [`Self::run`] with the chunk length as a parameter (`chunk` ≥ 1 positions).
     pub(crate) fn run_in_chunks(
         &mut self,
         layers: &[DecoderLayer],
         rope: &RotaryEmbedding,
         x: &Tensor,
         chunk: usize,
-        stop: &dyn Fn() -> bool,
     ) -> Result<Tensor> {
         let t = x.dim(1)?;
         if t > chunk {
             let mut outs = Vec::with_capacity(t.div_ceil(chunk));
             for start in (0..t).step_by(chunk) {
-                if stop() {
-                    candle_core::bail!("{PREFILL_STOPPED}");
-                }
                 let part = x.narrow(1, start, chunk.min(t - start))?;
-                outs.push(self.run_in_chunks(layers, rope, &part, chunk, stop)?);
+                outs.push(self.run_in_chunks(layers, rope, &part, chunk)?);
             }
             return Tensor::cat(&outs, 1);
         }
@@ -210,6 +206,48 @@ impl LayerCaches {
         let mut h = x.clone();
         for (layer, cache) in layers.iter().zip(self.caches.iter_mut()) {
             h = layer.forward(&h, &cos, &sin, cache)?;
+        }
+        Ok(h)
+    }
+
+    /// One decode position for each of `caches.len()` sequences, each with its own caches at its
+    /// own position: `x` `[rows, 1, hidden]`, row i at position `caches[i].seq_len()`, appended
+    /// to `caches[i]`. The norms, projections and MLP run over all rows at once (one matmul per
+    /// weight); each row attends over its own caches ([`Attention::forward_rows`]). The RoPE rows
+    /// are picked from the tables with a u32 position tensor `[rows]`. Returns the last layer's
+    /// output `[rows, 1, hidden]` (before any final norm), each row equal to what [`Self::run`]
+    /// gives for it alone up to the matmul's float rounding (the CPU matmul takes another kernel
+    /// for one row than for several). Eager ops on every device. Errors when the rows and caches
+    /// differ in number or a cache belongs to a stack of another depth.
+    pub fn run_rows(
+        layers: &[DecoderLayer],
+        rope: &RotaryEmbedding,
+        x: &Tensor,
+        caches: &mut [&mut LayerCaches],
+    ) -> Result<Tensor> {
+        if let Some(c) = caches.iter().find(|c| c.caches.len() != layers.len()) {
+            candle_core::bail!(
+                "decode rows: caches of {} layers for a stack of {}",
+                c.caches.len(),
+                layers.len()
+            );
+        }
+        let positions: Vec<u32> = caches.iter().map(|c| c.seq_len() as u32).collect();
+        let end = positions.iter().max().map_or(0, |&p| p as usize + 1);
+        let (cos, sin) = rope.cos_sin(0, end)?;
+        let rows = Tensor::new(positions.as_slice(), x.device())?;
+        let pick = |table: &Tensor| -> Result<Tensor> {
+            table
+                .index_select(&rows, 0)?
+                .unsqueeze(1)?
+                .to_dtype(x.dtype())
+        };
+        let (cos, sin) = (pick(&cos)?, pick(&sin)?);
+        let mut h = x.clone();
+        for (l, layer) in layers.iter().enumerate() {
+            let mut layer_caches: Vec<&mut KvCache> =
+                caches.iter_mut().map(|c| &mut c.caches[l]).collect();
+            h = layer.forward_rows(&h, &cos, &sin, &mut layer_caches)?;
         }
         Ok(h)
     }

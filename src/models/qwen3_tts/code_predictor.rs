@@ -131,8 +131,8 @@ impl CodePredictor {
         p.forward(x)
     }
 
-    /// One step on the device: `x` `[1, t, talker hidden]` at the next positions of `cache` →
-    /// f32 logits of head `head`, `[1, 1, vocab_size]`.
+    /// One step on the device: `x` `[rows, t, talker hidden]` at the next positions of `cache` →
+    /// f32 logits of head `head` for the last position, `[rows, 1, vocab_size]`.
     pub(super) fn step_logits(
         &self,
         x: &Tensor,
@@ -165,6 +165,7 @@ impl CodePredictor {
             .to_dtype(DType::F32)
     }
 
+    /// [`Self::step_logits`] on the host: `rows × vocab_size` values, row after row.
     fn step(&self, x: &Tensor, head: usize, cache: &mut LayerCaches) -> Result<Vec<f32>> {
         self.step_logits(x, head, cache)?
             .flatten_all()?
@@ -249,18 +250,48 @@ impl CodePredictor {
         cache: &mut LayerCaches,
         mut choose: impl FnMut(usize, &mut [f32]) -> u32,
     ) -> Result<Vec<u32>> {
+        let rows = self.generate_rows(talker_hidden, code0_embed, cache, |_, q, l| choose(q, l))?;
+        let n = rows.len();
+        match <[Vec<u32>; 1]>::try_from(rows) {
+            Ok([codes]) => Ok(codes),
+            Err(_) => candle_core::bail!("code predictor: one frame asked, {n} made"),
+        }
+    }
+
+    /// [`Self::generate`] for the frames of `rows` utterances at once: `talker_hidden` and
+    /// `code0_embed` `[rows, 1, talker hidden]`. Every row is at the same positions, so they run
+    /// as the batch dimension of every step (`cache` holds `rows` sequences).
+    /// `choose(row, q, logits)` picks row `row`'s codebook-`q` code; within a step the rows are
+    /// asked in order. Returns each row's `num_code_groups - 1` codes. For one row this is
+    /// exactly [`Self::generate`]; for several, each row's logits equal its own frame's up to the
+    /// matmul's float rounding.
+    pub fn generate_rows(
+        &self,
+        talker_hidden: &Tensor,
+        code0_embed: &Tensor,
+        cache: &mut LayerCaches,
+        mut choose: impl FnMut(usize, usize, &mut [f32]) -> u32,
+    ) -> Result<Vec<Vec<u32>>> {
         cache.reset();
-        let mut codes = Vec::with_capacity(self.num_code_groups - 1);
+        let rows = talker_hidden.dim(0)?;
+        let mut codes = vec![Vec::with_capacity(self.num_code_groups - 1); rows];
         let prefill = Tensor::cat(&[talker_hidden, code0_embed], 1)?;
         let mut logits = self.step(&prefill, 0, cache)?;
         for q in 1..self.num_code_groups {
-            let code = choose(q, &mut logits);
-            if code as usize >= self.vocab_size {
-                candle_core::bail!("codebook {q}: chosen code {code} >= {}", self.vocab_size);
+            let mut ids = Vec::with_capacity(rows);
+            for (row, l) in logits.chunks_mut(self.vocab_size).enumerate() {
+                let code = choose(row, q, l);
+                if code as usize >= self.vocab_size {
+                    candle_core::bail!("codebook {q}: chosen code {code} >= {}", self.vocab_size);
+                }
+                codes[row].push(code);
+                ids.push(code);
             }
-            codes.push(code);
             if q + 1 < self.num_code_groups {
-                let x = self.codec_embed(q - 1, code)?.unsqueeze(0)?;
+                let ids = Tensor::from_vec(ids, rows, &self.device)?;
+                let x = self.model.codec_embedding[q - 1]
+                    .forward(&ids)?
+                    .unsqueeze(1)?;
                 logits = self.step(&x, q, cache)?;
             }
         }

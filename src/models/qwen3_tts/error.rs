@@ -36,6 +36,13 @@ pub enum ModelError {
         value: String,
         msg: String,
     },
+    /// [`ArModel::start_until`](super::ArModel::start_until)'s `stop` answered true.
+    #[error("prefill stopped (request cancelled)")]
+    Stopped,
+    /// [`PendingSession::into_session`](super::PendingSession::into_session) before the prefill
+    /// was complete.
+    #[error("prefill incomplete: {remaining} prompt positions still to run")]
+    PrefillIncomplete { remaining: usize },
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
     #[error("tokenizer: {0}")]

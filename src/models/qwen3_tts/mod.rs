@@ -10,7 +10,8 @@
 //! | `request.rs`, `prompt.rs`, `tokenizer.rs` | what a request asks for; its dual-track prompt plan |
 //! | `ar_model.rs` | the stage-0 network: loading, prompt embeddings, the talker's decode input |
 //! | `talker.rs`, `code_predictor.rs` | the two decoders, mirroring the checkpoint's weight names |
-//! | `session.rs`, `sampling.rs` | one utterance's generation state; logits processing and sampling |
+//! | `prefill.rs`, `session.rs`, `sampling.rs` | one utterance's generation state: its resumable prefill ([`PendingSession`]), its frames ([`ArSession`]); logits processing and sampling |
+//! | `batch.rs` | one frame for many sessions in one batched forward ([`ArModel::next_frames`]) |
 //! | `graphs/` | the CUDA graphs of stage 0 and the lease of the talker's |
 //! | `voice_clone.rs`, `speaker_encoder.rs`, `codec_encoder.rs`, `mel.rs` | Base voice-clone prompts |
 //! | `device_sampler.rs` | code choice on the device (inside the code predictor's frame graph) |
@@ -22,6 +23,7 @@
 //! docs/qwen3-tts.md.
 
 mod ar_model;
+mod batch;
 mod checkpoint;
 pub mod code2wav;
 pub mod code_predictor;
@@ -31,6 +33,7 @@ pub mod device_sampler;
 mod error;
 mod graphs;
 pub mod mel;
+mod prefill;
 pub mod prompt;
 mod request;
 pub mod sampling;
@@ -47,6 +50,7 @@ pub use checkpoint::Checkpoint;
 pub use config::{GenerationConfig, ModelVariant, Qwen3TtsConfig};
 pub use error::ModelError;
 pub use graphs::{CpGraphs, TALKER_GRAPH_POSITIONS, TalkerGraphs};
+pub use prefill::PendingSession;
 pub use prompt::{CodecPart, Prompt, PromptRow, ResolvedRequest, VoiceClonePrompt};
 pub use request::{PromptMode, SamplingParams, VoiceRequest};
 pub use session::{ArSession, ArStep, FinishReason, StepTiming};

@@ -1,6 +1,9 @@
-//! Per-utterance generation state over a shared [`ArModel`]: [`ArSession`] holds one utterance's
-//! talker KV cache, sampling settings, RNG stream and codebook-0 history, and makes its frames
-//! ([`ArSession::next_frame`]). Many sessions can run over one model.
+//! Per-utterance generation state over a shared [`ArModel`]: an [`ArSession`] holds one utterance's
+//! talker KV cache, decoding settings, RNG stream and codebook-0 history, and makes its frames one
+//! at a time ([`ArSession::next_frame`]) or together with other sessions' in one batched forward
+//! ([`ArModel::next_frames`], `batch.rs`). Sessions start from a prefill (`prefill.rs`).
+
+use std::time::Instant;
 
 use candle_core::Tensor;
 use rand::SeedableRng;
@@ -10,7 +13,7 @@ use super::ar_model::ArModel;
 use super::error::ModelError;
 use super::graphs::TalkerCache;
 use super::prompt::Prompt;
-use super::request::{SamplingParams, VoiceRequest};
+use super::request::SamplingParams;
 use super::sampling::{TalkerProcessors, TokenChooser};
 use crate::nn::LayerCaches;
 
@@ -31,50 +34,25 @@ pub enum ArStep {
     Finished(FinishReason),
 }
 
-impl ArModel {
-    /// Validates the request (unknown speaker/language, empty text, a prompt beyond the talker's
-    /// position budget → [`ModelError::InvalidRequest`] naming the field and value), tokenizes,
-    /// builds the dual-track prompt and runs the prefill.
-    pub fn start(
-        &self,
-        req: &VoiceRequest,
-        sampling: &SamplingParams,
-    ) -> Result<ArSession<'_>, ModelError> {
-        self.start_until(req, sampling, &|| false)
-    }
+/// One utterance's decoding settings and random stream (from its [`SamplingParams`]).
+#[derive(Debug, Clone)]
+pub(super) struct Decoding {
+    processors: TalkerProcessors,
+    talker_chooser: TokenChooser,
+    pub(super) cp_chooser: TokenChooser,
+    max_new_tokens: usize,
+    /// The ChaCha20 stream of every draw of the utterance, in the order the frames make them.
+    pub(super) rng: ChaCha20Rng,
+}
 
-    /// [`Self::start`] whose prefill asks `stop` before each chunk of
-    /// [`PREFILL_CHUNK`](crate::nn::transformer::PREFILL_CHUNK) prompt positions and gives up with
-    /// an error ([`PREFILL_STOPPED`](crate::nn::transformer::PREFILL_STOPPED)) when it answers
-    /// true: the engine's cancel, so a long prompt does not hold up a cancelled request.
-    pub fn start_until(
-        &self,
-        req: &VoiceRequest,
-        sampling: &SamplingParams,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<ArSession<'_>, ModelError> {
-        sampling.validate()?;
-        let prompt = self.plan(req)?;
-        prompt.check_position_budget(&self.config, &req.text, sampling.max_new_tokens)?;
-        let prefill = self.prompt_embeds(&prompt)?;
-        let trailing = self.talker.text_embed(&prompt.trailing)?;
-        let rows = prompt.rows.len();
-        let mut cache = TalkerCache::for_utterance(
-            &self.graphs,
-            &self.talker,
-            rows,
-            rows + sampling.max_new_tokens.min(4096) + 1,
-        );
-        let (hidden, logits) = self
-            .talker
-            .forward_until(&prefill, &mut *cache.lock()?, stop)?;
-        let tc = &self.config.talker_config;
-        Ok(ArSession {
-            model: self,
+impl Decoding {
+    /// The settings of `sampling` (validated) with the checkpoint's codec EOS id.
+    pub(super) fn new(sampling: &SamplingParams, eos: u32) -> Self {
+        Self {
             processors: TalkerProcessors {
                 repetition_penalty: sampling.repetition_penalty as f32,
                 min_new_tokens: 2,
-                eos: tc.codec_eos_token_id,
+                eos,
             },
             talker_chooser: TokenChooser {
                 do_sample: sampling.do_sample,
@@ -90,38 +68,24 @@ impl ArModel {
             },
             max_new_tokens: sampling.max_new_tokens,
             rng: ChaCha20Rng::seed_from_u64(sampling.seed),
-            prompt,
-            prefill,
-            trailing,
-            cache,
-            cp_cache: self.code_predictor.new_cache(),
-            hidden,
-            logits,
-            history: Vec::new(),
-            frames: 0,
-            finished: None,
-            timing: StepTiming::default(),
-        })
+        }
     }
 }
 
 /// One utterance in progress: the talker KV cache and the sampling state. Dropping it gives
-/// leased talker decode graphs back to the model.
+/// leased talker decode graphs back to the model. Made by [`ArModel::start`] or
+/// [`PendingSession::into_session`](super::PendingSession::into_session).
 pub struct ArSession<'a> {
-    model: &'a ArModel,
-    processors: TalkerProcessors,
-    talker_chooser: TokenChooser,
-    cp_chooser: TokenChooser,
-    max_new_tokens: usize,
-    rng: ChaCha20Rng,
+    pub(super) model: &'a ArModel,
+    pub(super) decoding: Decoding,
     prompt: Prompt,
     prefill: Tensor,
     /// `[trailing.len(), hidden]`.
     trailing: Tensor,
-    cache: TalkerCache<'a>,
+    pub(super) cache: TalkerCache<'a>,
     cp_cache: LayerCaches,
     /// Final-normed talker hidden state of the last position, `[1, 1, hidden]`.
-    hidden: Tensor,
+    pub(super) hidden: Tensor,
     /// Codec-head logits of the last position (f32).
     logits: Vec<f32>,
     /// Codebook-0 tokens sampled so far.
@@ -129,6 +93,19 @@ pub struct ArSession<'a> {
     frames: usize,
     finished: Option<FinishReason>,
     timing: StepTiming,
+}
+
+/// What a prefill leaves for the first frame: the session's parts and the last prompt position's
+/// final-normed hidden state `[1, 1, hidden]` and codec-head logits.
+pub(super) struct Prefilled<'a> {
+    pub(super) model: &'a ArModel,
+    pub(super) decoding: Decoding,
+    pub(super) prompt: Prompt,
+    pub(super) prefill: Tensor,
+    pub(super) trailing: Tensor,
+    pub(super) cache: TalkerCache<'a>,
+    pub(super) hidden: Tensor,
+    pub(super) logits: Vec<f32>,
 }
 
 /// Wall-clock split of the last [`ArSession::next_frame`] that produced a frame, in ms. Both parts
@@ -139,6 +116,17 @@ pub struct StepTiming {
     pub code_predictor_ms: f64,
     /// The talker decode step that follows (input sum, 1 position, codec-head logits).
     pub talker_ms: f64,
+}
+
+impl StepTiming {
+    /// The split of a frame whose code predictor started at `t_cp` and whose talker step started
+    /// at `t_talker` and ends now.
+    pub(super) fn between(t_cp: Instant, t_talker: Instant) -> Self {
+        Self {
+            code_predictor_ms: (t_talker - t_cp).as_secs_f64() * 1e3,
+            talker_ms: t_talker.elapsed().as_secs_f64() * 1e3,
+        }
+    }
 }
 
 impl ArSession<'_> {
@@ -197,28 +185,88 @@ impl ArSession<'_> {
     /// One AR step: `Ok(ArStep::Frame(codes))` with `codes.len() == num_code_groups`, or
     /// `Ok(ArStep::Finished(reason))` (repeated on later calls). Frames exclude EOS; EOS is masked
     /// until 2 tokens exist; when `max_new_tokens` tokens have been sampled the last one gets no
-    /// residual codes and is dropped (frames = tokens − 1), as in the reference.
+    /// residual codes and is dropped (frames = tokens − 1), as in the reference. After an error
+    /// the session cannot go on (drop it).
     pub fn next_frame(&mut self) -> Result<ArStep, ModelError> {
-        if let Some(r) = self.finished {
-            return Ok(ArStep::Finished(r));
+        match self.choose_code0() {
+            Ok(a0) => self.finish_frame(a0).map(ArStep::Frame),
+            Err(reason) => Ok(ArStep::Finished(reason)),
         }
+    }
+
+    /// Whether the talker's decode steps run on the leased decode graphs.
+    pub fn uses_talker_graphs(&self) -> bool {
+        self.cache.is_leased()
+    }
+
+    /// Whether the utterance has ended (every later frame is [`ArStep::Finished`]).
+    pub fn is_finished(&self) -> bool {
+        self.finished.is_some()
+    }
+
+    /// Runs [`Self::next_frame`] to the end; returns the frames and the reason.
+    pub fn run_to_end(&mut self) -> Result<(Vec<Vec<u32>>, FinishReason), ModelError> {
+        let mut frames = Vec::new();
+        loop {
+            match self.next_frame()? {
+                ArStep::Frame(f) => frames.push(f),
+                ArStep::Finished(r) => return Ok((frames, r)),
+            }
+        }
+    }
+}
+
+impl<'a> ArSession<'a> {
+    pub(super) fn new(p: Prefilled<'a>) -> Self {
+        ArSession {
+            cp_cache: p.model.code_predictor.new_cache(),
+            model: p.model,
+            decoding: p.decoding,
+            prompt: p.prompt,
+            prefill: p.prefill,
+            trailing: p.trailing,
+            cache: p.cache,
+            hidden: p.hidden,
+            logits: p.logits,
+            history: Vec::new(),
+            frames: 0,
+            finished: None,
+            timing: StepTiming::default(),
+        }
+    }
+
+    /// A frame's first part: codebook 0 from the pending logits (processors, then the talker's
+    /// choice with the session's RNG). `Err(reason)` when the utterance is over (EOS, the token
+    /// limit, or earlier).
+    pub(super) fn choose_code0(&mut self) -> Result<u32, FinishReason> {
+        if let Some(r) = self.finished {
+            return Err(r);
+        }
+        let d = &mut self.decoding;
         let mut logits = std::mem::take(&mut self.logits);
-        self.processors.apply(&mut logits, &self.history);
-        let a0 = self.talker_chooser.choose(&mut logits, &mut self.rng);
-        if a0 == self.processors.eos {
+        d.processors.apply(&mut logits, &self.history);
+        let a0 = d.talker_chooser.choose(&mut logits, &mut d.rng);
+        if a0 == d.processors.eos {
             self.finished = Some(FinishReason::Eos);
-            return Ok(ArStep::Finished(FinishReason::Eos));
+            return Err(FinishReason::Eos);
         }
         self.history.push(a0);
-        if self.history.len() >= self.max_new_tokens {
+        if self.history.len() >= d.max_new_tokens {
             self.finished = Some(FinishReason::Length);
-            return Ok(ArStep::Finished(FinishReason::Length));
+            return Err(FinishReason::Length);
         }
+        Ok(a0)
+    }
+
+    /// The rest of a frame alone, after [`Self::choose_code0`] gave `a0`: the code predictor
+    /// (on its CUDA graphs when captured), the talker's next input and decode step (on the leased
+    /// graphs when held). Returns the frame's codes.
+    pub(super) fn finish_frame(&mut self, a0: u32) -> Result<Vec<u32>, ModelError> {
         let m = self.model;
         let c0 = m.talker.codec_embed(&[a0])?; // [1, d]
-        let chooser = self.cp_chooser;
-        let rng = &mut self.rng;
-        let t_cp = std::time::Instant::now();
+        let chooser = self.decoding.cp_chooser;
+        let rng = &mut self.decoding.rng;
+        let t_cp = Instant::now();
         let code0_embed = c0.unsqueeze(0)?;
         let rest = match m.graphs.code_predictor() {
             Some(graphs) => {
@@ -236,45 +284,34 @@ impl ArSession<'_> {
                 |_, l| chooser.choose(l, rng),
             )?,
         };
-        let t_talker = std::time::Instant::now();
+        let t_talker = Instant::now();
         let mut codes = Vec::with_capacity(m.num_code_groups());
         codes.push(a0);
         codes.extend_from_slice(&rest);
-
-        let n = self.frames;
-        let text = if n < self.trailing.dim(0)? {
-            self.trailing.narrow(0, n, 1)?
-        } else {
-            m.tts_pad_embed.clone()
-        };
-        let input = m.talker_input(&codes, &c0, &text)?;
+        let input = m.talker_input(&codes, &c0, &self.text_row()?)?;
         self.cache.ensure_room()?;
         let (hidden, logits) = self.cache.step(&m.talker, &input)?;
+        self.store_step(hidden, logits, StepTiming::between(t_cp, t_talker));
+        Ok(codes)
+    }
+
+    /// The text vector `[1, hidden]` added to the talker input of the frame being made: the next
+    /// trailing text row, or `T(tts_pad)` after the text.
+    pub(super) fn text_row(&self) -> candle_core::Result<Tensor> {
+        if self.frames < self.trailing.dim(0)? {
+            self.trailing.narrow(0, self.frames, 1)
+        } else {
+            Ok(self.model.tts_pad_embed.clone())
+        }
+    }
+
+    /// A frame's last part: the talker step's hidden state `[1, 1, hidden]` and logits become the
+    /// pending ones.
+    pub(super) fn store_step(&mut self, hidden: Tensor, logits: Vec<f32>, timing: StepTiming) {
         self.hidden = hidden;
         self.logits = logits;
         self.frames += 1;
-        let done = std::time::Instant::now();
-        self.timing = StepTiming {
-            code_predictor_ms: (t_talker - t_cp).as_secs_f64() * 1e3,
-            talker_ms: (done - t_talker).as_secs_f64() * 1e3,
-        };
-        Ok(ArStep::Frame(codes))
-    }
-
-    /// Whether the talker's decode steps run on the leased decode graphs.
-    pub fn uses_talker_graphs(&self) -> bool {
-        self.cache.is_leased()
-    }
-
-    /// Runs [`Self::next_frame`] to the end; returns the frames and the reason.
-    pub fn run_to_end(&mut self) -> Result<(Vec<Vec<u32>>, FinishReason), ModelError> {
-        let mut frames = Vec::new();
-        loop {
-            match self.next_frame()? {
-                ArStep::Frame(f) => frames.push(f),
-                ArStep::Finished(r) => return Ok((frames, r)),
-            }
-        }
+        self.timing = timing;
     }
 }
 

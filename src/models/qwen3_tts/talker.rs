@@ -136,21 +136,21 @@ impl Talker {
     /// Returns the final-normed hidden state of the last position (`[1, 1, hidden]`) and the
     /// codec-head logits of that position as f32 (`vocab_size` values).
     pub fn forward(&self, embeds: &Tensor, cache: &mut LayerCaches) -> Result<(Tensor, Vec<f32>)> {
-        self.forward_until(embeds, cache, &|| false)
+        let h = self.run(embeds, cache)?;
+        self.head(&h.narrow(1, h.dim(1)? - 1, 1)?)
     }
 
-    /// [`Self::forward`] that gives up between prefill chunks when `stop` answers true
-    /// ([`LayerCaches::run_until`]).
-    pub fn forward_until(
-        &self,
-        embeds: &Tensor,
-        cache: &mut LayerCaches,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<(Tensor, Vec<f32>)> {
-        let t = embeds.dim(1)?;
-        let h = cache.run_until(&self.model.layers, &self.rope, embeds, stop)?;
-        let last = h.narrow(1, t - 1, 1)?;
-        let last = self.model.norm.forward(&last)?;
+    /// The decoder layers alone over `embeds` (`[1, t, hidden]`) at the next positions of
+    /// `cache` (a prefill chunk): the last layer's output `[1, t, hidden]`, before the final norm.
+    pub fn run(&self, embeds: &Tensor, cache: &mut LayerCaches) -> Result<Tensor> {
+        cache.run(&self.model.layers, &self.rope, embeds)
+    }
+
+    /// The final norm and the codec head of last positions `last` (`[rows, 1, hidden]`, a layer
+    /// output): the final-normed hidden states `[rows, 1, hidden]` and the logits as f32,
+    /// `rows × vocab_size` values row after row.
+    pub fn head(&self, last: &Tensor) -> Result<(Tensor, Vec<f32>)> {
+        let last = self.model.norm.forward(last)?;
         let logits = self
             .codec_head
             .forward(&last)?
@@ -158,5 +158,24 @@ impl Talker {
             .flatten_all()?
             .to_vec1::<f32>()?;
         Ok((last, logits))
+    }
+
+    /// One decode position for each of `caches.len()` utterances, each at its own position with
+    /// its own KV cache ([`LayerCaches::run_rows`]): `input` `[rows, 1, hidden]`. Returns the
+    /// final-normed hidden states `[rows, 1, hidden]` and each row's codec-head logits (f32,
+    /// `vocab_size` values), as [`Self::forward`] gives them for each row alone up to float
+    /// rounding.
+    pub fn decode_rows(
+        &self,
+        input: &Tensor,
+        caches: &mut [&mut LayerCaches],
+    ) -> Result<(Tensor, Vec<Vec<f32>>)> {
+        let h = LayerCaches::run_rows(&self.model.layers, &self.rope, input, caches)?;
+        let (hidden, logits) = self.head(&h)?;
+        let rows = logits
+            .chunks(self.cfg.vocab_size)
+            .map(<[f32]>::to_vec)
+            .collect();
+        Ok((hidden, rows))
     }
 }

@@ -1,0 +1,141 @@
+//! One frame for many sessions in one batched forward ([`ArModel::next_frames`]), the stage-0 step
+//! of continuous batching.
+//!
+//! A frame is the same work for every row: codebook 0 is chosen on the host per row (each
+//! session's own processors, settings and RNG), the code predictor's 15 steps run over all rows at
+//! once (every row is at the same code-predictor positions, so the rows are its batch dimension),
+//! then the talker's decode step runs over all rows with their own positions and KV caches
+//! ([`Talker::decode_rows`](super::talker::Talker::decode_rows): the norms, projections, MLP and
+//! codec head as one `[rows, hidden]` matmul per weight, attention per row over its own cache).
+//!
+//! Exactness: every host-side step (processors, sampling, RNG draws, embedding lookups, the input
+//! sums) is the one a session makes alone, in the same order. The matmuls are not bit-identical to
+//! the one-row ones: candle's CPU matmul (the `gemm` crate) multiplies a single row with a
+//! matrix-vector kernel and several rows with its blocked matrix kernel, which sum the products in
+//! another order, so a row's hidden states and logits differ from its solo run by float rounding
+//! (about 1e-6 relative in f32). Greedy codes then differ only where two logits tie within that
+//! rounding; the tests check codes and logits against solo runs on the fixtures.
+
+use std::time::Instant;
+
+use candle_core::Tensor;
+
+use super::ar_model::ArModel;
+use super::error::ModelError;
+use super::session::{ArSession, ArStep, StepTiming};
+use crate::nn::LayerCaches;
+
+impl ArModel {
+    /// One frame for every session, in one batched forward. `results[i]` is what
+    /// `sessions[i].next_frame()` returns, with the same codes for the same settings and seed
+    /// (greedy and sampled) and hidden states and logits within float rounding of it (see the
+    /// module documentation). Finished sessions return [`ArStep::Finished`] again at no cost; with
+    /// one unfinished session this is exactly [`ArSession::next_frame`] (CUDA graphs included).
+    /// Several rows run eagerly (on CUDA too). A failure of the batched forward fails every row
+    /// that was in it (the message names the batch); those sessions cannot go on. A session of
+    /// another model gets [`ModelError::InvalidRequest`] (`sessions`) and is not touched.
+    pub fn next_frames(
+        &self,
+        sessions: &mut [&mut ArSession<'_>],
+    ) -> Vec<Result<ArStep, ModelError>> {
+        let mut results: Vec<Option<Result<ArStep, ModelError>>> =
+            sessions.iter().map(|_| None).collect();
+        // (index in `sessions`, codebook-0 code) of the rows that make a frame, in order.
+        let mut rows: Vec<(usize, u32)> = Vec::with_capacity(sessions.len());
+        for (i, s) in sessions.iter_mut().enumerate() {
+            if !std::ptr::eq(s.model, self) {
+                results[i] = Some(Err(ModelError::InvalidRequest {
+                    field: "sessions".into(),
+                    value: format!("row {i}"),
+                    msg: "a session of another model".into(),
+                }));
+                continue;
+            }
+            match s.choose_code0() {
+                Ok(a0) => rows.push((i, a0)),
+                Err(reason) => results[i] = Some(Ok(ArStep::Finished(reason))),
+            }
+        }
+        match rows.as_slice() {
+            [] => {}
+            &[(i, a0)] => results[i] = Some(sessions[i].finish_frame(a0).map(ArStep::Frame)),
+            _ => match self.batched_frame(sessions, &rows) {
+                Ok(frames) => {
+                    for (&(i, _), codes) in rows.iter().zip(frames) {
+                        results[i] = Some(Ok(ArStep::Frame(codes)));
+                    }
+                }
+                Err(e) => {
+                    let msg = format!("batched frame of {} rows: {e}", rows.len());
+                    for &(i, _) in &rows {
+                        results[i] = Some(Err(ModelError::Candle(candle_core::Error::Msg(
+                            msg.clone(),
+                        ))));
+                    }
+                }
+            },
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(ModelError::Candle(candle_core::Error::Msg(
+                        "batched frame: a row got no result".into(),
+                    )))
+                })
+            })
+            .collect()
+    }
+
+    /// The rest of a frame for `rows` (index, codebook-0 code) of `sessions`, at least two, after
+    /// [`ArSession::choose_code0`]. Returns each row's codes.
+    fn batched_frame(
+        &self,
+        sessions: &mut [&mut ArSession<'_>],
+        rows: &[(usize, u32)],
+    ) -> Result<Vec<Vec<u32>>, ModelError> {
+        let a0: Vec<u32> = rows.iter().map(|&(_, a0)| a0).collect();
+        let c0 = self.talker.codec_embed(&a0)?; // [rows, d]
+        let hidden: Vec<&Tensor> = rows.iter().map(|&(i, _)| &sessions[i].hidden).collect();
+        let hidden = Tensor::cat(&hidden, 0)?; // [rows, 1, d]
+        let t_cp = Instant::now();
+        let mut cp_cache = self.code_predictor.new_cache();
+        let rest = self.code_predictor.generate_rows(
+            &hidden,
+            &c0.unsqueeze(1)?,
+            &mut cp_cache,
+            |row, _, logits| {
+                let d = &mut sessions[rows[row].0].decoding;
+                d.cp_chooser.choose(logits, &mut d.rng)
+            },
+        )?;
+        let t_talker = Instant::now();
+        let mut frames = Vec::with_capacity(rows.len());
+        let mut inputs = Vec::with_capacity(rows.len());
+        for (r, (&(i, a0), rest)) in rows.iter().zip(rest).enumerate() {
+            let mut codes = Vec::with_capacity(self.num_code_groups());
+            codes.push(a0);
+            codes.extend(rest);
+            let text = sessions[i].text_row()?;
+            inputs.push(self.talker_input(&codes, &c0.narrow(0, r, 1)?, &text)?);
+            frames.push(codes);
+        }
+        let input = Tensor::cat(&inputs, 0)?; // [rows, 1, d]
+        let (hidden, logits) = {
+            let mut in_batch = vec![false; sessions.len()];
+            rows.iter().for_each(|&(i, _)| in_batch[i] = true);
+            let mut guards = Vec::with_capacity(rows.len());
+            for (s, _) in sessions.iter_mut().zip(&in_batch).filter(|(_, b)| **b) {
+                s.cache.ensure_room()?;
+                guards.push(s.cache.lock()?);
+            }
+            let mut caches: Vec<&mut LayerCaches> = guards.iter_mut().map(|g| &mut **g).collect();
+            self.talker.decode_rows(&input, &mut caches)?
+        };
+        let timing = StepTiming::between(t_cp, t_talker);
+        for (r, (&(i, _), logits)) in rows.iter().zip(logits).enumerate() {
+            sessions[i].store_step(hidden.narrow(0, r, 1)?, logits, timing);
+        }
+        Ok(frames)
+    }
+}

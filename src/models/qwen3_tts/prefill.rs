@@ -1,0 +1,165 @@
+//! The start of an utterance: [`ArModel::begin`] validates the request and builds its prompt
+//! embeddings (no talker work); the [`PendingSession`] it returns runs the talker over the prompt
+//! in steps of a bounded number of positions ([`PendingSession::prefill_step`]), so a scheduler can
+//! interleave a long prompt with other streams' frames, and then becomes an [`ArSession`].
+//! [`ArModel::start`] does all of it at once.
+
+use candle_core::Tensor;
+
+use super::ar_model::ArModel;
+use super::error::ModelError;
+use super::graphs::TalkerCache;
+use super::prompt::Prompt;
+use super::request::{SamplingParams, VoiceRequest};
+use super::session::{ArSession, Decoding, Prefilled};
+use crate::nn::transformer::PREFILL_CHUNK;
+
+/// KV-cache positions an utterance's own talker cache allocates beyond its prompt at first (it
+/// grows by as many when full).
+const DECODE_CAPACITY_HINT: usize = 4096;
+
+/// An utterance whose prompt is still being run through the talker (see the module
+/// documentation). Holds the talker KV cache from the start (the leased decode graphs' when they
+/// are free: dropping it gives them back).
+pub struct PendingSession<'a> {
+    model: &'a ArModel,
+    decoding: Decoding,
+    prompt: Prompt,
+    /// `[1, rows, hidden]`.
+    prefill: Tensor,
+    /// `[trailing.len(), hidden]`.
+    trailing: Tensor,
+    cache: TalkerCache<'a>,
+    /// Prompt positions run so far.
+    done: usize,
+    /// After the last position: its final-normed hidden state `[1, 1, hidden]` and logits.
+    last: Option<(Tensor, Vec<f32>)>,
+}
+
+impl ArModel {
+    /// Validates the request (unknown speaker/language, empty text, bad sampling values, a prompt
+    /// beyond the talker's position budget → [`ModelError::InvalidRequest`] naming the field and
+    /// value), tokenizes it, builds the dual-track prompt and its embeddings and takes a talker KV
+    /// cache. Runs nothing through the
+    /// talker: that is [`PendingSession::prefill_step`].
+    pub fn begin(
+        &self,
+        req: &VoiceRequest,
+        sampling: &SamplingParams,
+    ) -> Result<PendingSession<'_>, ModelError> {
+        sampling.validate()?;
+        let prompt = self.plan(req)?;
+        prompt.check_position_budget(&self.config, &req.text, sampling.max_new_tokens)?;
+        let prefill = self.prompt_embeds(&prompt)?;
+        let trailing = self.talker.text_embed(&prompt.trailing)?;
+        let rows = prompt.rows.len();
+        if rows == 0 {
+            return Err(ModelError::InvalidRequest {
+                field: "text".into(),
+                value: req.text.clone(),
+                msg: "the prompt is empty".into(),
+            });
+        }
+        let cache = TalkerCache::for_utterance(
+            &self.graphs,
+            &self.talker,
+            rows,
+            rows + sampling.max_new_tokens.min(DECODE_CAPACITY_HINT) + 1,
+        );
+        Ok(PendingSession {
+            model: self,
+            decoding: Decoding::new(sampling, self.config.talker_config.codec_eos_token_id),
+            prompt,
+            prefill,
+            trailing,
+            cache,
+            done: 0,
+            last: None,
+        })
+    }
+
+    /// [`Self::begin`], the whole prefill in steps of [`PREFILL_CHUNK`] positions and
+    /// [`PendingSession::into_session`]: a session ready for its first frame.
+    pub fn start(
+        &self,
+        req: &VoiceRequest,
+        sampling: &SamplingParams,
+    ) -> Result<ArSession<'_>, ModelError> {
+        self.start_until(req, sampling, &|| false)
+    }
+
+    /// [`Self::start`] that asks `stop` before each prefill step of [`PREFILL_CHUNK`] prompt
+    /// positions and gives up with [`ModelError::Stopped`] when it answers true: the engine's
+    /// cancel, so a long prompt does not hold up a cancelled request.
+    pub fn start_until(
+        &self,
+        req: &VoiceRequest,
+        sampling: &SamplingParams,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<ArSession<'_>, ModelError> {
+        let mut pending = self.begin(req, sampling)?;
+        loop {
+            if stop() {
+                return Err(ModelError::Stopped);
+            }
+            if pending.prefill_step(PREFILL_CHUNK)? {
+                return pending.into_session();
+            }
+        }
+    }
+}
+
+impl<'a> PendingSession<'a> {
+    /// Prompt positions still to run through the talker (0 once the prefill is complete).
+    pub fn remaining(&self) -> usize {
+        self.prefill_len() - self.done
+    }
+
+    /// The prompt's length in positions (rows).
+    pub fn prefill_len(&self) -> usize {
+        self.prompt.rows.len()
+    }
+
+    /// The prompt plan (token ids, rows, trailing text ids).
+    pub fn prompt_ids(&self) -> &Prompt {
+        &self.prompt
+    }
+
+    /// Runs the next `min(max_positions, remaining())` prompt positions through the talker (one
+    /// piece of at most [`PREFILL_CHUNK`] positions at a time) and, after the last one, its final
+    /// norm and codec head. Returns whether the prefill is complete; `max_positions` 0 runs
+    /// nothing. The result depends on the steps' lengths only through float rounding: steps of
+    /// [`PREFILL_CHUNK`] positions give exactly [`ArModel::start`]'s session. After an error the
+    /// session cannot go on (drop it).
+    pub fn prefill_step(&mut self, max_positions: usize) -> Result<bool, ModelError> {
+        let n = max_positions.min(self.remaining());
+        if n > 0 {
+            let talker = &self.model.talker;
+            let x = self.prefill.narrow(1, self.done, n)?;
+            let h = talker.run(&x, &mut *self.cache.lock()?)?;
+            self.done += n;
+            if self.remaining() == 0 {
+                self.last = Some(talker.head(&h.narrow(1, n - 1, 1)?)?);
+            }
+        }
+        Ok(self.last.is_some())
+    }
+
+    /// The session, once the prefill is complete; [`ModelError::PrefillIncomplete`] before.
+    pub fn into_session(self) -> Result<ArSession<'a>, ModelError> {
+        let remaining = self.remaining();
+        let Some((hidden, logits)) = self.last else {
+            return Err(ModelError::PrefillIncomplete { remaining });
+        };
+        Ok(ArSession::new(Prefilled {
+            model: self.model,
+            decoding: self.decoding,
+            prompt: self.prompt,
+            prefill: self.prefill,
+            trailing: self.trailing,
+            cache: self.cache,
+            hidden,
+            logits,
+        }))
+    }
+}
