@@ -163,3 +163,41 @@ impl<'a> PendingSession<'a> {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::super::testing::fixture;
+
+    /// A prompt longer than the prefill chunk runs in chunks with the result of one piece: the
+    /// same hidden states and the same KV cache (checked through the decode step after it).
+    #[test]
+    fn chunked_prefill_equals_one_piece() {
+        let (m, _) = fixture("tiny-customvoice");
+        let hidden = m.config.talker_config.transformer.hidden_size;
+        let (layers, rope) = (&m.talker.model.layers, m.talker.rope());
+        let max_diff = |a: &Tensor, b: &Tensor| -> f32 {
+            (a - b)
+                .and_then(|d| d.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>())
+                .expect("diff")
+        };
+        let x = Tensor::randn(0f32, 1f32, (1, 37, hidden), &Device::Cpu).expect("x");
+        let (mut one, mut chunked) = (m.talker.new_cache(64), m.talker.new_cache(64));
+        let a = one.run_in_chunks(layers, rope, &x, 37).expect("one piece");
+        let b = chunked.run_in_chunks(layers, rope, &x, 8).expect("chunks");
+        assert_eq!(b.dims(), &[1, 37, hidden]);
+        assert_eq!(chunked.seq_len(), 37);
+        let d = max_diff(&a, &b);
+        assert!(d <= 1e-5, "prefill differs by {d}");
+        let next = Tensor::randn(0f32, 1f32, (1, 1, hidden), &Device::Cpu).expect("next");
+        let a = one
+            .run(layers, rope, &next)
+            .expect("decode after one piece");
+        let b = chunked
+            .run(layers, rope, &next)
+            .expect("decode after chunks");
+        let d = max_diff(&a, &b);
+        assert!(d <= 1e-5, "decode after the prefill differs by {d}");
+    }
+}
