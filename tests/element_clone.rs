@@ -391,7 +391,9 @@ fn repeated_utterances_encode_the_reference_once() {
     let dir = TempDir::new("clone-cache");
     let wav = dir.path().join("ref.wav");
     write_f32_wav(&wav, &r.audio, 24_000);
+    // An engine of its own: the encode count is the engine's, and other tests share theirs.
     let props = [
+        ("shared-engine", v(false)),
         ("text", v("Same words.")),
         ("max-new-tokens", v(6u32)),
         ("ref-audio", v(wav.to_str().unwrap())),
@@ -692,8 +694,10 @@ fn runtime_bad_reference_refuses_only_its_utterance() {
     let e = h.element().unwrap();
     let bus = gst::Bus::new();
     e.set_bus(Some(&bus));
+    // An engine of its own: the encode count below is the engine's.
     for (k, val) in [
         ("model", v(fixture_model("tiny-base"))),
+        ("shared-engine", v(false)),
         ("do-sample", v(false)),
         ("max-new-tokens", v(4u32)),
         ("text", v("First.")),

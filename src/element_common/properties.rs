@@ -244,7 +244,8 @@ pub(crate) fn model_info_param_specs() -> Vec<glib::ParamSpec> {
             .blurb(
                 "Base checkpoints: how many times the engine has encoded a reference \
                  (speaker and codec encoders) since start; utterances reusing a \
-                 reference take it from the engine's cache (0 before start)",
+                 reference take it from the engine's cache; a shared engine counts for \
+                 every element sharing it (0 before start)",
             )
             .read_only()
             .build(),
