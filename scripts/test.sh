@@ -3,7 +3,9 @@
 #  1. builds the plugin (cargo test does not refresh the .so that gst-inspect/gst-launch load);
 #  2. command-line checks against a private GST_REGISTRY: gst-inspect-1.0 omnittssrc, and a
 #     gst-launch-1.0 pipeline into a WAV file whose length and buffer timestamps are checked;
-#  3. cargo test: every unit and integration test of the crate.
+#  3. scripts/install.sh into a temporary prefix, and the installed plugin speaking with the installed
+#     bundled voice from another directory;
+#  4. cargo test: every unit and integration test of the crate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -59,6 +61,42 @@ echo "buffers=$buffers samples=$samples frames=$frames wav_samples=$wav_samples"
 [ "$(soxi -r "$wav" 2>/dev/null)" = 24000 ] && [ "$(soxi -c "$wav" 2>/dev/null)" = 1 ] \
     || { echo "WAV is not 24 kHz mono"; exit 1; }
 echo "ok: WAV of $wav_samples samples = $frames frames x 1920, $buffers contiguous buffers"
+
+echo "== scripts/install.sh into a temporary prefix; the installed plugin speaks from another directory"
+# The installed plugin must find the installed voice with no model set: GST_PLUGIN_PATH names only
+# the prefix's plugin directory, the XDG data directories are empty, OMNITTS_VOICE_DIR is unset, and
+# where user namespaces allow it the source tree's models/ is hidden under an empty tmpfs.
+prefix="$work/prefix"
+bash scripts/install.sh --prefix "$prefix" --debug --no-build > "$work/install.txt" \
+    || { cat "$work/install.txt"; exit 1; }
+plugindir="$prefix/lib/gstreamer-1.0"
+voicedir="$prefix/share/omnitts/voices/omnitts-en"
+[ -f "$plugindir/libgstomnitts.so" ] && [ -f "$voicedir/model.safetensors" ] \
+    || { echo "install.sh did not install plugin and voice"; cat "$work/install.txt"; exit 1; }
+hide=()
+if unshare --user --map-root-user --mount sh -c 'mount -t tmpfs tmpfs "$0"' "$PWD/models" 2>/dev/null; then
+    hide=(unshare --user --map-root-user --mount sh -c 'mount -t tmpfs tmpfs "$0" && exec "$@"' "$PWD/models")
+    hidden="source tree's models/ hidden"
+else
+    hidden="no user namespaces: source tree not hidden, the voice's path is checked"
+fi
+mkdir -p "$work/elsewhere" "$work/empty"
+(
+    cd "$work/elsewhere"
+    unset OMNITTS_VOICE_DIR
+    export GST_PLUGIN_PATH="$plugindir" GST_REGISTRY="$work/installed-registry.bin" \
+        XDG_DATA_HOME="$work/empty" XDG_DATA_DIRS="$work/empty"
+    "${hide[@]}" gst-inspect-1.0 omnittssrc > inspect.txt
+    grep -q "Filename *$plugindir/libgstomnitts.so" inspect.txt \
+        || { echo "gst-inspect did not load the installed plugin"; grep Filename inspect.txt; exit 1; }
+    "${hide[@]}" gst-launch-1.0 -m omnittssrc text="Spoken by the installed plugin." max-new-tokens=40 \
+        ! audioconvert ! wavenc ! filesink location=installed.wav > launch.txt 2>&1 \
+        || { tail -20 launch.txt; exit 1; }
+    grep -q "($voicedir;" launch.txt \
+        || { echo "the voice did not come from $voicedir"; grep -m1 "ready" launch.txt; exit 1; }
+    [ "$(soxi -s installed.wav 2>/dev/null)" -gt 0 ] || { echo "no audio"; exit 1; }
+    echo "ok: installed plugin + voice ($hidden): $(soxi -s installed.wav 2>/dev/null) samples from $voicedir"
+)
 
 echo "== cargo test"
 # Tests register the plugin statically; GST_PLUGIN_PATH stays unset so the .so is not loaded too.

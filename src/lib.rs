@@ -18,6 +18,9 @@ pub mod remote;
 use gst::glib;
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    if let Some(file) = plugin.filename() {
+        element_common::bundled_voice::set_plugin_file(file);
+    }
     omnittssrc::register(plugin)
 }
 

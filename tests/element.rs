@@ -310,10 +310,10 @@ fn push_text_queues_utterances_in_order() {
 fn split_sentences_queues_one_utterance_per_sentence() {
     let (mut h, bus) = harness(&[
         ("text", v("First one. Mr. Smith said hi! ")),
-        ("split-sentences", v(true)),
         ("max-new-tokens", v(5u32)),
     ]);
     let e = h.element().unwrap();
+    e.set_property_from_str("split-sentences", "true");
     assert!(e.emit_by_name::<bool>("push-text", &[&"Is it late? \"No,\" she said."]));
     h.play();
     let (n, started, done) = run_utterances(&mut h, &bus);
@@ -330,7 +330,7 @@ fn split_sentences_queues_one_utterance_per_sentence() {
     assert_eq!(done.len(), 4);
     assert_eq!(samples, n);
 
-    // Off (the default): the same text is one utterance.
+    // Auto (the default): the same text, being short, is one utterance.
     let (mut h, bus) = harness(&[
         ("text", v("First one. Mr. Smith said hi!")),
         ("max-new-tokens", v(5u32)),
@@ -396,7 +396,13 @@ fn property_round_trip() {
         ("chunk-frames", 9u32.to_value()),
         ("samples-per-buffer", 960u32.to_value()),
         ("is-live", true.to_value()),
-        ("split-sentences", true.to_value()),
+        ("split-sentences", {
+            let t = glib::Type::from_name("GstOmniTtsSplitSentences").unwrap();
+            glib::EnumClass::with_type(t)
+                .unwrap()
+                .to_value_by_nick("true")
+                .unwrap()
+        }),
         ("shared-engine", false.to_value()),
     ];
     let read_only = [

@@ -11,6 +11,7 @@ use std::time::Instant;
 use crate::engine::{DeviceSpec, Engine, EngineOptions, SharedEngine, StageConfig, registry};
 
 use super::audio::RATE;
+use super::bundled_voice;
 use super::hub;
 use super::input_error::{InputError, input_error};
 use super::request::{ModelInfo, build_request};
@@ -107,7 +108,10 @@ fn load_engine(
             }
             _ => gst::ResourceError::Settings,
         };
-        gst::error_msg!(kind, ("{}", e))
+        match bundled_voice::not_found_hint(&s.model) {
+            Some(hint) => gst::error_msg!(kind, ("{}; {}", e, hint)),
+            None => gst::error_msg!(kind, ("{}", e)),
+        }
     })?;
     gst::info!(
         cat,

@@ -15,12 +15,14 @@
 //!   about its checkpoint ([`request::ModelInfo`]);
 //! - [`request`]: settings + text → [`EngineRequest`](crate::engine::EngineRequest);
 //! - [`voice_clone`], [`ref_audio`]: Base checkpoints' reference voice;
-//! - [`hub`]: the `model` property resolved to a checkpoint directory;
+//! - [`hub`]: the `model` property resolved to a checkpoint directory; [`bundled_voice`]: where
+//!   the default `model`, the bundled voice, is found;
 //! - [`audio`]: the output caps, the sample ↔ time mapping and the output buffers;
 //! - [`messages`], [`progress`]: the bus messages per utterance and around model loading;
 //! - [`input_error`]: how a rejected property value is reported.
 
 pub mod audio;
+pub(crate) mod bundled_voice;
 pub mod hub;
 pub(crate) mod input_error;
 pub(crate) mod load;

@@ -13,10 +13,11 @@ use crate::engine::Engine;
 use crate::models::qwen3_tts::{MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES};
 
 use super::audio::RATE;
+use super::bundled_voice;
 use super::request::ModelInfo;
 use super::settings::{
-    DEFAULT_CHUNK_FRAMES, DEFAULT_INITIAL_CHUNK_FRAMES, DEFAULT_LANGUAGE, DEFAULT_MODEL,
-    PromptModeSetting, SAMPLING_DEFAULTS, SynthesisSettings,
+    DEFAULT_CHUNK_FRAMES, DEFAULT_INITIAL_CHUNK_FRAMES, DEFAULT_LANGUAGE, PromptModeSetting,
+    SAMPLING_DEFAULTS, SynthesisSettings,
 };
 
 /// Param specs of the model, stage config, device, voice, sampling and chunk properties, in the
@@ -29,9 +30,11 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
                 "Qwen3-TTS checkpoint: a local directory, or a Hugging Face repo id \
                  resolved through the HF cache (HF_HOME / HF_HUB_CACHE) and downloaded \
                  when online (HF_ENDPOINT, HF_HUB_OFFLINE); default: the bundled small \
-                 English voice (speaker joe) in the source tree's models/omnitts-en",
+                 English voice (speaker joe), found in OMNITTS_VOICE_DIR, else \
+                 omnitts/voices/omnitts-en under the XDG data directories or the plugin's \
+                 prefix (scripts/install.sh), else the source tree's models/omnitts-en",
             )
-            .default_value(Some(DEFAULT_MODEL))
+            .default_value(Some(bundled_voice::default_model().as_str()))
             .mutable_ready()
             .build(),
         glib::ParamSpecString::builder("stage-config")
@@ -81,8 +84,9 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecString::builder("language")
             .nick("Language")
             .blurb(
-                "Language of the text (case-insensitive, see available-languages), or \
-                 auto. Applies to text queued after it is set",
+                "Language of the text, case-insensitive: a name (see available-languages) \
+                 or its ISO 639-1 code (en, zh, ja, ko, de, fr, ru, pt, es, it), or auto. \
+                 Applies to text queued after it is set",
             )
             .default_value(Some(DEFAULT_LANGUAGE))
             .mutable_playing()

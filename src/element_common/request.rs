@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use crate::engine::EngineRequest;
-use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak};
+use crate::models::qwen3_tts::prompt::{resolve_language, unspeakable};
 use crate::models::qwen3_tts::{ModelVariant, SamplingParams, VoiceRequest};
 
 use super::input_error::{InputError, input_error};
@@ -40,15 +40,16 @@ fn find_ci<'a>(list: &'a [String], value: &str) -> Option<&'a String> {
 /// Builds the engine request for `text` from the property values `s`, and the reference voice it
 /// is to be spoken in (Base checkpoints; the caller turns it into the request's voice-clone
 /// prompt with a [`VoiceCloner`](super::voice_clone::VoiceCloner)). Errors name the property and
-/// its value: text with nothing to speak, an unknown speaker or language, voice-clone
-/// properties that do not fit the checkpoint.
+/// its value: text with nothing to speak (nothing at all, or no letter or digit), an unknown
+/// speaker or language (names and ISO 639-1 codes are accepted), voice-clone properties that do
+/// not fit the checkpoint.
 pub(crate) fn build_request(
     s: &SynthesisSettings,
     info: &ModelInfo,
     text: &str,
 ) -> Result<(EngineRequest, Option<CloneSpec>), InputError> {
-    if nothing_to_speak(text) {
-        return Err(input_error("text", text, NOTHING_TO_SPEAK));
+    if let Some(why) = unspeakable(text) {
+        return Err(input_error("text", text, why));
     }
     let speaker = match s
         .speaker
@@ -84,24 +85,10 @@ pub(crate) fn build_request(
     let language = if lang.is_empty() || lang.eq_ignore_ascii_case("auto") {
         None
     } else {
-        match find_ci(&info.languages, lang) {
-            Some(l) => Some(l.clone()),
-            None => {
-                return Err(input_error(
-                    "language",
-                    lang,
-                    format!(
-                        "unknown language; available: auto, {}",
-                        info.languages
-                            .iter()
-                            .filter(|l| !l.eq_ignore_ascii_case("auto"))
-                            .cloned()
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                ));
-            }
-        }
+        // A name or its ISO 639-1 code (`en`, `ZH`, ...), case-insensitive.
+        let name = resolve_language(&info.languages, lang)
+            .map_err(|why| input_error("language", lang, why))?;
+        (name != "auto").then_some(name)
     };
     let instruct = s
         .instruct
@@ -214,7 +201,11 @@ mod tests {
         s.language = "klingon".into();
         let e = build_request(&s, &cv, "Hi.").unwrap_err();
         assert_eq!(e.property, "language");
-        assert!(e.why.ends_with("auto, english, german"), "{e}");
+        assert!(e.why.contains("auto, english (en), german (de)"), "{e}");
+        // ISO 639-1 codes name the languages, in any case.
+        s.language = "DE".into();
+        let (r, _) = build_request(&s, &cv, "Hi.").unwrap();
+        assert_eq!(r.voice.language.as_deref(), Some("german"));
         s.language = "auto".into();
         assert_eq!(
             build_request(&s, &cv, " \u{200B}\t").unwrap_err().property,

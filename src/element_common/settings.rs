@@ -6,12 +6,10 @@ use std::sync::LazyLock;
 
 use gst::glib;
 
+use super::bundled_voice;
 use crate::engine::StageConfig;
 use crate::models::qwen3_tts::{GenerationConfig, PromptMode, SamplingParams};
 
-/// The bundled English voice (`models/omnitts-en` of the source tree this plugin was built from): a small
-/// CustomVoice checkpoint in the real Qwen3-TTS layout, so the element speaks with no download.
-pub(crate) const DEFAULT_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/omnitts-en");
 pub(crate) const DEFAULT_LANGUAGE: &str = "auto";
 pub(crate) const DEFAULT_INITIAL_CHUNK_FRAMES: u32 = 0;
 pub(crate) const DEFAULT_CHUNK_FRAMES: u32 = 0;
@@ -123,7 +121,7 @@ pub(crate) struct SynthesisSettings {
 impl Default for SynthesisSettings {
     fn default() -> Self {
         SynthesisSettings {
-            model: DEFAULT_MODEL.to_string(),
+            model: bundled_voice::default_model(),
             stage_config: None,
             ar_device: None,
             decoder_device: None,

@@ -22,12 +22,13 @@ use crate::element_common::request::{ModelInfo, build_request};
 use crate::element_common::settings::SynthesisSettings;
 use crate::element_common::{messages, progress};
 use crate::engine::SharedEngine;
-use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak};
+use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
 
 use super::CAT;
 use super::output::{Notice, Output, Step};
 use super::runtime::{self, Shared};
 use super::sentences::split_sentences;
+use super::split_policy::{AutoSplit, SplitSentences};
 
 /// 20 ms at 24 kHz: fine-grained live pacing, one Opus frame.
 const DEFAULT_SAMPLES_PER_BUFFER: u32 = 480;
@@ -42,7 +43,7 @@ struct Settings {
     text: Option<String>,
     samples_per_buffer: u32,
     is_live: bool,
-    split_sentences: bool,
+    split_sentences: SplitSentences,
 }
 
 impl Default for Settings {
@@ -52,15 +53,16 @@ impl Default for Settings {
             text: None,
             samples_per_buffer: DEFAULT_SAMPLES_PER_BUFFER,
             is_live: DEFAULT_IS_LIVE,
-            split_sentences: false,
+            split_sentences: SplitSentences::default(),
         }
     }
 }
 
 impl Settings {
-    /// The utterances one text becomes: one a sentence with `split-sentences`, else the text.
-    fn utterance_texts(&self, text: &str) -> Vec<String> {
-        let pieces = if self.split_sentences {
+    /// The utterances one text becomes: one a sentence when `split-sentences` splits it (`auto`:
+    /// when it is longer than the loaded checkpoint's threshold), else the text.
+    fn utterance_texts(&self, text: &str, auto: AutoSplit) -> Vec<String> {
+        let pieces = if auto.splits(self.split_sentences, text) {
             split_sentences(text)
         } else {
             Vec::new()
@@ -80,6 +82,8 @@ struct Runtime {
     shared: Arc<Shared>,
     worker: Option<std::thread::JoinHandle<()>>,
     info: ModelInfo,
+    /// When `split-sentences=auto` splits a text, for the loaded checkpoint.
+    auto_split: AutoSplit,
     /// Live mode: the latency reported downstream (the first chunk's duration, at least one
     /// buffer); `None` when not live.
     live_latency: Option<gst::ClockTime>,
@@ -142,24 +146,25 @@ impl OmniTtsSrc {
         let settings = self.settings();
         let mut state = lock(&self.state);
         let Some(rt) = state.runtime.as_ref() else {
-            if nothing_to_speak(text) {
+            if let Some(why) = unspeakable(text) {
                 drop(state);
-                self.post_input_error(&input_error("text", text, NOTHING_TO_SPEAK));
+                self.post_input_error(&input_error("text", text, why));
                 return false;
             }
             gst::debug!(CAT, imp = self, "not started: keeping {text:?} for start()");
             state.early_texts.push(text.to_string());
             return true;
         };
-        let (shared, info, live, started) = (
+        let (shared, info, auto_split, live, started) = (
             rt.shared.clone(),
             rt.info.clone(),
+            rt.auto_split,
             rt.live_latency.is_some(),
             rt.started,
         );
         drop(state);
         let built: Result<Vec<_>, InputError> = settings
-            .utterance_texts(text)
+            .utterance_texts(text, auto_split)
             .into_iter()
             .map(|piece| {
                 build_request(&settings.synthesis, &info, &piece)
@@ -280,19 +285,24 @@ impl ObjectImpl for OmniTtsSrc {
                     )
                     .mutable_playing()
                     .build(),
-                glib::ParamSpecBoolean::builder("split-sentences")
-                    .nick("Split sentences")
-                    .blurb(
-                        "Speak each sentence of a text as its own utterance, queued back to back \
-                         (blank lines, and Unicode sentence boundaries within a paragraph; a single \
-                         line break is a space; titles such as Mr. and initials kept inside a \
-                         sentence), each with its own utterance messages. Keeps long \
-                         text on track with voices trained on single sentences, such as the \
-                         bundled voice. Applies to text queued after it is set",
-                    )
-                    .default_value(false)
-                    .mutable_playing()
-                    .build(),
+                glib::ParamSpecEnum::builder_with_default(
+                    "split-sentences",
+                    SplitSentences::default(),
+                )
+                .nick("Split sentences")
+                .blurb(
+                    "Speak each sentence of a text as its own utterance, queued back to back \
+                     (blank lines, and Unicode sentence boundaries within a paragraph; a single \
+                     line break is a space; titles such as Mr. and initials kept inside a \
+                     sentence), each with its own utterance messages: true for every text, \
+                     false for none, auto for texts longer than the checkpoint speaks well as \
+                     one utterance (its omnitts.json split_sentences_above_chars: 100 \
+                     characters for the bundled voice; else a quarter of the default \
+                     max-new-tokens frames, 1024 characters with the built-in stage config). \
+                     Applies to text queued after it is set",
+                )
+                .mutable_playing()
+                .build(),
             ];
             props.extend(synthesis_param_specs());
             props.extend([
@@ -492,6 +502,10 @@ impl BaseSrcImpl for OmniTtsSrc {
             progress::post_error(&element, "load", "model loading failed");
         })?;
         let load_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        let auto_split = AutoSplit::for_checkpoint(&info.dir, info.base_sampling.max_new_tokens)
+            .map_err(|e| {
+                gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
+            })?;
         let first_chunk = pts_of((info.first_chunk_frames * info.samples_per_frame) as u64);
         let latency = first_chunk.max(pts_of(settings.samples_per_buffer as u64));
         let live_latency = live.then_some(latency);
@@ -509,7 +523,10 @@ impl BaseSrcImpl for OmniTtsSrc {
         texts.extend(early);
         {
             let mut inner = shared.lock();
-            for text in texts.iter().flat_map(|t| settings.utterance_texts(t)) {
+            for text in texts
+                .iter()
+                .flat_map(|t| settings.utterance_texts(t, auto_split))
+            {
                 let (request, clone) = build_request(&settings.synthesis, &info, &text)
                     .map_err(|e| e.to_error_msg())?;
                 inner.queue(text, Ok(request), clone, 0);
@@ -547,6 +564,7 @@ impl BaseSrcImpl for OmniTtsSrc {
             shared,
             worker: Some(worker),
             info,
+            auto_split,
             live_latency,
             started: Instant::now(),
         });

@@ -1,0 +1,208 @@
+//! When a text is spoken sentence by sentence: the `split-sentences` property and its `auto` rule.
+//!
+//! `auto` (the default) splits a text into its sentences ([`split_sentences`](super::sentences))
+//! when it is longer than the checkpoint's threshold ([`AutoSplit`]), and speaks shorter texts as
+//! one utterance, as the reference does. The threshold is the smaller of
+//! - what the checkpoint asks for: `split_sentences_above_chars` in its `omnitts.json`
+//!   ([`HINTS_FILE`]; the bundled voice, trained on single sentences, asks for 100), and
+//! - what one utterance holds with room to spare: a quarter of the default `max_new_tokens`
+//!   frames in characters ([`FRAMES_PER_CHAR_BOUND`]), 1024 characters with the built-in stage
+//!   config's 4096 frames.
+
+use std::path::{Path, PathBuf};
+
+use gst::glib;
+
+/// The `split-sentences` property. The values keep the booleans' numbers (`FALSE` = 0,
+/// `TRUE` = 1), so `g_object_set (src, "split-sentences", TRUE, NULL)` and gst-launch's
+/// `split-sentences=true` keep working.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstOmniTtsSplitSentences")]
+pub(crate) enum SplitSentences {
+    /// Every text is one utterance.
+    #[enum_value(name = "Never: every text is one utterance", nick = "false")]
+    False = 0,
+    /// Every sentence is an utterance.
+    #[enum_value(
+        name = "Always: every sentence is an utterance of its own",
+        nick = "true"
+    )]
+    True = 1,
+    /// Texts longer than the checkpoint's threshold are split.
+    #[default]
+    #[enum_value(
+        name = "Auto: split texts longer than the checkpoint handles well as one utterance \
+                (omnitts.json split_sentences_above_chars, else max-new-tokens / 4 characters)",
+        nick = "auto"
+    )]
+    Auto = 2,
+}
+
+/// The checkpoint file in which a voice states how omnitts should treat it (JSON object; only
+/// `split_sentences_above_chars`, a non-negative integer, is read).
+pub const HINTS_FILE: &str = "omnitts.json";
+
+/// Codec frames per character that [`AutoSplit`] allows one utterance: 4 frames (320 ms) a
+/// character, slower than any language is spoken (English about 0.7 frames a character on the
+/// bundled voice, Chinese about 3), so a text under the threshold fits `max_new_tokens`.
+pub const FRAMES_PER_CHAR_BOUND: usize = 4;
+
+/// The `auto` threshold of one loaded checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AutoSplit {
+    /// Texts of more characters than this are split.
+    pub above_chars: usize,
+}
+
+/// A bad [`HINTS_FILE`]: the file and what is wrong.
+#[derive(Debug)]
+pub(crate) struct HintsError {
+    pub file: PathBuf,
+    pub msg: String,
+}
+
+impl std::fmt::Display for HintsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.file.display(), self.msg)
+    }
+}
+
+impl AutoSplit {
+    /// The threshold for the checkpoint in `dir` whose utterances get `max_new_tokens` frames
+    /// by default: its [`HINTS_FILE`]'s `split_sentences_above_chars` (when there is one) or
+    /// `max_new_tokens / FRAMES_PER_CHAR_BOUND`, whichever is smaller. Errs on an unreadable
+    /// or malformed hints file.
+    pub fn for_checkpoint(dir: &Path, max_new_tokens: usize) -> Result<Self, HintsError> {
+        let by_frames = max_new_tokens / FRAMES_PER_CHAR_BOUND;
+        let above_chars = match read_hint(&dir.join(HINTS_FILE))? {
+            Some(asked) => asked.min(by_frames),
+            None => by_frames,
+        };
+        Ok(AutoSplit { above_chars })
+    }
+
+    /// Whether `mode` splits `text` into sentences.
+    pub fn splits(self, mode: SplitSentences, text: &str) -> bool {
+        match mode {
+            SplitSentences::False => false,
+            SplitSentences::True => true,
+            SplitSentences::Auto => text.trim().chars().nth(self.above_chars).is_some(),
+        }
+    }
+}
+
+/// `split_sentences_above_chars` of the hints file `file`, `None` if there is no such file or
+/// field.
+fn read_hint(file: &Path) -> Result<Option<usize>, HintsError> {
+    let err = |msg: String| HintsError {
+        file: file.to_path_buf(),
+        msg,
+    };
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err(e.to_string())),
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| err(format!("invalid JSON: {e}")))?;
+    let Some(obj) = v.as_object() else {
+        return Err(err("expected a JSON object".into()));
+    };
+    match obj.get("split_sentences_above_chars") {
+        None => Ok(None),
+        Some(n) => n
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                err(format!(
+                    "split_sentences_above_chars: expected a non-negative integer, got {n}"
+                ))
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("omnitts-split-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn the_bundled_voice_asks_for_100_characters() {
+        let voice = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/omnitts-en");
+        let auto = AutoSplit::for_checkpoint(&voice, 2048).unwrap();
+        assert_eq!(auto.above_chars, 100);
+        let short = "It was a fine morning. The rain had stopped at last.";
+        let long = "It was a fine morning, and the rain had stopped at last. ".repeat(2);
+        assert!(!auto.splits(SplitSentences::Auto, short));
+        assert!(auto.splits(SplitSentences::Auto, &long));
+        assert!(auto.splits(SplitSentences::True, short));
+        assert!(!auto.splits(SplitSentences::False, &long));
+        // The threshold counts characters of the trimmed text, not bytes.
+        let at = "é".repeat(100);
+        assert!(!auto.splits(SplitSentences::Auto, &format!("  {at}\n")));
+        assert!(auto.splits(SplitSentences::Auto, &format!("{at}é")));
+    }
+
+    #[test]
+    fn without_hints_a_quarter_of_max_new_tokens() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-customvoice");
+        assert_eq!(
+            AutoSplit::for_checkpoint(&fixture, 4096)
+                .unwrap()
+                .above_chars,
+            1024
+        );
+        // A small frame budget lowers the bundled voice's threshold too.
+        let voice = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/omnitts-en");
+        assert_eq!(
+            AutoSplit::for_checkpoint(&voice, 200).unwrap().above_chars,
+            50
+        );
+    }
+
+    #[test]
+    fn bad_hints_are_named() {
+        let d = scratch("bad");
+        for (body, want) in [
+            (
+                "{\"split_sentences_above_chars\": -3}",
+                "non-negative integer, got -3",
+            ),
+            (
+                "{\"split_sentences_above_chars\": \"x\"}",
+                "non-negative integer",
+            ),
+            ("[1]", "expected a JSON object"),
+            ("{", "invalid JSON"),
+        ] {
+            std::fs::write(d.join(HINTS_FILE), body).unwrap();
+            let e = AutoSplit::for_checkpoint(&d, 4096).unwrap_err().to_string();
+            assert!(e.contains(HINTS_FILE) && e.contains(want), "{body}: {e}");
+        }
+        std::fs::write(d.join(HINTS_FILE), "{\"other\": 1}").unwrap();
+        assert_eq!(
+            AutoSplit::for_checkpoint(&d, 4096).unwrap().above_chars,
+            1024
+        );
+        std::fs::write(d.join(HINTS_FILE), "{\"split_sentences_above_chars\": 0}").unwrap();
+        let always = AutoSplit::for_checkpoint(&d, 4096).unwrap();
+        assert!(always.splits(SplitSentences::Auto, "Hi."));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn booleans_keep_their_numbers() {
+        use glib::translate::IntoGlib;
+        assert_eq!(SplitSentences::False.into_glib(), 0);
+        assert_eq!(SplitSentences::True.into_glib(), 1);
+        assert_eq!(SplitSentences::default(), SplitSentences::Auto);
+    }
+}

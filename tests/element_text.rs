@@ -1,0 +1,302 @@
+//! `omnittssrc` and the text it is given: `split-sentences` (`auto` by default, and its boolean
+//! values from gst-launch and `g_object_set`), the one-utterance limit and a megabyte of text,
+//! language codes, and text with nothing to speak.
+
+mod element_util;
+mod reference_util;
+
+use std::time::{Duration, Instant};
+
+use element_util::{
+    assert_names, drain, element_messages, errors, init, play_holding_first_buffer, rss_kib, set,
+    start_must_fail, v,
+};
+use gst::glib;
+use gst::prelude::*;
+use gst_check::Harness;
+use gstomnitts::element_common::messages;
+use reference_util::fixture_model;
+
+/// A harness on `omnittssrc` (the tiny model unless `props` names one), greedy, with a bus;
+/// `props` are set in order (an enum by its nick).
+fn harness(props: &[(&str, glib::SendValue)]) -> (Harness, gst::Bus) {
+    init();
+    let h = Harness::new("omnittssrc");
+    let e = h.element().expect("element");
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    e.set_property("model", fixture_model("tiny-customvoice"));
+    e.set_property("do-sample", false);
+    for (k, val) in props {
+        set(&e, k, val);
+    }
+    (h, bus)
+}
+
+/// Pulls every buffer until EOS (panics on a failed pull) and returns the samples.
+fn pull_samples(h: &mut Harness) -> Vec<f32> {
+    let mut out = Vec::new();
+    loop {
+        match h.pull_until_eos() {
+            Ok(Some(b)) => {
+                let m = b.map_readable().unwrap();
+                out.extend(
+                    m.as_slice()
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
+            }
+            Ok(None) => return out,
+            Err(e) => panic!("pull failed after {} samples: {e}", out.len()),
+        }
+    }
+}
+
+/// Speaks `props` to EOS: the samples and the texts of the utterances, in order (no errors).
+fn speak(props: &[(&str, glib::SendValue)]) -> (Vec<f32>, Vec<String>) {
+    let (mut h, bus) = harness(props);
+    h.play();
+    let samples = pull_samples(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let texts = element_messages(&msgs, messages::STARTED)
+        .iter()
+        .map(|s| s.get::<String>("text").unwrap())
+        .collect();
+    (samples, texts)
+}
+
+/// The nick of the `split-sentences` value of `e`.
+fn split_nick(e: &gst::Element) -> String {
+    let value = e.property_value("split-sentences");
+    glib::EnumValue::from_value(&value)
+        .expect("split-sentences is an enum")
+        .1
+        .nick()
+        .to_string()
+}
+
+const SHORT: &str = "It was a fine morning. The rain had stopped at last.";
+const LONG: &str = "It was a fine morning, and the rain had stopped at last. She walked down \
+                    to the river before breakfast. Nobody else was awake yet.";
+
+/// `auto`, the default, speaks the bundled voice's short texts whole, as the reference does, and
+/// longer ones (over the 100 characters its omnitts.json names) sentence by sentence.
+#[test]
+fn auto_splits_long_text_and_keeps_short_text_whole() {
+    init();
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    assert_eq!(split_nick(&e), "auto");
+    let voice = e.property::<String>("model");
+    let bundled = |text: &str, split: &str| {
+        speak(&[
+            ("model", v(voice.as_str())),
+            ("text", v(text)),
+            ("max-new-tokens", v(8u32)),
+            ("split-sentences", v(split)),
+        ])
+    };
+    let (short_auto, texts) = bundled(SHORT, "auto");
+    assert_eq!(texts, [SHORT]);
+    let (short_whole, _) = bundled(SHORT, "false");
+    assert_eq!(short_auto, short_whole, "a short text is spoken as before");
+    let (_, texts) = bundled(LONG, "auto");
+    assert_eq!(
+        texts,
+        [
+            "It was a fine morning, and the rain had stopped at last.",
+            "She walked down to the river before breakfast.",
+            "Nobody else was awake yet."
+        ]
+    );
+    let (_, texts) = bundled(LONG, "false");
+    assert_eq!(texts, [LONG]);
+    let (_, texts) = bundled(SHORT, "true");
+    assert_eq!(texts.len(), 2);
+
+    // A checkpoint without omnitts.json: texts over a quarter of the default max-new-tokens
+    // frames (4096 / 4 = 1024 characters) are split, whatever max-new-tokens is set to.
+    let sentence = "One more sentence of some thirty-five characters. ";
+    let (_, texts) = speak(&[
+        ("text", v(sentence.repeat(20).as_str())),
+        ("max-new-tokens", v(2u32)),
+    ]);
+    assert_eq!(texts.len(), 1, "1000 characters stay whole");
+    let (_, texts) = speak(&[
+        ("text", v(sentence.repeat(21).as_str())),
+        ("max-new-tokens", v(2u32)),
+    ]);
+    assert_eq!(texts.len(), 21, "1050 characters are split");
+}
+
+/// The booleans of the property's first type still work: gst-launch's `split-sentences=true`
+/// and `false`, and `g_object_set (src, "split-sentences", TRUE, NULL)` from C.
+#[test]
+fn split_sentences_takes_booleans_from_gst_launch_and_g_object_set() {
+    init();
+    for (value, nick) in [
+        ("true", "true"),
+        ("false", "false"),
+        ("auto", "auto"),
+        ("1", "true"),
+        ("0", "false"),
+    ] {
+        let p = gst::parse::launch(&format!(
+            "omnittssrc name=src split-sentences={value} ! fakesink"
+        ))
+        .unwrap_or_else(|e| panic!("split-sentences={value}: {e}"));
+        let src = p
+            .downcast_ref::<gst::Bin>()
+            .unwrap()
+            .by_name("src")
+            .unwrap();
+        assert_eq!(split_nick(&src), nick, "split-sentences={value}");
+    }
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    for (flag, nick) in [(glib::ffi::GTRUE, "true"), (glib::ffi::GFALSE, "false")] {
+        // SAFETY: a live GObject, a NUL-terminated property name, one gboolean value (C varargs
+        // pass it as an int, as an enum value is read) and the NULL that ends the list.
+        unsafe {
+            glib::gobject_ffi::g_object_set(
+                e.as_ptr() as *mut glib::gobject_ffi::GObject,
+                c"split-sentences".as_ptr(),
+                flag,
+                std::ptr::null::<std::ffi::c_char>(),
+            );
+        }
+        assert_eq!(split_nick(&e), nick);
+    }
+}
+
+/// A megabyte of text, split (the default), streams sentence by sentence: the first audio comes
+/// at once, memory stays bounded, and stopping is prompt. As one utterance it is refused, the
+/// error naming the limit and split-sentences.
+#[test]
+fn a_megabyte_of_text_streams_sentence_by_sentence() {
+    let sentence = "The quick brown fox jumps over the lazy dog by the river bank. ";
+    let text = sentence.repeat((1 << 20) / sentence.len() + 1);
+    assert!(text.len() >= 1 << 20);
+    let (mut h, bus) = harness(&[("max-new-tokens", v(3u32))]);
+    let e = h.element().unwrap();
+    let rss0 = rss_kib();
+    let t0 = Instant::now();
+    e.set_property("text", text.as_str());
+    h.play();
+    let mut samples = 0usize;
+    let mut done = 0;
+    let mut first_audio = None;
+    while done < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no 3 utterances in 60 s"
+        );
+        let b = h.pull().expect("a buffer");
+        first_audio.get_or_insert_with(|| t0.elapsed());
+        samples += b.size() / 4;
+        done += element_messages(&drain(&bus), messages::DONE).len();
+    }
+    let rss = rss_kib();
+    eprintln!(
+        "{} bytes of text: first audio after {:?}, {samples} samples of 3 utterances in {:?}, \
+         RSS {} -> {} MiB",
+        text.len(),
+        first_audio.unwrap_or_default(),
+        t0.elapsed(),
+        rss0 / 1024,
+        rss / 1024
+    );
+    assert!(samples > 0);
+    assert!(
+        rss < rss0 + 150 * 1024,
+        "memory grew by {} MiB",
+        (rss.saturating_sub(rss0)) / 1024
+    );
+    let t = Instant::now();
+    e.set_state(gst::State::Null).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "NULL took {:?}",
+        t.elapsed()
+    );
+
+    // split-sentences=false: one utterance, refused before any prefill.
+    let (mut h, bus) = harness(&[
+        ("text", v(text.as_str())),
+        ("split-sentences", v("false")),
+        ("max-new-tokens", v(3u32)),
+    ]);
+    let t = Instant::now();
+    h.play();
+    let msgs = loop {
+        let msgs = errors(&drain(&bus));
+        if !msgs.is_empty() {
+            break msgs;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "no error in 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!("as one utterance: refused after {:?}", t.elapsed());
+    assert_names(
+        &msgs,
+        &[
+            "text",
+            "too long for one utterance",
+            "at most",
+            "split-sentences",
+        ],
+    );
+    h.element().unwrap().set_state(gst::State::Null).unwrap();
+}
+
+/// ISO 639-1 codes name the model's languages, in any case; an unknown one is refused with the
+/// names and their codes.
+#[test]
+fn language_codes_are_aliases() {
+    for code in ["en", "EN", "zh", "De"] {
+        let (samples, texts) = speak(&[
+            ("text", v("Hello.")),
+            ("language", v(code)),
+            ("max-new-tokens", v(3u32)),
+        ]);
+        assert_eq!(texts.len(), 1, "{code}");
+        assert!(!samples.is_empty(), "{code}");
+    }
+    let (en, _) = speak(&[
+        ("text", v("Hello.")),
+        ("language", v("en")),
+        ("max-new-tokens", v(3u32)),
+    ]);
+    let (english, _) = speak(&[
+        ("text", v("Hello.")),
+        ("language", v("English")),
+        ("max-new-tokens", v(3u32)),
+    ]);
+    assert_eq!(en, english);
+    let (h, _) = harness(&[("text", v("Hello.")), ("language", v("xx"))]);
+    let errs = start_must_fail(&h.element().unwrap(), "language xx");
+    assert_names(&errs, &["language", "'xx'", "english (en)", "chinese (zh)"]);
+}
+
+/// Text with no letter or digit, which the model would only turn into noise, is refused
+/// naming the property and the value, before start and while playing.
+#[test]
+fn text_without_letters_or_digits_is_refused() {
+    let (h, _) = harness(&[("text", v("?!... ***"))]);
+    let errs = start_must_fail(&h.element().unwrap(), "punctuation only");
+    assert_names(&errs, &["text", "'?!... ***'", "no letter or digit"]);
+
+    let (mut h, bus) = harness(&[("text", v("First one.")), ("max-new-tokens", v(3u32))]);
+    let e = h.element().unwrap();
+    let (pad, probe) = play_holding_first_buffer(&mut h);
+    assert!(!e.emit_by_name::<bool>("push-text", &[&"😀😀😀😀"]));
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Then 42."]));
+    pad.remove_probe(probe);
+    let _ = pull_samples(&mut h);
+    let msgs = drain(&bus);
+    assert_names(&errors(&msgs), &["text", "no letter or digit"]);
+    let started: Vec<String> = element_messages(&msgs, messages::STARTED)
+        .iter()
+        .map(|s| s.get::<String>("text").unwrap())
+        .collect();
+    assert_eq!(started, ["First one.", "Then 42."]);
+}
