@@ -634,7 +634,11 @@ fn ready_only_properties_keep_their_value_while_running() {
     let bufs = pull_all(&mut h);
     check_timeline(&bufs, 4);
     let msgs = drain(&bus);
-    let warns = warnings(&msgs);
+    // The utterance itself ends by length (4 frames at most), with its own warning.
+    let (warns, limits): (Vec<String>, Vec<String>) = warnings(&msgs)
+        .into_iter()
+        .partition(|w| !w.contains("ended by length"));
+    assert!(limits.len() <= 1, "{limits:?}");
     assert_eq!(warns.len(), 3, "{warns:?}");
     for (w, name) in warns.iter().zip(["model", "samples-per-buffer", "is-live"]) {
         assert!(
@@ -727,4 +731,104 @@ fn parse_launch_to_wav_has_expected_length() {
     let spec = reader.spec();
     assert_eq!((spec.sample_rate, spec.channels), (24000, 1));
     assert_eq!(reader.duration() as u64, frames * SPF);
+}
+
+/// The warnings among `msgs` that contain `word`.
+fn warnings_with(msgs: &[gst::Message], word: &str) -> Vec<String> {
+    warnings(msgs)
+        .into_iter()
+        .filter(|w| w.contains(word))
+        .collect()
+}
+
+/// An utterance that ends at max-new-tokens or at the runaway guard (not at the model's end of
+/// speech) is reported with a warning naming the reason, its frames and what to change.
+#[test]
+fn length_and_guard_limits_post_a_warning() {
+    let (mut h, bus) = harness(&[("text", v(LONG_TEXT)), ("max-new-tokens", v(4u32))]);
+    h.play();
+    pull_all(&mut h);
+    let msgs = drain_ok(&bus);
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!(done[0].get::<&str>("reason").unwrap(), "length");
+    let frames = u64_field(&done[0], "frames");
+    let w = warnings_with(&msgs, "ended by length");
+    assert_eq!(w.len(), 1, "{:?}", warnings(&msgs));
+    for word in [
+        "utterance 1",
+        &format!("{frames} frames"),
+        "max-new-tokens",
+        "split-sentences",
+        "shorter text",
+    ] {
+        assert!(w[0].contains(word), "{word}: {}", w[0]);
+    }
+
+    // The runaway guard: a budget of 3 frames for any text.
+    let dir = TempDir::new("guard");
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/configs/qwen3_tts.yaml"
+    ))
+    .unwrap()
+    .replace("floor_frames: 75", "floor_frames: 3")
+    .replace("frames_per_text_token: 6.0", "frames_per_text_token: 0.01");
+    let config = dir.path().join("guard.yaml");
+    std::fs::write(&config, yaml).unwrap();
+    let (mut h, bus) = harness(&[
+        ("text", v(LONG_TEXT)),
+        ("max-new-tokens", v(200u32)),
+        ("stage-config", v(config.display().to_string())),
+    ]);
+    h.play();
+    pull_all(&mut h);
+    let msgs = drain_ok(&bus);
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!(done[0].get::<&str>("reason").unwrap(), "guard");
+    assert_eq!(u64_field(&done[0], "frames"), 3);
+    let w = warnings_with(&msgs, "ended by guard");
+    assert_eq!(w.len(), 1, "{:?}", warnings(&msgs));
+    for word in ["3 frames", "split-sentences", "shorter", "runaway_guard"] {
+        assert!(w[0].contains(word), "{word}: {}", w[0]);
+    }
+    assert!(warnings_with(&msgs, "ended by length").is_empty());
+}
+
+/// `instruct` on a checkpoint that drops it (the tiny CustomVoice is 0.6B), and a VoiceDesign
+/// checkpoint without one, are warned about once, naming the property.
+#[test]
+fn ignored_or_missing_instruct_is_warned_once() {
+    let instruct_warnings = |model: &str, instruct: Option<&str>| {
+        let (mut h, bus) = harness(&[("text", v("First one.")), ("max-new-tokens", v(3u32))]);
+        let e = h.element().unwrap();
+        e.set_property("model", model);
+        if let Some(i) = instruct {
+            e.set_property("instruct", i);
+        }
+        let (pad, probe) = play_holding_first_buffer(&mut h);
+        assert!(e.emit_by_name::<bool>("push-text", &[&"Second one."]));
+        pad.remove_probe(probe);
+        pull_all(&mut h);
+        let msgs = drain_ok(&bus);
+        assert_eq!(element_messages(&msgs, messages::DONE).len(), 2);
+        warnings_with(&msgs, "instruct '")
+    };
+    let w = instruct_warnings(&fixture_model("tiny-customvoice"), Some("Speak calmly."));
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].starts_with("instruct 'Speak calmly.': ignored"),
+        "{}",
+        w[0]
+    );
+    assert!(instruct_warnings(&fixture_model("tiny-customvoice"), None).is_empty());
+
+    let design = fixture_model("tiny-voicedesign");
+    let w = instruct_warnings(&design, None);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("VoiceDesign") && w[0].contains("set instruct"),
+        "{}",
+        w[0]
+    );
+    assert!(instruct_warnings(&design, Some("A calm, low voice.")).is_empty());
 }

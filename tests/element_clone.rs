@@ -683,9 +683,10 @@ fn x_vector_only_ignores_ref_text_with_a_warning() {
     assert_eq!(with.audio, without.audio);
 }
 
-/// A reference changed while playing applies to the next utterance; an unusable one refuses that
-/// utterance with an error naming it, after the audio already produced, and a good one afterwards
-/// plays again.
+/// A reference changed while playing applies to the next utterance. An unusable one (missing,
+/// silent, too long, ICL without its transcript) is refused by push-text at once, and its error,
+/// naming the property, is posted in stream order after the audio already produced; a good one
+/// afterwards plays again.
 #[test]
 fn runtime_bad_reference_refuses_only_its_utterance() {
     let f = refs();
@@ -708,10 +709,21 @@ fn runtime_bad_reference_refuses_only_its_utterance() {
     }
     // Hold the first buffer so that the texts below are queued before EOS.
     let (pad, probe) = play_holding_first_buffer(&mut h);
-    e.set_property("ref-audio", f.silent.as_str());
-    assert!(e.emit_by_name::<bool>("push-text", &[&"Refused."]));
+    for bad in [f.silent.as_str(), "/nonexistent/voice.wav", f.long.as_str()] {
+        e.set_property("ref-audio", bad);
+        assert!(
+            !e.emit_by_name::<bool>("push-text", &[&"Refused."]),
+            "{bad} accepted"
+        );
+    }
+    // ICL without the transcript.
     e.set_property("ref-audio", f.good.as_str());
-    assert!(e.emit_by_name::<bool>("push-text", &[&"Third."]));
+    e.set_property("ref-text", None::<String>);
+    assert!(!e.emit_by_name::<bool>("push-text", &[&"Refused."]));
+    e.set_property("ref-text", "This is the reference.");
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Sixth."]));
+    // Nothing is posted before the audio queued ahead of the refusals.
+    assert!(errors(&drain(&bus)).is_empty());
     pad.remove_probe(probe);
     let mut samples = 0usize;
     loop {
@@ -723,12 +735,26 @@ fn runtime_bad_reference_refuses_only_its_utterance() {
     }
     let msgs = drain(&bus);
     let errs = errors(&msgs);
-    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs.len(), 4, "{errs:?}");
     assert_names(&errs, &["utterance 2", "ref-audio", &f.silent, "silent"]);
+    assert_names(
+        &errs,
+        &[
+            "utterance 3",
+            "ref-audio",
+            "/nonexistent/voice.wav",
+            "no such file",
+        ],
+    );
+    assert_names(
+        &errs,
+        &["utterance 4", "ref-audio", &f.long, "60.0 s limit"],
+    );
+    assert_names(&errs, &["utterance 5", "ref-text", "transcript"]);
     let done = element_messages(&msgs, messages::DONE);
     let ids: Vec<u64> = done.iter().map(|s| s.get::<u64>("id").unwrap()).collect();
-    assert_eq!(ids, [1, 3], "utterances 1 and 3 spoken");
+    assert_eq!(ids, [1, 6], "utterances 1 and 6 spoken");
     assert_eq!(samples, 2 * 3 * SPF, "both utterances complete");
-    // The good reference was decoded again after the silent one, but encoded only once.
+    // The good reference was decoded again after the others, but encoded only once.
     assert_eq!(e.property::<u64>("voice-clone-encodes"), 1);
 }

@@ -268,3 +268,159 @@ fn opus_over_rtp_on_loopback() {
     assert!(peak > 0.01, "received only silence (peak {peak})");
     assert!(errors(&receiver.bus().unwrap().iter().collect::<Vec<_>>()).is_empty());
 }
+
+/// Checks that `seen` tiles the timeline (offsets contiguous, PTS = first PTS + sample time)
+/// except at the buffers listed in `jumps`, where the PTS jumps forward and DISCONT is set;
+/// DISCONT is set on the first buffer and at the jumps only.
+fn check_live_timeline(seen: &[Seen], jumps: &[usize]) {
+    let mut base = seen[0].pts;
+    let mut n = 0;
+    for (i, b) in seen.iter().enumerate() {
+        assert_eq!(b.offset, n, "buffer {i}: offset");
+        let expected = base + element_util::pts_of(n);
+        if jumps.contains(&i) {
+            assert!(b.pts > expected, "buffer {i}: no jump at {}", b.pts);
+            base = b.pts - element_util::pts_of(n);
+        } else {
+            assert_eq!(b.pts, expected, "buffer {i}: pts");
+        }
+        assert_eq!(
+            b.discont,
+            i == 0 || jumps.contains(&i),
+            "buffer {i}: DISCONT"
+        );
+        n += b.samples;
+    }
+}
+
+/// The utterance messages' `pts` are the PTS of the buffers they describe, and PAUSED → PLAYING
+/// keeps the timeline (the running time stood still): no jump, no DISCONT, no audio lost.
+#[test]
+fn messages_agree_with_buffers_across_pause() {
+    let _g = serial();
+    let (pipeline, src, seen) = live_pipeline("max-new-tokens=30 initial-chunk-frames=2");
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(src.emit_by_name::<bool>("push-text", &[&"Pause in the middle."]));
+    let mut msgs = Vec::new();
+    wait_element_message(&bus, messages::STARTED, Duration::from_secs(30), &mut msgs)
+        .expect("started message");
+    std::thread::sleep(Duration::from_millis(600));
+    pipeline.set_state(gst::State::Paused).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let done = wait_element_message(&bus, messages::DONE, Duration::from_secs(30), &mut msgs)
+        .expect("done message");
+    std::thread::sleep(Duration::from_millis(300));
+    pipeline.set_state(gst::State::Null).unwrap();
+    while let Some(m) = bus.pop() {
+        msgs.push(m);
+    }
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let seen = seen.lock().unwrap().clone();
+    check_live_timeline(&seen, &[]);
+
+    let first_speech = seen.iter().position(|b| !b.gap).expect("speech buffers");
+    let last_speech = seen.iter().rposition(|b| !b.gap).unwrap();
+    let started = &element_messages(&msgs, messages::STARTED)[0];
+    let pts = |s: &gst::Structure| gst::ClockTime::from_nseconds(s.get::<u64>("pts").unwrap());
+    assert_eq!(pts(started), seen[first_speech].pts, "started pts");
+    assert_eq!(pts(&done), seen[first_speech].pts, "done pts");
+    let end = seen[last_speech].pts + seen[last_speech].duration;
+    assert_eq!(
+        done.get::<u64>("duration").unwrap(),
+        (end - seen[first_speech].pts).nseconds(),
+        "done duration"
+    );
+    let speech: u64 = seen.iter().filter(|b| !b.gap).map(|b| b.samples).sum();
+    assert_eq!(
+        speech,
+        done.get::<u64>("frames").unwrap() * SPF,
+        "audio lost"
+    );
+    assert_eq!(done.get::<u64>("samples").unwrap(), speech);
+}
+
+/// A pipeline whose running time goes on while paused (no start time): after PLAYING again the
+/// timeline jumps to the running time, and that buffer is DISCONT.
+#[test]
+fn a_running_time_that_moved_on_is_a_discont() {
+    let _g = serial();
+    let (pipeline, _src, seen) = live_pipeline("");
+    pipeline.set_start_time(gst::ClockTime::NONE);
+    pipeline.set_state(gst::State::Playing).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    pipeline.set_state(gst::State::Paused).unwrap();
+    let paused = seen.lock().unwrap().len();
+    std::thread::sleep(Duration::from_millis(600));
+    pipeline.set_state(gst::State::Playing).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    pipeline.set_state(gst::State::Null).unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let jump = seen
+        .iter()
+        .skip(1)
+        .position(|b| b.discont)
+        .map(|i| i + 1)
+        .expect("a DISCONT after the pause");
+    assert!(
+        jump >= paused.saturating_sub(2),
+        "DISCONT at {jump}, paused at {paused}"
+    );
+    check_live_timeline(&seen, &[jump]);
+    let prev = &seen[jump - 1];
+    let gap = seen[jump].pts - (prev.pts + prev.duration);
+    assert!(
+        gap >= gst::ClockTime::from_mseconds(300),
+        "jump of {gap} for a 600 ms pause"
+    );
+}
+
+/// Texts refused while an utterance is still being spoken keep their place in the stream; an EOS
+/// event before the stream reaches them still posts every refusal.
+#[test]
+fn refusals_behind_a_live_eos_are_posted() {
+    let _g = serial();
+    let (pipeline, src, _seen) = live_pipeline("max-new-tokens=200");
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    assert!(src.emit_by_name::<bool>(
+        "push-text",
+        &[&"A long utterance that is still being spoken."]
+    ));
+    for i in 0..24 {
+        assert!(
+            !src.emit_by_name::<bool>("push-text", &[&" \u{200B} "]),
+            "refusal {i}"
+        );
+    }
+    let mut msgs = Vec::new();
+    wait_element_message(
+        &bus,
+        messages::FIRST_AUDIO,
+        Duration::from_secs(30),
+        &mut msgs,
+    )
+    .expect("first-audio message");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    assert!(pipeline.send_event(gst::event::Eos::new()));
+    loop {
+        let m = bus
+            .timed_pop(gst::ClockTime::from_seconds(10))
+            .expect("EOS within 10 s");
+        let eos = m.type_() == gst::MessageType::Eos;
+        msgs.push(m);
+        if eos {
+            break;
+        }
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+    let errs = errors(&msgs);
+    assert_eq!(errs.len(), 24, "{errs:?}");
+    for (i, e) in errs.iter().enumerate() {
+        assert!(e.contains(&format!("utterance {} refused", i + 2)), "{e}");
+        assert!(e.contains("nothing to speak"), "{e}");
+    }
+}

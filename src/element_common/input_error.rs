@@ -13,17 +13,22 @@ pub(crate) struct InputError {
     pub why: String,
 }
 
+/// `value` as messages quote it: escaped, cut to [`QUOTED_VALUE_CHARS`] characters with "…".
+pub(crate) fn quoted(value: &str) -> String {
+    let mut shown: String = value.chars().take(QUOTED_VALUE_CHARS).collect();
+    if value.chars().nth(QUOTED_VALUE_CHARS).is_some() {
+        shown.push('…');
+    }
+    shown.escape_debug().to_string()
+}
+
 impl std::fmt::Display for InputError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut shown: String = self.value.chars().take(QUOTED_VALUE_CHARS).collect();
-        if self.value.chars().nth(QUOTED_VALUE_CHARS).is_some() {
-            shown.push('…');
-        }
         write!(
             f,
             "{} '{}': {}",
             self.property,
-            shown.escape_debug(),
+            quoted(&self.value),
             self.why
         )
     }

@@ -213,6 +213,7 @@ fn model_info(
         samples_per_frame: engine.samples_per_frame(),
         first_chunk_frames,
         default_chunk_frames,
+        uses_instruct: engine.uses_instruct(),
     }
 }
 

@@ -3,6 +3,8 @@
 
 use crate::engine::{FinishReason, Metrics};
 
+use super::input_error::quoted;
+
 /// An utterance's first buffer is being output. Fields: `id` (u64), `text` (string),
 /// `pts` (u64 ns, the PTS of its first sample).
 pub const STARTED: &str = "omnitts/utterance-started";
@@ -103,6 +105,29 @@ impl UtteranceDone {
         )
     }
 
+    /// Why the utterance was cut short and what to change, when it ended at a limit instead of
+    /// the model's end of speech: `max-new-tokens` (`length`) or the runaway guard (`guard`).
+    /// Posted as a bus warning.
+    pub fn limit_warning(&self) -> Option<String> {
+        let (id, frames) = (self.id, self.metrics.frames);
+        let (text, secs) = (quoted(&self.text), self.metrics.audio_ms / 1000.0);
+        match self.reason {
+            FinishReason::Length => Some(format!(
+                "utterance {id} ('{text}') ended by length: max-new-tokens was reached after \
+                 {frames} frames ({secs:.1} s of audio) before the model ended the speech, so \
+                 its end may be cut off; raise max-new-tokens, set split-sentences=true, or \
+                 send shorter text"
+            )),
+            FinishReason::Guard => Some(format!(
+                "utterance {id} ('{text}') ended by guard: the runaway guard stopped it after \
+                 {frames} frames ({secs:.1} s of audio), more than its text should take, which \
+                 usually means babble or noise; set split-sentences=true, send shorter or \
+                 plainer text, or change runaway_guard in the stage-config"
+            )),
+            _ => None,
+        }
+    }
+
     /// The error message of an utterance whose synthesis failed (`reason` is `error`).
     pub fn error_message(&self, src: &gst::Element) -> Option<gst::Message> {
         let FinishReason::Error(e) = &self.reason else {
@@ -119,14 +144,80 @@ impl UtteranceDone {
     }
 }
 
-/// The error message of an utterance refused before it started (bad text or settings, an
-/// unusable reference): RESOURCE/SETTINGS, the reason naming the property and value.
-pub(crate) fn refused(src: &gst::Element, id: u64, text: &str, error: &str) -> gst::Message {
-    gst::message::Error::builder(
-        gst::ResourceError::Settings,
-        &format!("utterance {id} refused: {error}"),
-    )
-    .debug(&format!("text: {text:?}"))
-    .src(src)
-    .build()
+/// An utterance refused before it started (bad text or settings, an unusable reference, a full
+/// engine): its id, text and why (naming the property and value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub id: u64,
+    pub text: String,
+    pub error: String,
+}
+
+impl Refusal {
+    /// Its error message: RESOURCE/SETTINGS, "utterance N refused: why", the text as debug.
+    pub fn message(&self, src: &gst::Element) -> gst::Message {
+        gst::message::Error::builder(
+            gst::ResourceError::Settings,
+            &format!("utterance {} refused: {}", self.id, self.error),
+        )
+        .debug(&format!("text: {:?}", self.text))
+        .src(src)
+        .build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(reason: FinishReason) -> UtteranceDone {
+        UtteranceDone {
+            id: 3,
+            text: "A long one.".into(),
+            reason,
+            metrics: Metrics {
+                frames: 29,
+                audio_ms: 2320.0,
+                ..Metrics::default()
+            },
+            samples: 29 * 1920,
+            underruns: 0,
+            pts: gst::ClockTime::ZERO,
+            duration: gst::ClockTime::ZERO,
+        }
+    }
+
+    #[test]
+    fn limits_warn_with_the_reason_frames_and_remedy() {
+        let w = done(FinishReason::Length).limit_warning().unwrap();
+        for word in [
+            "utterance 3",
+            "'A long one.'",
+            "length",
+            "29 frames",
+            "2.3 s",
+        ] {
+            assert!(w.contains(word), "{word}: {w}");
+        }
+        for remedy in ["max-new-tokens", "split-sentences", "shorter text"] {
+            assert!(w.contains(remedy), "{remedy}: {w}");
+        }
+        let w = done(FinishReason::Guard).limit_warning().unwrap();
+        for word in [
+            "guard",
+            "29 frames",
+            "split-sentences",
+            "shorter",
+            "runaway_guard",
+        ] {
+            assert!(w.contains(word), "{word}: {w}");
+        }
+        for quiet in [
+            FinishReason::Eos,
+            FinishReason::Cancelled,
+            FinishReason::Error("x".into()),
+        ] {
+            assert_eq!(done(quiet).limit_warning(), None);
+        }
+    }
 }

@@ -15,6 +15,7 @@
 //!   about its checkpoint ([`request::ModelInfo`]);
 //! - [`request`]: settings + text → [`EngineRequest`](crate::engine::EngineRequest);
 //! - [`voice_clone`], [`ref_audio`]: Base checkpoints' reference voice;
+//! - [`voice_warnings`]: voice settings the checkpoint ignores, warned once;
 //! - [`hub`]: the `model` property resolved to a checkpoint directory; [`bundled_voice`]: where
 //!   the default `model`, the bundled voice, is found;
 //! - [`audio`]: the output caps, the sample ↔ time mapping and the output buffers;
@@ -33,3 +34,4 @@ pub mod ref_audio;
 pub(crate) mod request;
 pub(crate) mod settings;
 pub(crate) mod voice_clone;
+pub(crate) mod voice_warnings;

@@ -95,7 +95,8 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .nick("Instruct")
             .blurb(
                 "Style instruction (1.7B CustomVoice) or voice description (VoiceDesign); \
-                 ignored by 0.6B CustomVoice. Applies to text queued after it is set",
+                 ignored by 0.6B CustomVoice and Base (with a warning, as for a VoiceDesign \
+                 checkpoint without one). Applies to text queued after it is set",
             )
             .mutable_playing()
             .build(),

@@ -3,14 +3,15 @@
 //! the chunk sizes, and (Base) the reference voice.
 
 use std::path::PathBuf;
+use std::sync::Mutex;
 
-use crate::engine::EngineRequest;
+use crate::engine::{Engine, EngineError, EngineRequest};
 use crate::models::qwen3_tts::prompt::{resolve_language, unspeakable};
 use crate::models::qwen3_tts::{ModelVariant, SamplingParams, VoiceRequest};
 
 use super::input_error::{InputError, input_error};
 use super::settings::SynthesisSettings;
-use super::voice_clone::{CloneSpec, clone_spec};
+use super::voice_clone::{CloneSpec, VoiceCloner, clone_spec};
 
 /// What loading told about the checkpoint; fixed until the element stops.
 #[derive(Debug, Clone)]
@@ -30,6 +31,8 @@ pub(crate) struct ModelInfo {
     pub first_chunk_frames: usize,
     /// Chunk size of requests when the `chunk-frames` property is 0 (`None`: the stage config's).
     pub default_chunk_frames: Option<usize>,
+    /// The prompt uses `instruct` (VoiceDesign, 1.7B CustomVoice).
+    pub uses_instruct: bool,
 }
 
 /// Matches `value` case-insensitively against `list`, returning the list's spelling.
@@ -119,6 +122,61 @@ pub(crate) fn build_request(
     Ok((request, clone))
 }
 
+/// The complete request for `text`, checked as far as it can be before the engine runs it: the
+/// settings against the checkpoint ([`build_request`]), the reference voice (Base: decoded by
+/// `cloner` once per recording and encoded by the engine once per recording, transcript and
+/// mode, so a new reference takes that long here), and the engine's own checks of the request
+/// ([`Engine::validate`]). What is left for the engine to refuse later: a full engine at submit
+/// time (`EngineError::Busy`), a text whose prompt does not fit the talker's positions (found
+/// when stage 0 tokenises it), and failures of the engine itself.
+pub(crate) fn checked_request(
+    s: &SynthesisSettings,
+    info: &ModelInfo,
+    engine: &Engine,
+    cloner: &Mutex<VoiceCloner>,
+    text: &str,
+) -> Result<EngineRequest, InputError> {
+    let (mut request, clone) = build_request(s, info, text)?;
+    if let Some(spec) = clone {
+        let mut cloner = cloner.lock().unwrap_or_else(|p| p.into_inner());
+        request.voice.voice_clone = Some(cloner.prompt(engine, &spec)?);
+    }
+    engine.validate(&request).map_err(|e| match e {
+        EngineError::InvalidRequest { field, value, msg } => {
+            input_error(property_of(&field), &value, msg)
+        }
+        other => input_error("text", text, other.to_string()),
+    })?;
+    Ok(request)
+}
+
+/// The property behind a field of an engine request (`voice.speaker`, `sampling.top_p`, …).
+fn property_of(field: &str) -> &'static str {
+    let field = field.strip_prefix("voice.").unwrap_or(field);
+    if field == "voice_clone.ref_text" {
+        return "ref-text";
+    }
+    if field.starts_with("voice_clone") {
+        return "ref-audio";
+    }
+    match field.strip_prefix("sampling.").unwrap_or(field) {
+        "speaker" => "speaker",
+        "language" => "language",
+        "instruct" => "instruct",
+        "temperature" => "temperature",
+        "top_k" => "top-k",
+        "top_p" => "top-p",
+        "repetition_penalty" => "repetition-penalty",
+        "max_new_tokens" => "max-new-tokens",
+        "seed" => "seed",
+        "chunk_frames" => "chunk-frames",
+        "initial_chunk_frames" => "initial-chunk-frames",
+        // The code predictor's sampling comes from the stage config.
+        f if f.starts_with("subtalker") => "stage-config",
+        _ => "text",
+    }
+}
+
 /// The sampling properties that are set, over `base` (the engine's defaults); greedy when
 /// `do-sample` is false or the temperature 0.
 fn sampling(s: &SynthesisSettings, base: &SamplingParams) -> SamplingParams {
@@ -151,11 +209,13 @@ fn sampling(s: &SynthesisSettings, base: &SamplingParams) -> SamplingParams {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::models::qwen3_tts::GenerationConfig;
 
-    fn info(variant: ModelVariant) -> ModelInfo {
+    /// A checkpoint of `variant` named `m`: CustomVoice speakers aiden and joe, languages auto,
+    /// english and german, sampling on.
+    pub(crate) fn info(variant: ModelVariant) -> ModelInfo {
         ModelInfo {
             model: "m".into(),
             dir: PathBuf::from("/m"),
@@ -175,6 +235,7 @@ mod tests {
             samples_per_frame: 1920,
             first_chunk_frames: 1,
             default_chunk_frames: Some(1),
+            uses_instruct: variant != ModelVariant::Base,
         }
     }
 
@@ -218,6 +279,23 @@ mod tests {
         assert!(e.why.contains("no preset speakers"), "{e}");
         s.speaker = None;
         assert_eq!(build_request(&s, &vd, "Hi.").unwrap().0.voice.speaker, None);
+    }
+
+    #[test]
+    fn engine_fields_map_to_properties() {
+        for (field, property) in [
+            ("voice.text", "text"),
+            ("voice.language", "language"),
+            ("voice.voice_clone", "ref-audio"),
+            ("voice.voice_clone.ref_codes", "ref-audio"),
+            ("voice.voice_clone.ref_text", "ref-text"),
+            ("sampling.top_p", "top-p"),
+            ("sampling.max_new_tokens", "max-new-tokens"),
+            ("sampling.subtalker_top_p", "stage-config"),
+            ("chunk_frames", "chunk-frames"),
+        ] {
+            assert_eq!(property_of(field), property, "{field}");
+        }
     }
 
     #[test]

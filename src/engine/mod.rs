@@ -428,6 +428,12 @@ impl Engine {
         self.info.variant
     }
 
+    /// Whether the prompt uses a request's `instruct` (VoiceDesign, 1.7B CustomVoice); Base and
+    /// 0.6B CustomVoice checkpoints drop it, as the reference wrapper does.
+    pub fn uses_instruct(&self) -> bool {
+        prompt::uses_instruct(&self.model_config)
+    }
+
     /// Preset speakers (CustomVoice), lower case.
     pub fn speakers(&self) -> Vec<String> {
         self.info.speakers.clone()
@@ -527,7 +533,11 @@ impl Engine {
             .stats()
     }
 
-    fn validate(&self, req: &EngineRequest) -> Result<(), EngineError> {
+    /// Checks `req` as [`Engine::submit`] does, without queueing it: the voice (text, speaker,
+    /// language, voice-clone prompt; the model's rules), the sampling values and chunk sizes.
+    /// Errors: [`EngineError::InvalidRequest`] naming the field (`voice.text`,
+    /// `sampling.top_p`, `chunk_frames`, …) and the value.
+    pub fn validate(&self, req: &EngineRequest) -> Result<(), EngineError> {
         let bad = |field: &str, value: String, msg: &str| EngineError::InvalidRequest {
             field: field.to_string(),
             value,

@@ -18,8 +18,10 @@ use crate::element_common::load::{Loaded, load};
 use crate::element_common::properties::{
     model_info_param_specs, model_info_property, refuse_ready_only, synthesis_param_specs,
 };
-use crate::element_common::request::{ModelInfo, build_request};
+use crate::element_common::request::{ModelInfo, checked_request};
 use crate::element_common::settings::SynthesisSettings;
+use crate::element_common::voice_clone::VoiceCloner;
+use crate::element_common::voice_warnings::WarnOnce;
 use crate::element_common::{messages, progress};
 use crate::engine::SharedEngine;
 use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
@@ -84,6 +86,10 @@ struct Runtime {
     info: ModelInfo,
     /// When `split-sentences=auto` splits a text, for the loaded checkpoint.
     auto_split: AutoSplit,
+    /// Turns `ref-audio` into voice-clone prompts when text is queued (Base checkpoints).
+    cloner: Arc<Mutex<VoiceCloner>>,
+    /// The voice warnings posted since start.
+    warned: Arc<WarnOnce>,
     /// Live mode: the latency reported downstream (the first chunk's duration, at least one
     /// buffer); `None` when not live.
     live_latency: Option<gst::ClockTime>,
@@ -138,10 +144,20 @@ impl OmniTtsSrc {
         })
     }
 
+    /// Posts the voice warnings (ignored or missing `instruct`) that text queued with `s` gets
+    /// and that were not posted since start.
+    fn warn_voice(&self, warned: &WarnOnce, s: &SynthesisSettings, info: &ModelInfo) {
+        for w in warned.new_warnings(s, info) {
+            gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
+        }
+    }
+
     /// Queues `text` as an utterance (the `push-text` action and `text` set while running).
     /// Returns false when the text is refused, with an element error that names the property
     /// and value: at once before start, and while running in stream order, after the audio of
-    /// the utterances queued before it (none of which is lost).
+    /// the utterances queued before it (none of which is lost). Running, the request is checked
+    /// completely here ([`checked_request`]: a new `ref-audio` is decoded and encoded before
+    /// this returns).
     fn push_text(&self, text: &str) -> bool {
         let settings = self.settings();
         let mut state = lock(&self.state);
@@ -155,28 +171,33 @@ impl OmniTtsSrc {
             state.early_texts.push(text.to_string());
             return true;
         };
-        let (shared, info, auto_split, live, started) = (
+        let (shared, info, auto_split, engine, cloner, warned) = (
             rt.shared.clone(),
             rt.info.clone(),
             rt.auto_split,
-            rt.live_latency.is_some(),
-            rt.started,
+            rt.engine.clone(),
+            rt.cloner.clone(),
+            rt.warned.clone(),
         );
+        // Live: spoken at the running time it arrives.
+        let now = rt.live_latency.map(|_| self.running_time(rt.started));
         drop(state);
         let built: Result<Vec<_>, InputError> = settings
             .utterance_texts(text, auto_split)
             .into_iter()
             .map(|piece| {
-                build_request(&settings.synthesis, &info, &piece)
-                    .map(|(request, clone)| (piece, Ok(request), clone))
+                checked_request(&settings.synthesis, &info, &engine, &cloner, &piece)
+                    .map(|request| (piece, Ok(request)))
             })
             .collect();
         // A refused text is queued whole, as one utterance whose error keeps its place in the stream.
         let (utterances, accepted) = match built {
             Ok(u) => (u, true),
-            Err(e) => (vec![(text.to_string(), Err(e.to_string()), None)], false),
+            Err(e) => (vec![(text.to_string(), Err(e.to_string()))], false),
         };
-        let now = live.then(|| self.running_time(started));
+        if accepted {
+            self.warn_voice(&warned, &settings.synthesis, &info);
+        }
         let mut inner = shared.lock();
         if inner.ended() {
             drop(inner);
@@ -184,8 +205,8 @@ impl OmniTtsSrc {
             return false;
         }
         let start_pos = inner.arrival_pos(now);
-        for (text, request, clone) in utterances {
-            let u = inner.queue(text, request, clone, start_pos);
+        for (text, request) in utterances {
+            let u = inner.queue(text, request, start_pos);
             gst::info!(
                 CAT,
                 imp = self,
@@ -251,9 +272,12 @@ impl OmniTtsSrc {
                     if let Some(error) = done.error_message(&src) {
                         let _ = src.post_message(error);
                     }
+                    if let Some(w) = done.limit_warning() {
+                        gst::element_imp_warning!(self, gst::StreamError::Failed, ("{}", w));
+                    }
                 }
-                Notice::Refused { id, text, error } => {
-                    let _ = src.post_message(messages::refused(&src, id, &text, &error));
+                Notice::Refused(r) => {
+                    let _ = src.post_message(r.message(&src));
                 }
                 Notice::Underrun { id, pos, count } => gst::warning!(
                     CAT,
@@ -459,14 +483,47 @@ impl ElementImpl for OmniTtsSrc {
             let live = lock(&self.settings).is_live;
             self.obj().set_live(live);
         }
+        // Live: how far the running time moves while paused (see Output::resume).
+        if matches!(
+            transition,
+            gst::StateChange::PlayingToPaused | gst::StateChange::PausedToPlaying
+        ) && let Some(rt) = lock(&self.state).runtime.as_ref()
+            && let Some(now) = self.obj().current_running_time()
+        {
+            let mut inner = rt.shared.lock();
+            match transition {
+                gst::StateChange::PlayingToPaused => inner.pause(now),
+                _ => inner.resume(now),
+            }
+        }
         self.parent_change_state(transition)
     }
 
     fn send_event(&self, event: gst::Event) -> bool {
-        if let gst::EventView::FlushStart(_) = event.view() {
-            self.discard("flush-start");
+        match event.view() {
+            gst::EventView::FlushStart(_) => {
+                self.discard("flush-start");
+            }
+            gst::EventView::Eos(_) => self.end_stream(),
+            _ => {}
         }
         self.parent_send_event(event)
+    }
+}
+
+impl OmniTtsSrc {
+    /// An EOS event ends the stream: the refusals queued behind it, which the output will not
+    /// reach, are posted now (in stream order).
+    fn end_stream(&self) {
+        let shared = match lock(&self.state).runtime.as_ref() {
+            Some(rt) => rt.shared.clone(),
+            None => return,
+        };
+        let refusals = shared.lock().end_stream();
+        let src = self.element();
+        for r in refusals {
+            let _ = src.post_message(r.message(&src));
+        }
     }
 }
 
@@ -521,25 +578,23 @@ impl BaseSrcImpl for OmniTtsSrc {
             texts.push(t);
         }
         texts.extend(early);
+        let (cloner, warned) = (Arc::new(Mutex::new(cloner)), Arc::new(WarnOnce::default()));
+        for text in texts
+            .iter()
+            .flat_map(|t| settings.utterance_texts(t, auto_split))
         {
-            let mut inner = shared.lock();
-            for text in texts
-                .iter()
-                .flat_map(|t| settings.utterance_texts(t, auto_split))
-            {
-                let (request, clone) = build_request(&settings.synthesis, &info, &text)
-                    .map_err(|e| e.to_error_msg())?;
-                inner.queue(text, Ok(request), clone, 0);
-            }
+            let request = checked_request(&settings.synthesis, &info, &engine, &cloner, &text)
+                .map_err(|e| e.to_error_msg())?;
+            self.warn_voice(&warned, &settings.synthesis, &info);
+            shared.lock().queue(text, Ok(request), 0);
         }
-        let worker =
-            runtime::spawn_worker(engine.clone(), cloner, shared.clone(), element.downgrade())
-                .map_err(|e| {
-                    gst::error_msg!(
-                        gst::ResourceError::Failed,
-                        ("could not start the worker thread: {}", e)
-                    )
-                })?;
+        let worker = runtime::spawn_worker(engine.clone(), shared.clone(), element.downgrade())
+            .map_err(|e| {
+                gst::error_msg!(
+                    gst::ResourceError::Failed,
+                    ("could not start the worker thread: {}", e)
+                )
+            })?;
         let sharing = match (engine.loaded(), engine.users()) {
             (true, 1) if settings.synthesis.shared_engine => "engine loaded".to_string(),
             (true, _) if !settings.synthesis.shared_engine => {
@@ -565,6 +620,8 @@ impl BaseSrcImpl for OmniTtsSrc {
             worker: Some(worker),
             info,
             auto_split,
+            cloner,
+            warned,
             live_latency,
             started: Instant::now(),
         });
@@ -639,15 +696,10 @@ impl BaseSrcImpl for OmniTtsSrc {
         self.parent_event(event)
     }
 
-    fn times(&self, buffer: &gst::BufferRef) -> (Option<gst::ClockTime>, Option<gst::ClockTime>) {
-        if self.obj().is_live() {
-            match (buffer.pts(), buffer.duration()) {
-                (Some(pts), Some(d)) => (Some(pts), Some(pts + d)),
-                (pts, _) => (pts, None),
-            }
-        } else {
-            (None, None)
-        }
+    /// No clock sync by BaseSrc: live, `create()` returns each buffer at its PTS itself (see
+    /// [`Output`]), so BaseSrc neither waits nor shifts the timestamps.
+    fn times(&self, _buffer: &gst::BufferRef) -> (Option<gst::ClockTime>, Option<gst::ClockTime>) {
+        (None, None)
     }
 
     fn unlock(&self) -> Result<(), gst::ErrorMessage> {

@@ -4,16 +4,25 @@
 //! output and the notices (bus messages, warnings) that go with each step; it does no I/O, so it
 //! is tested without a pipeline.
 //!
-//! Non-live: the audio of each utterance, back to back, then EOS once nothing is left.
-//! Live: buffers keep the clock going. Between utterances, and before an utterance whose text
-//! arrived at a later running time, GAP silence; an utterance whose audio is late (past the
-//! buffer's running time plus the latency) gets silence too, counted as underruns.
+//! Non-live: the audio of each utterance, back to back, then EOS once nothing is left; PTS =
+//! sample position × 10⁹ / 24000.
+//!
+//! Live: the output paces itself by the running time. The PTS of a buffer is the running time it
+//! is output at, as GStreamer's live sources timestamp (BaseSrc's live sync, audiotestsrc
+//! is-live=true): the first buffer's PTS is the running time of the first step, and each later
+//! one's that plus its sample position × 10⁹ / 24000, so the timeline counts samples exactly; a
+//! buffer is returned once the running time reaches its PTS. Between utterances, and before an
+//! utterance whose text arrived at a later running time, GAP silence; an utterance whose audio is
+//! late (past the buffer's PTS plus the latency) gets silence too, counted as underruns. After
+//! PAUSED → PLAYING the timeline goes on where it stopped (the running time stood still); if the
+//! running time moved on meanwhile (a pipeline without a start time, a clock jump), the timeline
+//! jumps to it and that buffer is DISCONT.
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use crate::element_common::audio::{OutBuffer, Samples, pts_of};
-use crate::element_common::messages::UtteranceDone;
+use crate::element_common::messages::{Refusal, UtteranceDone};
 use crate::engine::{FinishReason, Metrics};
 
 /// What the worker hands to the output, in stream order.
@@ -35,12 +44,8 @@ pub(super) enum Item {
         reason: FinishReason,
         metrics: Metrics,
     },
-    /// The utterance was refused (engine validation, unusable reference), nothing was started.
-    Refused {
-        id: u64,
-        text: String,
-        error: String,
-    },
+    /// The utterance was refused (when queued, or by the engine), nothing was started.
+    Refused(Refusal),
 }
 
 /// What the output cannot see itself: the text the worker has not queued yet.
@@ -88,11 +93,7 @@ pub(super) enum Notice {
         pts: gst::ClockTime,
     },
     Done(UtteranceDone),
-    Refused {
-        id: u64,
-        text: String,
-        error: String,
-    },
+    Refused(Refusal),
     /// Live: the utterance's audio was late at sample `pos`; silence inserted (`count` so far).
     Underrun {
         id: u64,
@@ -143,8 +144,12 @@ impl Current {
 struct Live {
     /// The latency reported downstream: how late audio may be before silence replaces it.
     latency: gst::ClockTime,
-    /// Running time of sample 0 (taken at the first step).
+    /// Running time of sample 0 (taken at the first step, moved by a jump of the timeline).
     r0: Option<gst::ClockTime>,
+    /// The running time when the stream was paused (PLAYING → PAUSED).
+    paused_at: Option<gst::ClockTime>,
+    /// How far the running time moved on while paused, for the next step to jump by.
+    jump: Option<gst::ClockTime>,
 }
 
 /// The output logic of one stream (from start to stop).
@@ -159,8 +164,8 @@ pub(super) struct Output {
     max_queued_samples: usize,
     /// The stream's sample counter: the offset of the next buffer.
     n: u64,
-    /// No buffer has been output yet (the first gets DISCONT).
-    first: bool,
+    /// The next buffer starts the timeline or follows a jump of it: DISCONT.
+    discont: bool,
     current: Option<Current>,
     /// Non-live: EOS was returned.
     eos: bool,
@@ -176,12 +181,17 @@ impl Output {
     ) -> Output {
         Output {
             samples_per_buffer: samples_per_buffer.max(1) as u64,
-            live: live_latency.map(|latency| Live { latency, r0: None }),
+            live: live_latency.map(|latency| Live {
+                latency,
+                r0: None,
+                paused_at: None,
+                jump: None,
+            }),
             items: VecDeque::new(),
             queued_samples: 0,
             max_queued_samples,
             n: 0,
-            first: true,
+            discont: true,
             current: None,
             eos: false,
         }
@@ -219,6 +229,39 @@ impl Output {
         }
     }
 
+    /// Live: the stream is paused (PLAYING → PAUSED) at running time `now`.
+    pub fn pause(&mut self, now: gst::ClockTime) {
+        if let Some(live) = self.live.as_mut() {
+            live.paused_at = Some(now);
+        }
+    }
+
+    /// Live: the stream resumes (PAUSED → PLAYING) at running time `now`. A pipeline's running
+    /// time stands still while it is paused; if it moved on by more than the latency (a pipeline
+    /// with no start time, a clock that jumped), the timeline jumps by as much at the next step.
+    pub fn resume(&mut self, now: gst::ClockTime) {
+        if let Some(live) = self.live.as_mut()
+            && let Some(paused_at) = live.paused_at.take()
+        {
+            let moved = now.saturating_sub(paused_at);
+            live.jump = (moved > live.latency).then_some(moved);
+        }
+    }
+
+    /// Removes the refusals still queued (an EOS event ends the stream before they are reached).
+    pub fn take_refusals(&mut self) -> Vec<Refusal> {
+        let mut refused = Vec::new();
+        let mut kept = VecDeque::new();
+        for item in self.items.drain(..) {
+            match item {
+                Item::Refused(r) => refused.push(r),
+                other => kept.push_back(other),
+            }
+        }
+        self.items = kept;
+        refused
+    }
+
     /// Drops everything queued and retires the current utterance; returns its done message
     /// (reason `cancelled`), with the figures the output saw (`samples_per_frame` turns its
     /// samples into frames).
@@ -243,9 +286,10 @@ impl Output {
         Some(self.done(cur, FinishReason::Cancelled, metrics))
     }
 
-    /// PTS of sample position `n`.
+    /// PTS of sample position `n`: live, on the running-time timeline.
     fn pts(&self, n: u64) -> gst::ClockTime {
-        pts_of(n)
+        let r0 = self.live.as_ref().and_then(|l| l.r0);
+        r0.unwrap_or(gst::ClockTime::ZERO) + pts_of(n)
     }
 
     fn done(&self, cur: Current, reason: FinishReason, metrics: Metrics) -> UtteranceDone {
@@ -271,10 +315,10 @@ impl Output {
             offset: self.n,
             pts,
             duration: end - pts,
-            discont: self.first,
+            discont: self.discont,
         };
         self.n += len;
-        self.first = false;
+        self.discont = false;
         Step::Buffer(buffer)
     }
 
@@ -283,7 +327,18 @@ impl Output {
     pub fn next(&mut self, up: &Upstream, now: gst::ClockTime, notices: &mut Vec<Notice>) -> Step {
         let spb = self.samples_per_buffer;
         if let Some(live) = self.live.as_mut() {
-            live.r0.get_or_insert(now);
+            let mut r0 = *live.r0.get_or_insert(now);
+            if let Some(jump) = live.jump.take() {
+                // The running time went on while the stream stood still: so does the timeline.
+                r0 += jump;
+                live.r0 = Some(r0);
+                self.discont = true;
+            }
+            let due = r0 + pts_of(self.n);
+            if now < due {
+                // Paced: the next buffer is output at its PTS.
+                return Step::Wait { until: Some(due) };
+            }
         }
         loop {
             let n = self.n;
@@ -352,9 +407,7 @@ impl Output {
                     .unwrap_or_else(|| Current::new(id, String::new(), n));
                 notices.push(Notice::Done(self.done(cur, reason, metrics)));
             }
-            Item::Refused { id, text, error } => {
-                notices.push(Notice::Refused { id, text, error });
-            }
+            Item::Refused(r) => notices.push(Notice::Refused(r)),
             // Output by `next()`, never handed here.
             Item::Audio { .. } => {}
         }
@@ -385,7 +438,7 @@ impl Output {
             return self.emit(Samples::Silence(len as usize));
         }
         // Audio is due: wait for it until this buffer's running time plus the latency.
-        let deadline = live.r0.unwrap_or(gst::ClockTime::ZERO) + pts_of(n) + live.latency;
+        let deadline = self.pts(n) + live.latency;
         if now < deadline {
             return Step::Wait {
                 until: Some(deadline),
@@ -533,17 +586,17 @@ mod tests {
         out.push(started(1, 0));
         out.push(audio(10));
         out.push(done(1));
-        out.push(Item::Refused {
+        out.push(Item::Refused(Refusal {
             id: 2,
             text: "bad".into(),
             error: "speaker 'x': unknown".into(),
-        });
+        }));
         assert_eq!(buffer(out.next(&IDLE, T0, &mut notices)).samples.len(), 10);
         assert_eq!(notices.len(), 1, "only the start before the audio");
         assert_eq!(out.next(&IDLE, T0, &mut notices), Step::Eos);
         assert!(matches!(
             &notices[1..],
-            [Notice::Done(_), Notice::Refused { id: 2, .. }]
+            [Notice::Done(_), Notice::Refused(Refusal { id: 2, .. })]
         ));
     }
 
@@ -584,10 +637,36 @@ mod tests {
         assert_eq!(out.next(&IDLE, T0, &mut notices), Step::Eos);
     }
 
+    /// Live: the step at the running time the next buffer is due (the pacing wait skipped).
+    fn paced(out: &mut Output, up: &Upstream, notices: &mut Vec<Notice>) -> Step {
+        match out.next(up, out.pts(out.n), notices) {
+            Step::Wait { until: Some(t) } if t == out.pts(out.n) => out.next(up, t, notices),
+            step => step,
+        }
+    }
+
+    #[test]
+    fn live_buffers_wait_for_their_running_time() {
+        let mut out = Output::new(480, Some(ms(80)), 10_000);
+        let mut notices = Vec::new();
+        let r0 = ms(30);
+        // The first step starts the timeline at its running time.
+        let b = buffer(out.next(&BUSY, r0, &mut notices));
+        assert_eq!((b.offset, b.pts, b.discont), (0, r0, true));
+        // The next buffer is due 20 ms later: wait until then, then output it.
+        let due = r0 + pts_of(480);
+        assert_eq!(
+            out.next(&BUSY, r0 + ms(5), &mut notices),
+            Step::Wait { until: Some(due) }
+        );
+        let b = buffer(out.next(&BUSY, due, &mut notices));
+        assert_eq!((b.offset, b.pts, b.discont), (480, due, false));
+        assert_eq!(b.duration, pts_of(960) - pts_of(480));
+    }
+
     #[test]
     fn live_silence_until_the_text_is_due() {
-        let latency = ms(80);
-        let mut out = Output::new(480, Some(latency), 10_000);
+        let mut out = Output::new(480, Some(ms(80)), 10_000);
         let mut notices = Vec::new();
         let r0 = ms(30);
         // Nothing queued: GAP silence, one full buffer each step, the first DISCONT.
@@ -596,7 +675,7 @@ mod tests {
             (b.samples, b.offset, b.discont),
             (Samples::Silence(480), 0, true)
         );
-        // Text arriving 20 ms later is due 480 samples after sample 0.
+        // Text arriving 30 ms after the start is due at sample 720.
         assert_eq!(out.arrival_pos(Some(r0 + ms(30))), 720);
         // The next utterance is due at 1000: silence up to it, then its audio.
         let waiting = Upstream {
@@ -604,29 +683,29 @@ mod tests {
             ..BUSY
         };
         assert_eq!(
-            buffer(out.next(&waiting, r0, &mut notices)).samples,
+            buffer(paced(&mut out, &waiting, &mut notices)).samples,
             Samples::Silence(480)
         );
         out.push(started(1, 1000));
         out.push(audio(100));
         assert_eq!(
-            buffer(out.next(&BUSY, r0, &mut notices)).samples,
+            buffer(paced(&mut out, &BUSY, &mut notices)).samples,
             Samples::Silence(40)
         );
         assert!(notices.is_empty());
-        let b = buffer(out.next(&BUSY, r0, &mut notices));
-        assert_eq!((b.offset, b.samples.len()), (1000, 100));
+        let b = buffer(paced(&mut out, &BUSY, &mut notices));
+        assert_eq!(
+            (b.offset, b.samples.len(), b.pts),
+            (1000, 100, r0 + pts_of(1000))
+        );
+        // The started message has the PTS of the utterance's first buffer.
         assert!(matches!(
             &notices[..],
-            [Notice::Started {
-                id: 1,
-                pos: 1000,
-                ..
-            }]
+            [Notice::Started { id: 1, pos: 1000, pts, .. }] if *pts == b.pts
         ));
         // Live never ends by itself.
         out.push(done(1));
-        let b = buffer(out.next(&IDLE, r0, &mut notices));
+        let b = buffer(paced(&mut out, &IDLE, &mut notices));
         assert_eq!((b.offset, b.samples), (1100, Samples::Silence(480)));
         assert!(!out.ended());
     }
@@ -691,6 +770,67 @@ mod tests {
             panic!("{notices:?}");
         };
         assert_eq!((d.samples, d.underruns), (480, 1));
-        assert_eq!(d.duration, pts_of(1440));
+        assert_eq!((d.pts, d.duration), (r0, pts_of(1440)));
+    }
+
+    #[test]
+    fn live_resume_continues_or_jumps_with_discont() {
+        let latency = ms(80);
+        let mut out = Output::new(480, Some(latency), 10_000);
+        let mut notices = Vec::new();
+        let r0 = ms(10);
+        buffer(out.next(&BUSY, r0, &mut notices));
+        // Paused and resumed with the running time where it stopped: the timeline goes on,
+        // however late the next step is (a sink holding the streaming thread).
+        out.pause(r0 + ms(15));
+        out.resume(r0 + ms(18));
+        let due = r0 + pts_of(480);
+        let b = buffer(out.next(&BUSY, due + ms(150), &mut notices));
+        assert_eq!((b.offset, b.pts, b.discont), (480, due, false));
+        // A first PLAYING (no pause before it) is no jump either.
+        out.resume(r0 + ms(900));
+        let b = buffer(out.next(&BUSY, r0 + pts_of(960), &mut notices));
+        assert_eq!((b.pts, b.discont), (r0 + pts_of(960), false));
+        // The running time went on for 500 ms while paused: the timeline jumps by as much.
+        out.pause(r0 + ms(70));
+        out.resume(r0 + ms(570));
+        let due = r0 + pts_of(1440) + ms(500);
+        assert_eq!(
+            out.next(&BUSY, due - ms(10), &mut notices),
+            Step::Wait { until: Some(due) }
+        );
+        let b = buffer(out.next(&BUSY, due, &mut notices));
+        assert_eq!((b.offset, b.pts, b.discont), (1440, due, true));
+        // Text arriving now is due at the next sample; then the timeline tiles again.
+        assert_eq!(out.arrival_pos(Some(due + pts_of(480))), 1920);
+        let b = buffer(paced(&mut out, &BUSY, &mut notices));
+        assert_eq!(
+            (b.offset, b.pts, b.discont),
+            (1920, due + pts_of(480), false)
+        );
+        // Moving on by no more than the latency is no jump.
+        out.pause(due);
+        out.resume(due + latency);
+        let b = buffer(out.next(&BUSY, due + latency, &mut notices));
+        assert_eq!((b.offset, b.discont), (2400, false));
+    }
+
+    #[test]
+    fn queued_refusals_are_taken_in_order() {
+        let mut out = Output::new(480, None, 10_000);
+        out.push(started(1, 0));
+        out.push(audio(10));
+        for id in [2, 3] {
+            out.push(Item::Refused(Refusal {
+                id,
+                text: format!("bad {id}"),
+                error: "nothing to speak".into(),
+            }));
+        }
+        let ids: Vec<u64> = out.take_refusals().iter().map(|r| r.id).collect();
+        assert_eq!(ids, [2, 3]);
+        assert!(out.take_refusals().is_empty());
+        let mut notices = Vec::new();
+        assert_eq!(buffer(out.next(&IDLE, T0, &mut notices)).samples.len(), 10);
     }
 }

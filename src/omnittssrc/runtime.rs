@@ -8,9 +8,9 @@
 //!
 //! [`Output`] decides what each `create()` returns; this file keeps the text and the worker.
 //!
-//! Base checkpoints: before submitting, the worker gives the utterance its voice-clone prompt
-//! ([`VoiceCloner`]: the reference decoded once per `ref-audio`, encoded once by the engine's
-//! cache); a reference that cannot be used refuses only that utterance.
+//! Requests arrive complete (voice-clone prompt included) and checked; the worker submits them
+//! in order. A text refused when it was queued travels as its error, so that the error is posted
+//! in stream order, after the audio of the text queued before it.
 //!
 //! One mutex ([`Inner`]) and one condvar guard everything; every state change calls
 //! `notify_all`. The worker never holds the lock while talking to the engine, and `create()`
@@ -23,9 +23,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gst::glib;
+use gst::prelude::*;
 
-use crate::element_common::messages::UtteranceDone;
-use crate::element_common::voice_clone::{CloneSpec, VoiceCloner};
+use crate::element_common::messages::{Refusal, UtteranceDone};
 use crate::engine::{
     Canceller, Engine, EngineEvent, EngineRequest, FinishReason, Metrics, SharedEngine,
 };
@@ -39,12 +39,9 @@ pub(super) struct Utterance {
     pub id: u64,
     /// The text as given (for bus messages).
     pub text: String,
-    /// What the engine will be asked to do (without the voice-clone prompt), or why the text was
-    /// refused when it was queued: the refusal is then posted in stream order, after the audio
-    /// of the utterances queued before it.
+    /// What the engine will be asked to do, or why the text was refused when it was queued: the
+    /// refusal is then posted in stream order, after the audio of the utterances queued before it.
     pub request: Result<EngineRequest, String>,
-    /// Base checkpoints: the reference voice, turned into `request`'s prompt by the worker.
-    pub clone: Option<CloneSpec>,
     /// Live mode: the sample position (stream sample counter) the text arrived at; speech is
     /// scheduled there, or right after the previous utterance. 0 in non-live mode.
     pub start_pos: u64,
@@ -72,6 +69,9 @@ pub(super) struct Inner {
     worker_failure: Option<String>,
     /// Next utterance id.
     next_id: u64,
+    /// An EOS event ends the stream before the output reaches what is queued: refusals the worker
+    /// finds now are handed back to be posted at once.
+    ending: bool,
     /// The worker's items, turned into buffers.
     output: Output,
 }
@@ -96,6 +96,7 @@ impl Shared {
                 shutdown: false,
                 worker_failure: None,
                 next_id: 1,
+                ending: false,
                 output,
             }),
             cond: Condvar::new(),
@@ -137,7 +138,6 @@ impl Inner {
         &mut self,
         text: String,
         request: Result<EngineRequest, String>,
-        clone: Option<CloneSpec>,
         start_pos: u64,
     ) -> &Utterance {
         let id = self.next_id;
@@ -146,7 +146,6 @@ impl Inner {
             id,
             text,
             request,
-            clone,
             start_pos,
         });
         &self.pending[self.pending.len() - 1]
@@ -171,12 +170,42 @@ impl Inner {
     /// current utterance; returns its done message (the caller's to post).
     pub fn discard_all(&mut self, samples_per_frame: usize) -> Option<UtteranceDone> {
         self.epoch += 1;
+        self.ending = false;
         self.pending.clear();
         self.busy_start = None;
         if let Some(c) = &self.canceller {
             c.cancel();
         }
         self.output.cancel(samples_per_frame)
+    }
+
+    /// An EOS event ends the stream here: the refusals still queued (in stream order), which no
+    /// `create()` will reach. Refusals the worker finds from now on come back from it.
+    pub fn end_stream(&mut self) -> Vec<Refusal> {
+        self.ending = true;
+        let mut out = self.output.take_refusals();
+        let pending = std::mem::take(&mut self.pending);
+        for u in pending {
+            match u.request {
+                Err(error) => out.push(Refusal {
+                    id: u.id,
+                    text: u.text,
+                    error,
+                }),
+                Ok(_) => self.pending.push_back(u),
+            }
+        }
+        out
+    }
+
+    /// Live: the stream pauses (PLAYING → PAUSED) at running time `now`; see [`Output::pause`].
+    pub fn pause(&mut self, now: gst::ClockTime) {
+        self.output.pause(now);
+    }
+
+    /// Live: the stream resumes (PAUSED → PLAYING) at running time `now`; see [`Output::resume`].
+    pub fn resume(&mut self, now: gst::ClockTime) {
+        self.output.resume(now);
     }
 
     /// BaseSrc `unlock()` (true) and `unlock_stop()` (false).
@@ -229,13 +258,19 @@ impl Inner {
         self.epoch == epoch && !self.shutdown
     }
 
-    /// The utterance was refused before it started: its error keeps its place in the stream.
-    fn refuse(&mut self, epoch: u64, id: u64, text: String, error: String) {
-        if self.epoch == epoch {
-            self.output.push(Item::Refused { id, text, error });
-        }
+    /// The utterance was refused before it started: its error keeps its place in the stream, or
+    /// comes back when the stream is ending (the worker posts it).
+    fn refuse(&mut self, epoch: u64, id: u64, text: String, error: String) -> Option<Refusal> {
         self.worker_busy = false;
         self.busy_start = None;
+        if self.epoch != epoch {
+            return None;
+        }
+        if self.ending {
+            return Some(Refusal { id, text, error });
+        }
+        self.output.push(Item::Refused(Refusal { id, text, error }));
+        None
     }
 
     /// The engine accepted the utterance; false when it is no longer wanted.
@@ -269,10 +304,9 @@ const POLL: Duration = Duration::from_millis(20);
 const CANCEL_GRACE: Duration = Duration::from_secs(10);
 
 /// Spawns the worker. It holds a reference to the engine until it exits, which happens on
-/// `shutdown`; `cloner` comes with the reference decoded at start.
+/// `shutdown`.
 pub(super) fn spawn_worker(
     engine: Arc<SharedEngine>,
-    mut cloner: VoiceCloner,
     shared: Arc<Shared>,
     element: glib::WeakRef<gst::Element>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
@@ -280,7 +314,7 @@ pub(super) fn spawn_worker(
         .name("omnitts-worker".into())
         .spawn(move || {
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                worker_loop(&engine, &mut cloner, &shared, &element)
+                worker_loop(&engine, &shared, &element)
             }));
             if let Err(panic) = run {
                 let what = panic
@@ -299,12 +333,7 @@ pub(super) fn spawn_worker(
         })
 }
 
-fn worker_loop(
-    engine: &Engine,
-    cloner: &mut VoiceCloner,
-    shared: &Shared,
-    element: &glib::WeakRef<gst::Element>,
-) {
+fn worker_loop(engine: &Engine, shared: &Shared, element: &glib::WeakRef<gst::Element>) {
     loop {
         // Take the next utterance.
         let (utt, epoch) = {
@@ -323,22 +352,18 @@ fn worker_loop(
             id,
             text,
             request,
-            clone,
             start_pos,
         } = utt;
         gst::debug!(CAT, "worker: submitting utterance {id}: {text:?}");
-        let submitted = request.and_then(|mut request| {
-            if let Some(spec) = &clone {
-                let prompt = cloner.prompt(engine, spec).map_err(|e| e.to_string())?;
-                request.voice.voice_clone = Some(prompt);
-            }
-            engine.submit(request).map_err(|e| e.to_string())
-        });
+        let submitted = request.and_then(|r| engine.submit(r).map_err(|e| e.to_string()));
         let handle = match submitted {
             Ok(h) => h,
             Err(error) => {
-                shared.lock().refuse(epoch, id, text, error);
+                let late = shared.lock().refuse(epoch, id, text, error);
                 shared.notify();
+                if let (Some(r), Some(element)) = (late, element.upgrade()) {
+                    let _ = element.post_message(r.message(&element));
+                }
                 continue;
             }
         };
@@ -459,7 +484,7 @@ mod tests {
     use crate::element_common::audio::Samples;
 
     fn queue_one(inner: &mut Inner, text: &str) -> u64 {
-        inner.queue(text.into(), Err("refused".into()), None, 0).id
+        inner.queue(text.into(), Err("refused".into()), 0).id
     }
 
     #[test]
@@ -532,11 +557,39 @@ mod tests {
             inner.arrival_pos(Some(r0 + gst::ClockTime::from_seconds(1))),
             24_000
         );
-        inner.queue("later".into(), Err("x".into()), None, 24_000);
-        // Not due yet: silence up to it (480 per buffer), never a wait.
-        let Step::Buffer(b) = inner.next_step(r0, &mut notices) else {
+        inner.queue("later".into(), Err("x".into()), 24_000);
+        // Not due yet: silence up to it (480 per buffer) at each buffer's running time.
+        let due = r0 + gst::ClockTime::from_nseconds(20_000_000);
+        assert_eq!(
+            inner.next_step(r0, &mut notices),
+            Step::Wait { until: Some(due) }
+        );
+        let Step::Buffer(b) = inner.next_step(due, &mut notices) else {
             panic!("live silence expected");
         };
-        assert_eq!((b.offset, b.samples), (480, Samples::Silence(480)));
+        assert_eq!(
+            (b.offset, b.pts, b.samples),
+            (480, due, Samples::Silence(480))
+        );
+    }
+
+    #[test]
+    fn refusals_behind_an_eos_come_back() {
+        let shared = Shared::new(Output::new(480, None, 1000));
+        let mut inner = shared.lock();
+        for text in ["a", "b", "c"] {
+            queue_one(&mut inner, text);
+        }
+        let (u, epoch) = inner.take_utterance().unwrap();
+        assert!(inner.refuse(epoch, u.id, u.text, "queued".into()).is_none());
+        // The one the output holds, then those still pending, in stream order.
+        let ids: Vec<u64> = inner.end_stream().iter().map(|r| r.id).collect();
+        assert_eq!(ids, [1, 2, 3]);
+        // One the worker refuses from now on comes back to be posted by it.
+        queue_one(&mut inner, "d");
+        let (u, epoch) = inner.take_utterance().unwrap();
+        let late = inner.refuse(epoch, u.id, u.text, "late".into());
+        assert_eq!(late.map(|r| r.id), Some(4));
+        assert!(inner.end_stream().is_empty());
     }
 }

@@ -142,6 +142,17 @@ pub fn position_budget(cfg: &Qwen3TtsConfig) -> usize {
         .unwrap_or(DEFAULT_MAX_POSITIONS)
 }
 
+/// Whether the prompt holds a request's instruct: VoiceDesign and 1.7B CustomVoice checkpoints
+/// use it; Base and 0.6B CustomVoice ones drop it, as the reference wrapper does
+/// ([`Qwen3TtsConfig::ignores_instruct`]).
+pub fn uses_instruct(cfg: &Qwen3TtsConfig) -> bool {
+    match cfg.variant {
+        ModelVariant::CustomVoice => !cfg.ignores_instruct(),
+        ModelVariant::VoiceDesign => true,
+        ModelVariant::Base => false,
+    }
+}
+
 /// The reference default of `non_streaming_mode` for the variant's generate call:
 /// `generate_custom_voice` and `generate_voice_design` use `True`, `generate_voice_clone` `False`.
 pub fn default_prompt_mode(variant: ModelVariant) -> PromptMode {
@@ -277,13 +288,10 @@ pub fn resolve(cfg: &Qwen3TtsConfig, req: &VoiceRequest) -> Result<ResolvedReque
         }
     };
     let clone = resolve_clone(cfg, req)?;
-    let instruct = match cfg.variant {
-        ModelVariant::CustomVoice if cfg.ignores_instruct() => None,
-        ModelVariant::CustomVoice | ModelVariant::VoiceDesign => {
-            req.instruct.as_deref().filter(|s| !s.is_empty())
-        }
-        ModelVariant::Base => None,
-    };
+    let instruct = req
+        .instruct
+        .as_deref()
+        .filter(|s| uses_instruct(cfg) && !s.is_empty());
     let mut language_id = if language == "auto" {
         None
     } else {
