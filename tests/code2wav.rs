@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
-use gstomnitts::models::qwen3_tts::code2wav::{Code2Wav, ModelError};
+use gstomnitts::models::qwen3_tts::code2wav::{Code2Wav, Code2WavStream, ModelError};
 use reference_util::{fixture, fixtures_dir, frames, max_abs, rel_l2};
 
 const CHECKPOINTS: [&str; 3] = ["tiny-customvoice", "tiny-voicedesign", "tiny-base"];
@@ -410,6 +410,202 @@ fn invalid_codes_are_rejected_without_touching_the_stream() {
     assert!(max_abs(&out, &whole) <= F32_TOL);
 }
 
+/// One stream of the batched tests: its codes (the first `primed` of them reference codes whose
+/// audio is dropped, as a Base ICL request primes its decoder), its chunk schedule, and the tick
+/// of the batched run at which it joins.
+struct Job {
+    codes: Vec<Vec<u32>>,
+    primed: usize,
+    sched: Vec<usize>,
+    join: usize,
+}
+
+/// Six streams of different lengths (two past the 72-frame window), schedules and join ticks;
+/// streams 1 and 4 are primed with reference codes (their first chunk).
+fn jobs() -> Vec<Job> {
+    let job = |frames: usize, primed: usize, initial, chunk, join, seed| {
+        let mut sched = if primed > 0 { vec![primed] } else { vec![] };
+        sched.extend(schedule(frames - primed, initial, chunk));
+        Job {
+            codes: random_codes(frames, seed),
+            primed,
+            sched,
+            join,
+        }
+    };
+    vec![
+        job(60, 0, 1, 25, 0, 31),
+        job(77, 30, 1, 25, 0, 32),
+        job(90, 0, 2, 10, 1, 33),
+        job(25, 0, 1, 25, 3, 34),
+        job(140, 40, 1, 25, 2, 35),
+        job(33, 0, 3, 7, 4, 36),
+    ]
+}
+
+/// The job's audio after the primed frames, decoded alone chunk by chunk.
+fn solo(m: &Code2Wav, job: &Job) -> Vec<f32> {
+    let mut stream = m.stream();
+    let mut out = Vec::new();
+    let mut done = 0;
+    for &c in &job.sched {
+        out.extend(stream.decode_chunk(&job.codes[done..done + c]).unwrap());
+        done += c;
+    }
+    out.split_off(job.primed * 1920)
+}
+
+/// All `jobs` decoded together: at tick `t` every joined stream with chunks left decodes its
+/// next chunk, all in one `decode_chunks` call. Returns each job's audio after its primed frames.
+fn batched(m: &Code2Wav, jobs: &[Job]) -> Vec<Vec<f32>> {
+    let mut streams: Vec<_> = jobs.iter().map(|_| m.stream()).collect();
+    let mut outs = vec![Vec::new(); jobs.len()];
+    let mut done = vec![0; jobs.len()];
+    let last_tick = jobs.iter().map(|j| j.join + j.sched.len()).max().unwrap();
+    for tick in 0..last_tick {
+        let (mut batch, mut chunks, mut who) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, (job, stream)) in jobs.iter().zip(streams.iter_mut()).enumerate() {
+            let Some(&c) = tick.checked_sub(job.join).and_then(|k| job.sched.get(k)) else {
+                continue;
+            };
+            batch.push(stream);
+            chunks.push(&job.codes[done[i]..done[i] + c]);
+            who.push(i);
+        }
+        let results = m.decode_chunks(&mut batch, &chunks);
+        assert_eq!(results.len(), who.len());
+        for (&i, r) in who.iter().zip(results) {
+            let wav = r.unwrap_or_else(|e| panic!("stream {i} at tick {tick}: {e}"));
+            let c = jobs[i].sched[tick - jobs[i].join];
+            assert_eq!(wav.len(), c * 1920, "stream {i} at tick {tick}: samples");
+            done[i] += c;
+            outs[i].extend(wav);
+        }
+    }
+    for (i, (s, job)) in streams.iter().zip(jobs).enumerate() {
+        assert_eq!(
+            s.frames_decoded(),
+            job.codes.len(),
+            "stream {i}: frames decoded"
+        );
+    }
+    outs.into_iter()
+        .zip(jobs)
+        .map(|(mut o, j)| o.split_off(j.primed * 1920))
+        .collect()
+}
+
+/// Batched = solo, to the bit, for 1..6 streams at once (joining at different ticks), and each
+/// solo stream equals its whole decode: on two checkpoints (tiny-voicedesign: 3 heads, other
+/// widths), in f32 and f64, and once with passes of at most 8 frames per stream and 20 per batch,
+/// so that streams are cut into passes of several lengths and equal-length groups are split.
+/// tiny-voicedesign's f32 streamed-vs-whole rounding noise reaches F32_TOL (1.02e-4 on stream 2),
+/// so its streaming exactness is checked in f64, where that noise is gone.
+#[test]
+fn batched_streams_equal_solo_streams() {
+    let jobs = jobs();
+    for (name, f64, per_stream, per_batch, whole_tol) in [
+        ("tiny-customvoice", false, None, None, Some(F32_TOL)),
+        ("tiny-customvoice", false, Some(8), Some(20), Some(F32_TOL)),
+        ("tiny-voicedesign", false, None, None, None),
+        ("tiny-voicedesign", true, None, None, Some(F64_TOL)),
+    ] {
+        let mut m = if f64 {
+            load_model_f64(name)
+        } else {
+            load_model(name)
+        };
+        if let (Some(s), Some(b)) = (per_stream, per_batch) {
+            m.set_max_frames_per_pass(s);
+            m.set_max_batch_frames(b);
+        }
+        let dtype = if f64 { "f64" } else { "f32" };
+        let label = format!("{name} {dtype}, pass sizes {per_stream:?}/{per_batch:?}");
+        let solos: Vec<Vec<f32>> = jobs.iter().map(|j| solo(&m, j)).collect();
+        for (i, (job, wav)) in jobs.iter().zip(&solos).enumerate() {
+            let Some(tol) = whole_tol else { break };
+            let whole = m.decode(&job.codes).unwrap();
+            let d = max_abs(wav, &whole[job.primed * 1920..]);
+            assert!(d <= tol, "{label}: stream {i}: solo streamed vs whole {d}");
+        }
+        for b in 1..=jobs.len() {
+            let got = batched(&m, &jobs[..b]);
+            for (i, (g, want)) in got.iter().zip(&solos).enumerate() {
+                assert!(
+                    g == want,
+                    "{label}: {b} streams: stream {i} differs from its solo run (rel L2 {:.1e}, \
+                     max abs {:.1e})",
+                    rel_l2(g, want),
+                    max_abs(g, want)
+                );
+            }
+        }
+        println!(
+            "{label}: 1..={} streams batched, every one bit-identical to solo",
+            jobs.len()
+        );
+    }
+}
+
+/// A stream with bad codes, or one of another model, gets its error and keeps its state; the
+/// other streams of the call decode as alone; an empty chunk gives no samples.
+#[test]
+fn decode_chunks_isolates_bad_streams() {
+    let m = load_model("tiny-customvoice");
+    let other = load_model("tiny-customvoice");
+    let codes = random_codes(12, 41);
+    let mut bad = codes.clone();
+    bad[3][5] = 4000;
+    let (mut good, mut wrong, mut foreign, mut idle) =
+        (m.stream(), m.stream(), other.stream(), m.stream());
+    for s in [&mut good, &mut wrong] {
+        s.decode_chunk(&codes[..2]).unwrap();
+    }
+    let results = m.decode_chunks(
+        &mut [&mut good, &mut wrong, &mut foreign, &mut idle],
+        &[&codes[2..], &bad[2..], &codes[..4], &[]],
+    );
+    let mut results = results.into_iter();
+    let good_wav = results.next().unwrap().unwrap();
+    match results.next().unwrap() {
+        Err(ModelError::InvalidRequest { field, value, .. }) => {
+            assert_eq!((field.as_str(), value.as_str()), ("codes[1][5]", "4000"));
+        }
+        other => panic!("expected InvalidRequest for the bad codes, got {other:?}"),
+    }
+    match results.next().unwrap() {
+        Err(ModelError::InvalidRequest { field, .. }) => assert_eq!(field, "stream"),
+        other => panic!("expected InvalidRequest for the foreign stream, got {other:?}"),
+    }
+    assert!(results.next().unwrap().unwrap().is_empty());
+    assert!(results.next().is_none());
+    assert_eq!(
+        (
+            good.frames_decoded(),
+            wrong.frames_decoded(),
+            foreign.frames_decoded(),
+            idle.frames_decoded()
+        ),
+        (12, 2, 0, 0)
+    );
+    let whole = m.decode(&codes).unwrap();
+    assert!(max_abs(&good_wav, &whole[2 * 1920..]) <= F32_TOL);
+    // The rejected stream continues as if the bad chunk had never been offered.
+    let rest = wrong.decode_chunk(&codes[2..]).unwrap();
+    assert!(max_abs(&rest, &whole[2 * 1920..]) <= F32_TOL);
+    assert!(m.decode_chunks(&mut [], &[]).is_empty());
+    // One chunk per stream, or every stream is refused and none decodes.
+    let refused = m.decode_chunks(&mut [&mut good, &mut idle], &[&codes[..1]]);
+    assert_eq!(refused.len(), 2);
+    for r in refused {
+        match r {
+            Err(ModelError::InvalidRequest { field, .. }) => assert_eq!(field, "chunks.len()"),
+            other => panic!("expected InvalidRequest for chunks.len(), got {other:?}"),
+        }
+    }
+    assert_eq!((good.frames_decoded(), idle.frames_decoded()), (12, 0));
+}
+
 /// Copies `tiny-customvoice/speech_tokenizer` into a temp checkpoint dir, letting `edit` change the
 /// decoder tensors and `edit_config` the JSON.
 fn modified_checkpoint(
@@ -758,4 +954,81 @@ fn real_size_speed() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Batched against separate passes on the tiny fixture and the bundled voice: `b` streams past
+/// the window decode 2 chunks of 25 frames each (steady state), and `b` fresh streams their first
+/// 1-frame chunk, once with one `decode_chunks` call per chunk round and once with `b`
+/// `decode_chunk` calls; interleaved, best of 3. Only the ratios within one run mean anything.
+/// Run: `cargo test --release --test code2wav batched_decode_speed -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn batched_decode_speed() {
+    let voice = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/omnitts-en");
+    for (label, dir) in [("tiny", fixture("tiny-customvoice")), ("bundled", voice)] {
+        let m = Code2Wav::load(&dir, &Device::Cpu).unwrap();
+        let nq = m.num_quantizers();
+        let codes: Vec<Vec<Vec<u32>>> = (0..8)
+            .map(|s| {
+                random_codes(150, 50 + s)
+                    .into_iter()
+                    .map(|f| f[..nq].to_vec())
+                    .collect()
+            })
+            .collect();
+        let primed: Vec<_> = codes
+            .iter()
+            .map(|c| {
+                let mut st = m.stream();
+                st.decode_chunk(&c[..100]).unwrap();
+                st
+            })
+            .collect();
+        for b in [1usize, 2, 4, 8] {
+            for (case, start, chunk, rounds) in [("steady 25", 100, 25, 2), ("first 1", 0, 1, 1)] {
+                let fresh = || -> Vec<_> {
+                    match start {
+                        0 => (0..b).map(|_| m.stream()).collect(),
+                        _ => primed[..b].to_vec(),
+                    }
+                };
+                let chunk_of = |s: usize, r: usize| {
+                    let from = start + r * chunk;
+                    &codes[s][from..from + chunk]
+                };
+                let batched = |streams: &mut Vec<Code2WavStream<'_>>| {
+                    for r in 0..rounds {
+                        let mut batch: Vec<_> = streams.iter_mut().collect();
+                        let chunks: Vec<_> = (0..b).map(|s| chunk_of(s, r)).collect();
+                        for res in m.decode_chunks(&mut batch, &chunks) {
+                            res.unwrap();
+                        }
+                    }
+                };
+                let (mut best_batched, mut best_separate) = (f64::MAX, f64::MAX);
+                for _ in 0..3 {
+                    let mut streams = fresh();
+                    let t = std::time::Instant::now();
+                    batched(&mut streams);
+                    best_batched = best_batched.min(t.elapsed().as_secs_f64());
+                    let mut streams = fresh();
+                    let t = std::time::Instant::now();
+                    for r in 0..rounds {
+                        for (s, st) in streams.iter_mut().enumerate() {
+                            st.decode_chunk(chunk_of(s, r)).unwrap();
+                        }
+                    }
+                    best_separate = best_separate.min(t.elapsed().as_secs_f64());
+                }
+                let frames = (b * rounds * chunk) as f64;
+                println!(
+                    "{label:>7}, {b} streams, {case}: batched {:.2} ms/frame, separate {:.2} \
+                     ms/frame, separate / batched {:.2}",
+                    best_batched * 1e3 / frames,
+                    best_separate * 1e3 / frames,
+                    best_separate / best_batched
+                );
+            }
+        }
+    }
 }

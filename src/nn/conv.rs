@@ -10,6 +10,11 @@
 //! - [`StreamingCausalConvTranspose1d`] keeps the `kernel_size - stride` output samples that a
 //!   chunk's last input frames contribute beyond the chunk (the overlap tail).
 //!
+//! Several streams run through a layer together by stacking their states along the batch
+//! dimension ([`CausalConvState::stack`], [`ConvTransposeState::stack`]) for one pass over a
+//! `[streams, channels, time]` input, and splitting the updated state back per stream afterwards
+//! (`split`); row `i` of the pass is then exactly stream `i`'s own chunk.
+//!
 //! Reference: `Qwen3TTSTokenizerV2CausalConvNet` and `Qwen3TTSTokenizerV2CausalTransConvNet` in
 //! `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`.
 
@@ -54,6 +59,80 @@ impl CausalConvState {
     /// Forget the past (the next chunk starts a new signal).
     pub fn reset(&mut self) {
         self.history = None;
+    }
+
+    /// Stacks the states of streams (each of batch 1) along the batch dimension, in order, for
+    /// one pass over `[states.len(), c_in, n]`: `[states.len(), c_in, (k - 1) * dilation]`, with
+    /// zeros (the left padding) for a stream that has seen nothing yet.
+    ///
+    /// Errors if the histories differ in shape (states of different layers).
+    pub fn stack(states: &[&Self]) -> Result<Self> {
+        let rows: Vec<_> = states.iter().map(|s| s.history.as_ref()).collect();
+        Ok(Self {
+            history: stack_rows(&rows)?,
+        })
+    }
+
+    /// Splits a state of batch `n` (after a pass over a stacked state) into the `n` per-stream
+    /// states, in order (the inverse of [`Self::stack`]).
+    pub fn split(self, n: usize) -> Result<Vec<Self>> {
+        Ok(split_rows(self.history, n)?
+            .into_iter()
+            .map(|history| Self { history })
+            .collect())
+    }
+}
+
+/// `f` applied to each row `[1, ...]` of `x` `[rows, ...]` on its own, the results stacked along
+/// the batch dimension again (`f(x)` itself for one row).
+///
+/// The layers run their matrix products this way when several streams share a pass, so that a row
+/// computes bit for bit what the stream computes alone: the CPU matrix kernels pick their blocking
+/// and inner kernels by the row count (small products, single rows and long inner dimensions each
+/// take another path), so a batch folded into one product rounds differently from its rows, and
+/// candle 0.11 folds a batch into the rows of one product even where that is wrong (a transposed
+/// conv's input, viewed time-major, is not row-major).
+pub fn row_by_row(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    let rows = x.dim(0)?;
+    if rows == 1 {
+        return f(x);
+    }
+    let outs = (0..rows)
+        .map(|r| f(&x.narrow(0, r, 1)?))
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&outs, 0)
+}
+
+/// `rows` (each `[1, ...]`, or `None` for zeros) stacked into `[rows.len(), ...]`; `None` when
+/// every row is `None`.
+fn stack_rows(rows: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
+    let Some(like) = rows.iter().flatten().next() else {
+        return Ok(None);
+    };
+    if rows.len() == 1 {
+        return Ok(Some((*like).clone()));
+    }
+    let zeros = like.zeros_like()?;
+    let parts: Vec<&Tensor> = rows.iter().map(|r| r.unwrap_or(&zeros)).collect();
+    if let Some(p) = parts.iter().find(|p| p.dims() != like.dims()) {
+        bail!(
+            "streaming state: cannot stack a {:?} state with a {:?} one",
+            p.shape(),
+            like.shape()
+        )
+    }
+    Ok(Some(Tensor::cat(&parts, 0)?))
+}
+
+/// Row `i` of `[n, ...]` as `[1, ...]` for each `i < n` (`n` times `None` for `None`).
+fn split_rows(t: Option<Tensor>, n: usize) -> Result<Vec<Option<Tensor>>> {
+    match t {
+        None => Ok(vec![None; n]),
+        Some(t) if t.dim(0)? == n => (0..n).map(|i| t.narrow(0, i, 1).map(Some)).collect(),
+        Some(t) => bail!(
+            "streaming state: a {:?} state cannot be split into {n} streams",
+            t.shape()
+        ),
     }
 }
 
@@ -153,7 +232,7 @@ impl StreamingCausalConv1d {
             padded
         };
         let y = match &self.kernel {
-            ConvKernel::Dense(w) => padded.conv1d(w, 0, 1, self.dilation, 1)?,
+            ConvKernel::Dense(w) => row_by_row(&padded, |p| p.conv1d(w, 0, 1, self.dilation, 1))?,
             ConvKernel::Pointwise(w) => w.broadcast_left(b)?.matmul(&padded.contiguous()?)?,
             ConvKernel::Depthwise(taps) => {
                 let mut acc = padded.narrow(2, 0, n)?.broadcast_mul(&taps[0])?;
@@ -197,6 +276,27 @@ impl ConvTransposeState {
     /// Forget the past (the next chunk starts a new signal).
     pub fn reset(&mut self) {
         self.tail = None;
+    }
+
+    /// Stacks the states of streams (each of batch 1) along the batch dimension, in order, for
+    /// one pass over `[states.len(), c_in, n]`: `[states.len(), c_out, k - s]`, with zeros (no
+    /// overlap yet) for a stream that has seen nothing yet.
+    ///
+    /// Errors if the tails differ in shape (states of different layers).
+    pub fn stack(states: &[&Self]) -> Result<Self> {
+        let rows: Vec<_> = states.iter().map(|s| s.tail.as_ref()).collect();
+        Ok(Self {
+            tail: stack_rows(&rows)?,
+        })
+    }
+
+    /// Splits a state of batch `n` into the `n` per-stream states, in order (the inverse of
+    /// [`Self::stack`]).
+    pub fn split(self, n: usize) -> Result<Vec<Self>> {
+        Ok(split_rows(self.tail, n)?
+            .into_iter()
+            .map(|tail| Self { tail })
+            .collect())
     }
 }
 
@@ -255,9 +355,9 @@ impl StreamingCausalConvTranspose1d {
         let s = self.stride;
         let overlap = self.kernel_size - s;
         // [b, c_out, (n - 1) * s + k] = [b, c_out, n * s + overlap]
-        let mut y = x
-            .contiguous()?
-            .conv_transpose1d(&self.weight, 0, 0, s, 1, 1)?;
+        let mut y = row_by_row(&x.contiguous()?, |x| {
+            x.conv_transpose1d(&self.weight, 0, 0, s, 1, 1)
+        })?;
         if overlap > 0 {
             if let Some(tail) = state.tail.take() {
                 if tail.dims3()? != (b, self.out_channels, overlap) {
@@ -278,5 +378,265 @@ impl StreamingCausalConvTranspose1d {
             Some(bias) => y.broadcast_add(bias),
             None => y.contiguous(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Streaming against one pass and against the direct formulas (as moshi tests its streaming
+    //! modules): every (kernel, stride, dilation) combination, chunked in several ways, must give
+    //! the signal that the non-streaming layer gives; stacked states must keep their streams apart.
+
+    use super::*;
+    use candle_core::Device;
+
+    /// Deterministic values in [-1, 1) (xorshift), `n` of them.
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s % 2000) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn tensor(dims: &[usize], seed: u64) -> Tensor {
+        let n = dims.iter().product();
+        Tensor::from_vec(values(n, seed), dims, &Device::Cpu).unwrap()
+    }
+
+    fn rows(t: &Tensor) -> Vec<Vec<Vec<f32>>> {
+        t.to_vec3().unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        assert_eq!(a.dims(), b.dims());
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
+    }
+
+    /// `x` `[b, c, len]` cut into chunks of `chunk` samples along time.
+    fn chunks(x: &Tensor, chunk: usize) -> Vec<Tensor> {
+        let len = x.dim(2).unwrap();
+        (0..len)
+            .step_by(chunk)
+            .map(|s| x.narrow(2, s, chunk.min(len - s)).unwrap())
+            .collect()
+    }
+
+    /// The causal conv by its definition: `y[o][t] = b[o] + Σ_i Σ_j w[o][i][j] · x[i][t - (k-1-j)·d]`
+    /// (zero before the start), groups 1 or depthwise.
+    fn causal_conv_direct(x: &Tensor, w: &Tensor, b: &Tensor, dilation: usize) -> Tensor {
+        let (batch, c_in, len) = x.dims3().unwrap();
+        let (c_out, in_per_group, k) = w.dims3().unwrap();
+        let (xs, ws, bs) = (rows(x), rows(w), b.to_vec1::<f32>().unwrap());
+        let mut out = vec![0f32; batch * c_out * len];
+        for n in 0..batch {
+            for o in 0..c_out {
+                for t in 0..len {
+                    let mut acc = bs[o] as f64;
+                    for (ig, taps) in ws[o].iter().enumerate() {
+                        let i = if in_per_group == c_in { ig } else { o };
+                        for (j, &tap) in taps.iter().enumerate() {
+                            let back = (k - 1 - j) * dilation;
+                            if t >= back {
+                                acc += (tap * xs[n][i][t - back]) as f64;
+                            }
+                        }
+                    }
+                    out[(n * c_out + o) * len + t] = acc as f32;
+                }
+            }
+        }
+        Tensor::from_vec(out, (batch, c_out, len), &Device::Cpu).unwrap()
+    }
+
+    /// The causal transposed conv by its definition: `y[o][l·s + j] += w[i][o][j] · x[i][l]`, plus
+    /// the bias, keeping the first `len · s` samples.
+    fn causal_conv_transpose_direct(x: &Tensor, w: &Tensor, b: &Tensor, stride: usize) -> Tensor {
+        let (batch, c_in, len) = x.dims3().unwrap();
+        let (_, c_out, k) = w.dims3().unwrap();
+        let (xs, ws, bs) = (rows(x), rows(w), b.to_vec1::<f32>().unwrap());
+        let out_len = len * stride;
+        let mut acc = vec![0f64; batch * c_out * (out_len + k)];
+        for n in 0..batch {
+            for i in 0..c_in {
+                for o in 0..c_out {
+                    for l in 0..len {
+                        for j in 0..k {
+                            acc[(n * c_out + o) * (out_len + k) + l * stride + j] +=
+                                (ws[i][o][j] * xs[n][i][l]) as f64;
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(batch * c_out * out_len);
+        for n in 0..batch {
+            for (o, bias) in bs.iter().enumerate() {
+                let row = (n * c_out + o) * (out_len + k);
+                out.extend((0..out_len).map(|t| (acc[row + t] + *bias as f64) as f32));
+            }
+        }
+        Tensor::from_vec(out, (batch, c_out, out_len), &Device::Cpu).unwrap()
+    }
+
+    /// Runs `x` through `forward` in chunks of `chunk` on one state, concatenating the outputs.
+    fn streamed<S: Default>(
+        x: &Tensor,
+        chunk: usize,
+        mut forward: impl FnMut(&Tensor, &mut S) -> Result<Tensor>,
+    ) -> Tensor {
+        let mut state = S::default();
+        let outs: Vec<Tensor> = chunks(x, chunk)
+            .iter()
+            .map(|c| forward(c, &mut state).unwrap())
+            .collect();
+        Tensor::cat(&outs, 2).unwrap()
+    }
+
+    const TOL: f32 = 1e-5;
+
+    #[test]
+    fn causal_conv_streams_like_one_pass_and_the_formula() {
+        let len = 37;
+        for (kernel, dilation, groups) in [
+            (1, 1, 1),
+            (2, 1, 1),
+            (3, 1, 1),
+            (3, 2, 1),
+            (7, 1, 1),
+            (7, 3, 1),
+            (7, 9, 1),
+            (7, 1, 4),
+            (5, 2, 4),
+        ] {
+            let (c_in, c_out) = (4, if groups == 1 { 3 } else { 4 });
+            let seed = (kernel * 100 + dilation * 10 + groups) as u64;
+            let w = tensor(&[c_out, c_in / groups, kernel], seed);
+            let b = tensor(&[c_out], seed + 1);
+            let conv =
+                StreamingCausalConv1d::new(w.clone(), Some(b.clone()), dilation, groups).unwrap();
+            assert_eq!(conv.context(), (kernel - 1) * dilation);
+            let x = tensor(&[2, c_in, len], seed + 2);
+            let want = causal_conv_direct(&x, &w, &b, dilation);
+            let whole = conv.forward(&x, &mut CausalConvState::default()).unwrap();
+            let label = format!("kernel {kernel}, dilation {dilation}, groups {groups}");
+            assert!(
+                max_diff(&whole, &want) < TOL,
+                "{label}: one pass vs formula"
+            );
+            for chunk in [1, 2, 5, 16, 19, len] {
+                let got = streamed(&x, chunk, |c, s| conv.forward(c, s));
+                let d = max_diff(&got, &whole);
+                assert!(d < TOL, "{label}, chunk {chunk}: streamed differs by {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn causal_conv_transpose_streams_like_one_pass_and_the_formula() {
+        let len = 23;
+        for (kernel, stride) in [(1, 1), (2, 2), (3, 1), (4, 2), (10, 5), (16, 8), (6, 3)] {
+            let (c_in, c_out) = (3, 2);
+            let seed = (kernel * 10 + stride) as u64;
+            let w = tensor(&[c_in, c_out, kernel], seed);
+            let b = tensor(&[c_out], seed + 1);
+            let conv =
+                StreamingCausalConvTranspose1d::new(w.clone(), Some(b.clone()), stride).unwrap();
+            let x = tensor(&[2, c_in, len], seed + 2);
+            let want = causal_conv_transpose_direct(&x, &w, &b, stride);
+            let whole = conv
+                .forward(&x, &mut ConvTransposeState::default())
+                .unwrap();
+            assert_eq!(whole.dims(), &[2, c_out, len * stride]);
+            let label = format!("kernel {kernel}, stride {stride}");
+            assert!(
+                max_diff(&whole, &want) < TOL,
+                "{label}: one pass vs formula"
+            );
+            for chunk in [1, 2, 3, 7, len] {
+                let got = streamed(&x, chunk, |c, s| conv.forward(c, s));
+                let d = max_diff(&got, &whole);
+                assert!(d < TOL, "{label}, chunk {chunk}: streamed differs by {d}");
+            }
+        }
+    }
+
+    /// Three streams (11 samples seen, none, 4 samples) decode their next 6 samples in one
+    /// stacked pass and then 3 more apart; each must match the stream run alone throughout.
+    fn check_stacking<S: Clone + Default>(
+        c_in: usize,
+        forward: impl Fn(&Tensor, &mut S) -> Tensor,
+        stack: impl Fn(&[&S]) -> Result<S>,
+        split: impl Fn(S, usize) -> Result<Vec<S>>,
+    ) {
+        let mut states = [S::default(), S::default(), S::default()];
+        forward(&tensor(&[1, c_in, 11], 5), &mut states[0]);
+        forward(&tensor(&[1, c_in, 4], 6), &mut states[2]);
+        let next = tensor(&[3, c_in, 6], 7);
+        let after = tensor(&[1, c_in, 3], 8);
+        let row = |i| next.narrow(0, i, 1).unwrap();
+        let mut stacked = stack(&[&states[0], &states[1], &states[2]]).unwrap();
+        let got = forward(&next, &mut stacked);
+        let parts = split(stacked, 3).unwrap();
+        for (i, (mut alone, mut part)) in states.into_iter().zip(parts).enumerate() {
+            let want = forward(&row(i), &mut alone);
+            assert_eq!(rows(&got.narrow(0, i, 1).unwrap()), rows(&want), "row {i}");
+            let want = forward(&after, &mut alone);
+            assert_eq!(
+                rows(&forward(&after, &mut part)),
+                rows(&want),
+                "row {i} after split"
+            );
+        }
+    }
+
+    #[test]
+    fn stacked_states_keep_streams_apart() {
+        let conv =
+            StreamingCausalConv1d::new(tensor(&[3, 2, 7], 1), Some(tensor(&[3], 2)), 3, 1).unwrap();
+        check_stacking(
+            2,
+            |x, s| conv.forward(x, s).unwrap(),
+            CausalConvState::stack,
+            CausalConvState::split,
+        );
+        let tconv =
+            StreamingCausalConvTranspose1d::new(tensor(&[2, 3, 10], 3), Some(tensor(&[3], 4)), 5)
+                .unwrap();
+        check_stacking(
+            2,
+            |x, s| tconv.forward(x, s).unwrap(),
+            ConvTransposeState::stack,
+            ConvTransposeState::split,
+        );
+        // All fresh stacks to fresh; stacking states of two layers, or splitting into the wrong
+        // number of streams, is an error.
+        let fresh = CausalConvState::default();
+        let both = CausalConvState::stack(&[&fresh, &fresh]).unwrap();
+        assert!(both.history.is_none());
+        assert_eq!(both.split(2).unwrap().len(), 2);
+        let mut used = CausalConvState::default();
+        conv.forward(&tensor(&[1, 2, 5], 9), &mut used).unwrap();
+        let mut other = CausalConvState::default();
+        StreamingCausalConv1d::new(tensor(&[2, 2, 3], 10), None, 1, 1)
+            .unwrap()
+            .forward(&tensor(&[1, 2, 5], 11), &mut other)
+            .unwrap();
+        assert!(CausalConvState::stack(&[&used, &other]).is_err());
+        let pair = CausalConvState::stack(&[&used, &used]).unwrap();
+        assert!(pair.split(3).is_err());
     }
 }

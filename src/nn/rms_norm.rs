@@ -1,6 +1,6 @@
 //! RMSNorm exactly as Hugging Face computes it (`Qwen3TTSRMSNorm` in the reference
-//! `modeling_qwen3_tts.py`): statistics in f32, normalised value cast back to the input dtype,
-//! then multiplied by the weight.
+//! `modeling_qwen3_tts.py`): statistics in f32 (in f64 for f64 inputs), normalised value cast back
+//! to the input dtype, then multiplied by the weight.
 //!
 //! On CUDA the same function runs as candle's fused `rms_norm` kernel (one launch instead of
 //! nine; it accumulates in f32 and rounds once, after the weight multiply, where the reference
@@ -41,11 +41,16 @@ impl RmsNorm {
     /// `x`: `[..., dim]` in any float dtype → same shape and dtype.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let in_dtype = x.dtype();
-        if x.device().is_cuda() {
+        if x.device().is_cuda() && in_dtype != DType::F64 {
             let w = self.weight.to_dtype(in_dtype)?;
             return candle_nn::ops::rms_norm(&x.contiguous()?, &w, self.eps as f32);
         }
-        let xf = x.to_dtype(DType::F32)?;
+        // f64 inputs (verification runs) keep their precision.
+        let xf = x.to_dtype(if in_dtype == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        })?;
         let variance = xf.sqr()?.mean_keepdim(D::Minus1)?;
         let inv = (variance + self.eps)?.sqrt()?.recip()?;
         let normed = xf.broadcast_mul(&inv)?.to_dtype(in_dtype)?;

@@ -95,3 +95,131 @@ impl RotaryEmbedding {
         candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD_DIM: usize = 8;
+    const THETA: f64 = 10_000.0;
+
+    /// The angle of pair `i` at position `p`, as the reference computes it: `inv_freq` and the
+    /// product in f32.
+    fn angle(p: usize, i: usize) -> f64 {
+        let inv_freq = 1.0f32 / (THETA as f32).powf((2 * i) as f32 / HEAD_DIM as f32);
+        (inv_freq * p as f32) as f64
+    }
+
+    fn table(t: &Tensor) -> Vec<Vec<f32>> {
+        t.to_vec2().unwrap()
+    }
+
+    #[test]
+    fn tables_follow_the_formula_across_growth() {
+        let rope = RotaryEmbedding::new(HEAD_DIM, THETA, &Device::Cpu);
+        // 0..40 first, then 1000..1010 (past the first 256 positions: the tables grow), then
+        // 30..40 again from the grown tables.
+        for (start, len) in [(0, 40), (1000, 10), (30, 10)] {
+            let (cos, sin) = rope.cos_sin(start, len).unwrap();
+            assert_eq!(cos.dims(), &[len, HEAD_DIM / 2]);
+            assert_eq!(cos.dtype(), DType::F32);
+            let (cos, sin) = (table(&cos), table(&sin));
+            for r in 0..len {
+                for i in 0..HEAD_DIM / 2 {
+                    let a = angle(start + r, i);
+                    let (c, s) = (cos[r][i] as f64, sin[r][i] as f64);
+                    assert!(
+                        (c - a.cos()).abs() < 1e-6 && (s - a.sin()).abs() < 1e-6,
+                        "position {}, pair {i}: ({c}, {s}) vs ({}, {})",
+                        start + r,
+                        a.cos(),
+                        a.sin()
+                    );
+                }
+            }
+        }
+        // Pair 0 turns by one radian per position; the last pair by theta^(-(d-2)/d).
+        let (cos, _) = rope.cos_sin(1, 1).unwrap();
+        let cos = table(&cos);
+        assert!((cos[0][0] as f64 - 1f64.cos()).abs() < 1e-7);
+        let slowest = THETA.powf(-((HEAD_DIM - 2) as f64) / HEAD_DIM as f64);
+        assert!((cos[0][HEAD_DIM / 2 - 1] as f64 - slowest.cos()).abs() < 1e-7);
+    }
+
+    #[test]
+    fn apply_rotates_half_split_pairs() {
+        let dev = Device::Cpu;
+        let rope = RotaryEmbedding::new(HEAD_DIM, THETA, &dev);
+        let (b, h, t) = (2, 3, 5);
+        let start = 7;
+        let data: Vec<f32> = (0..b * h * t * HEAD_DIM)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        let x = Tensor::from_vec(data.clone(), (b, h, t, HEAD_DIM), &dev).unwrap();
+        let (cos, sin) = rope.cos_sin(start, t).unwrap();
+        for dtype in [DType::F32, DType::F64] {
+            let y = RotaryEmbedding::apply(&x.to_dtype(dtype).unwrap(), &cos, &sin).unwrap();
+            assert_eq!(y.dtype(), dtype);
+            let y: Vec<f64> = y
+                .to_dtype(DType::F64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let half = HEAD_DIM / 2;
+            for row in 0..b * h * t {
+                let p = start + row % t;
+                let base = row * HEAD_DIM;
+                for i in 0..half {
+                    // NeoX pairing: dims i and i + head_dim/2 rotate together.
+                    let (x1, x2) = (data[base + i] as f64, data[base + i + half] as f64);
+                    let a = angle(p, i);
+                    let want1 = x1 * a.cos() - x2 * a.sin();
+                    let want2 = x1 * a.sin() + x2 * a.cos();
+                    let (got1, got2) = (y[base + i], y[base + i + half]);
+                    assert!(
+                        (got1 - want1).abs() < 1e-5 && (got2 - want2).abs() < 1e-5,
+                        "{dtype:?} row {row}, pair {i}: ({got1}, {got2}) vs ({want1}, {want2})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The property attention relies on: the dot product of a query rotated to position `p` and a
+    /// key rotated to position `p - k` depends on `k` only.
+    #[test]
+    fn scores_depend_on_relative_position_only() {
+        let dev = Device::Cpu;
+        let rope = RotaryEmbedding::new(HEAD_DIM, THETA, &dev);
+        let q = Tensor::new(&[[[[0.3f32, -1.2, 0.8, 0.1, 0.5, 0.9, -0.4, 1.1]]]], &dev).unwrap();
+        let k = Tensor::new(&[[[[1.0f32, 0.2, -0.7, 0.4, -0.3, 0.6, 0.8, -1.0]]]], &dev).unwrap();
+        let at = |x: &Tensor, p: usize| {
+            let (cos, sin) = rope.cos_sin(p, 1).unwrap();
+            RotaryEmbedding::apply(x, &cos, &sin).unwrap()
+        };
+        let score = |pq: usize, pk: usize| -> f32 {
+            (at(&q, pq) * at(&k, pk))
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar()
+                .unwrap()
+        };
+        for k_rel in [0, 1, 5, 30] {
+            let base = score(k_rel, 0);
+            for p in [10, 57, 200] {
+                let s = score(p + k_rel, p);
+                assert!(
+                    (s - base).abs() < 1e-4,
+                    "offset {k_rel} at {p}: {s} vs {base}"
+                );
+            }
+        }
+        assert!(
+            (score(5, 0) - score(0, 0)).abs() > 1e-3,
+            "rotation changes the score"
+        );
+    }
+}

@@ -7,9 +7,10 @@
 //! `modeling_qwen3_tts_tokenizer_v2.py`.
 
 use candle_core::Tensor;
-use candle_nn::{Linear, Module};
+use candle_nn::Module;
 
 use super::ModelError;
+use super::batch::{BatchState, RowLinear, stack_field};
 use super::config::DecoderConfig;
 use crate::nn::Weights;
 use crate::nn::conv::{
@@ -71,31 +72,24 @@ struct ConvNeXtBlock {
     dwconv: StreamingCausalConv1d,
     norm_weight: Tensor,
     norm_bias: Tensor,
-    pwconv1: Linear,
-    pwconv2: Linear,
+    pwconv1: RowLinear,
+    pwconv2: RowLinear,
     gamma: Tensor,
 }
 
 impl ConvNeXtBlock {
     fn new(dim: usize, w: &Weights) -> Result<Self, ModelError> {
-        let lin = |name: &str, out: usize, inp: usize| -> Result<Linear, ModelError> {
-            let p = w.pp(name);
-            Ok(Linear::new(
-                p.get(&[out, inp], "weight")?,
-                Some(p.get(&[out], "bias")?),
-            ))
-        };
         Ok(Self {
             dwconv: causal_conv(&w.pp("dwconv"), dim, dim, 7, 1, dim)?,
             norm_weight: w.pp("norm").get(&[dim], "weight")?,
             norm_bias: w.pp("norm").get(&[dim], "bias")?,
-            pwconv1: lin("pwconv1", 4 * dim, dim)?,
-            pwconv2: lin("pwconv2", dim, 4 * dim)?,
+            pwconv1: RowLinear(w.linear(dim, 4 * dim, true, "pwconv1")?),
+            pwconv2: RowLinear(w.linear(4 * dim, dim, true, "pwconv2")?),
             gamma: w.get(&[dim], "gamma")?,
         })
     }
 
-    /// `[1, dim, t]` → `[1, dim, t]`.
+    /// `[b, dim, t]` → `[b, dim, t]`.
     fn forward(&self, x: &Tensor, state: &mut CausalConvState) -> candle_core::Result<Tensor> {
         let h = self
             .dwconv
@@ -130,6 +124,24 @@ pub(crate) struct UpsampleStage {
 pub(crate) struct UpsampleState {
     conv: ConvTransposeState,
     convnext: CausalConvState,
+}
+
+impl BatchState for UpsampleState {
+    fn stack(states: &[&Self]) -> candle_core::Result<Self> {
+        Ok(Self {
+            conv: stack_field(states, |s| &s.conv)?,
+            convnext: stack_field(states, |s| &s.convnext)?,
+        })
+    }
+
+    fn split(self, rows: usize) -> candle_core::Result<Vec<Self>> {
+        let (conv, convnext) = (self.conv.split(rows)?, self.convnext.split(rows)?);
+        Ok(conv
+            .into_iter()
+            .zip(convnext)
+            .map(|(conv, convnext)| Self { conv, convnext })
+            .collect())
+    }
 }
 
 impl UpsampleStage {
@@ -192,6 +204,27 @@ pub(crate) struct DecoderBlockState {
     units: [CausalConvState; 3],
 }
 
+impl BatchState for DecoderBlockState {
+    fn stack(states: &[&Self]) -> candle_core::Result<Self> {
+        Ok(Self {
+            upsample: stack_field(states, |s| &s.upsample)?,
+            units: stack_field(states, |s| &s.units)?,
+        })
+    }
+
+    fn split(self, rows: usize) -> candle_core::Result<Vec<Self>> {
+        let (upsample, units) = (
+            BatchState::split(self.upsample, rows)?,
+            BatchState::split(self.units, rows)?,
+        );
+        Ok(upsample
+            .into_iter()
+            .zip(units)
+            .map(|(upsample, units)| Self { upsample, units })
+            .collect())
+    }
+}
+
 impl DecoderBlock {
     /// Block `index` (0-based; weights at `decoder.decoder.{index + 1}`).
     pub(crate) fn new(cfg: &DecoderConfig, index: usize, w: &Weights) -> Result<Self, ModelError> {
@@ -242,6 +275,32 @@ pub(crate) struct VocoderState {
     conv_out: CausalConvState,
 }
 
+impl BatchState for VocoderState {
+    fn stack(states: &[&Self]) -> candle_core::Result<Self> {
+        Ok(Self {
+            conv_in: stack_field(states, |s| &s.conv_in)?,
+            blocks: stack_field(states, |s| &s.blocks)?,
+            conv_out: stack_field(states, |s| &s.conv_out)?,
+        })
+    }
+
+    fn split(self, rows: usize) -> candle_core::Result<Vec<Self>> {
+        let conv_in = self.conv_in.split(rows)?;
+        let blocks = BatchState::split(self.blocks, rows)?;
+        let conv_out = self.conv_out.split(rows)?;
+        Ok(conv_in
+            .into_iter()
+            .zip(blocks)
+            .zip(conv_out)
+            .map(|((conv_in, blocks), conv_out)| Self {
+                conv_in,
+                blocks,
+                conv_out,
+            })
+            .collect())
+    }
+}
+
 impl Vocoder {
     /// Loads `decoder.decoder.*` at `w`.
     pub(crate) fn new(cfg: &DecoderConfig, w: &Weights) -> Result<Self, ModelError> {
@@ -272,7 +331,7 @@ impl Vocoder {
         }
     }
 
-    /// `[1, latent, t]` → `[1, 1, t * prod(upsample_rates)]` (unclamped).
+    /// `[b, latent, t]` → `[b, 1, t * prod(upsample_rates)]` (unclamped).
     pub(crate) fn forward(
         &self,
         x: &Tensor,

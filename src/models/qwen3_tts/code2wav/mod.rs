@@ -9,7 +9,8 @@
 //! (conv input history, transposed-conv overlap tail, per-layer KV window with absolute RoPE
 //! positions). [`Code2WavStream::decode_chunk`] therefore decodes any chunk schedule exactly like a
 //! single pass; [`Code2Wav::decode`] is one `decode_chunk` on a fresh stream, so whole and streamed
-//! decoding share one code path.
+//! decoding share one code path. [`Code2Wav::decode_chunks`] decodes the chunks of several streams
+//! in shared batched passes (batch.rs); `decode_chunk` is its batch of one.
 //!
 //! Reference: `Qwen3TTSTokenizerV2Decoder` in
 //! `qwen_tts/core/tokenizer_12hz/modeling_qwen3_tts_tokenizer_v2.py`. Note that the reference's
@@ -17,6 +18,7 @@
 //! (`chunked_decode`); that is [`Code2Wav::decode_window`], not [`Code2Wav::decode`], and the two
 //! differ beyond 300 frames.
 
+mod batch;
 mod config;
 mod decoder;
 mod quantizer;
@@ -29,6 +31,7 @@ use candle_core::{DType, Device, Tensor};
 pub use super::ModelError;
 pub use config::{DecoderConfig, SpeechTokenizerConfig};
 
+use batch::{BatchState, stack_field};
 use decoder::{UpsampleStage, UpsampleState, Vocoder, VocoderState, causal_conv};
 use quantizer::SplitResidualVectorQuantizer;
 use transformer::{PreTransformer, PreTransformerState};
@@ -40,6 +43,11 @@ use crate::nn::conv::{CausalConvState, StreamingCausalConv1d};
 /// stage holds `96 × 1920 × frames` floats, and candle's CPU conv builds a 7× larger im2col).
 /// Chunking is exact, so this only trades memory against per-pass overhead.
 pub const DEFAULT_MAX_FRAMES_PER_PASS: usize = 32;
+
+/// Most frames (streams × frames) one batched pass of [`Code2Wav::decode_chunks`] decodes; more
+/// streams with passes of the same length run in several passes. Bounds the activation memory as
+/// [`DEFAULT_MAX_FRAMES_PER_PASS`] does for one stream.
+pub const DEFAULT_MAX_BATCH_FRAMES: usize = 4 * DEFAULT_MAX_FRAMES_PER_PASS;
 
 /// Window size of the reference's offline decode (`Qwen3TTSTokenizer.decode` → `chunked_decode`).
 pub const REFERENCE_CHUNK_FRAMES: usize = 300;
@@ -56,6 +64,7 @@ pub struct Code2Wav {
     decoder: Vocoder,
     device: Device,
     max_frames_per_pass: usize,
+    max_batch_frames: usize,
 }
 
 impl Code2Wav {
@@ -119,6 +128,7 @@ impl Code2Wav {
             decoder,
             device: device.clone(),
             max_frames_per_pass: DEFAULT_MAX_FRAMES_PER_PASS,
+            max_batch_frames: DEFAULT_MAX_BATCH_FRAMES,
         })
     }
 
@@ -156,6 +166,13 @@ impl Code2Wav {
     /// more memory and fewer kernel launches. Results do not depend on it beyond f32 rounding.
     pub fn set_max_frames_per_pass(&mut self, frames: usize) {
         self.max_frames_per_pass = frames.max(1);
+    }
+
+    /// Most frames, over all its streams, one batched pass of [`Code2Wav::decode_chunks`] decodes
+    /// (default [`DEFAULT_MAX_BATCH_FRAMES`]; at least one stream's pass always runs). Results do
+    /// not depend on it.
+    pub fn set_max_batch_frames(&mut self, frames: usize) {
+        self.max_batch_frames = frames.max(1);
     }
 
     /// Whole decode: `codes` `[frames][num_quantizers]` → exactly `frames × samples_per_frame`
@@ -253,18 +270,23 @@ impl Code2Wav {
         Ok(())
     }
 
-    /// One pass over validated frames: `[1, 1, n × samples_per_frame]`, unclamped.
-    fn forward(&self, codes: &[Vec<u32>], state: &mut StreamState) -> candle_core::Result<Tensor> {
-        let x = self.quantizer.decode(codes).map_err(|e| match e {
+    /// One pass over validated frames, one row per stream, all rows of equal length `n`, with the
+    /// stacked `state` of those streams: `[rows, 1, n × samples_per_frame]`, unclamped.
+    fn forward(
+        &self,
+        rows: &[&[Vec<u32>]],
+        state: &mut StreamState,
+    ) -> candle_core::Result<Tensor> {
+        let x = self.quantizer.decode(rows).map_err(|e| match e {
             ModelError::Candle(c) => c,
             other => candle_core::Error::Msg(other.to_string()),
         })?;
-        let x = self.pre_conv.forward(&x, &mut state.pre_conv)?; // [1, latent, n]
+        let x = self.pre_conv.forward(&x, &mut state.pre_conv)?; // [rows, latent, n]
         let x = self.pre_transformer.forward(
             &x.transpose(1, 2)?.contiguous()?,
             &mut state.pre_transformer,
         )?;
-        let mut x = x.transpose(1, 2)?.contiguous()?; // [1, latent, n]
+        let mut x = x.transpose(1, 2)?.contiguous()?; // [rows, latent, n]
         for (stage, s) in self.upsample.iter().zip(state.upsample.iter_mut()) {
             x = stage.forward(&x, s)?;
         }
@@ -272,7 +294,7 @@ impl Code2Wav {
     }
 }
 
-/// All per-layer streaming state of one stream.
+/// All per-layer streaming state of one stream, or of several stacked for a batched pass.
 #[derive(Debug, Clone)]
 struct StreamState {
     pre_conv: CausalConvState,
@@ -281,7 +303,40 @@ struct StreamState {
     decoder: VocoderState,
 }
 
-/// An exact, stateful streaming decode over one utterance (see the module docs).
+impl BatchState for StreamState {
+    fn stack(states: &[&Self]) -> candle_core::Result<Self> {
+        Ok(Self {
+            pre_conv: stack_field(states, |s| &s.pre_conv)?,
+            pre_transformer: stack_field(states, |s| &s.pre_transformer)?,
+            upsample: stack_field(states, |s| &s.upsample)?,
+            decoder: stack_field(states, |s| &s.decoder)?,
+        })
+    }
+
+    fn split(self, rows: usize) -> candle_core::Result<Vec<Self>> {
+        let pre_conv = self.pre_conv.split(rows)?;
+        let pre_transformer = self.pre_transformer.split(rows)?;
+        let upsample = BatchState::split(self.upsample, rows)?;
+        let decoder = self.decoder.split(rows)?;
+        Ok(pre_conv
+            .into_iter()
+            .zip(pre_transformer)
+            .zip(upsample)
+            .zip(decoder)
+            .map(|(((pre_conv, pre_transformer), upsample), decoder)| Self {
+                pre_conv,
+                pre_transformer,
+                upsample,
+                decoder,
+            })
+            .collect())
+    }
+}
+
+/// An exact, stateful streaming decode over one utterance (see the module docs). A clone is an
+/// independent stream that continues from the same point (the state's tensors are shared until
+/// the next chunk replaces them).
+#[derive(Clone)]
 pub struct Code2WavStream<'a> {
     model: &'a Code2Wav,
     state: StreamState,
@@ -297,37 +352,10 @@ impl Code2WavStream<'_> {
     /// error the stream state is undefined: call [`Code2WavStream::reset`].
     pub fn decode_chunk(&mut self, new: &[Vec<u32>]) -> Result<Vec<f32>, ModelError> {
         let model = self.model;
-        model.validate(new)?;
-        let spf = model.samples_per_frame();
-        let mut out = Vec::with_capacity(new.len() * spf);
-        for (i, pass) in new.chunks(model.max_frames_per_pass).enumerate() {
-            let wav = model
-                .forward(pass, &mut self.state)?
-                .flatten_all()?
-                .to_dtype(DType::F32)?;
-            let wav: Vec<f32> = wav.to_vec1()?;
-            if wav.len() != pass.len() * spf {
-                return Err(candle_core::Error::Msg(format!(
-                    "code2wav produced {} samples for {} frames, expected {}",
-                    wav.len(),
-                    pass.len(),
-                    pass.len() * spf
-                ))
-                .into());
-            }
-            if let Some(j) = wav.iter().position(|v| !v.is_finite()) {
-                let frame = i * model.max_frames_per_pass + j / spf;
-                return Err(candle_core::Error::Msg(format!(
-                    "code2wav output is not finite ({}) at sample {j} of the pass starting at frame {} \
-                     of this chunk (frame {frame})",
-                    wav[j],
-                    i * model.max_frames_per_pass
-                ))
-                .into());
-            }
-            out.extend(wav.into_iter().map(|v| v.clamp(-1.0, 1.0)));
-        }
-        Ok(out)
+        model
+            .decode_chunks(&mut [self], &[new])
+            .pop()
+            .unwrap_or_else(|| Err(candle_core::Error::Msg("code2wav: no result".into()).into()))
     }
 
     /// Frames decoded since the stream started (or was reset).

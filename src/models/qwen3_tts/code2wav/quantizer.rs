@@ -87,13 +87,21 @@ impl SplitResidualVectorQuantizer {
         })
     }
 
-    /// Decodes validated codes (`frames` rows of `num_quantizers` ids, each `< codebook_size`)
-    /// → `[1, codebook_dim, frames]`.
-    pub(crate) fn decode(&self, codes: &[Vec<u32>]) -> Result<Tensor, ModelError> {
-        let n = codes.len();
+    /// Decodes validated codes, one row per stream, every row `n` frames of `num_quantizers` ids
+    /// (each `< codebook_size`) → `[rows, codebook_dim, n]`.
+    pub(crate) fn decode(&self, rows: &[&[Vec<u32>]]) -> Result<Tensor, ModelError> {
+        let n = rows.first().map_or(0, |r| r.len());
+        if let Some(r) = rows.iter().find(|r| r.len() != n) {
+            return Err(candle_core::Error::Msg(format!(
+                "code2wav: a pass of {n}-frame rows got a row of {} frames",
+                r.len()
+            ))
+            .into());
+        }
         let cb = self.codebook_size as u32;
-        let rows: Vec<u32> = codes
+        let ids: Vec<u32> = rows
             .iter()
+            .flat_map(|codes| codes.iter())
             .flat_map(|frame| {
                 frame
                     .iter()
@@ -101,13 +109,13 @@ impl SplitResidualVectorQuantizer {
                     .map(move |(q, &id)| q as u32 * cb + id)
             })
             .collect();
-        let ids = Tensor::from_vec(rows, n * self.num_quantizers, &self.device)?;
+        let ids = Tensor::from_vec(ids, rows.len() * n * self.num_quantizers, &self.device)?;
         let dim = self.table.dim(1)?;
         let x = self
             .table
             .index_select(&ids, 0)?
-            .reshape((n, self.num_quantizers, dim))?
-            .sum(1)?; // [n, dim]
-        Ok(x.t()?.unsqueeze(0)?.contiguous()?)
+            .reshape((rows.len(), n, self.num_quantizers, dim))?
+            .sum(2)?; // [rows, n, dim]
+        Ok(x.transpose(1, 2)?.contiguous()?)
     }
 }

@@ -1,56 +1,38 @@
 //! `decoder.pre_transformer`: the codec's 8-layer causal sliding-window transformer, with an explicit
-//! per-layer KV window so that it can run on chunks of frames.
+//! per-layer KV window so that it can run on chunks of frames, for one stream or several at once.
 //!
 //! Reference: `Qwen3TTSTokenizerV2DecoderTransformerModel` and its layer/attention/MLP classes in
 //! `modeling_qwen3_tts_tokenizer_v2.py`. Per layer: RMSNorm → attention (no q/k norm, RoPE
 //! half-split, causal sliding window: a query at frame `t` sees frames `t - window + 1 ..= t`) →
-//! LayerScale → residual; RMSNorm → SwiGLU MLP → LayerScale → residual. Around the layers:
+//! LayerScale → residual; RMSNorm → gated MLP → LayerScale → residual. Around the layers:
 //! `input_proj` (latent → hidden), final RMSNorm, `output_proj` (hidden → latent).
 //!
 //! Streaming: each layer keeps the RoPE-rotated keys and the values of the last `window - 1` frames;
 //! positions count frames since the start of the stream, so a chunked run sees exactly the same
-//! keys, values and relative positions as a single pass.
+//! keys, values and relative positions as a single pass. A batched state holds several streams
+//! (rows), each with its own windows and position: the projections, norms and MLPs run over all
+//! rows at once, each row gets its own RoPE positions, and the attention runs once per group of
+//! rows with windows of the same length (in steady state, past the first `window - 1` frames, all
+//! rows), with the mask a lone stream would use. No row is padded, so a batched row computes
+//! exactly what the stream computes alone.
+//!
+//! The layers are [`crate::nn`]'s where the numbers agree ([`RmsNorm`], [`RotaryEmbedding`],
+//! [`Weights::linear`]). The MLP is this file's own: `nn::Mlp` is SiLU only and folds a batch into
+//! one matrix product, which the CPU kernels round differently from the rows alone, so a batched
+//! stream would no longer be bit-identical to its solo decode; here every projection runs row by
+//! row ([`RowLinear`]). The attention is this file's own: the codec's has no q/k norm, keeps a
+//! bounded window (`nn::KvCache` keeps every position, so a long utterance would grow its memory
+//! and its attention width without bound) with per-row positions and window lengths in one batch
+//! (`nn::KvCache` has one length for all rows), and computes its softmax in the activation dtype
+//! (`nn::Attention` rounds scores to f32, which would void the f64 verification mode).
 
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{Linear, Module};
+use candle_nn::Module;
 
 use super::ModelError;
+use super::batch::{BatchState, RowLinear};
 use super::config::DecoderConfig;
-use crate::nn::Weights;
-
-fn linear(w: &Weights, out: usize, inp: usize, bias: bool) -> Result<Linear, ModelError> {
-    let weight = w.get(&[out, inp], "weight")?;
-    let bias = if bias {
-        Some(w.get(&[out], "bias")?)
-    } else {
-        None
-    };
-    Ok(Linear::new(weight, bias))
-}
-
-/// RMSNorm over the last dim (`Qwen3TTSTokenizerV2DecoderRMSNorm`).
-struct RmsNorm {
-    weight: Tensor,
-    eps: f32,
-}
-
-impl RmsNorm {
-    fn new(size: usize, eps: f64, w: &Weights) -> Result<Self, ModelError> {
-        Ok(Self {
-            weight: w.get(&[size], "weight")?,
-            eps: eps as f32,
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        if x.dtype() == DType::F64 {
-            // The fused kernel has no f64 version (f64 is the verification mode).
-            candle_nn::ops::rms_norm_slow(x, &self.weight, self.eps)
-        } else {
-            candle_nn::ops::rms_norm(&x.contiguous()?, &self.weight, self.eps)
-        }
-    }
-}
+use crate::nn::{RmsNorm, RotaryEmbedding, Weights};
 
 /// `*_layer_scale`: per-channel scale `[hidden]`.
 struct LayerScale {
@@ -69,11 +51,12 @@ impl LayerScale {
     }
 }
 
-/// `mlp`: `down(act(gate(x)) * up(x))`.
+/// `mlp`: `down(act(gate(x)) * up(x))`, with the configured activation and row-by-row
+/// projections (see the module docs for why not `nn::Mlp`).
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    gate_proj: RowLinear,
+    up_proj: RowLinear,
+    down_proj: RowLinear,
     act: candle_nn::Activation,
 }
 
@@ -93,9 +76,9 @@ impl Mlp {
             }
         };
         Ok(Self {
-            gate_proj: linear(&w.pp("gate_proj"), i, h, false)?,
-            up_proj: linear(&w.pp("up_proj"), i, h, false)?,
-            down_proj: linear(&w.pp("down_proj"), h, i, false)?,
+            gate_proj: RowLinear(w.linear(h, i, false, "gate_proj")?),
+            up_proj: RowLinear(w.linear(h, i, false, "up_proj")?),
+            down_proj: RowLinear(w.linear(i, h, false, "down_proj")?),
             act,
         })
     }
@@ -106,25 +89,31 @@ impl Mlp {
     }
 }
 
-/// Streaming state of one attention layer: RoPE-rotated keys and values of up to `window - 1` past
-/// frames, each `[1, kv_heads, past, head_dim]`.
+/// Streaming state of one attention layer of one stream: RoPE-rotated keys and values of the last
+/// `min(position, window - 1)` frames, each `[1, kv_heads, frames, head_dim]`; `None` before any
+/// frame.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct KvWindow {
     kv: Option<(Tensor, Tensor)>,
 }
 
-impl KvWindow {
-    fn past_len(&self) -> usize {
-        self.kv.as_ref().map_or(0, |(k, _)| k.dims()[2])
-    }
+/// The rows of a batched pass whose windows hold the same number of past frames: they attend
+/// alike, in one batched attention with one mask.
+struct WindowGroup {
+    /// Past frames in each row's window.
+    past: usize,
+    /// The rows, ascending.
+    rows: Vec<usize>,
+    /// Additive mask `[n, past + n]` of this pass, `None` when every key is visible.
+    mask: Option<Tensor>,
 }
 
 /// `self_attn`: multi-head attention over the sliding window.
 struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
+    q_proj: RowLinear,
+    k_proj: RowLinear,
+    v_proj: RowLinear,
+    o_proj: RowLinear,
     num_heads: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -142,10 +131,10 @@ impl Attention {
         );
         let b = cfg.attention_bias;
         Ok(Self {
-            q_proj: linear(&w.pp("q_proj"), nh * hd, h, b)?,
-            k_proj: linear(&w.pp("k_proj"), nkv * hd, h, b)?,
-            v_proj: linear(&w.pp("v_proj"), nkv * hd, h, b)?,
-            o_proj: linear(&w.pp("o_proj"), h, nh * hd, b)?,
+            q_proj: RowLinear(w.linear(h, nh * hd, b, "q_proj")?),
+            k_proj: RowLinear(w.linear(h, nkv * hd, b, "k_proj")?),
+            v_proj: RowLinear(w.linear(h, nkv * hd, b, "v_proj")?),
+            o_proj: RowLinear(w.linear(nh * hd, h, b, "o_proj")?),
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: hd,
@@ -153,13 +142,14 @@ impl Attention {
         })
     }
 
-    /// `x` `[1, n, hidden]` → `[1, n, hidden]`; `mask` `[n, past + n]` additive or `None` (all visible).
+    /// `x` `[rows, n, hidden]` → `[rows, n, hidden]`; `cos`/`sin` `[n, head_dim / 2]` (one row) or
+    /// `[rows, n, head_dim / 2]`; `groups` partition the rows; `windows[r]` is row `r`'s state.
     fn forward(
         &self,
         x: &Tensor,
-        rope: &RopeSlice,
-        mask: Option<&Tensor>,
-        state: &mut KvWindow,
+        (cos, sin): (&Tensor, &Tensor),
+        groups: &[WindowGroup],
+        windows: &mut [&mut KvWindow],
     ) -> candle_core::Result<Tensor> {
         let (b, n, _) = x.dims3()?;
         let split = |t: Tensor, heads: usize| -> candle_core::Result<Tensor> {
@@ -170,45 +160,85 @@ impl Attention {
         let q = split(self.q_proj.forward(x)?, self.num_heads)?;
         let k = split(self.k_proj.forward(x)?, self.num_kv_heads)?;
         let v = split(self.v_proj.forward(x)?, self.num_kv_heads)?;
-        let q = candle_nn::rotary_emb::rope(&q, &rope.cos, &rope.sin)?;
-        let k = candle_nn::rotary_emb::rope(&k, &rope.cos, &rope.sin)?;
-        let (k, v) = match state.kv.take() {
-            Some((pk, pv)) => (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?),
-            None => (k, v),
+        let q = RotaryEmbedding::apply(&q, cos, sin)?;
+        let k = RotaryEmbedding::apply(&k, cos, sin)?;
+        if let [group] = groups {
+            let out = self.attend(&q, &k, &v, group, windows)?;
+            return self.o_proj.forward(&out);
+        }
+        let mut outs: Vec<Option<Tensor>> = vec![None; b];
+        for group in groups {
+            let ids: Vec<u32> = group.rows.iter().map(|&r| r as u32).collect();
+            let ids = Tensor::new(ids.as_slice(), x.device())?;
+            let pick = |t: &Tensor| t.index_select(&ids, 0);
+            let out = self.attend(&pick(&q)?, &pick(&k)?, &pick(&v)?, group, windows)?;
+            for (j, &r) in group.rows.iter().enumerate() {
+                outs[r] = Some(out.narrow(0, j, 1)?);
+            }
+        }
+        let outs = outs
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| candle_core::Error::Msg("code2wav: a row in no window group".into()))?;
+        self.o_proj.forward(&Tensor::cat(&outs, 0)?)
+    }
+
+    /// Attention of one group's rows: `q` `[g, heads, n, hd]`, new `k`/`v` `[g, kv_heads, n, hd]`
+    /// after the rows' windows, which then keep their last `window - 1` frames. Returns
+    /// `[g, n, heads · hd]`, before `o_proj`.
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        group: &WindowGroup,
+        windows: &mut [&mut KvWindow],
+    ) -> candle_core::Result<Tensor> {
+        let (g, _, n, hd) = q.dims4()?;
+        let (k, v) = if group.past == 0 {
+            (k.clone(), v.clone())
+        } else {
+            let mut ks = Vec::with_capacity(g);
+            let mut vs = Vec::with_capacity(g);
+            for &r in &group.rows {
+                let Some((pk, pv)) = &windows[r].kv else {
+                    candle_core::bail!("code2wav: row {r} has no window of {} frames", group.past)
+                };
+                ks.push(pk);
+                vs.push(pv);
+            }
+            let (pk, pv) = (Tensor::cat(&ks, 0)?, Tensor::cat(&vs, 0)?);
+            (Tensor::cat(&[&pk, k], 2)?, Tensor::cat(&[&pv, v], 2)?)
         };
         let total = k.dim(2)?;
         let keep = total.min(self.window - 1);
-        if keep > 0 {
-            state.kv = Some((
-                k.narrow(2, total - keep, keep)?.contiguous()?,
-                v.narrow(2, total - keep, keep)?.contiguous()?,
-            ));
+        for (j, &r) in group.rows.iter().enumerate() {
+            windows[r].kv = if keep > 0 {
+                let row = |t: &Tensor| t.narrow(0, j, 1)?.narrow(2, total - keep, keep);
+                Some((row(&k)?, row(&v)?))
+            } else {
+                None
+            };
         }
-        let rep = self.num_heads / self.num_kv_heads;
-        let (k, v) = if rep > 1 {
-            (repeat_kv(&k, rep)?, repeat_kv(&v, rep)?)
-        } else {
-            (k, v)
+        // Grouped-query attention without repeating k/v: query heads g·rep .. g·rep + rep - 1
+        // share kv head g (the reference's `repeat_kv`), so they are folded into the rows.
+        let (nkv, rep) = (self.num_kv_heads, self.num_heads / self.num_kv_heads);
+        let q = q.reshape((g, nkv, rep * n, hd))?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        let scores = match &group.mask {
+            Some(mask) => scores
+                .reshape((g, nkv, rep, n, total))?
+                .broadcast_add(mask)?
+                .reshape((g, nkv, rep * n, total))?,
+            None => scores,
         };
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let mut scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?;
-        if let Some(mask) = mask {
-            scores = scores.broadcast_add(mask)?;
-        }
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-        let out = probs.matmul(&v.contiguous()?)?; // [b, heads, n, head_dim]
-        let out = out
+        let out = probs.matmul(&v.contiguous()?)?; // [g, nkv, rep·n, hd]
+        out.reshape((g, self.num_heads, n, hd))?
             .transpose(1, 2)?
-            .reshape((b, n, self.num_heads * self.head_dim))?;
-        self.o_proj.forward(&out)
+            .reshape((g, n, self.num_heads * hd))
     }
-}
-
-fn repeat_kv(x: &Tensor, rep: usize) -> candle_core::Result<Tensor> {
-    let (b, h, t, d) = x.dims4()?;
-    x.unsqueeze(2)?
-        .expand((b, h, rep, t, d))?
-        .reshape((b, h * rep, t, d))
 }
 
 /// One `layers.{i}`.
@@ -223,16 +253,12 @@ struct TransformerLayer {
 
 impl TransformerLayer {
     fn new(cfg: &DecoderConfig, w: &Weights) -> Result<Self, ModelError> {
-        let h = cfg.hidden_size;
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         Ok(Self {
             self_attn: Attention::new(cfg, &w.pp("self_attn"))?,
             mlp: Mlp::new(cfg, &w.pp("mlp"))?,
-            input_layernorm: RmsNorm::new(h, cfg.rms_norm_eps, &w.pp("input_layernorm"))?,
-            post_attention_layernorm: RmsNorm::new(
-                h,
-                cfg.rms_norm_eps,
-                &w.pp("post_attention_layernorm"),
-            )?,
+            input_layernorm: RmsNorm::new(h, eps, &w.pp("input_layernorm"))?,
+            post_attention_layernorm: RmsNorm::new(h, eps, &w.pp("post_attention_layernorm"))?,
             self_attn_layer_scale: LayerScale::new(h, &w.pp("self_attn_layer_scale"))?,
             mlp_layer_scale: LayerScale::new(h, &w.pp("mlp_layer_scale"))?,
         })
@@ -241,13 +267,13 @@ impl TransformerLayer {
     fn forward(
         &self,
         x: &Tensor,
-        rope: &RopeSlice,
-        mask: Option<&Tensor>,
-        state: &mut KvWindow,
+        rope: (&Tensor, &Tensor),
+        groups: &[WindowGroup],
+        windows: &mut [&mut KvWindow],
     ) -> candle_core::Result<Tensor> {
         let h = self
             .self_attn
-            .forward(&self.input_layernorm.forward(x)?, rope, mask, state)?;
+            .forward(&self.input_layernorm.forward(x)?, rope, groups, windows)?;
         let x = (x + self.self_attn_layer_scale.forward(&h)?)?;
         let h = self
             .mlp
@@ -256,35 +282,64 @@ impl TransformerLayer {
     }
 }
 
-/// cos/sin `[n, head_dim / 2]` for the frames of one chunk.
-struct RopeSlice {
-    cos: Tensor,
-    sin: Tensor,
-}
-
-/// Streaming state of [`PreTransformer`]: one [`KvWindow`] per layer and the stream position
+/// One stream's part of a [`PreTransformerState`]: a [`KvWindow`] per layer and the position
 /// (frames processed so far).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct PreTransformerState {
+#[derive(Debug, Clone)]
+struct StreamWindows {
     layers: Vec<KvWindow>,
     position: usize,
 }
 
+/// Streaming state of [`PreTransformer`] for one stream, or for several (rows) stacked for a
+/// batched pass.
+#[derive(Debug, Clone)]
+pub(crate) struct PreTransformerState {
+    rows: Vec<StreamWindows>,
+}
+
 impl PreTransformerState {
-    /// Frames processed since the start of the stream.
+    /// Frames processed since the start of the stream (row 0 of a batched state).
     pub(crate) fn position(&self) -> usize {
-        self.position
+        self.rows.first().map_or(0, |r| r.position)
+    }
+}
+
+/// Stacking and splitting move the rows' windows (no tensor is copied).
+impl BatchState for PreTransformerState {
+    fn stack(states: &[&Self]) -> candle_core::Result<Self> {
+        let layers = states
+            .first()
+            .and_then(|s| s.rows.first())
+            .map(|r| r.layers.len());
+        let rows: Vec<StreamWindows> = states.iter().flat_map(|s| s.rows.clone()).collect();
+        if rows.iter().any(|r| Some(r.layers.len()) != layers) {
+            candle_core::bail!("code2wav: stacking transformer states of different layer counts")
+        }
+        Ok(Self { rows })
+    }
+
+    fn split(self, rows: usize) -> candle_core::Result<Vec<Self>> {
+        if rows != self.rows.len() {
+            candle_core::bail!(
+                "code2wav: a transformer state of {} rows cannot be split into {rows}",
+                self.rows.len()
+            )
+        }
+        Ok(self
+            .rows
+            .into_iter()
+            .map(|r| Self { rows: vec![r] })
+            .collect())
     }
 }
 
 /// `decoder.pre_transformer`.
 pub(crate) struct PreTransformer {
-    input_proj: Linear,
+    input_proj: RowLinear,
     layers: Vec<TransformerLayer>,
     norm: RmsNorm,
-    output_proj: Linear,
-    /// RoPE inverse frequencies, f32 as in the reference, `head_dim / 2` entries.
-    inv_freq: Vec<f32>,
+    output_proj: RowLinear,
+    rope: RotaryEmbedding,
     window: usize,
     device: Device,
     dtype: DType,
@@ -296,51 +351,46 @@ impl PreTransformer {
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| TransformerLayer::new(cfg, &w.pp(format!("layers.{i}"))))
             .collect::<Result<Vec<_>, _>>()?;
-        let hd = cfg.head_dim();
-        // transformers' default RoPE init: 1 / theta^(arange(0, d, 2) / d), computed in f32.
-        let inv_freq = (0..hd / 2)
-            .map(|i| 1.0f32 / (cfg.rope_theta as f32).powf((2 * i) as f32 / hd as f32))
-            .collect();
+        let (h, latent) = (cfg.hidden_size, cfg.latent_dim);
         Ok(Self {
-            input_proj: linear(&w.pp("input_proj"), cfg.hidden_size, cfg.latent_dim, true)?,
+            input_proj: RowLinear(w.linear(latent, h, true, "input_proj")?),
             layers,
-            norm: RmsNorm::new(cfg.hidden_size, cfg.rms_norm_eps, &w.pp("norm"))?,
-            output_proj: linear(&w.pp("output_proj"), cfg.latent_dim, cfg.hidden_size, true)?,
-            inv_freq,
+            norm: RmsNorm::new(h, cfg.rms_norm_eps, &w.pp("norm"))?,
+            output_proj: RowLinear(w.linear(h, latent, true, "output_proj")?),
+            rope: RotaryEmbedding::new(cfg.head_dim(), cfg.rope_theta, w.device()),
             window: cfg.sliding_window,
             device: w.device().clone(),
             dtype: w.dtype(),
         })
     }
 
-    /// A fresh state (no past frames, position 0).
+    /// A fresh single-stream state (no past frames, position 0).
     pub(crate) fn init_state(&self) -> PreTransformerState {
         PreTransformerState {
-            layers: vec![KvWindow::default(); self.layers.len()],
-            position: 0,
+            rows: vec![StreamWindows {
+                layers: vec![KvWindow::default(); self.layers.len()],
+                position: 0,
+            }],
         }
     }
 
-    fn rope(&self, start: usize, n: usize) -> candle_core::Result<RopeSlice> {
-        let half = self.inv_freq.len();
-        let mut cos = Vec::with_capacity(n * half);
-        let mut sin = Vec::with_capacity(n * half);
-        for p in start..start + n {
-            for &f in &self.inv_freq {
-                // f32 product as in the reference (`inv_freq @ position_ids` in float32).
-                let angle = (f * p as f32) as f64;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
+    /// RoPE tables for the `n` frames after each row's position: `[n, head_dim / 2]` for one
+    /// row, `[rows, n, head_dim / 2]` for several.
+    fn rope(&self, positions: &[usize], n: usize) -> candle_core::Result<(Tensor, Tensor)> {
+        if let [p] = positions {
+            return self.rope.cos_sin(*p, n);
         }
-        Ok(RopeSlice {
-            cos: Tensor::from_vec(cos, (n, half), &self.device)?.to_dtype(self.dtype)?,
-            sin: Tensor::from_vec(sin, (n, half), &self.device)?.to_dtype(self.dtype)?,
-        })
+        let (cos, sin): (Vec<Tensor>, Vec<Tensor>) = positions
+            .iter()
+            .map(|&p| self.rope.cos_sin(p, n))
+            .collect::<candle_core::Result<Vec<_>>>()?
+            .into_iter()
+            .unzip();
+        Ok((Tensor::stack(&cos, 0)?, Tensor::stack(&sin, 0)?))
     }
 
-    /// Additive mask `[n, past + n]` for queries at `past..past + n` (relative to the first kept
-    /// key), or `None` when every key is visible to every query.
+    /// Additive mask `[n, past + n]` for `n` queries after `past` frames in the window, or `None`
+    /// when every key is visible to every query.
     fn mask(&self, past: usize, n: usize) -> candle_core::Result<Option<Tensor>> {
         let total = past + n;
         let visible = |i: usize, j: usize| {
@@ -366,21 +416,56 @@ impl PreTransformer {
         ))
     }
 
-    /// Runs the next `n` frames: `x` `[1, n, latent]` → `[1, n, latent]`, updating `state`.
+    /// The rows of `state` grouped by the frames in their windows (`min(position, window - 1)`),
+    /// in order of their first row, each with its mask for `n` new frames.
+    fn groups(
+        &self,
+        state: &PreTransformerState,
+        n: usize,
+    ) -> candle_core::Result<Vec<WindowGroup>> {
+        let mut groups: Vec<WindowGroup> = Vec::new();
+        for (r, row) in state.rows.iter().enumerate() {
+            let past = row.position.min(self.window - 1);
+            match groups.iter_mut().find(|g| g.past == past) {
+                Some(g) => g.rows.push(r),
+                None => groups.push(WindowGroup {
+                    past,
+                    rows: vec![r],
+                    mask: self.mask(past, n)?,
+                }),
+            }
+        }
+        Ok(groups)
+    }
+
+    /// Runs the next `n` frames of every row: `x` `[rows, n, latent]` → `[rows, n, latent]`,
+    /// updating `state` (of `rows` rows).
     pub(crate) fn forward(
         &self,
         x: &Tensor,
         state: &mut PreTransformerState,
     ) -> candle_core::Result<Tensor> {
-        let n = x.dim(1)?;
-        let past = state.layers.first().map_or(0, KvWindow::past_len);
-        let rope = self.rope(state.position, n)?;
-        let mask = self.mask(past, n)?;
-        let mut h = self.input_proj.forward(x)?;
-        for (layer, kv) in self.layers.iter().zip(state.layers.iter_mut()) {
-            h = layer.forward(&h, &rope, mask.as_ref(), kv)?;
+        let (rows, n, _) = x.dims3()?;
+        if rows != state.rows.len() {
+            candle_core::bail!(
+                "code2wav: {rows} input rows for a transformer state of {} rows",
+                state.rows.len()
+            )
         }
-        state.position += n;
+        let groups = self.groups(state, n)?;
+        let positions: Vec<usize> = state.rows.iter().map(|r| r.position).collect();
+        let (cos, sin) = self.rope(&positions, n)?;
+        let mut h = self.input_proj.forward(x)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut windows = state
+                .rows
+                .iter_mut()
+                .map(|r| r.layers.get_mut(l))
+                .collect::<Option<Vec<&mut KvWindow>>>()
+                .ok_or_else(|| candle_core::Error::Msg(format!("code2wav: no layer {l} state")))?;
+            h = layer.forward(&h, (&cos, &sin), &groups, &mut windows)?;
+        }
+        state.rows.iter_mut().for_each(|r| r.position += n);
         let h = self.norm.forward(&h)?;
         self.output_proj.forward(&h)
     }
