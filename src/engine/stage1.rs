@@ -15,36 +15,6 @@ use super::request::RequestShared;
 use super::stages::{guarded, panic_message};
 use super::{AudioChunk, DeviceSpec, EngineError, EngineEvent, FinishReason, Metrics};
 use crate::models::qwen3_tts::code2wav::{Code2Wav, Code2WavStream};
-use shim::Code2WavBatch;
-
-/// Stand-in for the codec's batched streaming decode, with its contract: every stream's samples are
-/// what `decode_chunk` gives it alone.
-mod shim {
-    use crate::models::qwen3_tts::ModelError;
-    use crate::models::qwen3_tts::code2wav::{Code2Wav, Code2WavStream};
-
-    pub(super) trait Code2WavBatch {
-        fn decode_chunks(
-            &self,
-            streams: &mut [&mut Code2WavStream<'_>],
-            chunks: &[&[Vec<u32>]],
-        ) -> Vec<Result<Vec<f32>, ModelError>>;
-    }
-
-    impl Code2WavBatch for Code2Wav {
-        fn decode_chunks(
-            &self,
-            streams: &mut [&mut Code2WavStream<'_>],
-            chunks: &[&[Vec<u32>]],
-        ) -> Vec<Result<Vec<f32>, ModelError>> {
-            streams
-                .iter_mut()
-                .zip(chunks)
-                .map(|(s, c)| s.decode_chunk(c))
-                .collect()
-        }
-    }
-}
 
 /// What stage 1 reports after loading.
 pub(crate) struct DecInfo {
