@@ -12,8 +12,10 @@
 //! of one row; a stream that ends early by EOS is reported with the frames it made). For each N
 //! it prints: aggregate audio-seconds per second of wall time (all audio / time from the first
 //! submit to the last `Finished`), per-stream real-time factor (wall time of the stream / its
-//! audio; median and worst), time to first audio p50 / p95, the mean batch of stage 0, and the
-//! shared / separate ratio of the aggregate. JSON on stdout's last line (also `--json PATH`).
+//! audio; median and worst), time to first audio p50 / p95, the mean batch of stage 0, where the
+//! time goes (median over the streams of stage 0's ms per frame, which in a batch is the time of a
+//! step of the whole batch, and of stage 1's decode ms per frame), and the shared / separate ratio
+//! of the aggregate. JSON on stdout's last line (also `--json PATH`).
 
 use std::path::PathBuf;
 use std::thread;
@@ -149,6 +151,11 @@ fn summary(label: &str, n: usize, streams: &[Stream], mean_batch: f64) -> Value 
         .map(|s| s.metrics.ttfa_ms.unwrap_or(f64::NAN))
         .collect();
     let frames: Vec<f64> = streams.iter().map(|s| s.metrics.frames as f64).collect();
+    let ar: Vec<f64> = streams.iter().map(|s| s.metrics.ar_ms_per_frame).collect();
+    let dec: Vec<f64> = streams
+        .iter()
+        .map(|s| s.metrics.decoder_ms_per_frame)
+        .collect();
     json!({
         "engines": label, "streams": n,
         "aggregate_audio_s_per_s": audio_s / wall_s,
@@ -157,6 +164,8 @@ fn summary(label: &str, n: usize, streams: &[Stream], mean_batch: f64) -> Value 
         "ttfa_ms_p50": percentile(ttfa.clone(), 50.0), "ttfa_ms_p95": percentile(ttfa, 95.0),
         "frames_min": percentile(frames, 0.0),
         "mean_batch_stage0": mean_batch,
+        "ar_ms_per_step_p50": percentile(ar, 50.0),
+        "decoder_ms_per_frame_p50": percentile(dec, 50.0),
     })
 }
 
@@ -165,8 +174,18 @@ fn main() -> Result<()> {
     ensure!(!args.streams.is_empty(), "--streams is empty");
     let mut rows = Vec::new();
     println!(
-        "{:>8} {:>3} {:>10} {:>8} {:>8} {:>9} {:>9} {:>6} {:>7}",
-        "engines", "N", "audio-s/s", "RTF p50", "RTF max", "TTFA p50", "TTFA p95", "batch", "ratio"
+        "{:>8} {:>3} {:>10} {:>8} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8} {:>7}",
+        "engines",
+        "N",
+        "audio-s/s",
+        "RTF p50",
+        "RTF max",
+        "TTFA p50",
+        "TTFA p95",
+        "batch",
+        "AR ms",
+        "dec ms",
+        "ratio"
     );
     for &n in &args.streams {
         let shared = SharedEngine::unshared(load(&args, n)?);
@@ -195,7 +214,7 @@ fn main() -> Result<()> {
             let Some(row) = row else { continue };
             let f = |k: &str| row[k].as_f64().unwrap_or(f64::NAN);
             println!(
-                "{:>8} {:>3} {:>10.2} {:>8.3} {:>8.3} {:>9.1} {:>9.1} {:>6.2} {:>7}",
+                "{:>8} {:>3} {:>10.2} {:>8.3} {:>8.3} {:>9.1} {:>9.1} {:>6.2} {:>8.2} {:>8.2} {:>7}",
                 row["engines"].as_str().unwrap_or("?"),
                 n,
                 f("aggregate_audio_s_per_s"),
@@ -204,6 +223,8 @@ fn main() -> Result<()> {
                 f("ttfa_ms_p50"),
                 f("ttfa_ms_p95"),
                 f("mean_batch_stage0"),
+                f("ar_ms_per_step_p50"),
+                f("decoder_ms_per_frame_p50"),
                 r.map(|r| format!("{r:.2}x")).unwrap_or_default()
             );
         }
