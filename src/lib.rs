@@ -13,6 +13,7 @@ pub mod engine;
 pub mod models;
 pub mod nn;
 pub mod omnittssrc;
+pub mod omnittssynth;
 pub mod remote;
 
 use gst::glib;

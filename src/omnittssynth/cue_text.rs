@@ -1,0 +1,136 @@
+//! The text of one cue: a `text/x-raw` buffer's bytes checked as UTF-8 and, for
+//! `format=pango-markup` (what `subparse` emits for SRT, WebVTT, SSA), the markup stripped to the
+//! text it shows: tags removed, entities (`&amp;`, `&#233;`, …) decoded. Lines are joined with a
+//! space, as the cue is spoken as one utterance.
+
+/// The sink caps' `format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextFormat {
+    /// Plain UTF-8 text.
+    Utf8,
+    /// Pango markup (UTF-8).
+    PangoMarkup,
+}
+
+impl TextFormat {
+    /// The format named by caps' `format` field.
+    pub fn from_caps_format(format: &str) -> Option<TextFormat> {
+        match format {
+            "utf8" => Some(TextFormat::Utf8),
+            "pango-markup" => Some(TextFormat::PangoMarkup),
+            _ => None,
+        }
+    }
+}
+
+/// The spoken text of a buffer's `bytes` in `format`. Errors: the bytes are not UTF-8 (naming the
+/// first bad byte and its offset).
+pub fn cue_text(bytes: &[u8], format: TextFormat) -> Result<String, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        let at = e.valid_up_to();
+        format!(
+            "the text is not UTF-8: byte 0x{:02x} at offset {at} of {} (text/x-raw carries UTF-8; \
+             convert the file's encoding, or let subparse detect it)",
+            bytes[at],
+            bytes.len()
+        )
+    })?;
+    let text = match format {
+        TextFormat::Utf8 => text.to_string(),
+        TextFormat::PangoMarkup => strip_markup(text),
+    };
+    Ok(text.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+/// Pango markup → the text it shows: tags (`<i>`, `<span …>`) removed, the XML entities and
+/// character references decoded; an `&` that starts no known entity stays as it is.
+pub fn strip_markup(markup: &str) -> String {
+    let mut out = String::with_capacity(markup.len());
+    let mut rest = markup;
+    while let Some(c) = rest.chars().next() {
+        match c {
+            '<' => match rest.find('>') {
+                Some(end) => rest = &rest[end + 1..],
+                None => {
+                    // An unterminated tag: not markup, keep the text.
+                    out.push_str(rest);
+                    rest = "";
+                }
+            },
+            '&' => {
+                let decoded = rest
+                    .find(';')
+                    .filter(|&end| end <= 10)
+                    .and_then(|end| entity(&rest[1..end]).map(|c| (c, end)));
+                match decoded {
+                    Some((c, end)) => {
+                        out.push(c);
+                        rest = &rest[end + 1..];
+                    }
+                    None => {
+                        out.push('&');
+                        rest = &rest[1..];
+                    }
+                }
+            }
+            _ => {
+                out.push(c);
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+    }
+    out
+}
+
+/// The character an entity name (between `&` and `;`) stands for.
+fn entity(name: &str) -> Option<char> {
+    match name {
+        "amp" => Some('&'),
+        "lt" => Some('<'),
+        "gt" => Some('>'),
+        "quot" => Some('"'),
+        "apos" => Some('\''),
+        "nbsp" => Some('\u{a0}'),
+        _ => {
+            let code = if let Some(hex) = name.strip_prefix("#x").or(name.strip_prefix("#X")) {
+                u32::from_str_radix(hex, 16).ok()?
+            } else {
+                name.strip_prefix('#')?.parse().ok()?
+            };
+            char::from_u32(code)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markup_is_stripped_as_subparse_writes_it() {
+        let m =
+            "<i>Hello</i>, <span foreground=\"red\">Tom &amp; Jerry</span>\n&lt;3 &#233;t&#xE9;";
+        assert_eq!(
+            cue_text(m.as_bytes(), TextFormat::PangoMarkup).unwrap(),
+            "Hello, Tom & Jerry <3 été"
+        );
+        // Plain text keeps what looks like markup.
+        assert_eq!(
+            cue_text(b"<i>a</i> &amp;", TextFormat::Utf8).unwrap(),
+            "<i>a</i> &amp;"
+        );
+        assert_eq!(strip_markup("a & b &bogus; c <"), "a & b &bogus; c <");
+        assert_eq!(strip_markup("&#1114112;"), "&#1114112;", "not a char");
+    }
+
+    #[test]
+    fn whitespace_is_collapsed_and_bad_bytes_are_named() {
+        assert_eq!(
+            cue_text(b"  two\r\n lines \t", TextFormat::Utf8).unwrap(),
+            "two lines"
+        );
+        assert_eq!(cue_text(b" \n ", TextFormat::PangoMarkup).unwrap(), "");
+        let e = cue_text(b"caf\xe9!", TextFormat::Utf8).unwrap_err();
+        assert!(e.contains("byte 0xe9 at offset 3 of 5"), "{e}");
+    }
+}

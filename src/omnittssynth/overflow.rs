@@ -1,0 +1,76 @@
+//! The `overflow` property: what the element does when a cue's speech is longer than its slot (or,
+//! live, when its audio is late), and what it reports it did.
+
+use gst::glib;
+
+/// The `overflow` property (nicks as gst-plugins-rs' `awspolly` and `elevenlabssynthesizer` name
+/// them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstOmniTtsSynthOverflow")]
+pub enum Overflow {
+    /// Cut the speech at the end of its slot, with a short fade-out.
+    #[default]
+    #[enum_value(
+        name = "Clip: cut the speech at the end of its slot (PTS + duration), with a 10 ms fade-out",
+        nick = "clip"
+    )]
+    Clip = 0,
+    /// Let the speech run on; later cues still start at their PTS, mixed with it.
+    #[enum_value(
+        name = "Overlap: let the speech run past its slot; later cues still start at their PTS \
+                and the element mixes them",
+        nick = "overlap"
+    )]
+    Overlap = 1,
+    /// Let the speech run on; later cues start after it (never earlier than their PTS).
+    #[enum_value(
+        name = "Shift: let the speech run past its slot; later cues start when it ends, never \
+                earlier than their own PTS",
+        nick = "shift"
+    )]
+    Shift = 2,
+}
+
+impl Overflow {
+    /// The property value's nick: `clip`, `overlap`, `shift`.
+    pub fn nick(self) -> &'static str {
+        match self {
+            Overflow::Clip => "clip",
+            Overflow::Overlap => "overlap",
+            Overflow::Shift => "shift",
+        }
+    }
+}
+
+/// What the overflow policy did with one cue (the `action` field of the cue message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// The cue had nothing to speak (empty, whitespace, no letter or digit): its slot is silence.
+    Silent,
+    /// Spoken at its PTS, within its slot (or it had no slot end).
+    Fit,
+    /// Cut at its slot's end (`clip`), possibly to nothing when it could not start before it.
+    Clipped,
+    /// Ran past its slot's end, mixed with whatever starts there (`overlap`).
+    Overlapped,
+    /// Ran past its slot's end; the cues after it are shifted (`shift`).
+    Overran,
+    /// Started after its PTS because the speech before it ran long (`shift`).
+    Shifted,
+}
+
+impl Action {
+    /// The name in the cue message: `silent`, `fit`, `clipped`, `overlapped`, `overran`,
+    /// `shifted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Silent => "silent",
+            Action::Fit => "fit",
+            Action::Clipped => "clipped",
+            Action::Overlapped => "overlapped",
+            Action::Overran => "overran",
+            Action::Shifted => "shifted",
+        }
+    }
+}
