@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs all of omnitts' tests (after scripts/setup-and-run.sh, or scripts/install-deps.sh, once):
 #  1. builds the plugin (cargo test does not refresh the .so that gst-inspect/gst-launch load);
-#  2. command-line checks against a private GST_REGISTRY: gst-inspect-1.0 omnittssrc, and a
-#     gst-launch-1.0 pipeline into a WAV file whose length and buffer timestamps are checked;
+#  2. command-line checks against a private GST_REGISTRY: gst-inspect-1.0 omnittssrc and
+#     omnittssynth, and a gst-launch-1.0 pipeline into a WAV file whose length and buffer
+#     timestamps are checked;
 #  3. scripts/install.sh into a temporary prefix, and the installed plugin speaking with the installed
 #     bundled voice from another directory;
 #  4. cargo test: every unit and integration test of the crate.
@@ -24,6 +25,15 @@ for want in "Source/Audio" "omnitts" "push-text" "samples-per-buffer" "is-live" 
     grep -q -- "$want" "$work/inspect.txt" || { echo "gst-inspect output lacks '$want'"; exit 1; }
 done
 echo "ok: omnittssrc registered ($(grep -m1 'Version' "$work/inspect.txt" | xargs))"
+
+echo "== gst-inspect-1.0 omnittssynth (private registry)"
+GST_PLUGIN_PATH="$target/debug" gst-inspect-1.0 omnittssynth > "$work/inspect-synth.txt"
+for want in "Filter/Audio/Text" "text/x-raw" "pango-markup" "overflow" "latency" "speaker-map" \
+        "max-new-tokens" "rate: 24000"; do
+    grep -q -- "$want" "$work/inspect-synth.txt" \
+        || { echo "gst-inspect omnittssynth output lacks '$want'"; exit 1; }
+done
+echo "ok: omnittssynth registered"
 
 echo "== gst-launch-1.0: text -> WAV, timestamps checked"
 wav="$work/out.wav"

@@ -22,7 +22,8 @@ fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
     if let Some(file) = plugin.filename() {
         element_common::bundled_voice::set_plugin_file(file);
     }
-    omnittssrc::register(plugin)
+    omnittssrc::register(plugin)?;
+    omnittssynth::register(plugin)
 }
 
 gst::plugin_define!(

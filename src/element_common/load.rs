@@ -48,6 +48,17 @@ pub(crate) fn load(
     })
 }
 
+/// How an element came by its engine, for its model-ready message: loaded for it, joined (with
+/// how many elements share it), or of its own (`shared-engine=false`).
+pub(crate) fn sharing(engine: &SharedEngine, shared_engine: bool) -> String {
+    match (engine.loaded(), engine.users()) {
+        (true, 1) if shared_engine => "engine loaded".to_string(),
+        (true, _) if !shared_engine => "engine of its own (shared-engine=false)".to_string(),
+        (true, n) => format!("engine loaded, {n} elements share it"),
+        (false, n) => format!("joined the loaded engine, {n} elements share it"),
+    }
+}
+
 /// The `stage-config` file, or the built-in configuration when unset; its warnings go to the bus.
 fn load_stage_config(
     element: &gst::Element,

@@ -14,7 +14,7 @@ use gst_base::subclass::prelude::*;
 
 use crate::element_common::audio::{self, RATE, SampleFormat, pts_of};
 use crate::element_common::input_error::{InputError, input_error};
-use crate::element_common::load::{Loaded, load};
+use crate::element_common::load::{Loaded, load, sharing};
 use crate::element_common::properties::{
     model_info_param_specs, model_info_property, refuse_ready_only, synthesis_param_specs,
 };
@@ -595,14 +595,7 @@ impl BaseSrcImpl for OmniTtsSrc {
                     ("could not start the worker thread: {}", e)
                 )
             })?;
-        let sharing = match (engine.loaded(), engine.users()) {
-            (true, 1) if settings.synthesis.shared_engine => "engine loaded".to_string(),
-            (true, _) if !settings.synthesis.shared_engine => {
-                "engine of its own (shared-engine=false)".to_string()
-            }
-            (true, n) => format!("engine loaded, {n} elements share it"),
-            (false, n) => format!("joined the loaded engine, {n} elements share it"),
-        };
+        let sharing = sharing(&engine, settings.synthesis.shared_engine);
         let ready = format!(
             "omnittssrc: model '{}' ready ({}; {:?}; {} speakers; {}; ready in {:.0} ms; live latency {} ms)",
             model,

@@ -1,0 +1,56 @@
+//! The element message posted when a cue is over: where it was due, where it went, and what the
+//! overflow policy did with it.
+
+use crate::element_common::audio::pts_of;
+
+use super::overflow::Overflow;
+use super::shared::CueInfo;
+use super::timeline::CueReport;
+
+/// A cue is over (posted after its `omnitts/utterance-done`, or alone for a silent cue). Fields:
+/// `id` (u64, as in the utterance messages), `text` (string, the text spoken), `pts` (u64 ns,
+/// the text buffer's PTS; `GST_CLOCK_TIME_NONE` for a cue without one), `slot-duration` (u64
+/// ns, the buffer's duration, or none), `start` (u64 ns, the PTS of its first audio sample, or
+/// none when nothing of it was output), `end` (u64 ns, past its last output sample or where it
+/// was cut), `speech-duration` (u64 ns synthesised; for a clipped cue, up to the cut),
+/// `output-duration` (u64 ns of it output), `overflow` (string, the policy: `clip`, `overlap`,
+/// `shift`), `action` (string: `fit`, `clipped`, `overlapped`, `overran`, `shifted`, `silent`),
+/// `shifted-ms` (f64, how much later than its PTS it became due because the speech before it
+/// ran long), `overrun-ms` (f64, how much longer than its slot its speech is), `clipped-ms`
+/// (f64, speech cut off), `late` (u32, live: how many times its audio missed its deadline) and
+/// `late-ms` (f64, live: silence output in its place meanwhile).
+pub const CUE: &str = "omnitts/cue";
+
+fn ms(samples: u64) -> f64 {
+    pts_of(samples).nseconds() as f64 / 1e6
+}
+
+/// The [`CUE`] message of `report` (positions from the segment start `segment_start`) for the
+/// cue `info`.
+pub(super) fn cue_message(
+    src: &gst::Element,
+    report: &CueReport,
+    info: &CueInfo,
+    segment_start: gst::ClockTime,
+    policy: Overflow,
+) -> gst::Message {
+    let at = |p: u64| segment_start + pts_of(p);
+    let s = gst::Structure::builder(CUE)
+        .field("id", report.id)
+        .field("text", info.text.as_str())
+        .field("pts", info.pts)
+        .field("slot-duration", info.duration)
+        .field("start", report.first.map(at))
+        .field("end", at(report.end))
+        .field("speech-duration", pts_of(report.speech))
+        .field("output-duration", pts_of(report.output))
+        .field("overflow", policy.nick())
+        .field("action", report.action.as_str())
+        .field("shifted-ms", ms(report.shifted))
+        .field("overrun-ms", ms(report.overrun))
+        .field("clipped-ms", ms(report.clipped))
+        .field("late", report.late)
+        .field("late-ms", ms(report.late_samples))
+        .build();
+    gst::message::Element::builder(s).src(src).build()
+}

@@ -1,0 +1,883 @@
+//! GObject/GStreamer implementation of `omnittssynth` (see the module docs in `mod.rs`): the pads,
+//! the properties, the events and queries, and the start/stop of the engine, the synthesis
+//! workers and the output task.
+
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::Instant;
+
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+
+use crate::element_common::audio::{self, SampleFormat, pos_of, pts_of};
+use crate::element_common::input_error::input_error;
+use crate::element_common::load::{Loaded, load, sharing};
+use crate::element_common::progress;
+use crate::element_common::properties::{
+    model_info_param_specs, model_info_property, refuse_ready_only, synthesis_param_specs,
+};
+use crate::element_common::request::{ModelInfo, build_request};
+use crate::element_common::settings::SynthesisSettings;
+use crate::engine::SharedEngine;
+use crate::models::qwen3_tts::prompt::unspeakable;
+
+use super::CAT;
+use super::cue_text::{TextFormat, cue_text};
+use super::output::Output;
+use super::overflow::Overflow;
+use super::shared::{CueInfo, Inner, Job, Shared};
+use super::synthesis::spawn_workers;
+use super::timeline::{CueKind, CueStart};
+use super::voice::{SPEAKER_CHANGE_EVENT, SpeakerMap, VOICE_EVENT, VoiceChange};
+
+const DEFAULT_LATENCY_MS: u32 = 1000;
+const DEFAULT_OVERFLOW: Overflow = Overflow::Clip;
+/// Cues queued ahead of the output before the sink pad blocks upstream.
+const MAX_QUEUED_CUES: usize = 64;
+
+/// Property values.
+#[derive(Debug, Clone)]
+struct Settings {
+    synthesis: SynthesisSettings,
+    overflow: Overflow,
+    latency_ms: u32,
+    speaker_map: Option<gst::Structure>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            synthesis: SynthesisSettings::default(),
+            overflow: DEFAULT_OVERFLOW,
+            latency_ms: DEFAULT_LATENCY_MS,
+            speaker_map: None,
+        }
+    }
+}
+
+/// Exists from READY→PAUSED to PAUSED→READY.
+struct Runtime {
+    engine: Arc<SharedEngine>,
+    info: ModelInfo,
+    speaker_map: SpeakerMap,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    policy: Overflow,
+}
+
+/// The element's instance data (lock order: settings, runtime, then the shared state).
+pub struct OmniTtsSynth {
+    sinkpad: gst::Pad,
+    srcpad: gst::Pad,
+    settings: Mutex<Settings>,
+    runtime: Mutex<Option<Runtime>>,
+    shared: Arc<Shared>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The sink pad's caps: timed UTF-8 text, plain or pango markup (what subparse emits).
+fn sink_caps() -> gst::Caps {
+    gst::Caps::builder("text/x-raw")
+        .field("format", gst::List::new(["utf8", "pango-markup"]))
+        .build()
+}
+
+#[glib::object_subclass]
+impl ObjectSubclass for OmniTtsSynth {
+    const NAME: &'static str = "GstOmniTtsSynth";
+    type Type = super::OmniTtsSynth;
+    type ParentType = gst::Element;
+
+    fn with_class(klass: &Self::Class) -> Self {
+        let templ = klass.pad_template("sink").expect("sink template");
+        let sinkpad = gst::Pad::builder_from_template(&templ)
+            .chain_function(|pad, parent, buffer| {
+                OmniTtsSynth::catch_panic_pad_function(
+                    parent,
+                    || Err(gst::FlowError::Error),
+                    |imp| imp.sink_chain(pad, buffer),
+                )
+            })
+            .event_function(|pad, parent, event| {
+                OmniTtsSynth::catch_panic_pad_function(
+                    parent,
+                    || false,
+                    |imp| imp.sink_event(pad, event),
+                )
+            })
+            .query_function(|pad, parent, query| {
+                OmniTtsSynth::catch_panic_pad_function(
+                    parent,
+                    || false,
+                    |imp| imp.sink_query(pad, query),
+                )
+            })
+            .build();
+        let templ = klass.pad_template("src").expect("src template");
+        let srcpad = gst::Pad::builder_from_template(&templ)
+            .query_function(|pad, parent, query| {
+                OmniTtsSynth::catch_panic_pad_function(
+                    parent,
+                    || false,
+                    |imp| imp.src_query(pad, query),
+                )
+            })
+            .activatemode_function(|pad, parent, mode, active| {
+                OmniTtsSynth::catch_panic_pad_function(
+                    parent,
+                    || Err(gst::loggable_error!(CAT, "panic in activate")),
+                    |imp| imp.src_activatemode(pad, mode, active),
+                )
+            })
+            .flags(gst::PadFlags::FIXED_CAPS)
+            .build();
+        OmniTtsSynth {
+            sinkpad,
+            srcpad,
+            settings: Mutex::new(Settings::default()),
+            runtime: Mutex::new(None),
+            shared: Arc::new(Shared::new(DEFAULT_OVERFLOW)),
+        }
+    }
+}
+
+impl OmniTtsSynth {
+    fn element(&self) -> gst::Element {
+        self.obj().clone().upcast()
+    }
+
+    fn policy(&self) -> Overflow {
+        lock(&self.runtime)
+            .as_ref()
+            .map_or(DEFAULT_OVERFLOW, |rt| rt.policy)
+    }
+
+    /// Upstream's LATENCY answer (asked once per stream, and again for every downstream query).
+    fn upstream_latency(&self) -> Option<(bool, gst::ClockTime, Option<gst::ClockTime>)> {
+        let mut q = gst::query::Latency::new();
+        let answer = self.sinkpad.peer_query(&mut q).then(|| q.result());
+        self.shared.lock().upstream_latency = answer;
+        gst::debug!(CAT, imp = self, "upstream latency: {answer:?}");
+        answer
+    }
+
+    /// Loads the engine (or joins the one loaded for the same checkpoint) and starts the workers.
+    fn start(&self) -> Result<(), gst::ErrorMessage> {
+        let settings = lock(&self.settings).clone();
+        let element = self.element();
+        let model = &settings.synthesis.model;
+        progress::post_start(&element, "load", &format!("loading model {model}"));
+        let t0 = Instant::now();
+        let Loaded {
+            engine,
+            info,
+            cloner,
+        } = load(&element, *CAT, &settings.synthesis, false).inspect_err(|_| {
+            progress::post_error(&element, "load", "model loading failed");
+        })?;
+        let speaker_map = SpeakerMap::parse(settings.speaker_map.as_deref(), info.variant)
+            .map_err(|e| e.to_error_msg())?;
+        for (label, voice) in speaker_map.entries() {
+            build_request(&voice.apply(&settings.synthesis), &info, "probe").map_err(|e| {
+                input_error("speaker-map", label, format!("{voice}: {e}")).to_error_msg()
+            })?;
+        }
+        let policy = settings.overflow;
+        *self.shared.lock() = Inner::new(policy);
+        let workers = spawn_workers(
+            engine.clone(),
+            cloner,
+            self.shared.clone(),
+            element.downgrade(),
+        )
+        .map_err(|e| {
+            gst::error_msg!(
+                gst::ResourceError::Failed,
+                ("could not start the synthesis threads: {}", e)
+            )
+        })?;
+        let ready = format!(
+            "omnittssynth: model '{}' ready ({}; {:?}; {} speakers; {}; ready in {:.0} ms; \
+             overflow {}, latency {} ms)",
+            model,
+            info.dir.display(),
+            info.variant,
+            info.speakers.len(),
+            sharing(&engine, settings.synthesis.shared_engine),
+            t0.elapsed().as_secs_f64() * 1000.0,
+            policy.nick(),
+            settings.latency_ms
+        );
+        gst::info!(CAT, imp = self, "{ready}");
+        *lock(&self.runtime) = Some(Runtime {
+            engine,
+            info,
+            speaker_map,
+            workers,
+            policy,
+        });
+        progress::post_complete(&element, "load", &ready);
+        Ok(())
+    }
+
+    /// Stops the workers (cancelling what they synthesise) and lets go of the engine.
+    fn stop(&self) {
+        let policy = self.policy();
+        {
+            let mut inner = self.shared.lock();
+            inner.shutdown = true;
+            inner.flushing = true;
+            inner.reset(policy);
+            self.shared.cond.notify_all();
+        }
+        let rt = lock(&self.runtime).take();
+        if let Some(rt) = rt {
+            for w in rt.workers {
+                if w.join().is_err() {
+                    gst::warning!(CAT, imp = self, "a synthesis thread panicked");
+                }
+            }
+            drop(rt.engine);
+            gst::debug!(CAT, imp = self, "stopped: workers joined, engine released");
+        }
+    }
+
+    fn src_activatemode(
+        &self,
+        pad: &gst::Pad,
+        mode: gst::PadMode,
+        active: bool,
+    ) -> Result<(), gst::LoggableError> {
+        if mode != gst::PadMode::Push {
+            return Err(gst::loggable_error!(
+                CAT,
+                "the source pad works in push mode only"
+            ));
+        }
+        if !active {
+            {
+                let mut inner = self.shared.lock();
+                inner.flushing = true;
+                self.shared.cond.notify_all();
+            }
+            pad.stop_task()
+                .map_err(|e| gst::loggable_error!(CAT, "could not stop the task: {e}"))?;
+        } else {
+            self.shared.lock().flushing = false;
+        }
+        Ok(())
+    }
+
+    fn start_task(&self) -> bool {
+        let (latency, samples_per_frame) = {
+            let s = lock(&self.settings);
+            let rt = lock(&self.runtime);
+            let spf = rt.as_ref().map_or(1920, |rt| rt.info.samples_per_frame);
+            (gst::ClockTime::from_mseconds(s.latency_ms as u64), spf)
+        };
+        let output = Output {
+            shared: self.shared.clone(),
+            srcpad: self.srcpad.clone(),
+            element: self.obj().upcast_ref::<gst::Element>().downgrade(),
+            latency,
+            policy: self.policy(),
+            samples_per_frame,
+        };
+        match self.srcpad.start_task(move || output.step()) {
+            Ok(()) => true,
+            Err(e) => {
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Failed,
+                    ("could not start the output task: {}", e)
+                );
+                false
+            }
+        }
+    }
+
+    fn sink_query(&self, pad: &gst::Pad, query: &mut gst::QueryRef) -> bool {
+        if let gst::QueryViewMut::AcceptCaps(q) = query.view_mut() {
+            let caps = q.caps_owned();
+            let ok = caps.is_subset(&sink_caps());
+            if !ok && caps.is_fixed() {
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    (
+                        "text caps '{}' are not supported: omnittssynth speaks text/x-raw with \
+                         format utf8 or pango-markup (timed text, e.g. from subparse)",
+                        caps
+                    )
+                );
+            }
+            q.set_result(ok);
+            return true;
+        }
+        gst::Pad::query_default(pad, Some(&*self.obj()), query)
+    }
+
+    fn src_query(&self, pad: &gst::Pad, query: &mut gst::QueryRef) -> bool {
+        match query.view_mut() {
+            gst::QueryViewMut::Latency(q) => {
+                let Some((live, min, max)) = self.upstream_latency() else {
+                    return false;
+                };
+                if live {
+                    let ours =
+                        gst::ClockTime::from_mseconds(lock(&self.settings).latency_ms as u64);
+                    gst::debug!(CAT, imp = self, "latency: upstream {min} + ours {ours}");
+                    q.set(true, min + ours, max.map(|m| m + ours));
+                } else {
+                    q.set(false, min, max);
+                }
+                true
+            }
+            gst::QueryViewMut::Position(q) if q.format() == gst::Format::Time => {
+                let inner = self.shared.lock();
+                let seg = &inner.segment;
+                let pos =
+                    seg.start().unwrap_or(gst::ClockTime::ZERO) + pts_of(inner.timeline.position());
+                q.set(seg.to_stream_time(pos));
+                true
+            }
+            _ => gst::Pad::query_default(pad, Some(&*self.obj()), query),
+        }
+    }
+
+    /// Checks the text caps and sets the output caps (F32LE or S16LE as downstream prefers).
+    fn set_caps(&self, caps: &gst::CapsRef) -> bool {
+        let format = caps
+            .structure(0)
+            .filter(|s| s.name() == "text/x-raw")
+            .and_then(|s| s.get::<&str>("format").ok())
+            .and_then(TextFormat::from_caps_format);
+        let Some(format) = format else {
+            gst::element_imp_error!(
+                self,
+                gst::CoreError::Negotiation,
+                (
+                    "text caps '{}' are not supported: omnittssynth speaks text/x-raw with format \
+                     utf8 or pango-markup",
+                    caps
+                )
+            );
+            return false;
+        };
+        self.shared.lock().text_format = Some(format);
+        if self.shared.lock().format.is_some() {
+            return true;
+        }
+        let template = audio::caps();
+        let peer = self.srcpad.peer_query_caps(Some(&template));
+        let mut out = peer.intersect_with_mode(&template, gst::CapsIntersectMode::First);
+        if out.is_empty() {
+            gst::element_imp_error!(
+                self,
+                gst::CoreError::Negotiation,
+                (
+                    "downstream takes none of omnittssynth's audio caps ({}); put audioconvert \
+                     and audioresample after it",
+                    template
+                )
+            );
+            return false;
+        }
+        out.fixate();
+        let sample_format = match SampleFormat::from_caps(&out) {
+            Ok(f) => f,
+            Err(e) => {
+                gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", e));
+                return false;
+            }
+        };
+        gst::debug!(CAT, imp = self, "output caps {out}");
+        self.shared.lock().format = Some(sample_format);
+        self.srcpad.push_event(gst::event::Caps::new(&out))
+    }
+
+    /// A SEGMENT: TIME at rate 1 only. The first one starts the output; a later one (no flush)
+    /// waits for the output of the cues before it, then starts a new timeline.
+    fn set_segment(&self, event: &gst::Event, segment: &gst::Segment) -> bool {
+        let Some(seg) = segment.downcast_ref::<gst::ClockTime>() else {
+            gst::element_imp_error!(
+                self,
+                gst::StreamError::Format,
+                (
+                    "segment format {:?}: omnittssynth needs timed text (a TIME segment)",
+                    segment.format()
+                )
+            );
+            return false;
+        };
+        if seg.rate() != 1.0 {
+            gst::element_imp_error!(
+                self,
+                gst::StreamError::Format,
+                (
+                    "segment rate {}: omnittssynth speaks at rate 1.0 only",
+                    seg.rate()
+                )
+            );
+            return false;
+        }
+        let mut out = seg.clone();
+        out.set_stop(gst::ClockTime::NONE);
+        if self.shared.lock().upstream_latency.is_none() {
+            self.upstream_latency();
+        }
+        let mut inner = self.shared.lock();
+        if !inner.have_segment {
+            inner.have_segment = true;
+            inner.segment = out.clone();
+            drop(inner);
+            let seqnum = event.seqnum();
+            self.srcpad
+                .push_event(gst::event::Segment::builder(&out).seqnum(seqnum).build());
+            return self.start_task();
+        }
+        gst::debug!(
+            CAT,
+            imp = self,
+            "new segment {out:?}: draining the current one"
+        );
+        inner.next_segment = Some(out);
+        inner.timeline.end();
+        self.shared.cond.notify_all();
+        while inner.next_segment.is_some() && !inner.flushing && inner.flow.is_ok() {
+            inner = self.shared.wait(inner, None);
+        }
+        true
+    }
+
+    /// Where a text buffer's PTS is on the timeline (a buffer without PTS: as soon as possible).
+    fn cue_start(&self, inner: &Inner, pts: Option<gst::ClockTime>) -> CueStart {
+        let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
+        match pts {
+            Some(p) => CueStart::At(pos_of(p.saturating_sub(start))),
+            None => {
+                // Live: not before the running time it arrived at.
+                let now = match inner.upstream_latency {
+                    Some((true, upstream, _)) => self
+                        .obj()
+                        .current_running_time()
+                        .and_then(|rt| {
+                            inner
+                                .segment
+                                .position_from_running_time(rt.saturating_sub(upstream))
+                        })
+                        .map_or(0, |p| pos_of(p.saturating_sub(start))),
+                    _ => 0,
+                };
+                CueStart::Asap(inner.timeline.horizon().max(now))
+            }
+        }
+    }
+
+    /// What a cue with `text` (or unreadable bytes) holds, and its request.
+    fn cue_kind(
+        &self,
+        id: u64,
+        text: &Result<String, String>,
+        pts: Option<gst::ClockTime>,
+        voice: &VoiceChange,
+        live: bool,
+    ) -> Result<(CueKind, Option<Job>), gst::FlowError> {
+        let at = pts.display();
+        let text = match text {
+            Err(why) => {
+                return Ok((
+                    CueKind::Refused(format!("cue {id} (PTS {at}): {why}")),
+                    None,
+                ));
+            }
+            Ok(t) if unspeakable(t).is_some() => return Ok((CueKind::Silent, None)),
+            Ok(t) => t,
+        };
+        let settings = voice.apply(&lock(&self.settings).synthesis);
+        let rt = lock(&self.runtime);
+        let Some(rt) = rt.as_ref() else {
+            return Err(gst::FlowError::Flushing);
+        };
+        Ok(match build_request(&settings, &rt.info, text) {
+            Ok((mut request, clone)) => {
+                if live && settings.chunk_frames == 0 {
+                    // Live: later chunks as small as the first, so audio keeps pace.
+                    request.chunk_frames = Some(rt.info.first_chunk_frames);
+                }
+                let job = Job {
+                    id,
+                    epoch: 0,
+                    request,
+                    clone,
+                };
+                (CueKind::Speech, Some(job))
+            }
+            Err(e) => (CueKind::Refused(format!("cue {id} (PTS {at}): {e}")), None),
+        })
+    }
+
+    fn sink_chain(
+        &self,
+        _pad: &gst::Pad,
+        buffer: gst::Buffer,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let (id, format, voice, live, epoch) = {
+            let mut inner = self.shared.lock();
+            inner.flow?;
+            if inner.flushing {
+                return Err(gst::FlowError::Flushing);
+            }
+            let Some(format) = inner.text_format else {
+                drop(inner);
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    ("text buffer without caps: omnittssynth takes text/x-raw (put subparse \
+                      between a subtitle file and it)")
+                );
+                return Err(gst::FlowError::NotNegotiated);
+            };
+            let id = inner.next_id;
+            inner.next_id += 1;
+            let live = inner.upstream_latency.is_some_and(|(l, _, _)| l);
+            (id, format, inner.voice.clone(), live, inner.epoch)
+        };
+        let text = match buffer.map_readable() {
+            Ok(map) => cue_text(map.as_slice(), format),
+            Err(_) => Err("the buffer could not be read".to_string()),
+        };
+        let (kind, job) = self.cue_kind(id, &text, buffer.pts(), &voice, live)?;
+        let mut inner = self.shared.lock();
+        if inner.epoch != epoch || inner.flushing {
+            return Err(gst::FlowError::Flushing);
+        }
+        let start = self.cue_start(&inner, buffer.pts());
+        let slot = buffer.duration().map(pos_of);
+        gst::debug!(
+            CAT,
+            imp = self,
+            "cue {id}: {start:?}, slot {slot:?}, {kind:?}: {text:?}"
+        );
+        inner.timeline.push_cue(id, start, slot, kind);
+        inner.infos.insert(
+            id,
+            CueInfo {
+                text: text.unwrap_or_default(),
+                pts: buffer.pts(),
+                duration: buffer.duration(),
+                ttfa_ms: None,
+                finish: None,
+                since: Instant::now(),
+            },
+        );
+        if let Some(mut job) = job {
+            job.epoch = epoch;
+            inner.jobs.push_back(job);
+        }
+        self.shared.cond.notify_all();
+        while inner.timeline.cues() > MAX_QUEUED_CUES && !inner.flushing && inner.flow.is_ok() {
+            inner = self.shared.wait(inner, None);
+        }
+        if inner.flushing {
+            return Err(gst::FlowError::Flushing);
+        }
+        inner.flow
+    }
+
+    /// A voice change from an event: validated now (a voice the checkpoint lacks refuses the
+    /// stream at this point of it, after the cues before it).
+    fn change_voice(&self, voice: Result<VoiceChange, String>, what: &str) {
+        let checked = voice.and_then(|v| {
+            let settings = v.apply(&lock(&self.settings).synthesis);
+            let rt = lock(&self.runtime);
+            match rt.as_ref() {
+                Some(rt) => build_request(&settings, &rt.info, "probe")
+                    .map(|_| v)
+                    .map_err(|e| e.to_string()),
+                None => Ok(v),
+            }
+        });
+        let mut inner = self.shared.lock();
+        match checked {
+            Ok(v) => {
+                gst::info!(CAT, imp = self, "{what}: voice now {v}");
+                inner.voice = v;
+            }
+            Err(e) => {
+                let id = inner.next_id;
+                inner.next_id += 1;
+                let at = CueStart::At(inner.timeline.horizon());
+                inner
+                    .timeline
+                    .push_cue(id, at, None, CueKind::Refused(format!("{what}: {e}")));
+                self.shared.cond.notify_all();
+            }
+        }
+    }
+
+    fn custom_event(&self, s: &gst::StructureRef) {
+        match s.name().as_str() {
+            VOICE_EVENT => {
+                let mut voice = self.shared.lock().voice.clone();
+                let change = VoiceChange::from_structure(s).map(|v| {
+                    voice.merge(&v);
+                    voice
+                });
+                self.change_voice(change, &format!("{VOICE_EVENT} event '{s}'"));
+            }
+            SPEAKER_CHANGE_EVENT => {
+                let label = s.get::<Option<String>>("speaker").ok().flatten();
+                let mapped = {
+                    let rt = lock(&self.runtime);
+                    label
+                        .as_deref()
+                        .and_then(|l| rt.as_ref().and_then(|rt| rt.speaker_map.get(l)))
+                        .cloned()
+                };
+                if mapped.is_none() && label.is_some() {
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "speaker {label:?} is not in speaker-map: the properties' voice"
+                    );
+                }
+                self.change_voice(
+                    Ok(mapped.unwrap_or_default()),
+                    &format!("speaker change to {label:?}"),
+                );
+            }
+            _ => {}
+        }
+    }
+
+    fn sink_event(&self, pad: &gst::Pad, event: gst::Event) -> bool {
+        gst::log!(CAT, obj = pad, "event {event:?}");
+        use gst::EventView;
+        match event.view() {
+            EventView::StreamStart(_) => self.srcpad.push_event(event),
+            EventView::Caps(c) => self.set_caps(c.caps()),
+            EventView::Segment(s) => self.set_segment(&event, s.segment()),
+            EventView::Gap(g) => {
+                let (pts, duration) = g.get();
+                let mut inner = self.shared.lock();
+                let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
+                let end = (pts + duration.unwrap_or(gst::ClockTime::ZERO)).saturating_sub(start);
+                inner.timeline.gap(pos_of(end));
+                self.shared.cond.notify_all();
+                true
+            }
+            EventView::Eos(_) => {
+                let mut inner = self.shared.lock();
+                if !inner.have_segment {
+                    drop(inner);
+                    return self.srcpad.push_event(event);
+                }
+                inner.timeline.end();
+                self.shared.cond.notify_all();
+                true
+            }
+            EventView::FlushStart(_) => {
+                {
+                    let mut inner = self.shared.lock();
+                    inner.flushing = true;
+                    for c in inner.cancellers.values() {
+                        c.cancel();
+                    }
+                    self.shared.cond.notify_all();
+                }
+                let ret = self.srcpad.push_event(event);
+                let _ = self.srcpad.pause_task();
+                ret
+            }
+            EventView::FlushStop(_) => {
+                let policy = self.policy();
+                {
+                    let mut inner = self.shared.lock();
+                    inner.reset(policy);
+                    inner.flushing = false;
+                    self.shared.cond.notify_all();
+                }
+                self.srcpad.push_event(event)
+            }
+            EventView::CustomDownstream(c) => {
+                if let Some(s) = c.structure() {
+                    self.custom_event(s);
+                }
+                self.queue_event(event);
+                true
+            }
+            _ if event.is_serialized() => {
+                self.queue_event(event);
+                true
+            }
+            _ => gst::Pad::event_default(pad, Some(&*self.obj()), event),
+        }
+    }
+
+    /// Queues a serialized event to go downstream when the output reaches where the input was.
+    fn queue_event(&self, event: gst::Event) {
+        let mut inner = self.shared.lock();
+        let at = inner.timeline.horizon();
+        inner.events.push_back((at, event));
+        self.shared.cond.notify_all();
+    }
+}
+
+impl ObjectImpl for OmniTtsSynth {
+    fn properties() -> &'static [glib::ParamSpec] {
+        static PROPERTIES: LazyLock<Vec<glib::ParamSpec>> = LazyLock::new(|| {
+            let mut props = synthesis_param_specs();
+            props.extend([
+                glib::ParamSpecEnum::builder_with_default("overflow", DEFAULT_OVERFLOW)
+                    .nick("Overflow")
+                    .blurb(
+                        "What to do when a cue's speech is longer than its slot (the text \
+                         buffer's duration), or live, when its audio is late",
+                    )
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("latency")
+                    .nick("Latency")
+                    .blurb(
+                        "Live: milliseconds the element may take from a cue's running time to \
+                         its first audio; added to the upstream latency in the LATENCY query. A \
+                         cue later than that is handled by the overflow policy, with a warning",
+                    )
+                    .minimum(20)
+                    .maximum(60_000)
+                    .default_value(DEFAULT_LATENCY_MS)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecBoxed::builder::<gst::Structure>("speaker-map")
+                    .nick("Speaker map")
+                    .blurb(
+                        "Voices for the speaker labels of rstranscribe/speaker-change events, \
+                         e.g. \"map, spk_0=ryan, spk_1=[voice, speaker=aiden, instruct=calm]\": \
+                         a string is a preset speaker (CustomVoice), a voice description \
+                         (VoiceDesign) or a reference recording (Base, x-vector only); a \
+                         structure gives speaker, instruct, language, ref-audio, ref-text, \
+                         x-vector-only. Unmapped labels speak with the properties' voice",
+                    )
+                    .mutable_ready()
+                    .build(),
+            ]);
+            props.extend(model_info_param_specs());
+            props
+        });
+        PROPERTIES.as_ref()
+    }
+
+    fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
+        let started = lock(&self.runtime).is_some();
+        if refuse_ready_only(&self.element(), pspec, value, started) {
+            return;
+        }
+        let name = pspec.name();
+        let mut s = lock(&self.settings);
+        gst::debug!(CAT, imp = self, "set {name} = {value:?}");
+        match name {
+            "overflow" => s.overflow = value.get().expect("type checked upstream"),
+            "latency" => s.latency_ms = value.get().expect("type checked upstream"),
+            "speaker-map" => s.speaker_map = value.get().expect("type checked upstream"),
+            other => {
+                if !s.synthesis.set_property(other, value) {
+                    gst::warning!(CAT, imp = self, "unknown property {other}");
+                }
+            }
+        }
+    }
+
+    fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        let s = lock(&self.settings);
+        match pspec.name() {
+            "overflow" => s.overflow.to_value(),
+            "latency" => s.latency_ms.to_value(),
+            "speaker-map" => s.speaker_map.to_value(),
+            other => {
+                if let Some(v) = s.synthesis.property(other) {
+                    return v;
+                }
+                drop(s);
+                let rt = lock(&self.runtime);
+                let loaded = rt.as_ref().map(|rt| (&rt.info, &**rt.engine));
+                model_info_property(other, loaded).unwrap_or_else(|| {
+                    gst::warning!(CAT, imp = self, "unknown property {other}");
+                    pspec.default_value().clone()
+                })
+            }
+        }
+    }
+
+    fn constructed(&self) {
+        self.parent_constructed();
+        let obj = self.obj();
+        obj.add_pad(&self.sinkpad).expect("add sink pad");
+        obj.add_pad(&self.srcpad).expect("add src pad");
+    }
+}
+
+impl GstObjectImpl for OmniTtsSynth {}
+
+impl ElementImpl for OmniTtsSynth {
+    fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+        static METADATA: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
+            gst::subclass::ElementMetadata::new(
+                "Qwen3-TTS timed-text synthesizer",
+                "Filter/Audio/Text",
+                "Speaks timed text (subtitles, captions) with Qwen3-TTS at each cue's running \
+                 time: one continuous 24 kHz mono stream, silence between cues",
+                "omnitts developers",
+            )
+        });
+        Some(&*METADATA)
+    }
+
+    fn pad_templates() -> &'static [gst::PadTemplate] {
+        static PAD_TEMPLATES: LazyLock<Vec<gst::PadTemplate>> = LazyLock::new(|| {
+            let sink = gst::PadTemplate::new(
+                "sink",
+                gst::PadDirection::Sink,
+                gst::PadPresence::Always,
+                &sink_caps(),
+            )
+            .expect("static pad template");
+            let src = gst::PadTemplate::new(
+                "src",
+                gst::PadDirection::Src,
+                gst::PadPresence::Always,
+                &audio::caps(),
+            )
+            .expect("static pad template");
+            vec![sink, src]
+        });
+        PAD_TEMPLATES.as_ref()
+    }
+
+    fn change_state(
+        &self,
+        transition: gst::StateChange,
+    ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
+        if transition == gst::StateChange::ReadyToPaused
+            && let Err(e) = self.start()
+        {
+            self.post_error_message(e);
+            return Err(gst::StateChangeError);
+        }
+        if transition == gst::StateChange::PausedToReady {
+            let mut inner = self.shared.lock();
+            inner.flushing = true;
+            self.shared.cond.notify_all();
+        }
+        let ret = self.parent_change_state(transition);
+        if transition == gst::StateChange::PausedToReady {
+            self.stop();
+        }
+        if ret.is_err() && transition == gst::StateChange::ReadyToPaused {
+            self.stop();
+        }
+        ret
+    }
+}

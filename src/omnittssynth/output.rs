@@ -1,0 +1,343 @@
+//! The source pad's task: asks the [`Timeline`](super::timeline::Timeline) for the next piece of
+//! output and pushes it as a buffer (F32LE or S16LE, contiguous offsets, PTS from the sample
+//! count, GAP-flagged silence), with the serialized events and bus messages that belong before it;
+//! EOS when the timeline ends.
+//!
+//! Pacing: when upstream answers the LATENCY query as live, the output follows the pipeline clock
+//! (see [`Pacing`]): silence for a stretch of time goes out once all input timestamped before it
+//! must have arrived (running time + upstream latency), and a cue's audio is due by its running
+//! time + upstream latency + the `latency` property; what is not synthesised by then is replaced by
+//! silence and handled by the overflow policy. Not live, the task waits for input and synthesis:
+//! the timeline is exact however slow synthesis is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gst::glib;
+use gst::prelude::*;
+
+use crate::element_common::audio::{OutBuffer, Samples, pos_of, pts_of};
+use crate::element_common::messages::{self, UtteranceDone};
+use crate::engine::{FinishReason, Metrics};
+
+use super::CAT;
+use super::cue_message::cue_message;
+use super::overflow::Overflow;
+use super::shared::{Inner, Shared};
+use super::timeline::{Notice, Pace, Step, Timeline};
+
+/// Largest output buffer: 20 ms.
+pub(super) const MAX_BUFFER_SAMPLES: usize = 480;
+/// Longest wait between looks at the clock (live).
+const MAX_WAIT: Duration = Duration::from_millis(50);
+
+/// What the task needs besides the shared state; fixed from start to stop.
+pub(super) struct Output {
+    pub shared: Arc<Shared>,
+    pub srcpad: gst::Pad,
+    pub element: glib::WeakRef<gst::Element>,
+    /// The `latency` property.
+    pub latency: gst::ClockTime,
+    pub policy: Overflow,
+    /// Audio samples per codec frame (for the figures of a cue cut before its synthesis ended).
+    pub samples_per_frame: usize,
+}
+
+/// How the next step is paced, and how long to wait at most when it cannot be taken.
+struct Pacing {
+    pace: Pace,
+    timeout: Option<Duration>,
+}
+
+/// Why the task stops.
+enum Stop {
+    /// A flow return from downstream (or FLUSHING / EOS).
+    Flow(gst::FlowError),
+    /// An error already posted on the bus.
+    Posted,
+}
+
+impl Output {
+    /// One iteration of the task: pushes one buffer, or EOS, or pauses the task.
+    pub fn step(&self) {
+        let Some(element) = self.element.upgrade() else {
+            let _ = self.srcpad.pause_task();
+            return;
+        };
+        let stop = match self.produce(&element) {
+            Ok(()) => return,
+            Err(stop) => stop,
+        };
+        let flow = match stop {
+            Stop::Flow(f) => f,
+            Stop::Posted => gst::FlowError::Error,
+        };
+        {
+            let mut inner = self.shared.lock();
+            inner.flow = Err(flow);
+            self.shared.cond.notify_all();
+        }
+        if let Stop::Flow(f) = stop
+            && !matches!(f, gst::FlowError::Flushing | gst::FlowError::Eos)
+        {
+            gst::element_error!(
+                element,
+                gst::StreamError::Failed,
+                ("omnittssynth: streaming stopped, reason {:?}", f),
+                ["pushing audio downstream returned {:?}", f]
+            );
+        }
+        gst::debug!(CAT, obj = element, "task paused: {flow:?}");
+        let _ = self.srcpad.pause_task();
+    }
+
+    fn post(element: &gst::Element, msgs: &mut Vec<gst::Message>) {
+        for m in msgs.drain(..) {
+            let _ = element.post_message(m);
+        }
+    }
+
+    fn produce(&self, element: &gst::Element) -> Result<(), Stop> {
+        let mut msgs = Vec::new();
+        let mut inner = self.shared.lock();
+        loop {
+            if inner.flushing || inner.shutdown {
+                return Err(Stop::Flow(gst::FlowError::Flushing));
+            }
+            let pacing = self.pacing(element, &inner);
+            let at = inner.timeline.position();
+            let step = inner.timeline.next(MAX_BUFFER_SAMPLES, pacing.pace);
+            self.notices(element, &mut inner, &mut msgs);
+            let samples = match step {
+                Step::Audio(s) => Samples::Audio(s),
+                Step::Silence(len) => Samples::Silence(len),
+                Step::Wait(need) => {
+                    if !msgs.is_empty() {
+                        drop(inner);
+                        Self::post(element, &mut msgs);
+                        inner = self.shared.lock();
+                        continue;
+                    }
+                    gst::trace!(CAT, obj = element, "at sample {at}: waiting for {need:?}");
+                    inner = self.shared.wait(inner, pacing.timeout);
+                    continue;
+                }
+                Step::Refused { id, error } => {
+                    let events = drain_events(&mut inner, u64::MAX);
+                    drop(inner);
+                    Self::post(element, &mut msgs);
+                    self.push_events(events);
+                    gst::warning!(CAT, obj = element, "cue {id} refused: {error}");
+                    gst::element_error!(
+                        element,
+                        gst::StreamError::Format,
+                        ("{}", error),
+                        ["cue {id}; the audio of the cues before it was output"]
+                    );
+                    return Err(Stop::Posted);
+                }
+                Step::End => {
+                    let events = drain_events(&mut inner, u64::MAX);
+                    if let Some(segment) = inner.next_segment.take() {
+                        // A new segment: the next timeline starts at its start.
+                        inner.timeline = Timeline::new(self.policy);
+                        inner.segment = segment.clone();
+                        inner.discont = true;
+                        self.shared.cond.notify_all();
+                        drop(inner);
+                        Self::post(element, &mut msgs);
+                        self.push_events(events);
+                        self.srcpad.push_event(gst::event::Segment::new(&segment));
+                        inner = self.shared.lock();
+                        continue;
+                    }
+                    drop(inner);
+                    Self::post(element, &mut msgs);
+                    self.push_events(events);
+                    gst::debug!(CAT, obj = element, "all cues spoken: EOS at sample {at}");
+                    self.srcpad.push_event(gst::event::Eos::new());
+                    return Err(Stop::Flow(gst::FlowError::Eos));
+                }
+            };
+            let Some(format) = inner.format else {
+                drop(inner);
+                gst::element_error!(
+                    element,
+                    gst::CoreError::Negotiation,
+                    ("no output caps negotiated (the text stream had no CAPS event)")
+                );
+                return Err(Stop::Posted);
+            };
+            let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
+            let len = samples.len() as u64;
+            let out = OutBuffer {
+                samples,
+                offset: at,
+                pts: start + pts_of(at),
+                duration: pts_of(at + len) - pts_of(at),
+                discont: std::mem::take(&mut inner.discont),
+            };
+            let events = drain_events(&mut inner, at);
+            drop(inner);
+            Self::post(element, &mut msgs);
+            self.push_events(events);
+            let buffer = out.to_buffer(format).map_err(Stop::Flow)?;
+            return self.srcpad.push(buffer).map(|_| ()).map_err(Stop::Flow);
+        }
+    }
+
+    fn push_events(&self, events: Vec<gst::Event>) {
+        for e in events {
+            self.srcpad.push_event(e);
+        }
+    }
+
+    /// The pace of the next step: exact when upstream is not live (or its latency is unknown);
+    /// live, from the running time `now`: `settled` = the position of `now` − upstream latency,
+    /// `late` = `now` is past the next sample's deadline (its running time + upstream latency +
+    /// `latency`). The wait is until that deadline or until the next chunk of silence settles.
+    fn pacing(&self, element: &gst::Element, inner: &Inner) -> Pacing {
+        let Some((true, upstream, _)) = inner.upstream_latency else {
+            return Pacing {
+                pace: Pace::Exact,
+                timeout: None,
+            };
+        };
+        let Some(now) = element.current_running_time() else {
+            // No clock yet (not PLAYING): only what the input has told.
+            return Pacing {
+                pace: Pace::Live {
+                    settled: 0,
+                    late: false,
+                },
+                timeout: Some(MAX_WAIT),
+            };
+        };
+        let seg = &inner.segment;
+        let start = seg.start().unwrap_or(gst::ClockTime::ZERO);
+        let running = |p: u64| seg.to_running_time(start + pts_of(p));
+        let n = inner.timeline.position();
+        let settled = seg
+            .position_from_running_time(now.saturating_sub(upstream))
+            .map_or(0, |pos| pos_of(pos.saturating_sub(start)));
+        let deadline = running(n).map(|r| r + upstream + self.latency);
+        let next_settles = running(n + MAX_BUFFER_SAMPLES as u64).map(|r| r + upstream);
+        let wake = [deadline, next_settles]
+            .into_iter()
+            .flatten()
+            .filter(|t| *t > now)
+            .min();
+        Pacing {
+            pace: Pace::Live {
+                settled,
+                late: deadline.is_some_and(|d| now > d),
+            },
+            timeout: Some(
+                wake.map_or(MAX_WAIT, |t| Duration::from_nanos((t - now).nseconds()))
+                    .min(MAX_WAIT),
+            ),
+        }
+    }
+
+    /// Turns the timeline's notices into bus messages (posted by the caller, unlocked) and
+    /// cancels the requests of clipped cues.
+    fn notices(&self, element: &gst::Element, inner: &mut Inner, msgs: &mut Vec<gst::Message>) {
+        let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
+        for notice in inner.timeline.take_notices() {
+            match notice {
+                Notice::Started { id, at } => {
+                    let text = inner.infos.get(&id).map_or("", |i| i.text.as_str());
+                    gst::info!(CAT, obj = element, "cue {id} starts at sample {at}");
+                    msgs.push(messages::started(element, id, text, start + pts_of(at)));
+                }
+                Notice::Late { id, at } => {
+                    let due = inner.infos.get(&id).and_then(|i| i.pts);
+                    gst::warning!(CAT, obj = element, "cue {id}: audio late at sample {at}");
+                    msgs.push(
+                        gst::message::Warning::builder(
+                            gst::StreamError::Failed,
+                            &format!(
+                                "cue {id} (PTS {}): its audio was not synthesised by its deadline \
+                                 (latency {} ms); overflow={} handles the delay — a larger \
+                                 latency avoids it",
+                                due.display(),
+                                self.latency.mseconds(),
+                                self.policy.nick()
+                            ),
+                        )
+                        .src(element)
+                        .build(),
+                    );
+                }
+                Notice::Cancel { id } => {
+                    if let Some(c) = inner.cancellers.get(&id) {
+                        c.cancel();
+                    }
+                }
+                Notice::Done(report) => {
+                    let Some(info) = inner.infos.remove(&report.id) else {
+                        continue;
+                    };
+                    let first = report.first.unwrap_or(report.end);
+                    if report.speech > 0 || info.finish.is_some() {
+                        let (reason, metrics) = info.finish.clone().unwrap_or_else(|| {
+                            // Cut while its synthesis ran: what the element saw of it.
+                            let audio_ms = pts_of(report.speech).nseconds() as f64 / 1e6;
+                            let wall_ms = info.since.elapsed().as_secs_f64() * 1000.0;
+                            let metrics = Metrics {
+                                frames: (report.speech / self.samples_per_frame.max(1) as u64)
+                                    as usize,
+                                audio_ms,
+                                ttfa_ms: info.ttfa_ms,
+                                wall_ms,
+                                rtf: if audio_ms > 0.0 {
+                                    wall_ms / audio_ms
+                                } else {
+                                    0.0
+                                },
+                                ..Metrics::default()
+                            };
+                            (FinishReason::Cancelled, metrics)
+                        });
+                        let done = UtteranceDone {
+                            id: report.id,
+                            text: info.text.clone(),
+                            reason,
+                            metrics,
+                            samples: report.output,
+                            underruns: report.late,
+                            pts: start + pts_of(first),
+                            duration: pts_of(report.end) - pts_of(first),
+                        };
+                        msgs.push(done.message(element));
+                        if let Some(e) = done.error_message(element) {
+                            msgs.push(e);
+                        }
+                    }
+                    gst::info!(
+                        CAT,
+                        obj = element,
+                        "cue {} over: {} ({} of {} samples output, end {})",
+                        report.id,
+                        report.action.as_str(),
+                        report.output,
+                        report.speech,
+                        report.end
+                    );
+                    msgs.push(cue_message(element, &report, &info, start, self.policy));
+                }
+            }
+        }
+    }
+}
+
+/// The queued events at or before position `at`, in order.
+fn drain_events(inner: &mut Inner, at: u64) -> Vec<gst::Event> {
+    let mut out = Vec::new();
+    while inner.events.front().is_some_and(|(p, _)| *p <= at) {
+        if let Some((_, e)) = inner.events.pop_front() {
+            out.push(e);
+        }
+    }
+    out
+}

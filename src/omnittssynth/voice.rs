@@ -1,0 +1,253 @@
+//! Voice changes mid-stream: the `omnitts/voice` custom downstream event, and the `speaker-map`
+//! property that turns the transcribers' `rstranscribe/speaker-change` events into voices.
+//!
+//! Both carry a [`VoiceChange`]: some of the voice properties (`speaker`, `instruct`, `language`,
+//! and for Base checkpoints `ref-audio`, `ref-text`, `x-vector-only`). It applies to the cues that
+//! arrive after it, over the element's properties; a field set to "" goes back to the property.
+//! `omnitts/voice` changes only the fields it names. A speaker change replaces the whole change
+//! with the speaker's `speaker-map` entry (an unmapped or absent label: the properties' voice).
+
+use std::collections::HashMap;
+
+use crate::element_common::input_error::{InputError, input_error};
+use crate::element_common::settings::SynthesisSettings;
+use crate::models::qwen3_tts::ModelVariant;
+
+/// Name of the custom downstream event that changes the voice of the cues after it.
+pub const VOICE_EVENT: &str = "omnitts/voice";
+/// Name of the transcribers' speaker-change event (field `speaker`, a string label, or none).
+pub const SPEAKER_CHANGE_EVENT: &str = "rstranscribe/speaker-change";
+
+/// The fields a [`VoiceChange`] structure may have.
+const FIELDS: &str = "speaker, instruct, language, ref-audio, ref-text, x-vector-only";
+
+/// Voice properties to use instead of the element's; `None`: the property's value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VoiceChange {
+    pub speaker: Option<String>,
+    pub instruct: Option<String>,
+    pub language: Option<String>,
+    pub ref_audio: Option<String>,
+    pub ref_text: Option<String>,
+    pub x_vector_only: Option<bool>,
+}
+
+impl VoiceChange {
+    /// The change a structure (an event's, or a `speaker-map` entry's) describes. Errors name
+    /// the field: one not in [`FIELDS`], or of the wrong type.
+    pub fn from_structure(s: &gst::StructureRef) -> Result<VoiceChange, String> {
+        let mut v = VoiceChange::default();
+        for (field, value) in s.iter() {
+            let field = field.as_str();
+            if field == "x-vector-only" {
+                v.x_vector_only = Some(value.get::<bool>().map_err(|_| {
+                    format!("field 'x-vector-only' must be a boolean, not {value:?}")
+                })?);
+                continue;
+            }
+            let slot = match field {
+                "speaker" => &mut v.speaker,
+                "instruct" => &mut v.instruct,
+                "language" => &mut v.language,
+                "ref-audio" => &mut v.ref_audio,
+                "ref-text" => &mut v.ref_text,
+                other => return Err(format!("unknown field '{other}'; the fields are {FIELDS}")),
+            };
+            *slot = Some(
+                value
+                    .get::<Option<String>>()
+                    .map_err(|_| format!("field '{field}' must be a string, not {value:?}"))?
+                    .unwrap_or_default(),
+            );
+        }
+        Ok(v)
+    }
+
+    /// The fields `later` names, over these.
+    pub fn merge(&mut self, later: &VoiceChange) {
+        fn over<T: Clone>(a: &mut Option<T>, b: &Option<T>) {
+            if b.is_some() {
+                a.clone_from(b);
+            }
+        }
+        over(&mut self.speaker, &later.speaker);
+        over(&mut self.instruct, &later.instruct);
+        over(&mut self.language, &later.language);
+        over(&mut self.ref_audio, &later.ref_audio);
+        over(&mut self.ref_text, &later.ref_text);
+        over(&mut self.x_vector_only, &later.x_vector_only);
+    }
+
+    /// The element's settings `s` with this change; "" keeps the property's value.
+    pub fn apply(&self, s: &SynthesisSettings) -> SynthesisSettings {
+        fn set(to: &mut Option<String>, v: &Option<String>) {
+            if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+                *to = Some(v.to_string());
+            }
+        }
+        let mut s = s.clone();
+        set(&mut s.speaker, &self.speaker);
+        set(&mut s.instruct, &self.instruct);
+        set(&mut s.ref_audio, &self.ref_audio);
+        set(&mut s.ref_text, &self.ref_text);
+        if let Some(l) = self.language.as_deref().filter(|l| !l.is_empty()) {
+            s.language = l.to_string();
+        }
+        if let Some(x) = self.x_vector_only {
+            s.x_vector_only = x;
+        }
+        s
+    }
+}
+
+impl std::fmt::Display for VoiceChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        let fields = [
+            ("speaker", &self.speaker),
+            ("instruct", &self.instruct),
+            ("language", &self.language),
+            ("ref-audio", &self.ref_audio),
+            ("ref-text", &self.ref_text),
+        ];
+        for (name, v) in fields {
+            if let Some(v) = v {
+                parts.push(format!("{name}={v:?}"));
+            }
+        }
+        if let Some(x) = self.x_vector_only {
+            parts.push(format!("x-vector-only={x}"));
+        }
+        f.write_str(&parts.join(", "))
+    }
+}
+
+/// The `speaker-map` property, read for a checkpoint: speaker label → voice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpeakerMap(HashMap<String, VoiceChange>);
+
+impl SpeakerMap {
+    /// Reads `map` (any structure name; each field a speaker label): a string value names the
+    /// voice in the way the checkpoint `variant` has voices — a preset `speaker` (CustomVoice),
+    /// a voice description, `instruct` (VoiceDesign), or a reference recording, `ref-audio`, cloned
+    /// from its speaker embedding alone (Base, `x-vector-only`); a structure value gives the
+    /// [`VoiceChange`] fields. Errors name the property and the label.
+    pub fn parse(
+        map: Option<&gst::StructureRef>,
+        variant: ModelVariant,
+    ) -> Result<SpeakerMap, InputError> {
+        let mut out = HashMap::new();
+        let Some(map) = map else {
+            return Ok(SpeakerMap(out));
+        };
+        for (label, value) in map.iter() {
+            let label = label.as_str();
+            let bad = |why: String| input_error("speaker-map", &map.to_string(), why);
+            let change = if let Ok(s) = value.get::<String>() {
+                let mut v = VoiceChange::default();
+                match variant {
+                    ModelVariant::CustomVoice => v.speaker = Some(s),
+                    ModelVariant::VoiceDesign => v.instruct = Some(s),
+                    ModelVariant::Base => {
+                        v.ref_audio = Some(s);
+                        v.x_vector_only = Some(true);
+                    }
+                }
+                v
+            } else if let Ok(s) = value.get::<gst::Structure>() {
+                VoiceChange::from_structure(&s).map_err(|e| bad(format!("label '{label}': {e}")))?
+            } else {
+                return Err(bad(format!(
+                    "label '{label}': the voice must be a string or a structure ({FIELDS}), \
+                     not {value:?}"
+                )));
+            };
+            out.insert(label.to_string(), change);
+        }
+        Ok(SpeakerMap(out))
+    }
+
+    /// The voice of speaker `label`.
+    pub fn get(&self, label: &str) -> Option<&VoiceChange> {
+        self.0.get(label)
+    }
+
+    /// Every (label, voice), sorted by label.
+    pub fn entries(&self) -> Vec<(&str, &VoiceChange)> {
+        let mut e: Vec<_> = self.0.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        e.sort_by_key(|(k, _)| *k);
+        e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr;
+
+    #[test]
+    fn events_merge_and_apply_over_the_properties() {
+        gst::init().unwrap();
+        let s = gst::Structure::from_str("omnitts/voice, speaker=ryan, instruct=calm").unwrap();
+        let mut v = VoiceChange::from_structure(&s).unwrap();
+        let later = VoiceChange::from_structure(
+            &gst::Structure::builder("omnitts/voice")
+                .field("instruct", "")
+                .field("language", "english")
+                .build(),
+        )
+        .unwrap();
+        v.merge(&later);
+        let props = SynthesisSettings {
+            instruct: Some("slow".into()),
+            ..SynthesisSettings::default()
+        };
+        let applied = v.apply(&props);
+        assert_eq!(applied.speaker.as_deref(), Some("ryan"));
+        assert_eq!(
+            applied.instruct.as_deref(),
+            Some("slow"),
+            "\"\": the property"
+        );
+        assert_eq!(applied.language, "english");
+        assert_eq!(
+            v.to_string(),
+            "speaker=\"ryan\", instruct=\"\", language=\"english\""
+        );
+
+        let e = VoiceChange::from_structure(&gst::Structure::from_str("v, spaeker=x").unwrap())
+            .unwrap_err();
+        assert!(e.contains("unknown field 'spaeker'"), "{e}");
+        let e =
+            VoiceChange::from_structure(&gst::Structure::from_str("v, speaker=(int)3").unwrap())
+                .unwrap_err();
+        assert!(e.contains("'speaker' must be a string"), "{e}");
+    }
+
+    #[test]
+    fn speaker_map_strings_follow_the_variant_and_structures_give_fields() {
+        gst::init().unwrap();
+        let map = gst::Structure::from_str(
+            "map, spk_0=ryan, spk_1=[voice, speaker=aiden, instruct=whisper]",
+        )
+        .unwrap();
+        let m = SpeakerMap::parse(Some(&map), ModelVariant::CustomVoice).unwrap();
+        assert_eq!(m.get("spk_0").unwrap().speaker.as_deref(), Some("ryan"));
+        let v1 = m.get("spk_1").unwrap();
+        assert_eq!(
+            (v1.speaker.as_deref(), v1.instruct.as_deref()),
+            (Some("aiden"), Some("whisper"))
+        );
+        assert!(m.get("spk_2").is_none());
+        let base = SpeakerMap::parse(Some(&map), ModelVariant::Base).unwrap();
+        let v0 = base.get("spk_0").unwrap();
+        assert_eq!(
+            (v0.ref_audio.as_deref(), v0.x_vector_only),
+            (Some("ryan"), Some(true))
+        );
+        let bad = gst::Structure::from_str("map, spk_0=(int)1").unwrap();
+        let e = SpeakerMap::parse(Some(&bad), ModelVariant::CustomVoice).unwrap_err();
+        assert_eq!(e.property, "speaker-map");
+        assert!(e.why.contains("label 'spk_0'"), "{e}");
+    }
+}

@@ -1,0 +1,769 @@
+//! `omnittssynth` not live: subtitles through `filesrc ! subparse ! omnittssynth ! wavenc` for each
+//! overflow policy (every cue's audio at exactly its sample, silence between, the length the policy
+//! gives), Harness tests (timestamps and offsets, GAP events, flush, EOS during synthesis), voice
+//! changes, and bad input. Runs on the tiny random-weight checkpoint with greedy decoding; each
+//! cue's expected audio is what `omnittssrc` speaks for its text with the same settings.
+
+mod element_util;
+mod reference_util;
+
+use element_util::{TempDir, element_messages, errors, init};
+use gst::prelude::*;
+use gst_check::Harness;
+use gstomnitts::omnittssynth::cue_message::CUE;
+use reference_util::fixture_model;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+const RATE: u64 = 24_000;
+/// Codec frames per cue at most (80 ms each): short, so that the tests are quick.
+const MAX_TOKENS: u32 = 10;
+/// The clip fade-out (10 ms).
+const FADE: usize = 240;
+
+fn v<T: ToValue>(x: T) -> gst::glib::Value {
+    x.to_value()
+}
+
+/// Sample position of `ms` milliseconds.
+fn at_ms(ms: u64) -> usize {
+    (ms * RATE / 1000) as usize
+}
+
+fn f32_of(buffer: &gst::BufferRef) -> Vec<f32> {
+    let map = buffer.map_readable().expect("readable buffer");
+    map.as_slice()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// What `omnittssrc` speaks for `text` with the tiny model, greedy, and `props`.
+fn reference(text: &str, props: &[(&str, gst::glib::Value)]) -> Vec<f32> {
+    init();
+    let mut h = Harness::new("omnittssrc");
+    let e = h.element().expect("element");
+    e.set_property("model", fixture_model("tiny-customvoice"));
+    e.set_property("do-sample", false);
+    e.set_property("max-new-tokens", MAX_TOKENS);
+    e.set_property("text", text);
+    for (k, val) in props {
+        e.set_property_from_value(k, val);
+    }
+    h.set_sink_caps_str("audio/x-raw,format=F32LE,rate=24000,channels=1,layout=interleaved");
+    h.play();
+    let mut out = Vec::new();
+    loop {
+        match h.pull_until_eos() {
+            Ok(Some(b)) => out.extend(f32_of(&b)),
+            Ok(None) => break,
+            Err(e) => panic!("reference for {text:?}: {e}"),
+        }
+    }
+    assert!(!out.is_empty(), "reference for {text:?} is empty");
+    out
+}
+
+/// An `omnittssynth` with the tiny model, greedy decoding, a bus, and `props` (as gst-launch
+/// spells them).
+fn synth(props: &[(&str, &str)]) -> (gst::Element, gst::Bus) {
+    init();
+    let e = gst::ElementFactory::make("omnittssynth")
+        .property("model", fixture_model("tiny-customvoice"))
+        .property("do-sample", false)
+        .property("max-new-tokens", MAX_TOKENS)
+        .build()
+        .expect("omnittssynth");
+    for (k, val) in props {
+        e.set_property_from_str(k, val);
+    }
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    (e, bus)
+}
+
+/// A Harness on `e` (created with its properties set: the harness starts it at once), a non-live
+/// upstream, text caps `caps` and the default TIME segment.
+fn harness(e: &gst::Element, caps: &str) -> Harness {
+    let mut h = Harness::with_element(e, Some("sink"), Some("src"));
+    h.set_live(false);
+    h.set_src_caps_str(caps);
+    h
+}
+
+fn text_buffer(text: &[u8], pts: Option<u64>, duration: Option<u64>) -> gst::Buffer {
+    let mut b = gst::Buffer::from_slice(text.to_vec());
+    {
+        let b = b.get_mut().unwrap();
+        b.set_pts(pts.map(gst::ClockTime::from_mseconds));
+        b.set_duration(duration.map(gst::ClockTime::from_mseconds));
+    }
+    b
+}
+
+/// Pulls buffers until EOS (or `limit`), checking that they tile the timeline: offsets
+/// contiguous from 0, PTS and duration from the sample count, DISCONT on the first only, GAP on
+/// silence (all zeros) only. Returns the samples and the other events that came out.
+fn pull_to_eos(h: &mut Harness, limit: Duration) -> (Vec<f32>, Vec<gst::Event>) {
+    let t0 = Instant::now();
+    let mut out: Vec<f32> = Vec::new();
+    let mut events = Vec::new();
+    loop {
+        assert!(t0.elapsed() < limit, "no EOS within {limit:?}");
+        if let Some(ev) = h.try_pull_event() {
+            if ev.type_() == gst::EventType::Eos {
+                // Buffers before EOS are queued before it.
+                while let Some(b) = h.try_pull() {
+                    check_buffer(&b, out.len() as u64);
+                    out.extend(f32_of(&b));
+                }
+                return (out, events);
+            }
+            events.push(ev);
+        }
+        match h.try_pull() {
+            Some(b) => {
+                check_buffer(&b, out.len() as u64);
+                out.extend(f32_of(&b));
+            }
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+fn check_buffer(b: &gst::BufferRef, n: u64) {
+    let len = (b.size() / 4) as u64;
+    assert_eq!(b.offset(), n, "offsets are contiguous");
+    assert_eq!(b.offset_end(), n + len);
+    let pts = |p: u64| gst::ClockTime::from_nseconds(p * 1_000_000_000 / RATE);
+    assert_eq!(b.pts(), Some(pts(n)), "PTS of sample {n}");
+    assert_eq!(b.duration(), Some(pts(n + len) - pts(n)));
+    assert_eq!(
+        b.flags().contains(gst::BufferFlags::DISCONT),
+        n == 0,
+        "DISCONT at {n}"
+    );
+    if b.flags().contains(gst::BufferFlags::GAP) {
+        assert!(
+            f32_of(b).iter().all(|&x| x == 0.0),
+            "GAP buffer at {n} is silent"
+        );
+    }
+}
+
+/// Adds `s` into `out` at `at`, growing it.
+fn place(out: &mut Vec<f32>, at: usize, s: &[f32]) {
+    if out.len() < at + s.len() {
+        out.resize(at + s.len(), 0.0);
+    }
+    for (o, x) in out[at..].iter_mut().zip(s) {
+        *o += x;
+    }
+}
+
+fn u64_field(s: &gst::Structure, f: &str) -> u64 {
+    s.get::<u64>(f)
+        .unwrap_or_else(|e| panic!("{f} in {s}: {e}"))
+}
+
+/// Five cues (start ms, end ms, SRT text, the text it speaks): one longer than its short slot,
+/// which runs into the next cue, and a long gap before the fourth.
+const CUES: [(u64, u64, &str, &str); 5] = [
+    (500, 1_500, "Hello there.", "Hello there."),
+    (
+        2_000,
+        2_240,
+        "This cue says much more\nthan its short slot can hold.",
+        "This cue says much more than its short slot can hold.",
+    ),
+    (2_500, 3_500, "<i>Third</i> one.", "Third one."),
+    (9_000, 10_000, "After a long gap.", "After a long gap."),
+    (
+        10_500,
+        11_500,
+        "Tom & Jerry, the end.",
+        "Tom & Jerry, the end.",
+    ),
+];
+
+fn srt() -> String {
+    let t = |ms: u64| {
+        format!(
+            "{:02}:{:02}:{:02},{:03}",
+            ms / 3_600_000,
+            ms / 60_000 % 60,
+            ms / 1000 % 60,
+            ms % 1000
+        )
+    };
+    CUES.iter()
+        .enumerate()
+        .map(|(i, (a, b, text, _))| format!("{}\n{} --> {}\n{}\n\n", i + 1, t(*a), t(*b), text))
+        .collect()
+}
+
+/// `filesrc ! subparse ! omnittssynth overflow=… ! wavenc`: the WAV's samples and the cue messages.
+fn dub(
+    srt_path: &std::path::Path,
+    overflow: &str,
+    dir: &TempDir,
+) -> (Vec<f32>, Vec<gst::Structure>) {
+    init();
+    let wav = dir.path().join(format!("{overflow}.wav"));
+    let pipeline = gst::parse::launch(&format!(
+        "filesrc location=\"{}\" ! subparse ! omnittssynth name=synth overflow={overflow} \
+         model=\"{}\" do-sample=false max-new-tokens={MAX_TOKENS} ! wavenc ! \
+         filesink location=\"{}\"",
+        srt_path.display(),
+        fixture_model("tiny-customvoice"),
+        wav.display()
+    ))
+    .expect("pipeline");
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).expect("PLAYING");
+    let mut msgs = Vec::new();
+    loop {
+        let m = bus
+            .timed_pop(gst::ClockTime::from_seconds(120))
+            .expect("pipeline stalled");
+        match m.view() {
+            gst::MessageView::Eos(_) => break,
+            gst::MessageView::Error(e) => panic!("{overflow}: {} ({:?})", e.error(), e.debug()),
+            _ => msgs.push(m),
+        }
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+    let reader = hound::WavReader::open(&wav).expect("WAV");
+    assert_eq!(reader.spec().sample_rate, 24_000);
+    assert_eq!(reader.spec().channels, 1);
+    let samples: Vec<f32> = reader.into_samples::<f32>().map(|s| s.unwrap()).collect();
+    (samples, element_messages(&msgs, CUE))
+}
+
+#[test]
+fn subtitles_dub_each_cue_at_its_sample_for_every_overflow_policy() {
+    let dir = TempDir::new("synth-srt");
+    let path = dir.path().join("cues.srt");
+    std::fs::write(&path, srt()).unwrap();
+    let refs: Vec<Vec<f32>> = CUES.iter().map(|c| reference(c.3, &[])).collect();
+    let slot = |i: usize| at_ms(CUES[i].1) - at_ms(CUES[i].0);
+    assert!(
+        refs[1].len() > slot(1) + at_ms(CUES[2].0) - at_ms(CUES[1].1),
+        "the fixture speaks cue 2 in {} samples: it must run past cue 3's start",
+        refs[1].len()
+    );
+    for (i, r) in refs.iter().enumerate() {
+        if i != 1 {
+            assert!(r.len() <= slot(i), "cue {} fits its slot", i + 1);
+        }
+    }
+
+    // clip: each cue at its PTS, cut at its slot's end with a 10 ms fade.
+    let mut want = Vec::new();
+    for (i, r) in refs.iter().enumerate() {
+        let cut = slot(i);
+        let s: Vec<f32> = r
+            .iter()
+            .take(cut)
+            .enumerate()
+            .map(|(j, x)| {
+                if r.len() > cut {
+                    x * ((cut - j).min(FADE) as f32 / FADE as f32)
+                } else {
+                    *x
+                }
+            })
+            .collect();
+        place(&mut want, at_ms(CUES[i].0), &s);
+    }
+    let (got, cues) = dub(&path, "clip", &dir);
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "clip: ends with the last cue's speech"
+    );
+    assert!(
+        got == want,
+        "clip: samples differ from the expected timeline"
+    );
+    let actions: Vec<_> = cues
+        .iter()
+        .map(|c| c.get::<String>("action").unwrap())
+        .collect();
+    assert_eq!(actions, ["fit", "clipped", "fit", "fit", "fit"]);
+    for (c, cue) in cues.iter().zip(CUES) {
+        assert_eq!(u64_field(c, "start"), cue.0 * 1_000_000, "{c}");
+        assert_eq!(u64_field(c, "pts"), cue.0 * 1_000_000);
+        assert_eq!(u64_field(c, "slot-duration"), (cue.1 - cue.0) * 1_000_000);
+    }
+    assert_eq!(cues[1].get::<String>("text").unwrap(), CUES[1].3);
+    assert_eq!(
+        u64_field(&cues[1], "speech-duration"),
+        refs[1].len() as u64 * 1_000_000_000 / RATE
+    );
+    assert_eq!(
+        u64_field(&cues[1], "output-duration"),
+        slot(1) as u64 * 1_000_000_000 / RATE
+    );
+
+    // overlap: each cue at its PTS, whole; cue 3 mixed into cue 2's tail.
+    let mut want = Vec::new();
+    for (i, r) in refs.iter().enumerate() {
+        place(&mut want, at_ms(CUES[i].0), r);
+    }
+    let (got, cues) = dub(&path, "overlap", &dir);
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "overlap: ends with the last cue's speech"
+    );
+    assert!(
+        got == want,
+        "overlap: samples differ from the expected timeline"
+    );
+    let actions: Vec<_> = cues
+        .iter()
+        .map(|c| c.get::<String>("action").unwrap())
+        .collect();
+    assert_eq!(actions, ["fit", "overlapped", "fit", "fit", "fit"]);
+
+    // shift: cue 3 starts where cue 2 ends; the others at their PTS.
+    let mut want = Vec::new();
+    let mut starts = Vec::new();
+    for (i, r) in refs.iter().enumerate() {
+        let start = at_ms(CUES[i].0).max(want.len());
+        starts.push(start);
+        place(&mut want, start, r);
+    }
+    assert!(starts[2] > at_ms(CUES[2].0));
+    let (got, cues) = dub(&path, "shift", &dir);
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "shift: ends with the last (shifted) speech"
+    );
+    assert!(
+        got == want,
+        "shift: samples differ from the expected timeline"
+    );
+    let actions: Vec<_> = cues
+        .iter()
+        .map(|c| c.get::<String>("action").unwrap())
+        .collect();
+    assert_eq!(actions, ["fit", "overran", "shifted", "fit", "fit"]);
+    for (c, start) in cues.iter().zip(&starts) {
+        assert_eq!(
+            u64_field(c, "start"),
+            *start as u64 * 1_000_000_000 / RATE,
+            "{c}"
+        );
+    }
+    // Silence between cues is exact zeros (checked by the comparisons), e.g. the long gap:
+    assert!(
+        got[starts[2] + refs[2].len()..at_ms(9_000)]
+            .iter()
+            .all(|&x| x == 0.0)
+    );
+}
+
+#[test]
+fn harness_gap_events_make_silence_and_buffers_tile_the_timeline() {
+    let (e, bus) = synth(&[]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    let cue = reference("Hello.", &[]);
+    h.push(text_buffer(b"Hello.", Some(500), Some(1_000)))
+        .unwrap();
+    // A GAP to 3 s: silence up to there comes out without more input.
+    assert!(
+        h.push_event(
+            gst::event::Gap::builder(gst::ClockTime::from_seconds(2))
+                .duration(gst::ClockTime::from_seconds(1))
+                .build()
+        )
+    );
+    let t0 = Instant::now();
+    let mut got: Vec<f32> = Vec::new();
+    let mut gap_buffers = 0;
+    while got.len() < at_ms(3_000) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "stalled at {}",
+            got.len()
+        );
+        match h.try_pull() {
+            Some(b) => {
+                check_buffer(&b, got.len() as u64);
+                gap_buffers += b.flags().contains(gst::BufferFlags::GAP) as usize;
+                got.extend(f32_of(&b));
+            }
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert_eq!(got.len(), at_ms(3_000), "silence exactly to the GAP's end");
+    assert!(gap_buffers > 0);
+    let mut want = Vec::new();
+    place(&mut want, at_ms(500), &cue);
+    want.resize(at_ms(3_000), 0.0);
+    assert!(got == want);
+    // Nothing more until input says so.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        h.try_pull().is_none(),
+        "no silence past what the input told"
+    );
+    h.push_event(gst::event::Eos::new());
+    let (rest, _) = pull_to_eos(&mut h, Duration::from_secs(30));
+    assert!(rest.is_empty(), "EOS right at the GAP's end");
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let done = element_messages(&msgs, "omnitts/utterance-done");
+    assert_eq!(done.len(), 1);
+    assert_eq!(u64_field(&done[0], "samples"), cue.len() as u64);
+    assert_eq!(u64_field(&done[0], "pts"), 500_000_000);
+}
+
+#[test]
+fn harness_eos_while_a_cue_is_synthesised_keeps_its_audio() {
+    let (e, bus) = synth(&[("max-new-tokens", "40")]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    let text = "A longer sentence that takes a while to speak.";
+    h.push(text_buffer(text.as_bytes(), Some(100), None))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let (got, _) = pull_to_eos(&mut h, Duration::from_secs(120));
+    let cue = reference(text, &[("max-new-tokens", v(40u32))]);
+    let mut want = Vec::new();
+    place(&mut want, at_ms(100), &cue);
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "the whole speech, though EOS came first"
+    );
+    assert!(got == want);
+    let msgs = element_util::drain(&bus);
+    let done = element_messages(&msgs, "omnitts/utterance-done");
+    assert_ne!(done[0].get::<String>("reason").unwrap(), "cancelled");
+    // No duration, no slot end: nothing to clip.
+    let c = &element_messages(&msgs, CUE)[0];
+    assert_eq!(c.get::<String>("action").unwrap(), "fit");
+}
+
+#[test]
+fn harness_flush_mid_cue_drops_it_and_restarts_the_timeline() {
+    let (e, bus) = synth(&[("max-new-tokens", "2000"), ("overflow", "overlap")]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    let long = "This goes on and on and on for a very long time indeed.";
+    h.push(text_buffer(long.as_bytes(), Some(0), None)).unwrap();
+    // Wait for the first audio, then flush in the middle of the cue.
+    let t0 = Instant::now();
+    loop {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no audio");
+        if let Some(b) = h.try_pull()
+            && !b.flags().contains(gst::BufferFlags::GAP)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t = Instant::now();
+    assert!(h.push_event(gst::event::FlushStart::new()));
+    assert!(h.push_event(gst::event::FlushStop::new(true)));
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "flush took {:?}",
+        t.elapsed()
+    );
+    while h.try_pull().is_some() {}
+    // A new segment and a short cue: the output starts again at sample 0.
+    let seg = gst::FormattedSegment::<gst::ClockTime>::new();
+    assert!(h.push_event(gst::event::Segment::new(&seg)));
+    h.push(text_buffer(b"Short.", Some(200), Some(1_000)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let (got, _) = pull_to_eos(&mut h, Duration::from_secs(60));
+    let cue = reference("Short.", &[("max-new-tokens", v(2000u32))]);
+    let mut want = Vec::new();
+    place(&mut want, at_ms(200), &cue);
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "nothing of the flushed cue after the flush");
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+}
+
+#[test]
+fn empty_whitespace_and_unspeakable_cues_are_silence_without_error() {
+    let (e, bus) = synth(&[]);
+    let mut h = harness(&e, "text/x-raw,format=pango-markup");
+    for (i, text) in ["", "  \n\t", "<i> </i>", "\u{266a}\u{266a}"]
+        .iter()
+        .enumerate()
+    {
+        h.push(text_buffer(
+            text.as_bytes(),
+            Some(100 * i as u64),
+            Some(100),
+        ))
+        .unwrap();
+    }
+    h.push(text_buffer(b"Spoken.", Some(1_000), Some(1_000)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let (got, _) = pull_to_eos(&mut h, Duration::from_secs(60));
+    let cue = reference("Spoken.", &[]);
+    let mut want = Vec::new();
+    place(&mut want, at_ms(1_000), &cue);
+    assert!(got == want, "silence, then the one spoken cue");
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let cues = element_messages(&msgs, CUE);
+    let actions: Vec<_> = cues
+        .iter()
+        .map(|c| c.get::<String>("action").unwrap())
+        .collect();
+    assert_eq!(actions, ["silent", "silent", "silent", "silent", "fit"]);
+    assert_eq!(element_messages(&msgs, "omnitts/utterance-done").len(), 1);
+}
+
+#[test]
+fn a_cue_without_pts_is_spoken_right_after_the_cue_before_it() {
+    let (e, bus) = synth(&[("overflow", "overlap")]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    h.push(text_buffer(b"First.", Some(300), Some(2_000)))
+        .unwrap();
+    h.push(text_buffer(b"No time stamp.", None, None)).unwrap();
+    h.push_event(gst::event::Eos::new());
+    let (got, _) = pull_to_eos(&mut h, Duration::from_secs(60));
+    let (a, b) = (reference("First.", &[]), reference("No time stamp.", &[]));
+    let mut want = Vec::new();
+    place(&mut want, at_ms(300), &a);
+    let end_a = want.len();
+    place(&mut want, end_a, &b);
+    assert!(got == want);
+    let msgs = element_util::drain(&bus);
+    let cues = element_messages(&msgs, CUE);
+    assert_eq!(
+        u64_field(&cues[1], "start"),
+        end_a as u64 * 1_000_000_000 / RATE
+    );
+    assert_eq!(cues[1].get::<Option<gst::ClockTime>>("pts").unwrap(), None);
+}
+
+#[test]
+fn non_utf8_text_is_an_error_after_the_audio_before_it() {
+    let (e, bus) = synth(&[]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    h.push(text_buffer(b"Good.", Some(0), Some(1_000))).unwrap();
+    let _ = h.push(text_buffer(b"caf\xe9 au lait", Some(1_500), Some(1_000)));
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let error = loop {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no error");
+        if let Some(b) = h.try_pull() {
+            got.extend(f32_of(&b));
+        }
+        let errs = errors(&element_util::drain(&bus));
+        if let Some(e) = errs.first() {
+            break e.clone();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    while let Some(b) = h.try_pull() {
+        got.extend(f32_of(&b));
+    }
+    assert!(error.contains("not UTF-8"), "{error}");
+    assert!(error.contains("byte 0xe9 at offset 3"), "{error}");
+    assert!(error.contains("cue 2 (PTS 0:00:01.5"), "{error}");
+    let cue = reference("Good.", &[]);
+    assert_eq!(
+        got.len(),
+        at_ms(1_500),
+        "the audio up to the bad cue is out"
+    );
+    assert!(got[..cue.len()] == cue[..]);
+    // Upstream is told: the next buffer is refused.
+    assert_eq!(
+        h.push(text_buffer(b"more", Some(3_000), None)),
+        Err(gst::FlowError::Error)
+    );
+}
+
+#[test]
+fn unsupported_text_caps_fail_negotiation_with_a_clear_message() {
+    for caps in ["application/x-subtitle", "text/x-raw,format=utf16"] {
+        let (e, bus) = synth(&[]);
+        e.set_state(gst::State::Paused).expect("PAUSED");
+        // A bare source pad: pushing the CAPS event asks the element to accept them.
+        let src = gst::Pad::builder(gst::PadDirection::Src)
+            .name("text")
+            .build();
+        src.set_active(true).unwrap();
+        src.link(&e.static_pad("sink").unwrap()).unwrap();
+        assert!(src.push_event(gst::event::StreamStart::new("text")));
+        let caps = gst::Caps::from_str(caps).unwrap();
+        src.push_event(gst::event::Caps::new(&caps));
+        src.push_event(gst::event::Segment::new(&gst::FormattedSegment::<
+            gst::ClockTime,
+        >::new()));
+        let mut b = gst::Buffer::from_slice(b"Hello.".to_vec());
+        b.get_mut().unwrap().set_pts(gst::ClockTime::ZERO);
+        assert_eq!(src.push(b), Err(gst::FlowError::NotNegotiated), "{caps}");
+        let errs = errors(&element_util::drain(&bus));
+        assert!(
+            errs.iter().any(|e| e.contains("are not supported")
+                && e.contains(caps.structure(0).unwrap().name().as_str())
+                && e.contains("utf8 or pango-markup")),
+            "{caps}: {errs:?}"
+        );
+        e.set_state(gst::State::Null).unwrap();
+    }
+}
+
+#[test]
+fn voice_event_and_speaker_map_change_the_voice_of_later_cues() {
+    let (e, bus) = synth(&[("speaker-map", "map, spk_1=eric"), ("overflow", "shift")]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    let texts = ["One.", "Two.", "Three.", "Four."];
+    h.push(text_buffer(texts[0].as_bytes(), Some(0), Some(1_000)))
+        .unwrap();
+    h.push_event(
+        gst::event::CustomDownstream::builder(
+            gst::Structure::builder("omnitts/voice")
+                .field("speaker", "ryan")
+                .build(),
+        )
+        .build(),
+    );
+    h.push(text_buffer(texts[1].as_bytes(), Some(1_000), Some(1_000)))
+        .unwrap();
+    h.push_event(
+        gst::event::CustomDownstream::builder(
+            gst::Structure::builder("rstranscribe/speaker-change")
+                .field("speaker", "spk_1")
+                .build(),
+        )
+        .build(),
+    );
+    h.push(text_buffer(texts[2].as_bytes(), Some(2_000), Some(1_000)))
+        .unwrap();
+    h.push_event(
+        gst::event::CustomDownstream::builder(
+            gst::Structure::builder("rstranscribe/speaker-change")
+                .field("speaker", "spk_9")
+                .build(),
+        )
+        .build(),
+    );
+    h.push(text_buffer(texts[3].as_bytes(), Some(3_000), Some(1_000)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let (got, events) = pull_to_eos(&mut h, Duration::from_secs(60));
+    let speakers = [None, Some("ryan"), Some("eric"), None];
+    let mut want = Vec::new();
+    for (i, (t, s)) in texts.iter().zip(speakers).enumerate() {
+        let props: Vec<(&str, gst::glib::Value)> =
+            s.map(|s| ("speaker", v(s))).into_iter().collect();
+        let r = reference(t, &props);
+        let start = at_ms(1_000 * i as u64).max(want.len());
+        place(&mut want, start, &r);
+    }
+    assert!(
+        got == want,
+        "cue voices: default, ryan (event), eric (map), default"
+    );
+    assert_ne!(
+        reference("Two.", &[]),
+        reference("Two.", &[("speaker", v("ryan"))])
+    );
+    // The custom events go downstream, in order.
+    let names: Vec<_> = events
+        .iter()
+        .filter(|e| e.type_() == gst::EventType::CustomDownstream)
+        .filter_map(|e| e.structure().map(|s| s.name().to_string()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "omnitts/voice",
+            "rstranscribe/speaker-change",
+            "rstranscribe/speaker-change"
+        ]
+    );
+    assert!(errors(&element_util::drain(&bus)).is_empty());
+}
+
+#[test]
+fn bad_voices_fail_clearly() {
+    // A speaker-map entry the checkpoint lacks fails the state change, naming it.
+    let (e, bus) = synth(&[("speaker-map", "map, spk_0=nobody")]);
+    assert!(e.set_state(gst::State::Paused).is_err());
+    let errs = errors(&element_util::drain(&bus));
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("speaker-map 'spk_0'") && e.contains("unknown speaker")),
+        "{errs:?}"
+    );
+    e.set_state(gst::State::Null).unwrap();
+
+    // A voice event naming one is an error at its place in the stream.
+    let (e, bus) = synth(&[]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    h.push(text_buffer(b"Fine.", Some(0), Some(1_000))).unwrap();
+    h.push_event(
+        gst::event::CustomDownstream::builder(
+            gst::Structure::builder("omnitts/voice")
+                .field("speaker", "nobody")
+                .build(),
+        )
+        .build(),
+    );
+    let t0 = Instant::now();
+    let mut got = 0;
+    let error = loop {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no error");
+        while let Some(b) = h.try_pull() {
+            got += b.size() / 4;
+        }
+        if let Some(e) = errors(&element_util::drain(&bus)).first() {
+            break e.clone();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(
+        error.contains("omnitts/voice") && error.contains("speaker 'nobody'"),
+        "{error}"
+    );
+    assert!(
+        got >= reference("Fine.", &[]).len(),
+        "the cue before it was spoken"
+    );
+}
+
+#[test]
+fn shares_the_engine_of_an_omnittssrc_on_the_same_checkpoint() {
+    init();
+    let src = gst::ElementFactory::make("omnittssrc")
+        .property("model", fixture_model("tiny-customvoice"))
+        .property("text", "Hi.")
+        .build()
+        .unwrap();
+    let _ = src
+        .set_state(gst::State::Paused)
+        .expect("omnittssrc PAUSED");
+    let (e, bus) = synth(&[]);
+    e.set_state(gst::State::Paused).expect("PAUSED");
+    let ready: Vec<String> = element_util::drain(&bus)
+        .iter()
+        .filter_map(|m| match m.view() {
+            gst::MessageView::Progress(p) => Some(p.get().2.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        ready
+            .iter()
+            .any(|m| m.contains("omnittssynth") && m.contains("joined the loaded engine")),
+        "{ready:?}"
+    );
+    e.set_state(gst::State::Null).unwrap();
+    src.set_state(gst::State::Null).unwrap();
+}
