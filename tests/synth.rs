@@ -7,7 +7,7 @@
 mod element_util;
 mod reference_util;
 
-use element_util::{TempDir, element_messages, errors, init};
+use element_util::{TempDir, element_messages, errors, init, warnings};
 use gst::prelude::*;
 use gst_check::Harness;
 use gstomnitts::omnittssynth::cue_message::CUE;
@@ -689,6 +689,53 @@ fn voice_event_and_speaker_map_change_the_voice_of_later_cues() {
         ]
     );
     assert!(errors(&element_util::drain(&bus)).is_empty());
+}
+
+/// `instruct` on a checkpoint that drops it (the tiny CustomVoice is 0.6B) is warned about once,
+/// naming the property, as omnittssrc does, whether it comes from the property or from an
+/// `omnitts/voice` event; the cues are spoken all the same.
+#[test]
+fn ignored_instruct_is_warned_once() {
+    let instruct_warnings = |property: Option<&str>, event: Option<&str>| {
+        let (e, bus) = synth(&[]);
+        if let Some(i) = property {
+            e.set_property("instruct", i);
+        }
+        let mut h = harness(&e, "text/x-raw,format=utf8");
+        h.push(text_buffer(b"One.", Some(0), Some(1_000))).unwrap();
+        if let Some(i) = event {
+            h.push_event(
+                gst::event::CustomDownstream::builder(
+                    gst::Structure::builder("omnitts/voice")
+                        .field("instruct", i)
+                        .build(),
+                )
+                .build(),
+            );
+        }
+        h.push(text_buffer(b"Two.", Some(1_000), Some(1_000)))
+            .unwrap();
+        h.push_event(gst::event::Eos::new());
+        pull_to_eos(&mut h, Duration::from_secs(60));
+        let msgs = element_util::drain(&bus);
+        assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+        assert_eq!(element_messages(&msgs, "omnitts/utterance-done").len(), 2);
+        warnings(&msgs)
+            .into_iter()
+            .filter(|w| w.contains("instruct '"))
+            .collect::<Vec<_>>()
+    };
+    assert!(instruct_warnings(None, None).is_empty(), "nothing to say");
+    let w = instruct_warnings(Some("Speak calmly."), None);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].starts_with("instruct 'Speak calmly.': ignored"),
+        "{}",
+        w[0]
+    );
+    let w = instruct_warnings(None, Some("Whisper."));
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].starts_with("instruct 'Whisper.': ignored"), "{}", w[0]);
 }
 
 #[test]

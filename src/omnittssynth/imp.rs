@@ -18,6 +18,7 @@ use crate::element_common::properties::{
 };
 use crate::element_common::request::{ModelInfo, build_request};
 use crate::element_common::settings::SynthesisSettings;
+use crate::element_common::voice_warnings::WarnOnce;
 use crate::engine::SharedEngine;
 use crate::models::qwen3_tts::prompt::unspeakable;
 
@@ -62,6 +63,8 @@ struct Runtime {
     speaker_map: SpeakerMap,
     workers: Vec<std::thread::JoinHandle<()>>,
     policy: Overflow,
+    /// The voice warnings posted since start (omnittssrc's: `instruct` ignored or missing).
+    warned: WarnOnce,
 }
 
 /// The element's instance data (lock order: settings, runtime, then the shared state).
@@ -217,6 +220,7 @@ impl OmniTtsSynth {
             speaker_map,
             workers,
             policy,
+            warned: WarnOnce::default(),
         });
         progress::post_complete(&element, "load", &ready);
         Ok(())
@@ -501,6 +505,9 @@ impl OmniTtsSynth {
         let Some(rt) = rt.as_ref() else {
             return Err(gst::FlowError::Flushing);
         };
+        for w in rt.warned.new_warnings(&settings, &rt.info) {
+            gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
+        }
         Ok(match build_request(&settings, &rt.info, text) {
             Ok((mut request, clone)) => {
                 if live && settings.chunk_frames == 0 {
