@@ -2,8 +2,8 @@
 # Runs all of omnitts' tests (after scripts/setup-and-run.sh, or scripts/install-deps.sh, once):
 #  1. builds the plugin (cargo test does not refresh the .so that gst-inspect/gst-launch load);
 #  2. command-line checks against a private GST_REGISTRY: gst-inspect-1.0 omnittssrc and
-#     omnittssynth, and a gst-launch-1.0 pipeline into a WAV file whose length and buffer
-#     timestamps are checked;
+#     omnittssynth, a gst-launch-1.0 pipeline into a WAV file whose length and buffer
+#     timestamps are checked, and subtitles through omnittssynth into a WAV dub track;
 #  3. scripts/install.sh into a temporary prefix, and the installed plugin speaking with the installed
 #     bundled voice from another directory;
 #  4. cargo test: every unit and integration test of the crate.
@@ -71,6 +71,37 @@ echo "buffers=$buffers samples=$samples frames=$frames wav_samples=$wav_samples"
 [ "$(soxi -r "$wav" 2>/dev/null)" = 24000 ] && [ "$(soxi -c "$wav" 2>/dev/null)" = 1 ] \
     || { echo "WAV is not 24 kHz mono"; exit 1; }
 echo "ok: WAV of $wav_samples samples = $frames frames x 1920, $buffers contiguous buffers"
+
+echo "== gst-launch-1.0: subtitles -> WAV dub track (omnittssynth)"
+cat > "$work/cues.srt" <<'SRT'
+1
+00:00:00,250 --> 00:00:01,000
+First cue.
+
+2
+00:00:01,500 --> 00:00:03,000
+<i>Second cue.</i>
+SRT
+GST_PLUGIN_PATH="$target/debug" gst-launch-1.0 -m \
+    filesrc location="$work/cues.srt" ! subparse \
+    ! omnittssynth model=tests/fixtures/tiny-customvoice do-sample=false max-new-tokens=10 \
+    ! audioconvert ! wavenc ! filesink location="$work/dub.wav" > "$work/launch-synth.txt" 2>&1 \
+    || { tail -20 "$work/launch-synth.txt"; exit 1; }
+# Each cue's first audio sample at its SRT start; the WAV runs on past the second cue's start.
+for start in 250000000 1500000000; do
+    grep 'omnitts/cue' "$work/launch-synth.txt" | grep -q "start=(guint64)$start," \
+        || { echo "no cue starting at $start ns"; grep 'omnitts/cue' "$work/launch-synth.txt"; exit 1; }
+done
+grep 'omnitts/cue' "$work/launch-synth.txt" | grep -q 'text=(string)"Second\\ cue."' \
+    || { echo "the markup of cue 2 was not stripped"; exit 1; }
+# The stream ends where the last cue's speech ends (overflow=clip, the speech fits its slot).
+last_end=$(grep -o 'omnitts/cue, id=(guint64)2,.*' "$work/launch-synth.txt" \
+    | grep -o 'end=(guint64)[0-9]*' | grep -o '[0-9]*$')
+dub_samples=$(soxi -s "$work/dub.wav" 2>/dev/null)
+[ "$dub_samples" -eq $((last_end * 24 / 1000000)) ] \
+    || { echo "dub WAV of $dub_samples samples, the last cue ends at $last_end ns"; exit 1; }
+[ "$(soxi -r "$work/dub.wav" 2>/dev/null)" = 24000 ] || { echo "dub WAV is not 24 kHz"; exit 1; }
+echo "ok: dub WAV of $dub_samples samples, cues at 0.25 s and 1.5 s, ending with the last cue"
 
 echo "== scripts/install.sh into a temporary prefix; the installed plugin speaks from another directory"
 # The installed plugin must find the installed voice with no model set: GST_PLUGIN_PATH names only
