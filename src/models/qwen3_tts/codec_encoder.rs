@@ -29,10 +29,11 @@
 use std::path::Path;
 
 use candle_core::{D, DType, Device, Tensor};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::ModelError;
-use super::config::read_json;
+use super::config::{from_json, read_json, without_nulls};
 use crate::nn::{RotaryEmbedding, Weights};
 
 /// `encoder_config` of `speech_tokenizer/config.json` (a `MimiConfig`) plus the top-level
@@ -71,157 +72,149 @@ pub struct CodecEncoderConfig {
     pub samples_per_frame: usize,
 }
 
-struct Obj<'a> {
-    file: &'a Path,
-    prefix: &'a str,
-    v: &'a Value,
+/// The keys of `speech_tokenizer/config.json` that the encoder reads.
+#[derive(Deserialize)]
+struct TokenizerJson {
+    encoder_config: EncoderJson,
+    encoder_valid_num_quantizers: usize,
+    encode_downsample_rate: usize,
 }
 
-impl Obj<'_> {
-    fn err(&self, field: &str, msg: String) -> ModelError {
-        ModelError::Config {
-            file: self.file.to_path_buf(),
-            field: format!("{}{field}", self.prefix),
-            msg,
-        }
-    }
-    fn get(&self, field: &str) -> Result<&Value, ModelError> {
-        self.v
-            .get(field)
-            .filter(|v| !v.is_null())
-            .ok_or_else(|| self.err(field, "missing".into()))
-    }
-    fn usize(&self, field: &str) -> Result<usize, ModelError> {
-        let v = self.get(field)?;
-        v.as_u64()
-            .map(|x| x as usize)
-            .ok_or_else(|| self.err(field, format!("expected a non-negative integer, got {v}")))
-    }
-    fn f64(&self, field: &str) -> Result<f64, ModelError> {
-        let v = self.get(field)?;
-        v.as_f64()
-            .ok_or_else(|| self.err(field, format!("expected a number, got {v}")))
-    }
-    fn str_or(&self, field: &str, default: &str) -> Result<String, ModelError> {
-        match self.v.get(field) {
-            None | Some(Value::Null) => Ok(default.to_string()),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(v) => Err(self.err(field, format!("expected a string, got {v}"))),
-        }
-    }
-    fn bool_or(&self, field: &str, default: bool) -> Result<bool, ModelError> {
-        match self.v.get(field) {
-            None | Some(Value::Null) => Ok(default),
-            Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(self.err(field, format!("expected a bool, got {v}"))),
-        }
-    }
+/// The keys of its `encoder_config` (a `MimiConfig`) that the encoder reads.
+#[derive(Deserialize)]
+struct EncoderJson {
+    sampling_rate: u32,
+    audio_channels: usize,
+    num_filters: usize,
+    kernel_size: usize,
+    last_kernel_size: usize,
+    /// An integer; `MimiConfig` also allows a list, which the encoder does not implement.
+    residual_kernel_size: Value,
+    dilation_growth_rate: usize,
+    compress: usize,
+    num_residual_layers: usize,
+    upsampling_ratios: Vec<usize>,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+    /// Default `hidden_size / num_attention_heads`.
+    head_dim: Option<usize>,
+    intermediate_size: usize,
+    norm_eps: f64,
+    rope_theta: f64,
+    num_quantizers: usize,
+    num_semantic_quantizers: usize,
+    codebook_size: usize,
+    codebook_dim: usize,
+    vector_quantization_hidden_dimension: usize,
+    /// The released files write `_frame_rate`; `frame_rate` is read when it is absent.
+    #[serde(rename = "_frame_rate")]
+    private_frame_rate: Option<f64>,
+    frame_rate: Option<f64>,
+    #[serde(default = "yes")]
+    use_causal_conv: bool,
+    #[serde(default)]
+    use_conv_shortcut: bool,
+    pad_mode: Option<String>,
+    hidden_act: Option<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl CodecEncoderConfig {
     /// Parses `speech_tokenizer/config.json`.
+    ///
+    /// Errors: [`ModelError::Config`] naming the file and the key path
+    /// (`encoder_config.num_key_value_heads`) of a missing, mistyped or unsupported value.
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        let root = read_json(path)?;
-        let top = Obj {
-            file: path,
-            prefix: "",
-            v: &root,
+        let root: TokenizerJson = from_json(path, &without_nulls(&read_json(path)?), "")?;
+        let err = |field: &str, msg: String| ModelError::Config {
+            file: path.to_path_buf(),
+            field: field.to_string(),
+            msg,
         };
-        let enc = top.get("encoder_config")?;
-        let e = Obj {
-            file: path,
-            prefix: "encoder_config.",
-            v: enc,
-        };
-        let hidden_size = e.usize("hidden_size")?;
-        let num_attention_heads = e.usize("num_attention_heads")?;
-        let head_dim = match enc.get("head_dim") {
-            None | Some(Value::Null) => hidden_size / num_attention_heads.max(1),
-            Some(_) => e.usize("head_dim")?,
-        };
-        let ratios = e.get("upsampling_ratios")?;
-        let upsampling_ratios: Vec<usize> = ratios
-            .as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|x| x.as_u64().map(|x| x as usize))
-                    .collect::<Option<Vec<_>>>()
-            })
-            .ok_or_else(|| {
-                e.err(
-                    "upsampling_ratios",
-                    format!("expected a list of ints, got {ratios}"),
-                )
-            })?;
-        let residual_kernel_size = match enc.get("residual_kernel_size") {
-            Some(Value::Array(_)) => {
-                return Err(e.err(
+        let e = root.encoder_config;
+        let enc_err = |field: &str, msg: String| err(&format!("encoder_config.{field}"), msg);
+        let residual_kernel_size = match &e.residual_kernel_size {
+            Value::Array(_) => {
+                return Err(enc_err(
                     "residual_kernel_size",
                     "a list of residual kernel sizes is not supported".into(),
                 ));
             }
-            _ => e.usize("residual_kernel_size")?,
+            v => v.as_u64().map(|k| k as usize).ok_or_else(|| {
+                enc_err(
+                    "residual_kernel_size",
+                    format!("expected a non-negative integer, got {v}"),
+                )
+            })?,
         };
+        let frame_rate = e
+            .private_frame_rate
+            .or(e.frame_rate)
+            .ok_or_else(|| enc_err("_frame_rate", "missing".into()))?;
         let cfg = Self {
-            sampling_rate: e.usize("sampling_rate")? as u32,
-            audio_channels: e.usize("audio_channels")?,
-            num_filters: e.usize("num_filters")?,
-            kernel_size: e.usize("kernel_size")?,
-            last_kernel_size: e.usize("last_kernel_size")?,
+            sampling_rate: e.sampling_rate,
+            audio_channels: e.audio_channels,
+            num_filters: e.num_filters,
+            kernel_size: e.kernel_size,
+            last_kernel_size: e.last_kernel_size,
             residual_kernel_size,
-            dilation_growth_rate: e.usize("dilation_growth_rate")?,
-            compress: e.usize("compress")?,
-            num_residual_layers: e.usize("num_residual_layers")?,
-            upsampling_ratios,
-            hidden_size,
-            num_hidden_layers: e.usize("num_hidden_layers")?,
-            num_attention_heads,
-            num_key_value_heads: e.usize("num_key_value_heads")?,
-            head_dim,
-            intermediate_size: e.usize("intermediate_size")?,
-            norm_eps: e.f64("norm_eps")?,
-            rope_theta: e.f64("rope_theta")?,
-            num_quantizers: e.usize("num_quantizers")?,
-            num_semantic_quantizers: e.usize("num_semantic_quantizers")?,
-            codebook_size: e.usize("codebook_size")?,
-            codebook_dim: e.usize("codebook_dim")?,
-            vector_quantization_hidden_dimension: e
-                .usize("vector_quantization_hidden_dimension")?,
-            frame_rate: match enc.get("_frame_rate").or_else(|| enc.get("frame_rate")) {
-                Some(v) if !v.is_null() => v
-                    .as_f64()
-                    .ok_or_else(|| e.err("_frame_rate", format!("expected a number, got {v}")))?,
-                _ => return Err(e.err("_frame_rate", "missing".into())),
-            },
-            valid_num_quantizers: top.usize("encoder_valid_num_quantizers")?,
-            samples_per_frame: top.usize("encode_downsample_rate")?,
+            dilation_growth_rate: e.dilation_growth_rate,
+            compress: e.compress,
+            num_residual_layers: e.num_residual_layers,
+            upsampling_ratios: e.upsampling_ratios,
+            hidden_size: e.hidden_size,
+            num_hidden_layers: e.num_hidden_layers,
+            num_attention_heads: e.num_attention_heads,
+            num_key_value_heads: e.num_key_value_heads,
+            head_dim: e
+                .head_dim
+                .unwrap_or(e.hidden_size / e.num_attention_heads.max(1)),
+            intermediate_size: e.intermediate_size,
+            norm_eps: e.norm_eps,
+            rope_theta: e.rope_theta,
+            num_quantizers: e.num_quantizers,
+            num_semantic_quantizers: e.num_semantic_quantizers,
+            codebook_size: e.codebook_size,
+            codebook_dim: e.codebook_dim,
+            vector_quantization_hidden_dimension: e.vector_quantization_hidden_dimension,
+            frame_rate,
+            valid_num_quantizers: root.encoder_valid_num_quantizers,
+            samples_per_frame: root.encode_downsample_rate,
         };
         // Only the released Mimi setup is implemented: check the switches that would change it.
-        if !e.bool_or("use_causal_conv", true)? {
-            return Err(e.err(
+        if !e.use_causal_conv {
+            return Err(enc_err(
                 "use_causal_conv",
                 "only causal convolutions are supported".into(),
             ));
         }
-        if e.bool_or("use_conv_shortcut", false)? {
-            return Err(e.err(
+        if e.use_conv_shortcut {
+            return Err(enc_err(
                 "use_conv_shortcut",
                 "conv shortcuts are not supported".into(),
             ));
         }
-        let pad_mode = e.str_or("pad_mode", "constant")?;
+        let pad_mode = e.pad_mode.as_deref().unwrap_or("constant");
         if pad_mode != "constant" {
-            return Err(e.err(
+            return Err(enc_err(
                 "pad_mode",
                 format!("{pad_mode:?}: only \"constant\" is supported"),
             ));
         }
-        let act = e.str_or("hidden_act", "gelu")?;
+        let act = e.hidden_act.as_deref().unwrap_or("gelu");
         if act != "gelu" {
-            return Err(e.err("hidden_act", format!("{act:?}: only \"gelu\" is supported")));
+            return Err(enc_err(
+                "hidden_act",
+                format!("{act:?}: only \"gelu\" is supported"),
+            ));
         }
         if cfg.audio_channels != 1 {
-            return Err(e.err(
+            return Err(enc_err(
                 "audio_channels",
                 format!("{}: only mono", cfg.audio_channels),
             ));
@@ -232,7 +225,7 @@ impl CodecEncoderConfig {
                 .num_attention_heads
                 .is_multiple_of(cfg.num_key_value_heads)
         {
-            return Err(e.err(
+            return Err(enc_err(
                 "num_key_value_heads",
                 format!(
                     "{} must divide num_attention_heads {}",
@@ -244,7 +237,7 @@ impl CodecEncoderConfig {
             || cfg.valid_num_quantizers > cfg.num_quantizers
             || cfg.valid_num_quantizers < cfg.num_semantic_quantizers
         {
-            return Err(top.err(
+            return Err(err(
                 "encoder_valid_num_quantizers",
                 format!(
                     "{} must be in [{}, {}]",
@@ -253,7 +246,7 @@ impl CodecEncoderConfig {
             ));
         }
         if cfg.vector_quantization_hidden_dimension != cfg.codebook_dim {
-            return Err(e.err(
+            return Err(enc_err(
                 "codebook_dim",
                 format!(
                     "{} must equal vector_quantization_hidden_dimension {}",
@@ -263,7 +256,7 @@ impl CodecEncoderConfig {
         }
         let hop: usize = cfg.upsampling_ratios.iter().product();
         if cfg.samples_per_frame != hop * cfg.downsample_stride() {
-            return Err(top.err(
+            return Err(err(
                 "encode_downsample_rate",
                 format!(
                     "{} ≠ {} (product of upsampling_ratios) × 2 (downsample stride)",
@@ -789,5 +782,115 @@ impl CodecEncoder {
         Ok((0..frames)
             .map(|f| books.iter().map(|b| b[f]).collect())
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use serde_json::{Value, json};
+
+    use super::CodecEncoderConfig;
+    use crate::models::qwen3_tts::ModelError;
+
+    fn fixture_config() -> Value {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tiny-base/speech_tokenizer/config.json");
+        serde_json::from_str(&std::fs::read_to_string(p).expect("fixture config")).expect("json")
+    }
+
+    /// Parses `v` written to a file of its own; the error's (field, message) on failure.
+    fn parse(name: &str, v: &Value) -> Result<CodecEncoderConfig, (String, String)> {
+        let dir = std::env::temp_dir().join(format!(
+            "omnitts-codec-encoder-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("config.json");
+        std::fs::write(&path, v.to_string()).expect("write");
+        let r = CodecEncoderConfig::from_file(&path);
+        let _ = std::fs::remove_dir_all(&dir);
+        r.map_err(|e| match e {
+            ModelError::Config { field, msg, .. } => (field, msg),
+            other => (String::new(), other.to_string()),
+        })
+    }
+
+    #[test]
+    fn the_fixture_parses_with_its_values() {
+        let v = fixture_config();
+        let cfg = parse("fixture", &v).expect("fixture parses");
+        let enc = &v["encoder_config"];
+        assert_eq!(cfg.hidden_size as u64, enc["hidden_size"].as_u64().unwrap());
+        assert_eq!(cfg.frame_rate, enc["_frame_rate"].as_f64().unwrap());
+        assert_eq!(
+            cfg.valid_num_quantizers as u64,
+            v["encoder_valid_num_quantizers"].as_u64().unwrap()
+        );
+        assert_eq!(
+            cfg.samples_per_frame as u64,
+            v["encode_downsample_rate"].as_u64().unwrap()
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key_path() {
+        let mut v = fixture_config();
+        v["encoder_config"]["num_key_value_heads"] = json!("two");
+        let (field, _) = parse("mistyped", &v).expect_err("a string head count");
+        assert_eq!(field, "encoder_config.num_key_value_heads");
+
+        let mut v = fixture_config();
+        v["encoder_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("hidden_size");
+        let (field, msg) = parse("missing", &v).expect_err("no hidden_size");
+        assert_eq!(
+            (field.as_str(), msg.as_str()),
+            ("encoder_config.hidden_size", "missing field")
+        );
+
+        let mut v = fixture_config();
+        v["encoder_config"]["residual_kernel_size"] = json!([3, 3]);
+        let (field, msg) = parse("list", &v).expect_err("a list of kernel sizes");
+        assert_eq!(field, "encoder_config.residual_kernel_size");
+        assert!(msg.contains("list"), "{msg}");
+
+        let mut v = fixture_config();
+        v["encoder_config"]["pad_mode"] = json!("reflect");
+        let (field, msg) = parse("pad", &v).expect_err("reflect padding");
+        assert_eq!(field, "encoder_config.pad_mode");
+        assert!(msg.contains("reflect"), "{msg}");
+
+        let mut v = fixture_config();
+        v["encoder_valid_num_quantizers"] = json!(0);
+        let (field, _) = parse("valid", &v).expect_err("no codebooks kept");
+        assert_eq!(field, "encoder_valid_num_quantizers");
+    }
+
+    /// `_frame_rate` is the released key; `frame_rate` stands in when it is absent, and a null
+    /// value counts as absent.
+    #[test]
+    fn frame_rate_key_and_null_values() {
+        let mut v = fixture_config();
+        let enc = v["encoder_config"].as_object_mut().unwrap();
+        let rate = enc.remove("_frame_rate").unwrap();
+        enc.insert("frame_rate".into(), rate.clone());
+        enc.insert("head_dim".into(), Value::Null);
+        let cfg = parse("frame-rate", &v).expect("frame_rate alone");
+        assert_eq!(cfg.frame_rate, rate.as_f64().unwrap());
+        assert_eq!(cfg.head_dim, cfg.hidden_size / cfg.num_attention_heads);
+
+        v["encoder_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("frame_rate");
+        let (field, msg) = parse("no-rate", &v).expect_err("no frame rate");
+        assert_eq!(
+            (field.as_str(), msg.as_str()),
+            ("encoder_config._frame_rate", "missing")
+        );
     }
 }

@@ -10,15 +10,17 @@
 //! row. Every convolution uses PyTorch `padding="same", padding_mode="reflect"`.
 
 use candle_core::{D, DType, Device, Tensor};
-use serde_json::Value;
+use serde::Deserialize;
 
 use super::ModelError;
-use super::config::SpeakerEncoderConfig;
+use super::config::{SpeakerEncoderConfig, from_json, without_nulls};
 use super::mel::{MelConfig, MelSpectrogram};
 use crate::nn::Weights;
 
-/// Parsed `speaker_encoder_config` (reference `Qwen3TTSSpeakerEncoderConfig`, same defaults).
-#[derive(Debug, Clone, PartialEq)]
+/// Parsed `speaker_encoder_config` (reference `Qwen3TTSSpeakerEncoderConfig`, same defaults:
+/// an absent key takes the reference's value).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
 pub struct EcapaConfig {
     pub mel_dim: usize,
     pub enc_dim: usize,
@@ -31,8 +33,28 @@ pub struct EcapaConfig {
     pub sample_rate: u32,
 }
 
+impl Default for EcapaConfig {
+    /// The reference's defaults.
+    fn default() -> Self {
+        Self {
+            mel_dim: 128,
+            enc_dim: 1024,
+            enc_channels: vec![512, 512, 512, 512, 1536],
+            enc_kernel_sizes: vec![5, 3, 3, 3, 1],
+            enc_dilations: vec![1, 2, 3, 4, 1],
+            enc_attention_channels: 128,
+            enc_res2net_scale: 8,
+            enc_se_channels: 128,
+            sample_rate: 24000,
+        }
+    }
+}
+
 impl EcapaConfig {
     /// Reads the raw `speaker_encoder_config` object of `config.json` (`file` for messages).
+    ///
+    /// Errors: [`ModelError::Config`] naming `file` and the key
+    /// (`speaker_encoder_config.enc_res2net_scale`) of a mistyped or unsupported value.
     pub fn from_config(
         file: &std::path::Path,
         c: &SpeakerEncoderConfig,
@@ -42,40 +64,7 @@ impl EcapaConfig {
             field: format!("speaker_encoder_config.{field}"),
             msg,
         };
-        let usize_or = |field: &str, default: usize| -> Result<usize, ModelError> {
-            match c.raw.get(field) {
-                None | Some(Value::Null) => Ok(default),
-                Some(v) => v
-                    .as_u64()
-                    .map(|x| x as usize)
-                    .ok_or_else(|| err(field, format!("expected a non-negative integer, got {v}"))),
-            }
-        };
-        let list_or = |field: &str, default: &[usize]| -> Result<Vec<usize>, ModelError> {
-            match c.raw.get(field) {
-                None | Some(Value::Null) => Ok(default.to_vec()),
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .map(|v| {
-                        v.as_u64()
-                            .map(|x| x as usize)
-                            .ok_or_else(|| err(field, format!("expected integers, got {v}")))
-                    })
-                    .collect(),
-                Some(v) => Err(err(field, format!("expected a list, got {v}"))),
-            }
-        };
-        let cfg = Self {
-            mel_dim: usize_or("mel_dim", 128)?,
-            enc_dim: usize_or("enc_dim", 1024)?,
-            enc_channels: list_or("enc_channels", &[512, 512, 512, 512, 1536])?,
-            enc_kernel_sizes: list_or("enc_kernel_sizes", &[5, 3, 3, 3, 1])?,
-            enc_dilations: list_or("enc_dilations", &[1, 2, 3, 4, 1])?,
-            enc_attention_channels: usize_or("enc_attention_channels", 128)?,
-            enc_res2net_scale: usize_or("enc_res2net_scale", 8)?,
-            enc_se_channels: usize_or("enc_se_channels", 128)?,
-            sample_rate: usize_or("sample_rate", 24000)? as u32,
-        };
+        let cfg: Self = from_json(file, &without_nulls(&c.raw), "speaker_encoder_config")?;
         let n = cfg.enc_channels.len();
         if n < 3 || cfg.enc_kernel_sizes.len() != n || cfg.enc_dilations.len() != n {
             return Err(err(
@@ -478,5 +467,61 @@ impl SpeakerEncoder {
     /// [`EcapaConfig::sample_rate`] (24 kHz). Returns the x-vector `[enc_dim]` in f32.
     pub fn embed_audio(&self, audio: &[f32]) -> Result<Tensor, ModelError> {
         self.forward(&self.mel_tensor(audio)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use serde_json::json;
+
+    use super::EcapaConfig;
+    use crate::models::qwen3_tts::ModelError;
+    use crate::models::qwen3_tts::config::SpeakerEncoderConfig;
+
+    fn parse(raw: serde_json::Value) -> Result<EcapaConfig, ModelError> {
+        let c = SpeakerEncoderConfig {
+            enc_dim: None,
+            sample_rate: None,
+            raw,
+        };
+        EcapaConfig::from_config(Path::new("config.json"), &c)
+    }
+
+    #[test]
+    fn absent_and_null_keys_take_the_reference_defaults() {
+        let cfg = parse(json!({"enc_dim": 64, "enc_se_channels": null})).expect("parses");
+        assert_eq!(
+            cfg,
+            EcapaConfig {
+                enc_dim: 64,
+                ..EcapaConfig::default()
+            }
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let field = |r: Result<EcapaConfig, ModelError>| match r {
+            Err(ModelError::Config { field, .. }) => field,
+            other => panic!("expected a config error, got {other:?}"),
+        };
+        assert_eq!(
+            field(parse(json!({"enc_res2net_scale": "eight"}))),
+            "speaker_encoder_config.enc_res2net_scale"
+        );
+        assert_eq!(
+            field(parse(json!({"enc_kernel_sizes": [5, 3]}))),
+            "speaker_encoder_config.enc_channels"
+        );
+        assert_eq!(
+            field(parse(json!({"enc_res2net_scale": 7}))),
+            "speaker_encoder_config.enc_res2net_scale"
+        );
+        assert_eq!(
+            field(parse(json!({"mel_dim": 80}))),
+            "speaker_encoder_config.mel_dim"
+        );
     }
 }
