@@ -6,8 +6,8 @@ mod element_util;
 mod reference_util;
 
 use element_util::{
-    TempDir, assert_names, drain, element_messages, errors, init, play_holding_first_buffer,
-    play_to_eos, pts_of, start_error, v, wait_element_message, warnings,
+    TempDir, assert_names, drain, element_messages, errors, harness, init,
+    play_holding_first_buffer, play_to_eos, pts_of, start_error, v, wait_element_message, warnings,
 };
 use gst::prelude::*;
 use gst_check::Harness;
@@ -16,21 +16,6 @@ use reference_util::fixture_model;
 use std::time::{Duration, Instant};
 
 const SPF: u64 = 1920;
-
-/// A harness on `omnittssrc` with the tiny model, greedy decoding, a bus, and `props`.
-fn harness(props: &[(&str, glib::SendValue)]) -> (Harness, gst::Bus) {
-    init();
-    let h = Harness::new("omnittssrc");
-    let e = h.element().expect("element");
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
-    e.set_property("model", fixture_model("tiny-customvoice"));
-    e.set_property("do-sample", false);
-    for (k, v) in props {
-        e.set_property_from_value(k, v);
-    }
-    (h, bus)
-}
 
 use gst::glib;
 

@@ -8,30 +8,13 @@ mod reference_util;
 use std::time::{Duration, Instant};
 
 use element_util::{
-    assert_names, drain, element_messages, errors, init, play_holding_first_buffer, rss_kib, set,
-    start_must_fail, v,
+    assert_names, drain, element_messages, errors, harness, init, play_holding_first_buffer,
+    rss_kib, start_must_fail, v,
 };
 use gst::glib;
 use gst::prelude::*;
 use gst_check::Harness;
 use gstomnitts::element_common::messages;
-use reference_util::fixture_model;
-
-/// A harness on `omnittssrc` (the tiny model unless `props` names one), greedy, with a bus;
-/// `props` are set in order (an enum by its nick).
-fn harness(props: &[(&str, glib::SendValue)]) -> (Harness, gst::Bus) {
-    init();
-    let h = Harness::new("omnittssrc");
-    let e = h.element().expect("element");
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
-    e.set_property("model", fixture_model("tiny-customvoice"));
-    e.set_property("do-sample", false);
-    for (k, val) in props {
-        set(&e, k, val);
-    }
-    (h, bus)
-}
 
 /// Pulls every buffer until EOS (panics on a failed pull) and returns the samples.
 fn pull_samples(h: &mut Harness) -> Vec<f32> {

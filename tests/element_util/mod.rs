@@ -172,6 +172,25 @@ pub fn set(e: &gst::Element, name: &str, value: &glib::Value) {
     }
 }
 
+/// A harness around an `omnittssrc` on the tiny CustomVoice fixture, greedy, with a bus of its
+/// own, and `props` set in order (with [`set`]). Returns the harness and the bus.
+pub fn harness(props: &[(&str, glib::SendValue)]) -> (gst_check::Harness, gst::Bus) {
+    init();
+    let h = gst_check::Harness::new("omnittssrc");
+    let e = h.element().expect("element");
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    e.set_property(
+        "model",
+        crate::reference_util::fixture_model("tiny-customvoice"),
+    );
+    e.set_property("do-sample", false);
+    for (k, val) in props {
+        set(&e, k, val);
+    }
+    (h, bus)
+}
+
 /// Starts an `omnittssrc` on `model` with `props` (set in order, after `model`) to PAUSED; expects
 /// the state change to fail and returns the error messages posted.
 pub fn start_error(model: &str, props: &[(&str, glib::SendValue)]) -> Vec<String> {
