@@ -389,7 +389,32 @@ fn property_round_trip() {
                 .unwrap()
         }),
         ("shared-engine", false.to_value()),
+        ("server", "http://gpu-host:8091".to_value()),
+        (
+            "server-model",
+            "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice".to_value(),
+        ),
+        ("server-protocol", {
+            let t = glib::Type::from_name("GstOmniTtsServerProtocol").unwrap();
+            glib::EnumClass::with_type(t)
+                .unwrap()
+                .to_value_by_nick("sse")
+                .unwrap()
+        }),
+        ("server-retries", 5u32.to_value()),
+        ("server-timeout", 7u32.to_value()),
     ];
+    // Write-only: the API key is set, never read back.
+    let write_only = ["server-api-key"];
+    for name in write_only {
+        let pspec = e.find_property(name).unwrap();
+        assert!(pspec.flags().contains(glib::ParamFlags::WRITABLE), "{name}");
+        assert!(
+            !pspec.flags().contains(glib::ParamFlags::READABLE),
+            "{name}"
+        );
+        e.set_property(name, "sk-test");
+    }
     let read_only = [
         "available-speakers",
         "available-languages",
@@ -404,6 +429,7 @@ fn property_round_trip() {
         .collect();
     let mut covered: Vec<String> = cases.iter().map(|(k, _)| k.to_string()).collect();
     covered.extend(read_only.iter().map(|s| s.to_string()));
+    covered.extend(write_only.iter().map(|s| s.to_string()));
     let mut a = own.clone();
     a.sort();
     covered.sort();

@@ -1,7 +1,11 @@
 //! The remote backend against a loopback vLLM-Omni speech server (tests/speech_server) that
-//! synthesises with omnitts' own engine on the tiny CustomVoice fixture: the samples, frames and
-//! finish reasons of both stream forms, and every fault the server can inject.
+//! synthesises with omnitts' own engine on the tiny CustomVoice fixture: first the client
+//! ([`SpeechClient`]) — the samples, frames and finish reasons of both stream forms, and every
+//! fault the server can inject — then `omnittssrc server=...`, which must give what the element
+//! gives synthesising locally with the same checkpoint: the same samples (S16 quantisation
+//! aside), frames, timestamps and messages, and for each fault the error or finish reason.
 
+mod element_util;
 mod engine_common;
 mod reference_util;
 mod speech_server;
@@ -57,6 +61,17 @@ fn error_of(reason: &FinishReason) -> &str {
         FinishReason::Error(e) => e,
         other => panic!("expected an error, got {other:?}"),
     }
+}
+
+/// A loopback URL nothing listens on (a port bound, then released).
+fn dead_endpoint() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", l.local_addr().unwrap())
+}
+
+/// The tiny CustomVoice checkpoint the server synthesises with, for the element's local runs.
+fn tiny_model() -> String {
+    reference_util::fixture_model("tiny-customvoice")
 }
 
 fn assert_completed(reason: &FinishReason) {
@@ -132,10 +147,7 @@ fn probe_lists_models_and_voices_and_checks_the_model_name() {
 
 #[test]
 fn connection_refused_and_dns_failures_name_the_server() {
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", l.local_addr().unwrap())
-    };
+    let dead = dead_endpoint();
     let c = client(&dead, |_| {});
     let e = c.probe().unwrap_err();
     assert!(matches!(e, RemoteError::Connect { .. }), "{e:?}");
@@ -329,4 +341,725 @@ fn the_api_key_goes_in_the_authorization_header_only() {
     let (_, reason, _) = run(&c, request("x", StreamProtocol::Pcm));
     assert!(error_of(&reason).contains("HTTP 401"));
     assert!(!error_of(&reason).contains(key));
+}
+
+// ---------------------------------------------------------------------------------------------
+// omnittssrc server=...
+
+use element_util::{
+    assert_names, drain, element_messages, errors, init, pts_of, serial, start_must_fail,
+    wait_element_message,
+};
+use gst::prelude::*;
+use gst_check::Harness;
+use gstomnitts::element_common::messages;
+
+/// The voice settings both paths get: the same utterance locally and on the server.
+fn voice_props() -> Vec<(&'static str, gst::glib::Value)> {
+    vec![
+        ("speaker", "ryan".to_value()),
+        ("language", "english".to_value()),
+        ("seed", 7u64.to_value()),
+        ("max-new-tokens", 40u32.to_value()),
+    ]
+}
+
+/// A harness on `omnittssrc` with a bus and `props`; `caps` the sink caps (`None`: F32LE).
+fn harness(props: &[(&str, gst::glib::Value)], caps: Option<&str>) -> (Harness, gst::Bus) {
+    init();
+    let mut h = Harness::new("omnittssrc");
+    let e = h.element().expect("element");
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    for (k, v) in props {
+        let pspec = e
+            .find_property(k)
+            .unwrap_or_else(|| panic!("no property {k}"));
+        match v.get::<&str>() {
+            // Enums by their nick.
+            Ok(nick) if pspec.value_type() != String::static_type() => {
+                e.set_property_from_str(k, nick)
+            }
+            _ => e.set_property_from_value(k, v),
+        }
+    }
+    if let Some(c) = caps {
+        h.set_sink_caps_str(c);
+    }
+    (h, bus)
+}
+
+fn pull_all(h: &mut Harness) -> Vec<gst::Buffer> {
+    let mut out = Vec::new();
+    loop {
+        match h.pull_until_eos() {
+            Ok(Some(b)) => out.push(b),
+            Ok(None) => return out,
+            Err(e) => panic!("pull failed after {} buffers: {e}", out.len()),
+        }
+    }
+}
+
+/// Checks offsets, PTS and durations of `bufs` (contiguous from 0, DISCONT first) with `bytes`
+/// per sample; returns the raw bytes.
+fn timeline(bufs: &[gst::Buffer], bytes: usize) -> Vec<u8> {
+    let mut n = 0u64;
+    let mut data = Vec::new();
+    for (i, b) in bufs.iter().enumerate() {
+        let len = (b.size() / bytes) as u64;
+        assert!(
+            len > 0 && b.size() % bytes == 0,
+            "buffer {i}: size {}",
+            b.size()
+        );
+        assert_eq!(b.offset(), n, "buffer {i}: offset");
+        assert_eq!(b.offset_end(), n + len, "buffer {i}: offset_end");
+        assert_eq!(b.pts(), Some(pts_of(n)), "buffer {i}: pts");
+        assert_eq!(
+            b.duration(),
+            Some(pts_of(n + len) - pts_of(n)),
+            "buffer {i}"
+        );
+        assert_eq!(
+            b.flags().contains(gst::BufferFlags::DISCONT),
+            i == 0,
+            "buffer {i}"
+        );
+        data.extend_from_slice(&b.map_readable().unwrap());
+        n += len;
+    }
+    data
+}
+
+/// Runs `props` to EOS: the output bytes (timeline checked), the done messages, the bus errors.
+fn run_element(
+    props: &[(&str, gst::glib::Value)],
+    caps: Option<&str>,
+    bytes: usize,
+) -> (Vec<u8>, Vec<gst::Structure>, Vec<String>) {
+    let (mut h, bus) = harness(props, caps);
+    h.play();
+    let data = timeline(&pull_all(&mut h), bytes);
+    let msgs = drain(&bus);
+    (data, element_messages(&msgs, messages::DONE), errors(&msgs))
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn field<'a, T: gst::glib::value::FromValue<'a>>(s: &'a gst::Structure, f: &str) -> T {
+    s.get::<T>(f)
+        .unwrap_or_else(|e| panic!("{}: field {f}: {e}", s.name()))
+}
+
+const S16_CAPS: &str = "audio/x-raw,format=S16LE,rate=24000,channels=1,layout=interleaved";
+
+#[test]
+fn the_element_gives_the_local_samples_frames_and_timestamps_through_the_server() {
+    let s = server();
+    let text = ("text", "Hello there. This is the second one.".to_value());
+    let split = ("split-sentences", "true".to_value());
+    let mut local = voice_props();
+    local.extend([
+        ("model", tiny_model().to_value()),
+        text.clone(),
+        split.clone(),
+    ]);
+    let (want_f32, want_done, errs) = run_element(&local, None, 4);
+    assert!(errs.is_empty(), "{errs:?}");
+    assert_eq!(want_done.len(), 2, "two sentences, two utterances");
+    let (want_s16, _, _) = run_element(&local, Some(S16_CAPS), 2);
+    let want = f32s(&want_f32);
+    for protocol in ["pcm", "sse"] {
+        let mut remote = voice_props();
+        remote.extend([("server", s.url.to_value()), text.clone(), split.clone()]);
+        let (mut h, bus) = harness(&remote, None);
+        h.element()
+            .unwrap()
+            .set_property_from_str("server-protocol", protocol);
+        h.play();
+        let got = f32s(&timeline(&pull_all(&mut h), 4));
+        let msgs = drain(&bus);
+        assert!(errors(&msgs).is_empty(), "{protocol}: {:?}", errors(&msgs));
+        assert_eq!(got.len(), want.len(), "{protocol}: samples");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            // The server's 16-bit samples: within half a step of the engine's floats.
+            assert!(
+                (g - w).abs() <= 0.5 / 32767.0 + 1e-6,
+                "{protocol}: sample {i}: {g} vs {w}"
+            );
+        }
+        let done = element_messages(&msgs, messages::DONE);
+        assert_eq!(done.len(), 2, "{protocol}");
+        for (d, w) in done.iter().zip(&want_done) {
+            for f in ["frames", "samples", "pts", "duration"] {
+                assert_eq!(field::<u64>(d, f), field::<u64>(w, f), "{protocol}: {f}");
+            }
+            assert_eq!(
+                field::<&str>(d, "reason"),
+                field::<&str>(w, "reason"),
+                "{protocol}"
+            );
+            assert!(field::<f64>(d, "ttfa-ms") > 0.0 && field::<f64>(d, "rtf") > 0.0);
+        }
+        assert_eq!(element_messages(&msgs, messages::STARTED).len(), 2);
+        assert_eq!(element_messages(&msgs, messages::FIRST_AUDIO).len(), 2);
+        // S16LE: the server's integers, which are the local element's S16 output.
+        let (mut h, _) = harness(&remote, Some(S16_CAPS));
+        h.element()
+            .unwrap()
+            .set_property_from_str("server-protocol", protocol);
+        h.play();
+        let got_s16 = timeline(&pull_all(&mut h), 2);
+        assert!(got_s16 == want_s16, "{protocol}: S16LE output differs");
+    }
+    let sent = s.speech_requests();
+    assert_eq!(sent.len(), 8);
+    let body = sent[0].body.as_ref().unwrap();
+    assert_eq!(body["input"], "Hello there.");
+    assert_eq!(body["voice"], "ryan");
+    assert_eq!(body["language"], "English");
+    assert_eq!(body["seed"], 7);
+    assert_eq!(body["max_new_tokens"], 40);
+    assert_eq!(sent[4].body.as_ref().unwrap()["stream_format"], "sse");
+}
+
+/// A second served model: the tiny Base checkpoint, for voice cloning.
+const BASE_MODEL: &str = "Qwen/Qwen3-TTS-12Hz-tiny-Base";
+
+static BASE_ENGINE: LazyLock<Arc<Engine>> = LazyLock::new(|| {
+    Arc::new(engine_common::load(
+        "tiny-base",
+        engine_common::config(|_| {}),
+    ))
+});
+
+/// Writes a 1.5 s voice-like 24 kHz float WAV (a 140 Hz tone and its harmonics, swelling).
+fn reference_wav(dir: &element_util::TempDir) -> String {
+    let path = dir.path().join("ref.wav");
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 24_000,
+        bits_per_sample: 32,
+        sample_format: hound::SampleFormat::Float,
+    };
+    let mut w = hound::WavWriter::create(&path, spec).unwrap();
+    for i in 0..36_000 {
+        let t = i as f32 / 24_000.0;
+        let env = (std::f32::consts::PI * t / 1.5).sin();
+        let x: f32 = (1..=4)
+            .map(|k| (2.0 * std::f32::consts::PI * 140.0 * k as f32 * t).sin() / k as f32)
+            .sum();
+        w.write_sample(0.3 * env * x).unwrap();
+    }
+    w.finalize().unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn voice_cloning_through_the_server_speaks_as_the_local_element() {
+    let _serial = serial();
+    let s = SpeechServer::start(BASE_ENGINE.clone(), BASE_MODEL);
+    let dir = element_util::TempDir::new("remote-clone");
+    let wav = reference_wav(&dir);
+    for x_vector_only in [false, true] {
+        let mut props = vec![
+            ("ref-audio", wav.to_value()),
+            ("ref-text", "A reference recording.".to_value()),
+            ("x-vector-only", x_vector_only.to_value()),
+            ("seed", 7u64.to_value()),
+            ("max-new-tokens", 30u32.to_value()),
+            ("text", "Hello in that voice.".to_value()),
+        ];
+        let mut local = props.clone();
+        local.push((
+            "model",
+            reference_util::fixture_model("tiny-base").to_value(),
+        ));
+        let (want, want_done, errs) = run_element(&local, None, 4);
+        assert!(errs.is_empty(), "{errs:?}");
+        props.push(("server", s.url.to_value()));
+        let (got, done, errs) = run_element(&props, None, 4);
+        assert!(errs.is_empty(), "x-vector-only={x_vector_only}: {errs:?}");
+        let (got, want) = (f32s(&got), f32s(&want));
+        assert!(!want.is_empty());
+        assert_eq!(got.len(), want.len(), "x-vector-only={x_vector_only}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 0.5 / 32767.0 + 1e-6,
+                "x-vector-only={x_vector_only}: sample {i}: {g} vs {w}"
+            );
+        }
+        assert_eq!(
+            field::<u64>(&done[0], "frames"),
+            field::<u64>(&want_done[0], "frames")
+        );
+    }
+    let sent = s.speech_requests();
+    assert_eq!(sent.len(), 2);
+    let body = sent[0].body.as_ref().unwrap();
+    assert_eq!(body["task_type"], "Base");
+    assert_eq!(body["ref_text"], "A reference recording.");
+    assert_eq!(body["x_vector_only_mode"], false);
+    assert!(
+        body["ref_audio"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("data:audio/wav;base64,")),
+        "{body}"
+    );
+    assert_eq!(sent[1].body.as_ref().unwrap()["x_vector_only_mode"], true);
+    // A reference the server could not use is refused at start, naming ref-audio.
+    let silent = dir.path().join("silent.wav");
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 24_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(&silent, spec).unwrap();
+    for _ in 0..24_000 {
+        w.write_sample(0i16).unwrap();
+    }
+    w.finalize().unwrap();
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    e.set_property("server", &s.url);
+    e.set_property("ref-audio", silent.to_str().unwrap());
+    e.set_property("x-vector-only", true);
+    e.set_property("text", "Hello.");
+    assert_names(&start_must_fail(&e, "silent"), &["ref-audio", "silent"]);
+}
+
+#[test]
+fn the_server_voices_are_the_available_speakers() {
+    let s = server();
+    let (mut h, _) = harness(
+        &[("server", s.url.to_value()), ("text", "Hi.".to_value())],
+        None,
+    );
+    h.play();
+    let e = h.element().unwrap();
+    let speakers: String = e.property("available-speakers");
+    assert!(speakers.split(',').any(|v| v == "ryan"), "{speakers}");
+    assert_eq!(e.property::<u64>("voice-clone-encodes"), 0);
+    pull_all(&mut h);
+}
+
+#[test]
+fn properties_without_a_request_field_are_refused() {
+    let s = server();
+    init();
+    for (property, value) in [
+        ("temperature", 0.5f64.to_value()),
+        ("do-sample", false.to_value()),
+        ("top-k", 5u32.to_value()),
+        ("chunk-frames", 4u32.to_value()),
+        ("model", tiny_model().to_value()),
+        ("ar-device", "cpu".to_value()),
+        ("stage-config", "configs/qwen3_tts.yaml".to_value()),
+    ] {
+        let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+        e.set_property("server", &s.url);
+        e.set_property("text", "Hello.");
+        e.set_property_from_value(property, &value);
+        let errs = start_must_fail(&e, property);
+        assert_names(&errs, &[property, "server"]);
+    }
+    // Set while playing: the next text is refused in stream order, naming the property.
+    let (mut h, bus) = harness(
+        &[("server", s.url.to_value()), ("text", "First.".to_value())],
+        None,
+    );
+    let (pad, probe) = element_util::play_holding_first_buffer(&mut h);
+    let e = h.element().unwrap();
+    e.set_property("top-p", 0.5f64);
+    assert!(!e.emit_by_name::<bool>("push-text", &[&"Second."]));
+    pad.remove_probe(probe);
+    pull_all(&mut h);
+    let errs = errors(&drain(&bus));
+    assert_names(&errs, &["top-p", "server"]);
+}
+
+#[test]
+fn an_unusable_server_fails_the_state_change() {
+    init();
+    let dead = dead_endpoint();
+    let plain = server();
+    let https = plain.url.replace("http://", "https://");
+    for (url, words) in [
+        (dead.as_str(), vec!["cannot connect", dead.as_str()]),
+        (
+            "http://omnitts-no-such-host.invalid:8091",
+            vec!["cannot resolve", "omnitts-no-such-host.invalid"],
+        ),
+        (https.as_str(), vec!["TLS error"]),
+        ("gpu-host:8091", vec!["server", "gpu-host:8091", "scheme"]),
+    ] {
+        let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+        e.set_property("server", url);
+        e.set_property("text", "Hello.");
+        let errs = start_must_fail(&e, url);
+        assert_names(&errs, &words);
+    }
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    e.set_property("server", &plain.url);
+    e.set_property("server-model", "not-served");
+    e.set_property("text", "Hello.");
+    assert_names(&start_must_fail(&e, "server-model"), &["not-served", MODEL]);
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    e.set_property("server", &plain.url);
+    e.set_property("speaker", "zoe");
+    e.set_property("text", "Hello.");
+    assert_names(&start_must_fail(&e, "speaker"), &["speaker", "zoe", "ryan"]);
+}
+
+/// Plays `texts` (one utterance each, pushed before start) through the server with `props`;
+/// returns the done
+/// messages, the errors and the samples output (timeline checked).
+fn run_texts(
+    s: &SpeechServer,
+    props: &[(&str, gst::glib::Value)],
+    texts: &[&str],
+) -> (Vec<gst::Structure>, Vec<String>, u64) {
+    let mut all = voice_props();
+    all.push(("server", s.url.to_value()));
+    all.extend(props.iter().cloned());
+    let (mut h, bus) = harness(&all, None);
+    let e = h.element().unwrap();
+    // Queued before start: an utterance that fails without audio must not end the stream.
+    for t in texts {
+        assert!(e.emit_by_name::<bool>("push-text", &[t]));
+    }
+    h.play();
+    let data = timeline(&pull_all(&mut h), 4);
+    let msgs = drain(&bus);
+    (
+        element_messages(&msgs, messages::DONE),
+        errors(&msgs),
+        (data.len() / 4) as u64,
+    )
+}
+
+fn reason(d: &gst::Structure) -> &str {
+    field::<&str>(d, "reason")
+}
+
+#[test]
+fn a_server_error_ends_the_utterance_and_the_next_one_is_tried() {
+    let _serial = serial();
+    let s = server();
+    s.fault(Fault::Status {
+        status: 400,
+        body: r#"{"error":{"message":"Invalid voice 'zz'","type":"BadRequestError","param":null,"code":400}}"#.into(),
+    });
+    s.fault(Fault::Status {
+        status: 500,
+        body: "out of memory".into(),
+    });
+    let (done, errs, samples) = run_texts(&s, &[], &["One.", "Two.", "Three."]);
+    assert_eq!(done.len(), 3);
+    assert_eq!(reason(&done[0]), "error");
+    assert!(field::<&str>(&done[0], "error").contains("Invalid voice 'zz'"));
+    assert_eq!(reason(&done[1]), "error");
+    assert_names(&errs, &["utterance 1", "HTTP 400", "Invalid voice 'zz'"]);
+    assert_names(&errs, &["utterance 2", "HTTP 500", "out of memory"]);
+    assert!(
+        matches!(reason(&done[2]), "eos" | "length"),
+        "{:?}",
+        done[2]
+    );
+    assert_eq!(samples, field::<u64>(&done[2], "samples"));
+    assert!(samples > 0);
+}
+
+#[test]
+fn a_server_gone_after_start_fails_the_next_utterance_and_keeps_the_audio() {
+    let _serial = serial();
+    let s = server();
+    let url = s.url.clone();
+    let mut props = voice_props();
+    props.extend([("server", url.to_value()), ("text", "First.".to_value())]);
+    let (mut h, bus) = harness(&props, None);
+    let (pad, probe) = element_util::play_holding_first_buffer(&mut h);
+    // The first utterance streams on its open connection; nothing listens for the second.
+    drop(s);
+    let e = h.element().unwrap();
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Second."]));
+    pad.remove_probe(probe);
+    let t0 = Instant::now();
+    let samples = (timeline(&pull_all(&mut h), 4).len() / 4) as u64;
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    let msgs = drain(&bus);
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!(done.len(), 2, "{done:?}");
+    assert!(
+        matches!(reason(&done[0]), "eos" | "length"),
+        "{:?}",
+        done[0]
+    );
+    assert_eq!(reason(&done[1]), "error");
+    assert_eq!(field::<u64>(&done[1], "samples"), 0);
+    assert!(
+        field::<&str>(&done[1], "error").contains("cannot connect"),
+        "{:?}",
+        done[1]
+    );
+    // Every sample of the first utterance came out before the second failed.
+    assert_eq!(samples, field::<u64>(&done[0], "samples"));
+    assert!(samples > 0);
+    assert_names(
+        &errors(&msgs),
+        &["utterance 2", "cannot connect", url.as_str()],
+    );
+}
+
+#[test]
+fn a_busy_server_is_retried_up_to_server_retries() {
+    let _serial = serial();
+    let s = server();
+    s.fault(Fault::Busy);
+    s.fault(Fault::Busy);
+    s.fault(Fault::Busy);
+    let (done, errs, _) = run_texts(
+        &s,
+        &[("server-retries", 1u32.to_value())],
+        &["One.", "Two."],
+    );
+    assert_eq!(reason(&done[0]), "error");
+    assert_names(&errs, &["HTTP 503", "queue is full", "after 1 retry"]);
+    // The third 503 is retried once more, then the second utterance speaks.
+    assert!(
+        matches!(reason(&done[1]), "eos" | "length"),
+        "{:?}",
+        done[1]
+    );
+    assert_eq!(s.speech_requests().len(), 4);
+}
+
+#[test]
+fn a_stream_cut_off_keeps_its_audio_and_the_next_utterance_is_tried() {
+    let _serial = serial();
+    let s = server();
+    for protocol in ["pcm", "sse"] {
+        s.fault(Fault::CutOff { chunks: 1 });
+        let (done, errs, samples) = run_texts(
+            &s,
+            &[("server-protocol", protocol.to_value())],
+            &["Cut off.", "Whole."],
+        );
+        assert_eq!(reason(&done[0]), "error", "{protocol}");
+        // The first chunk (one frame) was received and output.
+        assert_eq!(field::<u64>(&done[0], "samples"), 1920, "{protocol}");
+        assert_eq!(field::<u64>(&done[0], "frames"), 1, "{protocol}");
+        assert_names(&errs, &["utterance 1"]);
+        assert!(matches!(reason(&done[1]), "eos" | "length"), "{protocol}");
+        assert_eq!(
+            samples,
+            1920 + field::<u64>(&done[1], "samples"),
+            "{protocol}: both utterances' audio, back to back"
+        );
+    }
+    s.fault(Fault::SseError {
+        chunks: 1,
+        message: "CUDA out of memory".into(),
+    });
+    let (done, errs, _) = run_texts(&s, &[("server-protocol", "sse".to_value())], &["Fail."]);
+    assert_eq!(reason(&done[0]), "error");
+    assert_eq!(field::<u64>(&done[0], "samples"), 1920);
+    assert_names(&errs, &["CUDA out of memory"]);
+}
+
+#[test]
+fn a_wrong_content_type_or_rate_fails_the_utterance() {
+    let _serial = serial();
+    let s = server();
+    s.fault(Fault::ContentType("audio/pcm; rate=16000".into()));
+    s.fault(Fault::ContentType("audio/mpeg".into()));
+    let (done, errs, _) = run_texts(&s, &[], &["One.", "Two.", "Three."]);
+    assert_eq!(reason(&done[0]), "error");
+    assert_eq!(field::<u64>(&done[0], "samples"), 0);
+    assert_names(&errs, &["16000 Hz", "24000 Hz"]);
+    assert_names(&errs, &["unexpected content type", "audio/mpeg"]);
+    assert!(matches!(reason(&done[2]), "eos" | "length"));
+}
+
+#[test]
+fn a_stalled_server_times_out_and_null_during_a_stall_returns_within_a_second() {
+    let _serial = serial();
+    let s = server();
+    s.fault(Fault::Stall { chunks: 1 });
+    let (done, errs, _) = run_texts(&s, &[("server-timeout", 1u32.to_value())], &["Stall."]);
+    assert_eq!(reason(&done[0]), "error");
+    assert_eq!(field::<u64>(&done[0], "samples"), 1920);
+    assert_names(&errs, &["sent nothing for 1.0 s", "server-timeout"]);
+
+    for how in ["null", "cancel"] {
+        s.fault(Fault::Stall { chunks: 1 });
+        let mut props = voice_props();
+        props.push(("server", s.url.to_value()));
+        props.push(("text", "Stall.".to_value()));
+        let (mut h, bus) = harness(&props, None);
+        h.play();
+        h.pull().expect("the first chunk's audio");
+        let closed = s.closed().len();
+        let t0 = Instant::now();
+        if how == "null" {
+            h.element().unwrap().set_state(gst::State::Null).unwrap();
+        } else {
+            assert!(h.element().unwrap().emit_by_name::<bool>("cancel", &[]));
+            let mut seen = Vec::new();
+            let d = wait_element_message(&bus, messages::DONE, Duration::from_secs(1), &mut seen)
+                .expect("done message within a second of cancel");
+            assert_eq!(reason(&d), "cancelled");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "{how} took {:?}",
+            t0.elapsed()
+        );
+        while s.closed().len() == closed {
+            assert!(
+                t0.elapsed() < Duration::from_secs(1),
+                "{how}: connection still open"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        drop(h);
+    }
+}
+
+#[test]
+fn the_api_key_is_sent_and_never_shown() {
+    let _serial = serial();
+    let key = "sk-omnitts-element-0123456789";
+    let s = server();
+    s.require_key(key);
+    // The element's debug category exists once an element has logged (a property set).
+    init();
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    e.set_property("text", "x");
+    drop(e);
+    // Everything the element logs, at every level.
+    let log = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = log.clone();
+    let cat = gst::DebugCategory::get("omnittssrc").expect("category");
+    let before = cat.threshold();
+    cat.set_threshold(gst::DebugLevel::Memdump);
+    let f = gst::log::add_log_function(move |cat, _level, _file, _func, _line, _obj, msg| {
+        if cat.name() == "omnittssrc" {
+            sink.lock()
+                .unwrap()
+                .push(msg.get().map(|m| m.to_string()).unwrap_or_default());
+        }
+    });
+    gst::log::set_active(true);
+    let (done, errs, samples) = run_texts(&s, &[("server-api-key", key.to_value())], &["Secret."]);
+    gst::log::remove_log_function(f);
+    cat.set_threshold(before);
+    assert!(errs.is_empty(), "{errs:?}");
+    assert!(samples > 0 && matches!(reason(&done[0]), "eos" | "length"));
+    for r in s.received() {
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Bearer {key}").as_str())
+        );
+    }
+    let log = log.lock().unwrap();
+    assert!(
+        log.iter().any(|l| l.contains("server-api-key")),
+        "the setter logs its name"
+    );
+    assert!(!log.iter().any(|l| l.contains(key)), "key in the log");
+    for d in &done {
+        assert!(!d.to_string().contains(key));
+    }
+    // Set while playing: refused (NULL/READY only) with a warning that shows no key.
+    let mut props = voice_props();
+    props.extend([
+        ("server", s.url.to_value()),
+        ("server-api-key", key.to_value()),
+        ("text", "Secret.".to_value()),
+    ]);
+    let (mut h, bus) = harness(&props, None);
+    let (pad, probe) = element_util::play_holding_first_buffer(&mut h);
+    let other = "sk-omnitts-other-9876543210";
+    h.element().unwrap().set_property("server-api-key", other);
+    pad.remove_probe(probe);
+    pull_all(&mut h);
+    let warned = element_util::warnings(&drain(&bus));
+    assert_names(&warned, &["server-api-key", "NULL or READY"]);
+    assert!(!warned.iter().any(|w| w.contains(other) || w.contains(key)));
+    drop(h);
+    // Without it the server's refusal fails the start, without showing a key.
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    e.set_property("server", &s.url);
+    e.set_property("text", "Hello.");
+    let errs = start_must_fail(&e, "no key");
+    assert_names(&errs, &["HTTP 401", "invalid API key"]);
+    assert!(!errs.iter().any(|m| m.contains(key)));
+    // Write-only: it cannot be read back.
+    let pspec = e.find_property("server-api-key").unwrap();
+    assert!(!pspec.flags().contains(gst::glib::ParamFlags::READABLE));
+}
+
+#[test]
+fn live_mode_keeps_its_latency_gap_silence_and_audio() {
+    let _serial = serial();
+    let s = server();
+    let mut props = voice_props();
+    props.extend([
+        ("server", s.url.to_value()),
+        ("text", "Live.".to_value()),
+        ("is-live", true.to_value()),
+    ]);
+    let (mut h, bus) = harness(&props, None);
+    h.use_systemclock();
+    h.play();
+    assert_eq!(h.query_latency(), Some(gst::ClockTime::from_mseconds(80)));
+    let mut audio = Vec::new();
+    let mut n = 0u64;
+    let mut seen = Vec::new();
+    let t0 = Instant::now();
+    let mut base = None;
+    let mut take = |b: gst::Buffer, audio: &mut Vec<f32>| {
+        assert_eq!(b.offset(), n);
+        // Live: the PTS runs from the running time of the first buffer.
+        let base = *base.get_or_insert(b.pts().unwrap());
+        assert_eq!(b.pts(), Some(base + pts_of(n)));
+        n = b.offset_end();
+        if !b.flags().contains(gst::BufferFlags::GAP) {
+            audio.extend(f32s(&b.map_readable().unwrap()));
+        }
+    };
+    while element_messages(&seen, messages::DONE).is_empty() {
+        take(h.pull().expect("live buffer"), &mut audio);
+        while let Some(m) = bus.pop() {
+            seen.push(m);
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no done message");
+    }
+    // The done message is posted by the create() after the last audio: everything before is queued.
+    while h.buffers_in_queue() > 0 {
+        take(h.pull().expect("live buffer"), &mut audio);
+    }
+    let done = &element_messages(&seen, messages::DONE)[0];
+    assert!(matches!(reason(done), "eos" | "length"), "{done:?}");
+    assert_eq!(audio.len() as u64, field::<u64>(done, "samples"));
+    // The audio is the non-live run's (underruns only insert GAP silence).
+    let mut local = voice_props();
+    local.extend([
+        ("model", tiny_model().to_value()),
+        ("text", "Live.".to_value()),
+    ]);
+    let (want, _, _) = run_element(&local, None, 4);
+    let want = f32s(&want);
+    assert_eq!(audio.len(), want.len());
+    for (i, (g, w)) in audio.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 0.5 / 32767.0 + 1e-6, "sample {i}");
+    }
+    // Then GAP silence keeps the clock going.
+    let b = h.pull().expect("live buffer");
+    assert!(b.flags().contains(gst::BufferFlags::GAP));
 }

@@ -4,6 +4,8 @@
 //! ```text
 //! properties ─► SynthesisSettings ─► load (engine, ModelInfo, VoiceCloner) ─► build_request ─► EngineRequest
 //!                                                                               (voice_clone: the reference)
+//!            └ server set: ServerSettings ─► server_load (probe) ─► server_request ─► SpeechRequest
+//!                                                                  (ref_audio: the reference as a data URL)
 //! Engine audio ─► audio (caps, sample timeline, buffers) ─► messages (per utterance) / progress (loading)
 //! ```
 //!
@@ -20,9 +22,15 @@
 //!   the default `model`, the bundled voice, is found;
 //! - [`audio`]: the output caps, the sample ↔ time mapping and the output buffers;
 //! - [`messages`], [`progress`]: the bus messages per utterance and around model loading;
-//! - [`input_error`]: how a rejected property value is reported.
+//! - [`input_error`]: how a rejected property value is reported;
+//! - [`server`], [`server_load`], [`server_request`]: the same through a speech server
+//!   ([`crate::remote`]) instead of a local engine: its properties, the probe at start, settings +
+//!   text → speech request;
+//! - [`backend`]: what the worker synthesises with, the engine or the server, behind one
+//!   request / handle / cancel.
 
 pub mod audio;
+pub(crate) mod backend;
 pub(crate) mod bundled_voice;
 pub mod hub;
 pub(crate) mod input_error;
@@ -32,6 +40,9 @@ pub(crate) mod progress;
 pub(crate) mod properties;
 pub mod ref_audio;
 pub(crate) mod request;
+pub(crate) mod server;
+pub(crate) mod server_load;
+pub(crate) mod server_request;
 pub(crate) mod settings;
 pub(crate) mod voice_clone;
 pub(crate) mod voice_warnings;

@@ -257,17 +257,18 @@ pub(crate) fn model_info_param_specs() -> Vec<glib::ParamSpec> {
     ]
 }
 
-/// The value of a [`model_info_param_specs`] property; `loaded` is `None` before start.
-/// `None` for any other name.
+/// The value of a [`model_info_param_specs`] property; `loaded` is `None` before start, its
+/// engine `None` with a server (which encodes the references itself). `None` for any other name.
 pub(crate) fn model_info_property(
     name: &str,
-    loaded: Option<(&ModelInfo, &Engine)>,
+    loaded: Option<(&ModelInfo, Option<&Engine>)>,
 ) -> Option<glib::Value> {
     Some(match name {
         "available-speakers" => loaded.map(|(info, _)| info.speakers.join(",")).to_value(),
         "available-languages" => loaded.map(|(info, _)| info.languages.join(",")).to_value(),
         "voice-clone-encodes" => loaded
-            .map_or(0, |(_, engine)| engine.voice_clone_stats().encodes)
+            .and_then(|(_, engine)| engine)
+            .map_or(0, |engine| engine.voice_clone_stats().encodes)
             .to_value(),
         _ => return None,
     })
@@ -286,13 +287,18 @@ pub(crate) fn refuse_ready_only(
         return false;
     }
     let name = pspec.name();
+    // A write-only value (the API key) is not shown.
+    let shown = match pspec.flags().contains(glib::ParamFlags::READABLE) {
+        true => format!("{value:?}"),
+        false => "the new value".to_string(),
+    };
     gst::element_warning!(
         element,
         gst::CoreError::StateChange,
         (
-            "property '{name}' can only be changed in the NULL or READY state; {:?} \
-             ignored, the element keeps its current value",
-            value
+            "property '{name}' can only be changed in the NULL or READY state; {} ignored, the \
+             element keeps its current value",
+            shown
         )
     );
     true

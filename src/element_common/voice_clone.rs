@@ -7,7 +7,9 @@
 use std::sync::Arc;
 
 use crate::engine::{Engine, EngineError};
-use crate::models::qwen3_tts::{MAX_REF_AUDIO_SAMPLES, ModelVariant, VoiceClonePrompt};
+use crate::models::qwen3_tts::{
+    MAX_REF_AUDIO_SAMPLES, ModelError, ModelVariant, VoiceClonePrompt, check_reference_audio,
+};
 
 use super::input_error::{InputError, input_error};
 use super::ref_audio::decode_ref_audio;
@@ -91,7 +93,7 @@ pub(crate) struct VoiceCloner {
 }
 
 impl VoiceCloner {
-    /// The 24 kHz mono samples of `location`.
+    /// The 24 kHz mono samples of `location` (decoded again only for another location).
     fn samples(&mut self, location: &str) -> Result<Arc<[f32]>, InputError> {
         if let Some((l, s)) = &self.decoded
             && l == location
@@ -102,6 +104,20 @@ impl VoiceCloner {
             .map_err(|e| input_error("ref-audio", location, e.to_string()))?
             .into();
         self.decoded = Some((location.to_string(), samples.clone()));
+        Ok(samples)
+    }
+
+    /// The samples of `location` checked as a reference (for a speech server, which gets the
+    /// recording itself). Errors name `ref-audio`: unreadable or not audio, too short / too long
+    /// (0.5 s / 60 s), silent.
+    pub fn checked_samples(&mut self, location: &str) -> Result<Arc<[f32]>, InputError> {
+        let samples = self.samples(location)?;
+        check_reference_audio(&samples).map_err(|e| match e {
+            ModelError::InvalidRequest { value, msg, .. } => {
+                input_error("ref-audio", location, format!("{msg}; it has {value}"))
+            }
+            other => input_error("ref-audio", location, other.to_string()),
+        })?;
         Ok(samples)
     }
 

@@ -13,17 +13,17 @@ use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 
 use crate::element_common::audio::{self, RATE, SampleFormat, pts_of};
+use crate::element_common::backend::{Ready, Requests, prepare};
 use crate::element_common::input_error::{InputError, input_error};
-use crate::element_common::load::{Loaded, load, sharing};
+use crate::element_common::load::sharing;
 use crate::element_common::properties::{
     model_info_param_specs, model_info_property, refuse_ready_only, synthesis_param_specs,
 };
-use crate::element_common::request::{ModelInfo, checked_request};
+use crate::element_common::request::ModelInfo;
+use crate::element_common::server::{ServerSettings, server_param_specs};
 use crate::element_common::settings::SynthesisSettings;
-use crate::element_common::voice_clone::VoiceCloner;
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::element_common::{messages, progress};
-use crate::engine::SharedEngine;
 use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
 
 use super::CAT;
@@ -38,10 +38,12 @@ const DEFAULT_IS_LIVE: bool = false;
 /// Back-pressure bound between the engine and `create()`: 10 s of audio.
 const MAX_QUEUED_SAMPLES: usize = 10 * RATE as usize;
 
-/// Property values: the synthesis properties every omnitts element has, and this element's own.
+/// Property values: the synthesis properties every omnitts element has, the server ones, and
+/// this element's own.
 #[derive(Debug, Clone)]
 struct Settings {
     synthesis: SynthesisSettings,
+    server: ServerSettings,
     text: Option<String>,
     samples_per_buffer: u32,
     is_live: bool,
@@ -52,6 +54,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             synthesis: SynthesisSettings::default(),
+            server: ServerSettings::default(),
             text: None,
             samples_per_buffer: DEFAULT_SAMPLES_PER_BUFFER,
             is_live: DEFAULT_IS_LIVE,
@@ -79,15 +82,14 @@ impl Settings {
 
 /// Exists between start() and stop().
 struct Runtime {
-    /// Shared with the worker, which submits the utterances.
-    engine: Arc<SharedEngine>,
+    /// Builds the utterances' requests (for the engine, whose share it holds, or the server)
+    /// when text is queued; the worker submits them.
+    requests: Arc<Requests>,
     shared: Arc<Shared>,
     worker: Option<std::thread::JoinHandle<()>>,
     info: ModelInfo,
     /// When `split-sentences=auto` splits a text, for the loaded checkpoint.
     auto_split: AutoSplit,
-    /// Turns `ref-audio` into voice-clone prompts when text is queued (Base checkpoints).
-    cloner: Arc<Mutex<VoiceCloner>>,
     /// The voice warnings posted since start.
     warned: Arc<WarnOnce>,
     /// Live mode: the latency reported downstream (the first chunk's duration, at least one
@@ -156,7 +158,7 @@ impl OmniTtsSrc {
     /// Returns false when the text is refused, with an element error that names the property
     /// and value: at once before start, and while running in stream order, after the audio of
     /// the utterances queued before it (none of which is lost). Running, the request is checked
-    /// completely here ([`checked_request`]: a new `ref-audio` is decoded and encoded before
+    /// completely here ([`Requests::checked`]: a new `ref-audio` is decoded and encoded before
     /// this returns).
     fn push_text(&self, text: &str) -> bool {
         let settings = self.settings();
@@ -171,12 +173,11 @@ impl OmniTtsSrc {
             state.early_texts.push(text.to_string());
             return true;
         };
-        let (shared, info, auto_split, engine, cloner, warned) = (
+        let (shared, info, auto_split, requests, warned) = (
             rt.shared.clone(),
             rt.info.clone(),
             rt.auto_split,
-            rt.engine.clone(),
-            rt.cloner.clone(),
+            rt.requests.clone(),
             rt.warned.clone(),
         );
         // Live: spoken at the running time it arrives.
@@ -186,7 +187,8 @@ impl OmniTtsSrc {
             .utterance_texts(text, auto_split)
             .into_iter()
             .map(|piece| {
-                checked_request(&settings.synthesis, &info, &engine, &cloner, &piece)
+                requests
+                    .checked(&settings.synthesis, &info, &piece)
                     .map(|request| (piece, Ok(request)))
             })
             .collect();
@@ -329,6 +331,7 @@ impl ObjectImpl for OmniTtsSrc {
                 .build(),
             ];
             props.extend(synthesis_param_specs());
+            props.extend(server_param_specs());
             props.extend([
                 glib::ParamSpecUInt::builder("samples-per-buffer")
                     .nick("Samples per buffer")
@@ -390,7 +393,12 @@ impl ObjectImpl for OmniTtsSrc {
             return;
         }
         let mut s = lock(&self.settings);
-        gst::debug!(CAT, imp = self, "set {name} = {value:?}");
+        if pspec.flags().contains(glib::ParamFlags::READABLE) {
+            gst::debug!(CAT, imp = self, "set {name} = {value:?}");
+        } else {
+            // Write-only: the API key, never logged.
+            gst::debug!(CAT, imp = self, "set {name}");
+        }
         match name {
             "text" => {
                 let t: Option<String> = value.get().expect("type checked upstream");
@@ -407,7 +415,7 @@ impl ObjectImpl for OmniTtsSrc {
             "is-live" => s.is_live = value.get().expect("type checked upstream"),
             "split-sentences" => s.split_sentences = value.get().expect("type checked upstream"),
             other => {
-                if !s.synthesis.set_property(other, value) {
+                if !s.synthesis.set_property(other, value) && !s.server.set_property(other, value) {
                     gst::warning!(CAT, imp = self, "unknown property {other}");
                 }
             }
@@ -422,12 +430,19 @@ impl ObjectImpl for OmniTtsSrc {
             "is-live" => s.is_live.to_value(),
             "split-sentences" => s.split_sentences.to_value(),
             other => {
-                if let Some(v) = s.synthesis.property(other) {
+                if let Some(v) = s
+                    .synthesis
+                    .property(other)
+                    .or_else(|| s.server.property(other))
+                {
                     return v;
                 }
                 drop(s);
                 let state = lock(&self.state);
-                let loaded = state.runtime.as_ref().map(|rt| (&rt.info, &**rt.engine));
+                let loaded = state
+                    .runtime
+                    .as_ref()
+                    .map(|rt| (&rt.info, rt.requests.engine().map(|e| &***e)));
                 if let Some(v) = model_info_property(other, loaded) {
                     return v;
                 }
@@ -549,20 +564,30 @@ impl BaseSrcImpl for OmniTtsSrc {
         }
         let element = self.element();
         let model = &settings.synthesis.model;
-        progress::post_start(&element, "load", &format!("loading model {model}"));
+        let (loading, failed) = match settings.server.url() {
+            Some(url) => (format!("connecting to server {url}"), "server check failed"),
+            None => (format!("loading model {model}"), "model loading failed"),
+        };
+        progress::post_start(&element, "load", &loading);
         let t0 = Instant::now();
-        let Loaded {
-            engine,
+        let Ready {
+            backend,
+            requests,
             info,
-            cloner,
-        } = load(&element, *CAT, &settings.synthesis, live).inspect_err(|_| {
-            progress::post_error(&element, "load", "model loading failed");
-        })?;
+        } = prepare(&element, *CAT, &settings.synthesis, &settings.server, live).inspect_err(
+            |_| {
+                progress::post_error(&element, "load", failed);
+            },
+        )?;
         let load_ms = t0.elapsed().as_secs_f64() * 1000.0;
-        let auto_split = AutoSplit::for_checkpoint(&info.dir, info.base_sampling.max_new_tokens)
-            .map_err(|e| {
+        let max_new_tokens = info.base_sampling.max_new_tokens;
+        let auto_split = match requests.server() {
+            // No checkpoint directory here: the threshold by frames.
+            Some(_) => AutoSplit::by_frames(max_new_tokens),
+            None => AutoSplit::for_checkpoint(&info.dir, max_new_tokens).map_err(|e| {
                 gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
-            })?;
+            })?,
+        };
         let first_chunk = pts_of((info.first_chunk_frames * info.samples_per_frame) as u64);
         let latency = first_chunk.max(pts_of(settings.samples_per_buffer as u64));
         let live_latency = live.then_some(latency);
@@ -578,42 +603,53 @@ impl BaseSrcImpl for OmniTtsSrc {
             texts.push(t);
         }
         texts.extend(early);
-        let (cloner, warned) = (Arc::new(Mutex::new(cloner)), Arc::new(WarnOnce::default()));
+        let warned = Arc::new(WarnOnce::default());
         for text in texts
             .iter()
             .flat_map(|t| settings.utterance_texts(t, auto_split))
         {
-            let request = checked_request(&settings.synthesis, &info, &engine, &cloner, &text)
+            let request = requests
+                .checked(&settings.synthesis, &info, &text)
                 .map_err(|e| e.to_error_msg())?;
             self.warn_voice(&warned, &settings.synthesis, &info);
             shared.lock().queue(text, Ok(request), 0);
         }
-        let worker = runtime::spawn_worker(engine.clone(), shared.clone(), element.downgrade())
-            .map_err(|e| {
+        let worker =
+            runtime::spawn_worker(backend, shared.clone(), element.downgrade()).map_err(|e| {
                 gst::error_msg!(
                     gst::ResourceError::Failed,
                     ("could not start the worker thread: {}", e)
                 )
             })?;
-        let sharing = sharing(&engine, settings.synthesis.shared_engine);
-        let ready = format!(
-            "omnittssrc: model '{}' ready ({}; {:?}; {} speakers; {}; ready in {:.0} ms; live latency {} ms)",
-            model,
-            info.dir.display(),
-            info.variant,
-            info.speakers.len(),
-            sharing,
-            load_ms,
-            latency.mseconds()
-        );
+        let ready = match &*requests {
+            Requests::Remote { target, .. } => format!(
+                "omnittssrc: server '{}' ready (model '{}'; {} voices; checked in {:.0} ms; live \
+                 latency {} ms)",
+                target.url,
+                info.model,
+                info.speakers.len(),
+                load_ms,
+                latency.mseconds()
+            ),
+            Requests::Local { engine, .. } => format!(
+                "omnittssrc: model '{}' ready ({}; {:?}; {} speakers; {}; ready in {:.0} ms; live \
+                 latency {} ms)",
+                model,
+                info.dir.display(),
+                info.variant,
+                info.speakers.len(),
+                sharing(engine, settings.synthesis.shared_engine),
+                load_ms,
+                latency.mseconds()
+            ),
+        };
         gst::info!(CAT, imp = self, "{ready}");
         lock(&self.state).runtime = Some(Runtime {
-            engine,
+            requests,
             shared,
             worker: Some(worker),
             info,
             auto_split,
-            cloner,
             warned,
             live_latency,
             started: Instant::now(),
@@ -648,7 +684,11 @@ impl BaseSrcImpl for OmniTtsSrc {
             }
             // The worker has let go of the engine: dropping the last reference joins its stages.
             drop(rt);
-            gst::debug!(CAT, imp = self, "stopped: worker joined, engine dropped");
+            gst::debug!(
+                CAT,
+                imp = self,
+                "stopped: worker joined, engine share or server client dropped"
+            );
         }
         Ok(())
     }

@@ -1,19 +1,20 @@
 //! The element's run-time half: the queue shared by `create()` (consumer), the text inputs
 //! (`text` / `push-text`, producers of utterances) and the worker thread that drives the
-//! [`Engine`](crate::engine::Engine).
+//! [`Backend`]: the [`Engine`](crate::engine::Engine), or a speech server.
 //!
 //! ```text
-//! push-text ─► pending (utterances) ─► worker ─► Engine::submit ─► events ─► Output (items, bounded) ─► create()
+//! push-text ─► pending (utterances) ─► worker ─► Backend::submit ─► events ─► Output (items, bounded) ─► create()
 //! ```
 //!
 //! [`Output`] decides what each `create()` returns; this file keeps the text and the worker.
 //!
-//! Requests arrive complete (voice-clone prompt included) and checked; the worker submits them
-//! in order. A text refused when it was queued travels as its error, so that the error is posted
-//! in stream order, after the audio of the text queued before it.
+//! Requests arrive complete (the reference voice included: locally the voice-clone prompt, for a
+//! server the recording as a data URL) and checked; the worker submits them in order. A text
+//! refused when it was queued travels as its error, so that the error is posted in stream order,
+//! after the audio of the text queued before it.
 //!
 //! One mutex ([`Inner`]) and one condvar guard everything; every state change calls
-//! `notify_all`. The worker never holds the lock while talking to the engine, and `create()`
+//! `notify_all`. The worker never holds the lock while talking to the backend, and `create()`
 //! never holds it while posting bus messages (a synchronous bus handler may call back into the
 //! element).
 
@@ -25,10 +26,9 @@ use std::time::{Duration, Instant};
 use gst::glib;
 use gst::prelude::*;
 
+use crate::element_common::backend::{Backend, Cancel, Request};
 use crate::element_common::messages::{Refusal, UtteranceDone};
-use crate::engine::{
-    Canceller, Engine, EngineEvent, EngineRequest, FinishReason, Metrics, SharedEngine,
-};
+use crate::engine::{EngineEvent, FinishReason, Metrics};
 
 use super::CAT;
 use super::output::{Item, Notice, Output, Step, Upstream};
@@ -39,9 +39,10 @@ pub(super) struct Utterance {
     pub id: u64,
     /// The text as given (for bus messages).
     pub text: String,
-    /// What the engine will be asked to do, or why the text was refused when it was queued: the
-    /// refusal is then posted in stream order, after the audio of the utterances queued before it.
-    pub request: Result<EngineRequest, String>,
+    /// What the engine or the server will be asked to do, or why the text was refused when it
+    /// was queued: the refusal is then posted in stream order, after the audio of the utterances
+    /// queued before it.
+    pub request: Result<Request, String>,
     /// Live mode: the sample position (stream sample counter) the text arrived at; speech is
     /// scheduled there, or right after the previous utterance. 0 in non-live mode.
     pub start_pos: u64,
@@ -57,8 +58,8 @@ pub(super) struct Inner {
     /// Live mode: the `start_pos` of the utterance the worker is submitting (its Started item
     /// is not queued yet).
     busy_start: Option<u64>,
-    /// Cancels the engine request in flight.
-    canceller: Option<Canceller>,
+    /// Cancels the request in flight.
+    canceller: Option<Cancel>,
     /// Bumped by flush and `cancel`: work of an older epoch is discarded.
     epoch: u64,
     /// BaseSrc `unlock()` is in effect: `create()` returns FLUSHING.
@@ -137,7 +138,7 @@ impl Inner {
     pub fn queue(
         &mut self,
         text: String,
-        request: Result<EngineRequest, String>,
+        request: Result<Request, String>,
         start_pos: u64,
     ) -> &Utterance {
         let id = self.next_id;
@@ -166,7 +167,7 @@ impl Inner {
         self.worker_busy || !self.pending.is_empty() || self.output.busy()
     }
 
-    /// Drops all queued text and audio, cancels the engine request in flight and retires the
+    /// Drops all queued text and audio, cancels the request in flight and retires the
     /// current utterance; returns its done message (the caller's to post).
     pub fn discard_all(&mut self, samples_per_frame: usize) -> Option<UtteranceDone> {
         self.epoch += 1;
@@ -273,8 +274,8 @@ impl Inner {
         None
     }
 
-    /// The engine accepted the utterance; false when it is no longer wanted.
-    fn start(&mut self, epoch: u64, canceller: Canceller, item: Item) -> bool {
+    /// The backend accepted the utterance; false when it is no longer wanted.
+    fn start(&mut self, epoch: u64, canceller: Cancel, item: Item) -> bool {
         self.busy_start = None;
         if !self.is_current(epoch) {
             return false;
@@ -298,15 +299,15 @@ impl Inner {
     }
 }
 
-/// How long the worker waits on the engine between checks of the stop/cancel flags.
+/// How long the worker waits on the backend between checks of the stop/cancel flags.
 const POLL: Duration = Duration::from_millis(20);
 /// How long the worker waits for a cancelled request to report Finished before giving up on it.
 const CANCEL_GRACE: Duration = Duration::from_secs(10);
 
-/// Spawns the worker. It holds a reference to the engine until it exits, which happens on
-/// `shutdown`.
+/// Spawns the worker. It holds the backend (a reference to the engine, or the server's client)
+/// until it exits, which happens on `shutdown`.
 pub(super) fn spawn_worker(
-    engine: Arc<SharedEngine>,
+    backend: Backend,
     shared: Arc<Shared>,
     element: glib::WeakRef<gst::Element>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
@@ -314,7 +315,7 @@ pub(super) fn spawn_worker(
         .name("omnitts-worker".into())
         .spawn(move || {
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                worker_loop(&engine, &shared, &element)
+                worker_loop(&backend, &shared, &element)
             }));
             if let Err(panic) = run {
                 let what = panic
@@ -329,11 +330,11 @@ pub(super) fn spawn_worker(
             }
             // The element's stop() drops the element's share; the engine's last share joins its
             // stage threads.
-            drop(engine);
+            drop(backend);
         })
 }
 
-fn worker_loop(engine: &Engine, shared: &Shared, element: &glib::WeakRef<gst::Element>) {
+fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::Element>) {
     loop {
         // Take the next utterance.
         let (utt, epoch) = {
@@ -355,7 +356,7 @@ fn worker_loop(engine: &Engine, shared: &Shared, element: &glib::WeakRef<gst::El
             start_pos,
         } = utt;
         gst::debug!(CAT, "worker: submitting utterance {id}: {text:?}");
-        let submitted = request.and_then(|r| engine.submit(r).map_err(|e| e.to_string()));
+        let submitted = request.and_then(|r| backend.submit(r));
         let handle = match submitted {
             Ok(h) => h,
             Err(error) => {
@@ -402,7 +403,8 @@ fn worker_loop(engine: &Engine, shared: &Shared, element: &glib::WeakRef<gst::El
                 Err(RecvTimeoutError::Disconnected) => {
                     // The engine dropped the request without Finished.
                     let reason = FinishReason::Error(
-                        "the engine stopped without finishing the utterance".into(),
+                        "the engine or the server request stopped without finishing the utterance"
+                            .into(),
                     );
                     shared.lock().push(
                         epoch,

@@ -74,12 +74,20 @@ impl AutoSplit {
     /// `max_new_tokens / FRAMES_PER_CHAR_BOUND`, whichever is smaller. Errs on an unreadable
     /// or malformed hints file.
     pub fn for_checkpoint(dir: &Path, max_new_tokens: usize) -> Result<Self, HintsError> {
-        let by_frames = max_new_tokens / FRAMES_PER_CHAR_BOUND;
+        let by_frames = Self::by_frames(max_new_tokens).above_chars;
         let above_chars = match read_hint(&dir.join(HINTS_FILE))? {
             Some(asked) => asked.min(by_frames),
             None => by_frames,
         };
         Ok(AutoSplit { above_chars })
+    }
+
+    /// The threshold without a checkpoint to read hints from (a speech server's model):
+    /// `max_new_tokens / FRAMES_PER_CHAR_BOUND`.
+    pub fn by_frames(max_new_tokens: usize) -> Self {
+        AutoSplit {
+            above_chars: max_new_tokens / FRAMES_PER_CHAR_BOUND,
+        }
     }
 
     /// Whether `mode` splits `text` into sentences.

@@ -809,7 +809,7 @@ impl ObjectImpl for OmniTtsSynth {
                 }
                 drop(s);
                 let rt = lock(&self.runtime);
-                let loaded = rt.as_ref().map(|rt| (&rt.info, &**rt.engine));
+                let loaded = rt.as_ref().map(|rt| (&rt.info, Some(&**rt.engine)));
                 model_info_property(other, loaded).unwrap_or_else(|| {
                     gst::warning!(CAT, imp = self, "unknown property {other}");
                     pspec.default_value().clone()

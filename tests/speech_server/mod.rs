@@ -6,7 +6,8 @@
 //! The request fields are mapped the way vLLM-Omni's Qwen3-TTS builder maps them
 //! (serving_speech.py `_build_tts_params`): `voice` → speaker, `language` (`Auto` = none),
 //! `instructions` → instruct, `non_streaming_mode` → prompt mode, `max_new_tokens`, `seed`,
-//! `initial_codec_chunk_frames`; sampling otherwise the engine's defaults. Samples go out as
+//! `initial_codec_chunk_frames`, `ref_audio` (a WAV data URL) / `ref_text` / `x_vector_only_mode` →
+//! the engine's voice-clone prompt; sampling otherwise the engine's defaults. Samples go out as
 //! libsndfile writes PCM_16: `x * 32767` rounded (here after clamping to [-1, 1]).
 #![allow(dead_code)]
 
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use gstomnitts::engine::{Engine, EngineEvent, EngineRequest};
-use gstomnitts::models::qwen3_tts::{PromptMode, VoiceRequest};
+use gstomnitts::models::qwen3_tts::{PromptMode, VoiceClonePrompt, VoiceRequest};
 
 /// What the server does with the next speech request.
 #[derive(Debug, Clone)]
@@ -314,7 +315,40 @@ pub fn engine_request(engine: &Engine, body: &serde_json::Value) -> Result<Engin
         .get("initial_codec_chunk_frames")
         .and_then(|v| v.as_u64())
         .map(|v| v as usize);
+    if let Some(url) = s("ref_audio") {
+        let samples = data_url_samples(&url).map_err(|e| format!("ref_audio: {e}"))?;
+        let x_vector_only = body
+            .get("x_vector_only_mode")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let prompt = engine
+            .voice_clone_prompt(&samples, s("ref_text").as_deref(), x_vector_only)
+            .map_err(|e| e.to_string())?;
+        req.voice.voice_clone = Some(VoiceClonePrompt::clone(&prompt));
+        req.voice.speaker = None;
+    }
     Ok(req)
+}
+
+/// The 24 kHz samples of a `data:audio/wav;base64,…` reference (as vLLM-Omni decodes it).
+fn data_url_samples(url: &str) -> Result<Vec<f32>, String> {
+    let b64 = url
+        .strip_prefix("data:audio/wav;base64,")
+        .ok_or("expected a base64 WAV data URL")?;
+    let wav = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| e.to_string())?;
+    let mut r = hound::WavReader::new(std::io::Cursor::new(wav)).map_err(|e| e.to_string())?;
+    let spec = r.spec();
+    if spec.sample_rate != 24_000 || spec.channels != 1 {
+        return Err(format!(
+            "{} Hz, {} channels",
+            spec.sample_rate, spec.channels
+        ));
+    }
+    r.samples::<f32>()
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())
 }
 
 /// The server's PCM_16 bytes of `samples`.

@@ -54,4 +54,6 @@ pub use prefill::PendingSession;
 pub use prompt::{CodecPart, Prompt, PromptRow, ResolvedRequest, VoiceClonePrompt};
 pub use request::{PromptMode, SamplingParams, VoiceRequest};
 pub use session::{ArSession, ArStep, FinishReason, StepTiming};
-pub use voice_clone::{MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES, SILENT_REF_PEAK};
+pub use voice_clone::{
+    MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES, SILENT_REF_PEAK, check_reference_audio,
+};

@@ -12,6 +12,52 @@ pub const MAX_REF_AUDIO_SAMPLES: usize = 60 * 24_000;
 /// A reference whose peak |sample| is below this (−60 dBFS) is rejected as silent.
 pub const SILENT_REF_PEAK: f32 = 1e-3;
 
+/// Checks reference audio (mono samples at 24 kHz) as [`ArModel::create_voice_clone_prompt`]
+/// needs it. Errors ([`ModelError::InvalidRequest`], field `ref_audio`): shorter than
+/// [`MIN_REF_AUDIO_SAMPLES`] (0.5 s) or longer than [`MAX_REF_AUDIO_SAMPLES`] (60 s), a
+/// non-finite sample, silent (peak below [`SILENT_REF_PEAK`], −60 dBFS).
+pub fn check_reference_audio(audio_24k: &[f32]) -> Result<(), ModelError> {
+    let bad = |value: String, msg: String| ModelError::InvalidRequest {
+        field: "ref_audio".into(),
+        value,
+        msg,
+    };
+    let n = audio_24k.len();
+    let secs = |n: usize| n as f64 / 24_000.0;
+    if n < MIN_REF_AUDIO_SAMPLES {
+        return Err(bad(
+            format!("{n} samples ({:.2} s)", secs(n)),
+            format!(
+                "reference audio too short (at least {MIN_REF_AUDIO_SAMPLES} samples = {:.1} s at 24 kHz)",
+                secs(MIN_REF_AUDIO_SAMPLES)
+            ),
+        ));
+    }
+    if n > MAX_REF_AUDIO_SAMPLES {
+        return Err(bad(
+            format!("{n} samples ({:.2} s)", secs(n)),
+            format!(
+                "reference audio too long (at most {MAX_REF_AUDIO_SAMPLES} samples = {:.0} s at 24 kHz)",
+                secs(MAX_REF_AUDIO_SAMPLES)
+            ),
+        ));
+    }
+    if let Some(i) = audio_24k.iter().position(|x| !x.is_finite()) {
+        return Err(bad(
+            format!("sample {i} = {}", audio_24k[i]),
+            "non-finite sample".into(),
+        ));
+    }
+    let peak = audio_24k.iter().fold(0f32, |m, x| m.max(x.abs()));
+    if peak < SILENT_REF_PEAK {
+        return Err(bad(
+            format!("peak {peak:e}"),
+            format!("reference audio is silent (peak below {SILENT_REF_PEAK:e}, −60 dBFS)"),
+        ));
+    }
+    Ok(())
+}
+
 impl ArModel {
     /// Builds a voice-clone prompt from reference audio, like the reference wrapper's
     /// `create_voice_clone_prompt` (`inference/qwen3_tts_model.py`): the x-vector of the speaker
@@ -42,43 +88,7 @@ impl ArModel {
                 "voice cloning needs a Base checkpoint".into(),
             ));
         };
-        let n = audio_24k.len();
-        let secs = |n: usize| n as f64 / 24_000.0;
-        if n < MIN_REF_AUDIO_SAMPLES {
-            return Err(bad(
-                "ref_audio",
-                format!("{n} samples ({:.2} s)", secs(n)),
-                format!(
-                    "reference audio too short (at least {MIN_REF_AUDIO_SAMPLES} samples = {:.1} s at 24 kHz)",
-                    secs(MIN_REF_AUDIO_SAMPLES)
-                ),
-            ));
-        }
-        if n > MAX_REF_AUDIO_SAMPLES {
-            return Err(bad(
-                "ref_audio",
-                format!("{n} samples ({:.2} s)", secs(n)),
-                format!(
-                    "reference audio too long (at most {MAX_REF_AUDIO_SAMPLES} samples = {:.0} s at 24 kHz)",
-                    secs(MAX_REF_AUDIO_SAMPLES)
-                ),
-            ));
-        }
-        if let Some(i) = audio_24k.iter().position(|x| !x.is_finite()) {
-            return Err(bad(
-                "ref_audio",
-                format!("sample {i} = {}", audio_24k[i]),
-                "non-finite sample".into(),
-            ));
-        }
-        let peak = audio_24k.iter().fold(0f32, |m, x| m.max(x.abs()));
-        if peak < SILENT_REF_PEAK {
-            return Err(bad(
-                "ref_audio",
-                format!("peak {peak:e}"),
-                format!("reference audio is silent (peak below {SILENT_REF_PEAK:e}, −60 dBFS)"),
-            ));
-        }
+        check_reference_audio(audio_24k)?;
         let ref_text = ref_text.filter(|t| !t.trim().is_empty());
         if !x_vector_only && ref_text.is_none() {
             return Err(bad(
