@@ -4,6 +4,7 @@
 //! (this test binary run again for the `scenario` test), so each figure starts from a fresh heap.
 
 mod element_util;
+mod reference_util;
 
 use std::path::Path;
 use std::process::Command;
