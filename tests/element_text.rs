@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use element_util::{
     assert_names, drain, element_messages, errors, harness, init, play_holding_first_buffer,
-    rss_kib, start_must_fail, v,
+    rss_kib, serial, start_must_fail, v,
 };
 use gst::glib;
 use gst::prelude::*;
@@ -67,6 +67,7 @@ const LONG: &str = "It was a fine morning, and the rain had stopped at last. She
 /// longer ones (over the 100 characters its omnitts.json names) sentence by sentence.
 #[test]
 fn auto_splits_long_text_and_keeps_short_text_whole() {
+    let _serial = serial();
     init();
     let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
     assert_eq!(split_nick(&e), "auto");
@@ -116,6 +117,7 @@ fn auto_splits_long_text_and_keeps_short_text_whole() {
 /// and `false`, and `g_object_set (src, "split-sentences", TRUE, NULL)` from C.
 #[test]
 fn split_sentences_takes_booleans_from_gst_launch_and_g_object_set() {
+    let _serial = serial();
     init();
     for (value, nick) in [
         ("true", "true"),
@@ -156,6 +158,9 @@ fn split_sentences_takes_booleans_from_gst_launch_and_g_object_set() {
 /// error naming the limit and split-sentences.
 #[test]
 fn a_megabyte_of_text_streams_sentence_by_sentence() {
+    // Every test of this binary holds the lock: the memory bound reads the process's RSS, which
+    // a test running beside it would grow.
+    let _serial = serial();
     let sentence = "The quick brown fox jumps over the lazy dog by the river bank. ";
     let text = sentence.repeat((1 << 20) / sentence.len() + 1);
     assert!(text.len() >= 1 << 20);
@@ -235,6 +240,7 @@ fn a_megabyte_of_text_streams_sentence_by_sentence() {
 /// names and their codes.
 #[test]
 fn language_codes_are_aliases() {
+    let _serial = serial();
     for code in ["en", "EN", "zh", "De"] {
         let (samples, texts) = speak(&[
             ("text", v("Hello.")),
@@ -264,6 +270,7 @@ fn language_codes_are_aliases() {
 /// naming the property and the value, before start and while playing.
 #[test]
 fn text_without_letters_or_digits_is_refused() {
+    let _serial = serial();
     let (h, _) = harness(&[("text", v("?!... ***"))]);
     let errs = start_must_fail(&h.element().unwrap(), "punctuation only");
     assert_names(&errs, &["text", "'?!... ***'", "no letter or digit"]);
