@@ -107,7 +107,7 @@ fn run_streams(engines: &[SharedEngine], n: usize, frames: usize) -> Result<Vec<
     let handles: Vec<_> = (0..n)
         .map(|i| {
             let e = &engines[i % engines.len()];
-            e.submit(request(e, i, frames))
+            e.submit(request(e, i, frames)).map_err(anyhow::Error::from)
         })
         .collect::<Result<_, _>>()?;
     thread::scope(|s| {

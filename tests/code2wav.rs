@@ -747,8 +747,7 @@ fn non_finite_output_is_an_error() {
     let m = Code2Wav::load(&dir, &Device::Cpu).unwrap();
     let e = m
         .decode(&random_codes(2, 2))
-        .err()
-        .expect("NaN must be an error");
+        .expect_err("NaN must be an error");
     assert!(e.to_string().contains("not finite"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

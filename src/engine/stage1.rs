@@ -16,6 +16,9 @@ use super::stages::{guarded, panic_message};
 use super::{AudioChunk, DeviceSpec, EngineError, EngineEvent, FinishReason, Metrics};
 use crate::models::qwen3_tts::code2wav::{Code2Wav, Code2WavStream};
 
+/// A chunk's decode result: its samples or the error text, and the decode time charged to it.
+type Decoded = (Result<Vec<f32>, String>, Duration);
+
 /// What stage 1 reports after loading.
 pub(crate) struct DecInfo {
     pub sample_rate: u32,
@@ -264,13 +267,8 @@ impl<'c> DecStage<'c> {
     /// Decodes the ready chunks (`ready[k]` belongs to `active[ready[k].0]`), in `ready`'s order:
     /// the exact-streaming ones in one batched pass, the rest one by one. Each result comes with
     /// the decode time it is charged (a batched pass is charged to each of its requests).
-    fn decode_ready(
-        &self,
-        active: &mut [DecActive<'c>],
-        ready: &[(usize, Ready)],
-    ) -> Vec<(Result<Vec<f32>, String>, Duration)> {
-        let mut out: Vec<Option<(Result<Vec<f32>, String>, Duration)>> =
-            (0..ready.len()).map(|_| None).collect();
+    fn decode_ready(&self, active: &mut [DecActive<'c>], ready: &[(usize, Ready)]) -> Vec<Decoded> {
+        let mut out: Vec<Option<Decoded>> = (0..ready.len()).map(|_| None).collect();
         // The exact streams, batched.
         let exact: Vec<usize> = (0..ready.len())
             .filter(|&k| matches!(active[ready[k].0].state, DecState::Exact(_)))

@@ -732,7 +732,9 @@ mod tests {
 
     #[test]
     fn errors_name_the_field_and_the_value() {
-        let cases: Vec<(Box<dyn Fn(&mut Value)>, &str, &str)> = vec![
+        // (how the fixture's config is broken, the field named, the message).
+        type Case = (Box<dyn Fn(&mut Value)>, &'static str, &'static str);
+        let cases: Vec<Case> = vec![
             (
                 Box::new(|v| *v = json!([1, 2])),
                 "(root)",
