@@ -53,6 +53,33 @@ pub(crate) struct DecoderTiming {
 }
 
 impl Metrics {
+    /// The figures of an utterance seen from outside the engine when it was cut short (cancelled,
+    /// flushed): `samples` of audio out at `sample_rate` Hz, in frames of `samples_per_frame`,
+    /// first audio after `ttfa_ms`, wall time since `since`; RTF = wall / audio (0 without
+    /// audio). The per-stage figures stay 0.
+    pub fn seen(
+        samples: u64,
+        samples_per_frame: usize,
+        sample_rate: u32,
+        ttfa_ms: Option<f64>,
+        since: Instant,
+    ) -> Metrics {
+        let audio_ms = samples as f64 * 1e3 / sample_rate.max(1) as f64;
+        let wall_ms = ms(since.elapsed());
+        Metrics {
+            frames: (samples / samples_per_frame.max(1) as u64) as usize,
+            audio_ms,
+            ttfa_ms,
+            wall_ms,
+            rtf: if audio_ms > 0.0 {
+                wall_ms / audio_ms
+            } else {
+                0.0
+            },
+            ..Metrics::default()
+        }
+    }
+
     pub(crate) fn build(
         submitted: Instant,
         finished: Instant,

@@ -62,6 +62,7 @@ pub use registry::SharedEngine;
 use request::{AdmissionControl, RequestCore, RequestShared};
 use stage0::EncodeJob;
 pub use stages::CudaGraphs;
+pub(crate) use stages::panic_message;
 use stages::{LoadedInfo, Threads};
 use voice_clone::{CloneCache, CloneKey};
 

@@ -269,20 +269,13 @@ impl Output {
         self.items.clear();
         self.queued_samples = 0;
         let cur = self.current.take()?;
-        let audio_ms = cur.samples_out as f64 * 1000.0 / crate::element_common::audio::RATE as f64;
-        let wall_ms = cur.since.elapsed().as_secs_f64() * 1000.0;
-        let metrics = Metrics {
-            frames: (cur.samples_out / samples_per_frame.max(1) as u64) as usize,
-            audio_ms,
-            ttfa_ms: cur.ttfa_ms,
-            wall_ms,
-            rtf: if audio_ms > 0.0 {
-                wall_ms / audio_ms
-            } else {
-                0.0
-            },
-            ..Metrics::default()
-        };
+        let metrics = Metrics::seen(
+            cur.samples_out,
+            samples_per_frame,
+            crate::element_common::audio::RATE,
+            cur.ttfa_ms,
+            cur.since,
+        );
         Some(self.done(cur, FinishReason::Cancelled, metrics))
     }
 

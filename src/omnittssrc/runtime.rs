@@ -318,11 +318,7 @@ pub(super) fn spawn_worker(
                 worker_loop(&backend, &shared, &element)
             }));
             if let Err(panic) = run {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
+                let what = crate::engine::panic_message(&*panic);
                 let mut inner = shared.lock();
                 inner.worker_failure = Some(what);
                 inner.worker_done();

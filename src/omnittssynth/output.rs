@@ -282,21 +282,13 @@ impl Output {
                     if report.speech > 0 || info.finish.is_some() {
                         let (reason, metrics) = info.finish.clone().unwrap_or_else(|| {
                             // Cut while its synthesis ran: what the element saw of it.
-                            let audio_ms = pts_of(report.speech).nseconds() as f64 / 1e6;
-                            let wall_ms = info.since.elapsed().as_secs_f64() * 1000.0;
-                            let metrics = Metrics {
-                                frames: (report.speech / self.samples_per_frame.max(1) as u64)
-                                    as usize,
-                                audio_ms,
-                                ttfa_ms: info.ttfa_ms,
-                                wall_ms,
-                                rtf: if audio_ms > 0.0 {
-                                    wall_ms / audio_ms
-                                } else {
-                                    0.0
-                                },
-                                ..Metrics::default()
-                            };
+                            let metrics = Metrics::seen(
+                                report.speech,
+                                self.samples_per_frame,
+                                crate::element_common::audio::RATE,
+                                info.ttfa_ms,
+                                info.since,
+                            );
                             (FinishReason::Cancelled, metrics)
                         });
                         let done = UtteranceDone {

@@ -77,11 +77,7 @@ fn worker_loop(
             synthesise(engine, cloner, shared, element, job)
         }));
         if let Err(panic) = run {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
+            let what = crate::engine::panic_message(&*panic);
             finish(
                 shared,
                 id,
