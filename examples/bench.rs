@@ -5,6 +5,9 @@
 //! cargo run --release --example bench
 //! # the real 0.6B CustomVoice shapes with random weights (written to a temp dir, ~2.5 GB)
 //! cargo run --release --example bench -- --random-weights --frames 24 --runs 2
+//! # weight forms side by side (docs/cpu.md), 1.7B shapes, greedy
+//! cargo run --release --example bench -- --only-random --size 1.7b --greedy \
+//!     --quantization none,q8_0,q4_k --modes batch
 //! # a real checkpoint
 //! cargo run --release --example bench -- --model-dir /path/to/Qwen3-TTS-12Hz-0.6B-CustomVoice
 //! ```
@@ -15,7 +18,7 @@
 //! configuration is run in async-chunk mode (exact streaming) and in batch mode. Prints a table and
 //! a JSON document (also written to `--json PATH`).
 //!
-//! `--random-weights` builds the real 0.6B CustomVoice layout (docs/qwen3-tts.md §1.3, §1.5, §8):
+//! `--random-weights` builds the real 0.6B (or `--size 1.7b`) CustomVoice layout (docs/qwen3-tts.md §1.3, §1.5, §8):
 //! it takes `config.json`, `generation_config.json`, the tokenizer files and
 //! `speech_tokenizer/{config,preprocessor_config}.json` of the tiny CustomVoice fixture, replaces
 //! the widths/depths by the real values, and writes `model.safetensors` (bf16) and
@@ -32,9 +35,10 @@ use anyhow::{Context, Result, bail, ensure};
 use candle_core::DType;
 use clap::Parser;
 use gstomnitts::engine::{
-    DeviceSpec, Engine, EngineOptions, EngineRequest, FinishReason, Metrics, StageConfig,
+    DTypeSpec, DeviceSpec, Engine, EngineOptions, EngineRequest, FinishReason, Metrics, StageConfig,
 };
 use gstomnitts::models::qwen3_tts::VoiceRequest;
+use gstomnitts::nn::QuantizationSpec;
 use random_checkpoint::{check_layout, decoder_layout, talker_layout, write_configs, write_seeded};
 use serde_json::{Value, json};
 
@@ -44,7 +48,7 @@ struct Args {
     /// Benchmark this checkpoint directory instead of the tiny fixtures.
     #[arg(long)]
     model_dir: Option<PathBuf>,
-    /// Also benchmark random weights in the real 0.6B CustomVoice shapes.
+    /// Also benchmark random weights in the real CustomVoice shapes of `--size`.
     #[arg(long)]
     random_weights: bool,
     /// Only the random-weight model (skip the tiny fixtures).
@@ -89,15 +93,56 @@ struct Args {
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Shapes of the random-weight checkpoint: 0.6b | 1.7b.
+    #[arg(long, default_value = "0.6b")]
+    size: String,
+    /// Stored forms of stage 0's linear weights to compare, comma-separated
+    /// (auto, none, q8_0, q4_k; `engine_args.quantization`), each loaded in turn.
+    #[arg(long, default_value = "auto")]
+    quantization: String,
+    /// Stage 0's activation dtype (`engine_args.dtype`: auto, float32, bfloat16).
+    #[arg(long, default_value = "auto")]
+    dtype: String,
+    /// Modes to run, comma-separated: async (exact streaming) and/or batch.
+    #[arg(long, default_value = "async,batch")]
+    modes: String,
+    /// Greedy decoding (talker and code predictor) instead of seeded sampling.
+    #[arg(long)]
+    greedy: bool,
 }
 
-/// Aggregated measurements of one (model, mode) configuration.
+/// Aggregated measurements of one (model, weight form, mode) configuration.
 struct Row {
     model: String,
-    mode: &'static str,
+    form: String,
+    mode: String,
     load_s: f64,
     runs: Vec<Metrics>,
     retries: usize,
+    /// The process's peak resident set from this configuration's load to its last run (MiB).
+    peak_rss_mib: f64,
+}
+
+/// Resets the kernel's peak-RSS mark of this process (`/proc/self/clear_refs`, Linux ≥ 4.0).
+fn reset_peak_rss() {
+    let _ = fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The peak resident set since the last [`reset_peak_rss`] (MiB; NaN off Linux).
+fn peak_rss_mib() -> f64 {
+    rss_mib("VmHWM:")
+}
+
+/// A memory line of `/proc/self/status` (`VmRSS:`, `VmHWM:`) in MiB; NaN off Linux.
+fn rss_mib(key: &str) -> f64 {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -121,7 +166,9 @@ impl Row {
     fn json(&self) -> Value {
         json!({
             "model": self.model,
+            "quantization": self.form,
             "mode": self.mode,
+            "peak_rss_mib": self.peak_rss_mib,
             "runs": self.runs.len(),
             "retries_after_eos": self.retries,
             "load_s": self.load_s,
@@ -144,16 +191,48 @@ impl Row {
 fn bench_model(args: &Args, name: &str, dir: &Path, voice: &VoiceRequest) -> Result<Vec<Row>> {
     let ar_device: DeviceSpec = args.ar_device.parse()?;
     let decoder_device: DeviceSpec = args.decoder_device.parse()?;
+    let dtype = DTypeSpec::parse(&args.dtype).with_context(|| format!("--dtype {}", args.dtype))?;
     let mut rows = Vec::new();
-    for mode in ["async", "batch"] {
-        let mut cfg = if mode == "async" {
-            StageConfig::default_async()
-        } else {
-            StageConfig::default_batch()
+    for form in args.quantization.split(',').map(str::trim) {
+        let quantization =
+            QuantizationSpec::parse(form).with_context(|| format!("--quantization {form}"))?;
+        for mode in args.modes.split(',').map(str::trim) {
+            rows.push(bench_config(
+                args,
+                name,
+                dir,
+                voice,
+                (ar_device, decoder_device),
+                (dtype, quantization),
+                mode,
+            )?);
+        }
+    }
+    Ok(rows)
+}
+
+/// Loads one engine (weight form, mode) and measures its runs.
+fn bench_config(
+    args: &Args,
+    name: &str,
+    dir: &Path,
+    voice: &VoiceRequest,
+    (ar_device, decoder_device): (DeviceSpec, DeviceSpec),
+    (dtype, quantization): (DTypeSpec, QuantizationSpec),
+    mode: &str,
+) -> Result<Row> {
+    {
+        let mut cfg = match mode {
+            "async" => StageConfig::default_async(),
+            "batch" => StageConfig::default_batch(),
+            other => bail!("--modes: unknown mode {other:?} (async | batch)"),
         };
         cfg.ar.guard.enabled = false;
+        cfg.ar.dtype = dtype;
+        cfg.ar.quantization = quantization;
         cfg.decoder.codec_chunk_frames = args.chunk;
         cfg.decoder.initial_codec_chunk_frames = args.initial_chunk;
+        reset_peak_rss();
         let t = Instant::now();
         let engine = Engine::load(EngineOptions {
             model_dir: dir.to_path_buf(),
@@ -164,8 +243,15 @@ fn bench_model(args: &Args, name: &str, dir: &Path, voice: &VoiceRequest) -> Res
         .with_context(|| format!("loading {}", dir.display()))?;
         let load_s = t.elapsed().as_secs_f64();
         eprintln!(
-            "{name} {mode}: loaded in {load_s:.1} s, CUDA graphs: {:?}",
-            engine.cuda_graphs()
+            "{name} {quantization} {mode}: loaded in {load_s:.1} s ({:.0} MiB resident), CUDA graphs: {:?}, weights: {}",
+            rss_mib("VmRSS:"),
+            engine.cuda_graphs(),
+            engine
+                .weight_forms()
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let mut voice = voice.clone();
         let speakers = engine.speakers();
@@ -178,18 +264,20 @@ fn bench_model(args: &Args, name: &str, dir: &Path, voice: &VoiceRequest) -> Res
         }
         let mut row = Row {
             model: name.to_string(),
-            mode,
+            form: quantization.to_string(),
+            mode: mode.to_string(),
             load_s,
             runs: Vec::new(),
             retries: 0,
+            peak_rss_mib: f64::NAN,
         };
         let mut seed = 1u64;
         // One warm-up run, then the measured ones.
         for i in 0..=args.runs {
             let metrics = loop {
                 let mut sampling = engine.default_sampling_params();
-                sampling.do_sample = true;
-                sampling.subtalker_do_sample = true;
+                sampling.do_sample = !args.greedy;
+                sampling.subtalker_do_sample = !args.greedy;
                 sampling.max_new_tokens = args.frames + 1;
                 sampling.seed = seed;
                 seed += 1;
@@ -205,7 +293,9 @@ fn bench_model(args: &Args, name: &str, dir: &Path, voice: &VoiceRequest) -> Res
                     FinishReason::Length => break metrics,
                     // Random weights stop at random: retry a short run with the next seed. A
                     // trained voice ends its sentence where it ends (--model-dir): measure that.
-                    FinishReason::Eos if row.retries < 20 && metrics.frames < args.frames / 2 => {
+                    FinishReason::Eos
+                        if !args.greedy && row.retries < 20 && metrics.frames < args.frames / 2 =>
+                    {
                         row.retries += 1;
                         continue;
                     }
@@ -227,21 +317,22 @@ fn bench_model(args: &Args, name: &str, dir: &Path, voice: &VoiceRequest) -> Res
                 row.runs.push(metrics);
             }
         }
-        rows.push(row);
+        row.peak_rss_mib = peak_rss_mib();
+        Ok(row)
     }
-    Ok(rows)
 }
 
 fn print_table(rows: &[Row], frames: usize) {
     println!();
     println!(
-        "| model | mode | frames | TTFA ms | prefill ms | AR ms/frame | decoder ms/frame | RTF | load s |"
+        "| model | quantization | mode | frames | TTFA ms | prefill ms | AR ms/frame | decoder ms/frame | RTF | load s | peak RSS MiB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} | {:.3} | {:.1} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.2} | {:.2} | {:.3} | {:.1} | {:.0} |",
             r.model,
+            r.form,
             r.mode,
             r.med(|m| m.frames as f64),
             r.med(|m| m.ttfa_ms.unwrap_or(f64::NAN)),
@@ -249,7 +340,8 @@ fn print_table(rows: &[Row], frames: usize) {
             r.med(|m| m.ar_ms_per_frame),
             r.med(|m| m.decoder_ms_per_frame),
             r.med(|m| m.rtf),
-            r.load_s
+            r.load_s,
+            r.peak_rss_mib
         );
     }
     println!(
@@ -258,10 +350,10 @@ fn print_table(rows: &[Row], frames: usize) {
     );
 }
 
-/// Builds the random 0.6B CustomVoice checkpoint in `dir` from the tiny fixture's files
-/// (`random_checkpoint.rs`), its values drawn on the CPU from fixed seeds.
-fn build_random_0b6(template: &Path, dir: &Path) -> Result<()> {
-    let (cfg, st) = write_configs("0.6b", template, dir)?;
+/// Builds a random CustomVoice checkpoint of `size` (0.6b | 1.7b) in `dir` from the tiny
+/// fixture's files (`random_checkpoint.rs`), its values drawn on the CPU from fixed seeds.
+fn build_random(size: &str, template: &Path, dir: &Path) -> Result<()> {
+    let (cfg, st) = write_configs(size, template, dir)?;
     let t = Instant::now();
     let talker = talker_layout(&cfg)?;
     let params: usize = talker
@@ -278,7 +370,7 @@ fn build_random_0b6(template: &Path, dir: &Path) -> Result<()> {
         2,
     )?;
     eprintln!(
-        "random 0.6B CustomVoice in {}: talker+code predictor {:.1} M params ({:.2} GB bf16), decoder {:.1} M params ({:.2} GB f32), written in {:.1} s",
+        "random {size} CustomVoice in {}: talker+code predictor {:.1} M params ({:.2} GB bf16), decoder {:.1} M params ({:.2} GB f32), written in {:.1} s",
         dir.display(),
         params as f64 / 1e6,
         bytes as f64 / 1e9,
@@ -333,12 +425,16 @@ fn main() -> Result<()> {
     }
     if args.random_weights || args.only_random {
         let dir = args.random_dir.clone().unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("omnitts-bench-0b6-{}", std::process::id()))
+            std::env::temp_dir().join(format!(
+                "omnitts-bench-{}-{}",
+                args.size,
+                std::process::id()
+            ))
         });
-        build_random_0b6(&fixtures.join("tiny-customvoice"), &dir)?;
+        build_random(&args.size, &fixtures.join("tiny-customvoice"), &dir)?;
         let r = bench_model(
             &args,
-            "random-0.6B-CustomVoice",
+            &format!("random-{}-CustomVoice", args.size),
             &dir,
             &voice(Some("vivian")),
         );

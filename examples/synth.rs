@@ -36,6 +36,7 @@ use gstomnitts::models::qwen3_tts::code2wav::{
 use gstomnitts::models::qwen3_tts::{
     ArModel, ArStep, Checkpoint, MAX_REF_AUDIO_SAMPLES, PromptMode, SamplingParams, VoiceRequest,
 };
+use gstomnitts::nn::QuantizationSpec;
 
 #[derive(Parser, Debug)]
 #[command(about = "Qwen3-TTS synthesis (stage 0 + codec decode)")]
@@ -70,6 +71,10 @@ struct Args {
     /// Compute dtype of the weights: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     dtype: String,
+    /// Stored form of the talker's and code predictor's linear weights: auto, none, q8_0 or
+    /// q4_k (`engine_args.quantization`, docs/cpu.md; quantized forms need the CPU and f32).
+    #[arg(long, default_value = "auto")]
+    quantization: String,
     /// `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -112,12 +117,20 @@ fn main() -> Result<()> {
     let dev = device(&args.device)?;
     let ckpt = Checkpoint::open(&args.model)?;
     let t0 = Instant::now();
-    let model = ArModel::load(&ckpt, &dev, dtype(&args.dtype)?)?;
+    let quantization = QuantizationSpec::parse(&args.quantization).with_context(|| {
+        format!(
+            "--quantization {:?} (auto | none | q8_0 | q4_k)",
+            args.quantization
+        )
+    })?;
+    let model = ArModel::load_with(&ckpt, &dev, dtype(&args.dtype)?, quantization)?;
+    let forms: Vec<String> = model.weight_forms().iter().map(|f| f.to_string()).collect();
     eprintln!(
-        "loaded {} ({}) in {:.2} s",
+        "loaded {} ({}) in {:.2} s; weights: {}",
         args.model.display(),
         model.variant(),
-        t0.elapsed().as_secs_f64()
+        t0.elapsed().as_secs_f64(),
+        forms.join(", ")
     );
 
     let mut sampling = SamplingParams::from_generation_config(&ckpt.generation);

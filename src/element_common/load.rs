@@ -59,12 +59,13 @@ pub(crate) fn sharing(engine: &SharedEngine, shared_engine: bool) -> String {
     }
 }
 
-/// The `stage-config` file, or the built-in configuration when unset; its warnings go to the bus.
+/// The `stage-config` file, or the built-in configuration when unset, with the `quantization`
+/// property applied; its warnings go to the bus.
 fn load_stage_config(
     element: &gst::Element,
     s: &SynthesisSettings,
 ) -> Result<StageConfig, gst::ErrorMessage> {
-    let (stage_config, warnings) = match s.stage_config.as_deref().map(str::trim) {
+    let (mut stage_config, warnings) = match s.stage_config.as_deref().map(str::trim) {
         Some(p) if !p.is_empty() => StageConfig::from_yaml_file(Path::new(p))
             .map_err(|e| input_error("stage-config", p, e.to_string()).to_error_msg())?,
         _ => (StageConfig::default_async(), Vec::new()),
@@ -75,6 +76,9 @@ fn load_stage_config(
             gst::ResourceError::Settings,
             ("stage-config '{}': {}", s.stage_config_name(), w)
         );
+    }
+    if let Some(q) = s.quantization.quantization() {
+        stage_config.ar.quantization = q;
     }
     Ok(stage_config)
 }
@@ -170,9 +174,15 @@ fn load_engine(
     gst::info!(
         cat,
         obj = element,
-        "engine {} ({} elements share it)",
+        "engine {} ({} elements share it); stage 0 weights: {}",
         if engine.loaded() { "loaded" } else { "joined" },
-        engine.users()
+        engine.users(),
+        engine
+            .weight_forms()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     Ok((Arc::new(engine), resolved.dir))
 }

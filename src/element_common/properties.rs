@@ -17,7 +17,7 @@ use super::bundled_voice;
 use super::request::ModelInfo;
 use super::settings::{
     DEFAULT_CHUNK_FRAMES, DEFAULT_INITIAL_CHUNK_FRAMES, DEFAULT_LANGUAGE, PromptModeSetting,
-    SAMPLING_DEFAULTS, SynthesisSettings,
+    QuantizationSetting, SAMPLING_DEFAULTS, SynthesisSettings,
 };
 
 /// Param specs of the model, stage config, device, voice, sampling and chunk properties, in the
@@ -59,6 +59,17 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .blurb(
                 "Device of stage 1 (Code2Wav decoder): cpu, cuda:N, or auto; unset: the \
                  stage config's runtime.devices (auto in the built-in one)",
+            )
+            .mutable_ready()
+            .build(),
+        glib::ParamSpecEnum::builder_with_default("quantization", QuantizationSetting::Auto)
+            .nick("Quantization")
+            .blurb(
+                "Stored form of stage 0's linear weights (talker and code predictor, not the \
+                 output heads): auto = the stage config's engine_args.quantization (auto in the \
+                 built-in one: int8 on the CPU where its fast kernels apply), none = dense \
+                 (reference parity), q8-0 = int8, q4-k = 4-bit; the quantized forms run on the \
+                 CPU only (docs/cpu.md)",
             )
             .mutable_ready()
             .build(),
@@ -320,6 +331,7 @@ impl SynthesisSettings {
             "ar-device" => s.ar_device = value.get().expect("type checked upstream"),
             "decoder-device" => s.decoder_device = value.get().expect("type checked upstream"),
             "shared-engine" => s.shared_engine = value.get().expect("type checked upstream"),
+            "quantization" => s.quantization = value.get().expect("type checked upstream"),
             "speaker" => s.speaker = value.get().expect("type checked upstream"),
             "language" => {
                 s.language = value
@@ -363,6 +375,7 @@ impl SynthesisSettings {
             "ar-device" => s.ar_device.to_value(),
             "decoder-device" => s.decoder_device.to_value(),
             "shared-engine" => s.shared_engine.to_value(),
+            "quantization" => s.quantization.to_value(),
             "speaker" => s.speaker.to_value(),
             "language" => s.language.to_value(),
             "instruct" => s.instruct.to_value(),
@@ -439,6 +452,7 @@ mod tests {
                 "stage-config",
                 "ar-device",
                 "decoder-device",
+                "quantization",
                 "shared-engine",
                 "initial-chunk-frames"
             ]

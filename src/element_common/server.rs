@@ -156,7 +156,7 @@ pub(crate) fn server_param_specs() -> Vec<glib::ParamSpec> {
                  <server>/v1/audio/speech; caps, timestamps and messages stay the same. \
                  Properties without a request field (model, stage-config, ar-device, \
                  decoder-device, do-sample, temperature, top-k, top-p, repetition-penalty, \
-                 chunk-frames, shared-engine=false) are refused",
+                 chunk-frames, shared-engine=false, quantization) are refused",
             )
             .mutable_ready()
             .build(),

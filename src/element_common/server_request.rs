@@ -83,7 +83,8 @@ fn set(v: &Option<String>) -> Option<String> {
 
 /// Refuses, at start, the properties that choose the local engine and have no request field
 /// when `server` is set: `model` (other than the default), `stage-config`, `ar-device`,
-/// `decoder-device`, `shared-engine=false`. They can change only in NULL or READY.
+/// `decoder-device`, `shared-engine=false`, `quantization`. They can change only in NULL or
+/// READY.
 pub(crate) fn check_no_local_engine(s: &SynthesisSettings) -> Result<(), InputError> {
     if s.model != bundled_voice::default_model() {
         return Err(input_error(
@@ -100,6 +101,12 @@ pub(crate) fn check_no_local_engine(s: &SynthesisSettings) -> Result<(), InputEr
         (
             "shared-engine",
             (!s.shared_engine).then(|| "false".to_string()),
+        ),
+        (
+            "quantization",
+            s.quantization
+                .quantization()
+                .map(|q| q.name().replace('_', "-")),
         ),
     ])
 }
@@ -354,6 +361,10 @@ mod tests {
                 Box::new(|s| s.decoder_device = Some("cpu".into())),
             ),
             ("shared-engine", Box::new(|s| s.shared_engine = false)),
+            (
+                "quantization",
+                Box::new(|s| s.quantization = super::super::settings::QuantizationSetting::Q8_0),
+            ),
         ];
         assert!(check_no_local_engine(&SynthesisSettings::default()).is_ok());
         for (property, set) in at_start {

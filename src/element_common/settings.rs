@@ -9,6 +9,7 @@ use gst::glib;
 use super::bundled_voice;
 use crate::engine::StageConfig;
 use crate::models::qwen3_tts::{GenerationConfig, PromptMode, SamplingParams};
+use crate::nn::{Quantization, QuantizationSpec};
 
 pub(crate) const DEFAULT_LANGUAGE: &str = "auto";
 pub(crate) const DEFAULT_INITIAL_CHUNK_FRAMES: u32 = 0;
@@ -49,6 +50,52 @@ pub(crate) static SAMPLING_DEFAULTS: LazyLock<SamplingDefaults> = LazyLock::new(
         seed: s.seed,
     }
 });
+
+/// The `quantization` property: the stored form of stage 0's linear weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstOmniTtsQuantization")]
+pub(crate) enum QuantizationSetting {
+    /// The stage config's `engine_args.quantization`.
+    #[default]
+    #[enum_value(
+        name = "The stage config's engine_args.quantization; in the built-in one auto: int8 on the \
+                CPU for the layers its fast int8 kernels take (the released checkpoints), dense \
+                elsewhere and on CUDA",
+        nick = "auto"
+    )]
+    Auto = 0,
+    /// Dense weights.
+    #[enum_value(
+        name = "Dense weights in the model dtype: the checkpoint's values, reference parity",
+        nick = "none"
+    )]
+    None = 1,
+    /// int8 blocks.
+    #[enum_value(
+        name = "int8 blocks of 32 weights with a scale (GGML Q8_0), CPU only",
+        nick = "q8-0"
+    )]
+    Q8_0 = 2,
+    /// 4-bit blocks.
+    #[enum_value(
+        name = "4-bit k-quant blocks of 256 weights (GGML Q4_K), CPU only",
+        nick = "q4-k"
+    )]
+    Q4K = 3,
+}
+
+impl QuantizationSetting {
+    /// The form asked for; `None`: the stage config decides.
+    pub fn quantization(self) -> Option<QuantizationSpec> {
+        match self {
+            QuantizationSetting::Auto => None,
+            QuantizationSetting::None => Some(QuantizationSpec::DENSE),
+            QuantizationSetting::Q8_0 => Some(QuantizationSpec::Form(Quantization::Q8_0)),
+            QuantizationSetting::Q4K => Some(QuantizationSpec::Form(Quantization::Q4K)),
+        }
+    }
+}
 
 /// The `prompt-mode` property: where the text goes in the prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, glib::Enum)]
@@ -98,6 +145,8 @@ pub(crate) struct SynthesisSettings {
     pub decoder_device: Option<String>,
     /// Join the process-wide engine of the same key (`shared-engine`, default true).
     pub shared_engine: bool,
+    /// `quantization` (auto: the stage config's).
+    pub quantization: QuantizationSetting,
     pub speaker: Option<String>,
     pub language: String,
     pub instruct: Option<String>,
@@ -126,6 +175,7 @@ impl Default for SynthesisSettings {
             ar_device: None,
             decoder_device: None,
             shared_engine: true,
+            quantization: QuantizationSetting::Auto,
             speaker: None,
             language: DEFAULT_LANGUAGE.to_string(),
             instruct: None,

@@ -22,6 +22,7 @@
 //!       max_num_seqs: 1              # requests batched frame by frame on this stage
 //!       max_waiting: 64              # requests that may wait for a place (FIFO); more are refused
 //!       dtype: auto                  # auto (bf16 on CUDA, f32 on CPU) | float32 | bfloat16 | float16
+//!       quantization: auto           # auto (int8 where it is faster, CPU) | none | q8_0 | q4_k
 //!     default_sampling_params: {temperature, top_k, top_p, repetition_penalty, max_tokens, seed}
 //!     subtalker_sampling_params: {do_sample, temperature, top_k, top_p}
 //!     runaway_guard: {enabled: true, floor_frames: 75, frames_per_text_token: 6.0}
@@ -56,14 +57,15 @@ use serde::de::DeserializeOwned;
 use serde_yaml_ng::{Mapping, Value};
 
 use checks::{
-    AnyValue, ArDType, Bool, Check, Devices, NonNegative, Positive, PositiveNumber, Seed,
-    StreamingMode, Temperature, TopK, TopP, check_keys, checked, exact, expected, int, show, some,
-    string,
+    AnyValue, ArDType, ArQuantization, Bool, Check, Devices, NonNegative, Positive, PositiveNumber,
+    Seed, StreamingMode, Temperature, TopK, TopP, check_keys, checked, exact, expected, int, show,
+    some, string,
 };
 
 use super::{DTypeSpec, DeviceSpec, EngineError};
 use crate::config_path::{self, join};
 use crate::models::qwen3_tts::SamplingParams;
+use crate::nn::QuantizationSpec;
 
 /// The shipped default stage configuration (async chunk, exact streaming).
 pub const DEFAULT_ASYNC_YAML: &str = include_str!("../../configs/qwen3_tts.yaml");
@@ -280,6 +282,10 @@ pub struct ArStageConfig {
     /// `engine_args.dtype`.
     #[serde(default, deserialize_with = "checked::<ArDType, _>")]
     pub dtype: DTypeSpec,
+    /// `engine_args.quantization`: the stored form of the talker's and code predictor's linear
+    /// weights (`auto`, `none`, `q8_0`, `q4_k`; docs/cpu.md).
+    #[serde(default, deserialize_with = "checked::<ArQuantization, _>")]
+    pub quantization: QuantizationSpec,
     /// `default_sampling_params` + `subtalker_sampling_params`.
     #[serde(skip)]
     pub sampling: SamplingOverrides,

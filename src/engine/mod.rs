@@ -55,7 +55,7 @@ pub use voice_clone::{VOICE_CLONE_CACHE_ENTRIES, VoiceCloneStats};
 
 use crate::models::qwen3_tts::{
     Checkpoint, ModelVariant, Qwen3TtsConfig, SamplingParams, VoiceClonePrompt, VoiceRequest,
-    prompt,
+    WeightForm, prompt,
 };
 use queue::StageQueue;
 pub use registry::SharedEngine;
@@ -463,6 +463,12 @@ impl Engine {
     /// The devices the stages actually run on (after resolving `auto`).
     pub fn devices(&self) -> (DeviceSpec, DeviceSpec) {
         (self.info.ar_device, self.info.decoder_device)
+    }
+
+    /// How stage 0's linear weights are stored (`engine_args.quantization`): for each form, the
+    /// layers and their bytes, dense first.
+    pub fn weight_forms(&self) -> &[WeightForm] {
+        &self.info.weight_forms
     }
 
     /// Whether stage 0's code predictor replays CUDA graphs (captured during [`Engine::load`]).

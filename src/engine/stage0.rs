@@ -14,7 +14,8 @@ use super::request::RequestShared;
 use super::stages::{CudaGraphs, guarded, panic_message};
 use super::{DeviceSpec, EngineError, EngineEvent, EngineRequest, FinishReason};
 use crate::models::qwen3_tts::{
-    self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, ModelVariant, PendingSession,
+    self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, ModelVariant,
+    PendingSession, WeightForm,
 };
 use crate::nn::transformer::PREFILL_CHUNK;
 /// A voice-clone reference to encode on stage 0 ([`super::Engine::voice_clone_prompt`]); the
@@ -29,6 +30,7 @@ pub(crate) struct EncodeJob {
 /// What stage 0 reports after loading.
 pub(crate) struct ArInfo {
     pub cuda_graphs: CudaGraphs,
+    pub weight_forms: Vec<WeightForm>,
     pub variant: ModelVariant,
     pub speakers: Vec<String>,
     pub languages: Vec<String>,
@@ -48,7 +50,9 @@ pub(crate) fn ar_thread(
     let loaded = (|| {
         let dev = device.open()?;
         let dtype = cfg.dtype.for_device(&dev);
-        let model = match catch_unwind(AssertUnwindSafe(|| ArModel::load(&ckpt, &dev, dtype))) {
+        let model = match catch_unwind(AssertUnwindSafe(|| {
+            ArModel::load_with(&ckpt, &dev, dtype, cfg.quantization)
+        })) {
             Ok(r) => r.map_err(|e| EngineError::Load {
                 stage: 0,
                 name: "qwen3_tts",
@@ -83,6 +87,7 @@ pub(crate) fn ar_thread(
     };
     let info = ArInfo {
         cuda_graphs,
+        weight_forms: model.weight_forms(),
         variant: model.variant(),
         speakers: model.speakers(),
         languages: model.languages(),

@@ -24,7 +24,7 @@ use super::queue::StageQueue;
 use super::stage0::{ArInfo, ar_thread};
 use super::stage1::{DecInfo, dec_thread};
 use super::{DeviceSpec, EngineError, EngineOptions};
-use crate::models::qwen3_tts::{Checkpoint, ModelError, ModelVariant};
+use crate::models::qwen3_tts::{Checkpoint, ModelError, ModelVariant, WeightForm};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -61,6 +61,8 @@ pub(crate) struct LoadedInfo {
     pub ar_device: DeviceSpec,
     pub decoder_device: DeviceSpec,
     pub cuda_graphs: CudaGraphs,
+    /// How stage 0's linear weights are stored.
+    pub weight_forms: Vec<WeightForm>,
     /// Stage 0's and stage 1's batch tallies.
     pub batches: [Arc<BatchCounters>; 2],
 }
@@ -147,6 +149,7 @@ pub(crate) fn spawn(
             ar_device: ar.device,
             decoder_device: dec.device,
             cuda_graphs: ar.cuda_graphs,
+            weight_forms: ar.weight_forms,
             batches: [ar_batches, dec_batches],
         }),
     };

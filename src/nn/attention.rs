@@ -2,8 +2,8 @@
 //! separate `head_dim`, per-head RMSNorm on q and k (before RoPE), NeoX RoPE, grouped-query
 //! attention, causal mask (optionally a sliding window), softmax in f32, KV cache.
 
+use super::linear::Linear;
 use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::Linear;
 
 use super::config::TransformerConfig;
 use super::rms_norm::RmsNorm;

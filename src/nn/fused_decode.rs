@@ -7,8 +7,8 @@
 //!
 //! Numerics and launch counts: docs/cuda.md ("Fused decode kernels" and after).
 
+use super::linear::Linear;
 use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::Linear;
 
 use super::attention::{Attention, KvCache};
 use super::cuda_kernels::{self, DecodeAt, Pos};
@@ -168,8 +168,10 @@ impl Attention {
     /// [`LayerCaches::run_fused`]).
     fn gemv_weights(&self) -> Option<(&Tensor, &Tensor)> {
         let qkv = self.qkv_proj.as_ref()?;
-        (qkv.bias().is_none() && self.o_proj.bias().is_none())
-            .then(|| (qkv.weight(), self.o_proj.weight()))
+        if qkv.bias().is_some() || self.o_proj.bias().is_some() {
+            return None;
+        }
+        Some((qkv.weight()?, self.o_proj.weight()?))
     }
 
     /// This attention with `cache`'s buffers for the whole-stack decode kernel
@@ -205,8 +207,10 @@ impl Mlp {
     /// (the one-row matmul path of [`LayerCaches::run_fused`]).
     fn gemv_weights(&self) -> Option<(&Tensor, &Tensor)> {
         let gate_up = self.gate_up.as_ref()?;
-        (gate_up.bias().is_none() && self.down_proj.bias().is_none())
-            .then(|| (gate_up.weight(), self.down_proj.weight()))
+        if gate_up.bias().is_some() || self.down_proj.bias().is_some() {
+            return None;
+        }
+        Some((gate_up.weight()?, self.down_proj.weight()?))
     }
 
     /// [`Self::forward`] with the fused CUDA kernels (`src/nn/cuda_kernels`): one gate/up matmul

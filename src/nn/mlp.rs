@@ -1,7 +1,7 @@
 //! SwiGLU MLP (`Qwen3TTSTalkerTextMLP` in the reference): `down(silu(gate(x)) * up(x))`, no bias.
 
+use super::linear::Linear;
 use candle_core::{Module, Result, Tensor};
-use candle_nn::Linear;
 
 use super::weights::{WeightError, Weights};
 

@@ -13,6 +13,7 @@ pub mod cuda_graph;
 pub mod cuda_kernels;
 #[cfg(feature = "cuda")]
 mod fused_decode;
+pub mod linear;
 pub mod mlp;
 pub mod rms_norm;
 pub mod rope;
@@ -23,8 +24,9 @@ pub mod weights;
 
 pub use attention::{Attention, KvCache};
 pub use config::TransformerConfig;
+pub use linear::{Linear, Quantization, QuantizationSpec};
 pub use mlp::Mlp;
 pub use rms_norm::RmsNorm;
 pub use rope::RotaryEmbedding;
 pub use transformer::{DecoderLayer, LayerCaches};
-pub use weights::{WeightError, Weights};
+pub use weights::{Embedding, MappedRows, WeightError, Weights};

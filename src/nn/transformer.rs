@@ -5,6 +5,7 @@ use candle_core::{Result, Tensor};
 
 use super::attention::{Attention, KvCache};
 use super::config::TransformerConfig;
+use super::linear::Linear;
 use super::mlp::Mlp;
 use super::rms_norm::RmsNorm;
 use super::rope::RotaryEmbedding;
@@ -40,6 +41,21 @@ impl DecoderLayer {
                 &vb.pp("post_attention_layernorm"),
             )?,
         })
+    }
+
+    /// The layer's linear layers: `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`,
+    /// `up_proj`, `down_proj`.
+    pub fn linears(&self) -> [&Linear; 7] {
+        let (a, m) = (&self.self_attn, &self.mlp);
+        [
+            &a.q_proj,
+            &a.k_proj,
+            &a.v_proj,
+            &a.o_proj,
+            &m.gate_proj,
+            &m.up_proj,
+            &m.down_proj,
+        ]
     }
 
     /// `x`: `[batch, t, hidden]` → `[batch, t, hidden]`; see [`Attention::forward`].

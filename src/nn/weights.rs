@@ -9,8 +9,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use candle_core::safetensors::MmapedSafetensors;
+use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Tensor};
+
+use super::linear::{Linear, QuantizationSpec};
 
 /// Errors of [`Weights`] lookups.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +44,121 @@ struct Source {
     file: PathBuf,
 }
 
+/// Tells the kernel that the mapped file pages under `data` are not needed any more (they are
+/// read again from the file if touched later). Best effort: nothing happens off Unix.
+fn release_pages(data: &[u8]) {
+    #[cfg(unix)]
+    {
+        // SAFETY: sysconf has no preconditions.
+        let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+            p if p > 0 => p as usize,
+            _ => return,
+        };
+        let start = data.as_ptr() as usize;
+        let first = start.div_ceil(page) * page;
+        let end = (start + data.len()) / page * page;
+        if end > first {
+            // SAFETY: [first, end) lies inside the read-only private file mapping that `data`
+            // borrows from; MADV_DONTNEED on such a mapping only drops resident pages, which the
+            // next access reads back from the unchanged file.
+            unsafe {
+                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_DONTNEED);
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = data;
+}
+
+/// An embedding table: on the device, or rows read from the mapped checkpoint file.
+#[derive(Debug, Clone)]
+pub enum Embedding {
+    /// The whole table `[num, dim]` on the device in the model dtype.
+    Table(candle_nn::Embedding),
+    /// Rows copied from the file at each lookup (CPU).
+    Mapped(MappedRows),
+}
+
+impl Embedding {
+    /// `ids` (u32 `[n]`) → `[n, dim]` in the model dtype. Errors on an id outside the table.
+    pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Embedding::Table(e) => candle_core::Module::forward(e, ids),
+            Embedding::Mapped(m) => m.forward(ids),
+        }
+    }
+
+    /// The whole table on the device (`[num, dim]`, for the CUDA kernels that read it);
+    /// `None` for mapped rows.
+    pub fn table(&self) -> Option<&Tensor> {
+        match self {
+            Embedding::Table(e) => Some(e.embeddings()),
+            Embedding::Mapped(_) => None,
+        }
+    }
+}
+
+/// The rows of a `[rows, dim]` table in a memory-mapped safetensors file, in its stored dtype,
+/// converted to `dtype` when looked up (a bf16 table looked up as f32 gives exactly the values
+/// loading it as f32 gives).
+#[derive(Clone)]
+pub struct MappedRows {
+    source: Arc<Source>,
+    name: String,
+    rows: usize,
+    dim: usize,
+    stored: DType,
+    dtype: DType,
+}
+
+impl std::fmt::Debug for MappedRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "MappedRows({} [{}, {}] {:?} → {:?})",
+            self.name, self.rows, self.dim, self.stored, self.dtype
+        )
+    }
+}
+
+impl MappedRows {
+    /// `ids` (u32 `[n]`) → `[n, dim]` in the target dtype, on the CPU.
+    pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
+        let view = self.source.st.get(&self.name)?;
+        let data = view.data();
+        let row_bytes = self.dim * self.stored.size_in_bytes();
+        let mut rows = Vec::new();
+        for id in ids.flatten_all()?.to_vec1::<u32>()? {
+            let r = id as usize;
+            if r >= self.rows {
+                candle_core::bail!(
+                    "{}: id {r} is outside the table of {} rows",
+                    self.name,
+                    self.rows
+                );
+            }
+            let bytes = data
+                .get(r * row_bytes..(r + 1) * row_bytes)
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(format!(
+                        "{}: row {r} past the end of the file",
+                        self.name
+                    ))
+                })?;
+            rows.push(Tensor::from_raw_buffer(
+                bytes,
+                self.stored,
+                &[1, self.dim],
+                &Device::Cpu,
+            )?);
+        }
+        if rows.is_empty() {
+            return Tensor::zeros((0, self.dim), self.dtype, &Device::Cpu);
+        }
+        Tensor::cat(&rows, 0)?.to_dtype(self.dtype)
+    }
+}
+
 /// A view of one or more safetensors files at a name prefix, with a target device and dtype.
 #[derive(Clone)]
 pub struct Weights {
@@ -49,6 +166,8 @@ pub struct Weights {
     prefix: String,
     device: Device,
     dtype: DType,
+    /// The form [`Self::linear`] stores weights in (CPU only; dense on other devices).
+    quantization: QuantizationSpec,
 }
 
 impl Weights {
@@ -82,6 +201,7 @@ impl Weights {
             prefix: String::new(),
             device: device.clone(),
             dtype,
+            quantization: QuantizationSpec::DENSE,
         })
     }
 
@@ -97,6 +217,7 @@ impl Weights {
             prefix,
             device: self.device.clone(),
             dtype: self.dtype,
+            quantization: self.quantization,
         }
     }
 
@@ -105,6 +226,24 @@ impl Weights {
         let mut w = self.clone();
         w.dtype = dtype;
         w
+    }
+
+    /// Same tensors, [`Self::linear`] storing weights as `spec` asks (on the CPU; other
+    /// devices keep dense weights in the target dtype).
+    pub fn with_quantization(&self, spec: QuantizationSpec) -> Self {
+        let mut w = self.clone();
+        w.quantization = if self.device.is_cpu() {
+            spec
+        } else {
+            QuantizationSpec::DENSE
+        };
+        w
+    }
+
+    /// Same tensors, [`Self::linear`] keeping dense weights (output heads, whose logits stay
+    /// the checkpoint's f32 products).
+    pub fn dense(&self) -> Self {
+        self.with_quantization(QuantizationSpec::DENSE)
     }
 
     pub fn device(&self) -> &Device {
@@ -160,11 +299,11 @@ impl Weights {
             });
         }
         let load = || -> candle_core::Result<Tensor> {
-            self.source
-                .st
-                .load(&full, &Device::Cpu)?
-                .to_dtype(self.dtype)?
-                .to_device(&self.device)
+            let copy = view.load(&Device::Cpu)?;
+            // The tensor owns a copy now: hand the file's pages back, so that loading does not
+            // hold the whole mapped file resident beside the model.
+            release_pages(view.data());
+            copy.to_dtype(self.dtype)?.to_device(&self.device)
         };
         load().map_err(|source| WeightError::Load {
             file,
@@ -173,15 +312,62 @@ impl Weights {
         })
     }
 
-    /// A `candle_nn::Linear` from `prefix.name.weight` ([out, in]) and, if `bias`,
-    /// `prefix.name.bias` ([out]).
+    /// An embedding table `prefix.name.weight` ([num, dim]) whose rows are read from the mapped
+    /// file at each lookup when the target is the CPU ([`Embedding::Mapped`]: only the rows
+    /// used are ever resident, e.g. a few thousand of the text embedding's 151 936), else
+    /// loaded onto the device as [`Self::embedding`] does. The values are the same either way.
+    pub fn mapped_embedding(
+        &self,
+        num: usize,
+        dim: usize,
+        name: &str,
+    ) -> Result<Embedding, WeightError> {
+        if !self.device.is_cpu() {
+            return Ok(Embedding::Table(self.embedding(num, dim, name)?));
+        }
+        let full = self.pp(name).full_name("weight");
+        let file = self.source.file.clone();
+        let view = self
+            .source
+            .st
+            .get(&full)
+            .map_err(|_| WeightError::Missing {
+                file: file.clone(),
+                name: full.clone(),
+            })?;
+        if view.shape() != [num, dim] {
+            return Err(WeightError::Shape {
+                file,
+                name: full,
+                expected: vec![num, dim],
+                got: view.shape().to_vec(),
+            });
+        }
+        let stored = DType::try_from(view.dtype()).map_err(|source| WeightError::Load {
+            file: file.clone(),
+            name: full.clone(),
+            source: Box::new(source),
+        })?;
+        Ok(Embedding::Mapped(MappedRows {
+            source: self.source.clone(),
+            name: full,
+            rows: num,
+            dim,
+            stored,
+            dtype: self.dtype,
+        }))
+    }
+
+    /// A [`Linear`] from `prefix.name.weight` ([out, in]) and, if `bias`, `prefix.name.bias`
+    /// ([out]), in the form [`Self::with_quantization`] asked for
+    /// ([`QuantizationSpec::for_layer`]; dense by default).
     pub fn linear(
         &self,
         in_dim: usize,
         out_dim: usize,
         bias: bool,
         name: &str,
-    ) -> Result<candle_nn::Linear, WeightError> {
+    ) -> Result<Linear, WeightError> {
         let w = self.pp(name);
         let weight = w.get(&[out_dim, in_dim], "weight")?;
         let bias = if bias {
@@ -189,7 +375,13 @@ impl Weights {
         } else {
             None
         };
-        Ok(candle_nn::Linear::new(weight, bias))
+        Linear::quantize(&weight, bias, self.quantization.for_layer(in_dim, out_dim)).map_err(
+            |source| WeightError::Load {
+                file: self.source.file.clone(),
+                name: w.full_name("weight"),
+                source: Box::new(source),
+            },
+        )
     }
 
     /// A `candle_nn::Embedding` from `prefix.name.weight` ([num, dim]).

@@ -11,6 +11,7 @@ use serde_yaml_ng::Value;
 
 use super::{DTypeSpec, DecoderStreamingMode, DeviceSpec, EngineError};
 use crate::config_path::join;
+use crate::nn::QuantizationSpec;
 
 /// Compact rendering of a YAML value for messages.
 pub(super) fn show(v: &Value) -> String {
@@ -196,6 +197,19 @@ impl Check for ArDType {
     fn check(v: &Value) -> Result<DTypeSpec, String> {
         DTypeSpec::parse(string(v)?)
             .ok_or_else(|| expected("auto, float32, bfloat16 or float16", v))
+    }
+}
+
+/// Stage 0's `engine_args.quantization`.
+pub(super) struct ArQuantization;
+impl Check for ArQuantization {
+    type Out = QuantizationSpec;
+    fn check(v: &Value) -> Result<QuantizationSpec, String> {
+        if v.is_null() {
+            // vLLM's spelling of "not quantized".
+            return Ok(QuantizationSpec::DENSE);
+        }
+        QuantizationSpec::parse(string(v)?).ok_or_else(|| expected("auto, none, q8_0 or q4_k", v))
     }
 }
 

@@ -16,7 +16,29 @@ use super::request::VoiceRequest;
 use super::speaker_encoder::{EcapaConfig, SpeakerEncoder};
 use super::talker::Talker;
 use super::tokenizer::TextTokenizer;
-use crate::nn::Weights;
+use crate::nn::{Linear, Quantization, QuantizationSpec, Weights};
+
+/// Linear layers of one stored form ([`ArModel::weight_forms`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightForm {
+    pub form: Quantization,
+    /// Layers stored in this form.
+    pub layers: usize,
+    /// Their weights' bytes.
+    pub bytes: usize,
+}
+
+impl std::fmt::Display for WeightForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} layers {} ({:.1} MB)",
+            self.layers,
+            self.form,
+            self.bytes as f64 / 1e6
+        )
+    }
+}
 
 /// Stage 0: talker + code predictor + text tokenizer, on one device/dtype.
 ///
@@ -55,15 +77,16 @@ impl ArModel {
             && text.is_contiguous()
             && text.dtype() == self.dtype
             && codes.len() <= crate::nn::cuda_kernels::embed_sum::MAX_TABLES
+            && let Some(cp_tables) = self
+                .code_predictor
+                .model
+                .codec_embedding
+                .iter()
+                .map(|e| e.table())
+                .collect::<Option<Vec<_>>>()
         {
             let mut tables = vec![self.talker.model.codec_embedding.embeddings()];
-            tables.extend(
-                self.code_predictor
-                    .model
-                    .codec_embedding
-                    .iter()
-                    .map(|e| e.embeddings()),
-            );
+            tables.extend(cp_tables);
             if tables.len() == codes.len() {
                 return crate::nn::cuda_kernels::embed_sum::embed_sum(codes, &tables, text);
             }
@@ -79,14 +102,34 @@ impl ArModel {
         (sum + text)?.unsqueeze(0)
     }
 
-    /// Loads the tokenizer and the `talker.*` weights (converted to `dtype`) onto `device`.
-    /// Unknown tensors (e.g. `speaker_encoder.*`) are ignored; a missing tensor or a wrong shape
-    /// is an error naming the file and tensor.
+    /// Loads the tokenizer and the `talker.*` weights (converted to `dtype`) onto `device`, every
+    /// weight dense. Unknown tensors (e.g. `speaker_encoder.*`) are ignored; a missing tensor or
+    /// a wrong shape is an error naming the file and tensor.
     pub fn load(ckpt: &Checkpoint, device: &Device, dtype: DType) -> Result<ArModel, ModelError> {
+        Self::load_with(ckpt, device, dtype, QuantizationSpec::DENSE)
+    }
+
+    /// [`Self::load`] with the talker's and code predictor's linear layers (all but the output
+    /// heads) in the form `quantization` asks for ([`QuantizationSpec::for_layer`]). Quantized
+    /// forms need the CPU and f32 activations: asked for elsewhere they are an error
+    /// ([`QuantizationSpec::resolve`]), and `auto` is dense there.
+    pub fn load_with(
+        ckpt: &Checkpoint,
+        device: &Device,
+        dtype: DType,
+        quantization: QuantizationSpec,
+    ) -> Result<ArModel, ModelError> {
         let config = ckpt.config.clone();
         let tokenizer = TextTokenizer::from_dir(&ckpt.dir)?;
         let (files, display) = ckpt.weight_files()?;
         let w = Weights::from_files(&files, &display, device, dtype)?;
+        let w = w.with_quantization(quantization.resolve(device, dtype).map_err(|msg| {
+            ModelError::Config {
+                file: ckpt.dir.clone(),
+                field: "quantization".into(),
+                msg,
+            }
+        })?);
         let talker = Talker::new(&config.talker_config, &w.pp("talker"))?;
         let code_predictor =
             CodePredictor::new(&config.talker_config, &w.pp("talker.code_predictor"))?;
@@ -113,7 +156,10 @@ impl ArModel {
                     ),
                 });
             }
-            let se = SpeakerEncoder::new(&ecfg, &w.with_dtype(DType::F32).pp("speaker_encoder"))?;
+            let se = SpeakerEncoder::new(
+                &ecfg,
+                &w.with_dtype(DType::F32).dense().pp("speaker_encoder"),
+            )?;
             let ce = CodecEncoder::load(&ckpt.dir, device)?;
             (Some(se), Some(ce))
         } else {
@@ -131,6 +177,40 @@ impl ArModel {
             dtype,
             graphs: ArGraphs::default(),
         })
+    }
+
+    /// Every linear layer of the talker and code predictor (decoder layers, text projection,
+    /// code predictor input projection, output heads).
+    pub fn linears(&self) -> Vec<&Linear> {
+        let (t, cp) = (&self.talker, &self.code_predictor);
+        let mut all: Vec<&Linear> = t.model.layers.iter().flat_map(|l| l.linears()).collect();
+        all.extend(cp.model.layers.iter().flat_map(|l| l.linears()));
+        all.extend([&t.text_projection.linear_fc1, &t.text_projection.linear_fc2]);
+        all.extend(cp.small_to_mtp_projection.iter());
+        all.push(&t.codec_head);
+        all.extend(cp.lm_head.iter());
+        all
+    }
+
+    /// How the linear layers' weights are stored: for each form present, the number of layers
+    /// and their bytes ([`Linear::weight_bytes`]), dense first.
+    pub fn weight_forms(&self) -> Vec<WeightForm> {
+        let mut forms: Vec<WeightForm> = Vec::new();
+        for l in self.linears() {
+            match forms.iter_mut().find(|f| f.form == l.form()) {
+                Some(f) => {
+                    f.layers += 1;
+                    f.bytes += l.weight_bytes();
+                }
+                None => forms.push(WeightForm {
+                    form: l.form(),
+                    layers: 1,
+                    bytes: l.weight_bytes(),
+                }),
+            }
+        }
+        forms.sort_by_key(|f| f.form != Quantization::None);
+        forms
     }
 
     pub fn config(&self) -> &Qwen3TtsConfig {
@@ -245,10 +325,7 @@ impl ArModel {
         let mut sum = self.talker.codec_embed(&column(0))?.to_dtype(DType::F32)?;
         for q in 1..groups {
             let ids = Tensor::new(column(q).as_slice(), &self.device)?;
-            let e = candle_core::Module::forward(
-                &self.code_predictor.model.codec_embedding[q - 1],
-                &ids,
-            )?;
+            let e = self.code_predictor.model.codec_embedding[q - 1].forward(&ids)?;
             sum = (sum + e.to_dtype(DType::F32)?)?;
         }
         Ok(sum.to_dtype(self.dtype)?)

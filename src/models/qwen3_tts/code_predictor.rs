@@ -4,16 +4,18 @@
 //! Weight prefix `talker.code_predictor.`.
 
 use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::{Embedding, Linear};
 
 use super::config::TalkerConfig;
 use super::device_sampler::DeviceSampler;
-use crate::nn::{DecoderLayer, LayerCaches, RmsNorm, RotaryEmbedding, WeightError, Weights};
+use crate::nn::{
+    DecoderLayer, Embedding, LayerCaches, Linear, RmsNorm, RotaryEmbedding, WeightError, Weights,
+};
 
 /// `talker.code_predictor.model`.
 #[derive(Debug, Clone)]
 pub struct CodePredictorModel {
     /// `num_code_groups - 1` tables `[cp vocab_size, talker hidden]`; table q embeds codebook q+1.
+    /// On the CPU their rows are read from the mapped checkpoint when looked up.
     pub codec_embedding: Vec<Embedding>,
     pub layers: Vec<DecoderLayer>,
     pub norm: RmsNorm,
@@ -25,7 +27,7 @@ impl CodePredictorModel {
         let t = &c.transformer;
         let codec_embedding = (0..c.num_code_groups - 1)
             .map(|i| {
-                vb.pp("codec_embedding").embedding(
+                vb.pp("codec_embedding").mapped_embedding(
                     c.vocab_size,
                     cfg.transformer.hidden_size,
                     &i.to_string(),
@@ -47,7 +49,7 @@ impl CodePredictorModel {
 #[derive(Debug, Clone)]
 pub struct CodePredictor {
     pub model: CodePredictorModel,
-    /// `num_code_groups - 1` heads `[cp vocab_size, cp hidden]`, no bias.
+    /// `num_code_groups - 1` heads `[cp vocab_size, cp hidden]`, no bias; always dense.
     pub lm_head: Vec<Linear>,
     /// `[cp hidden, talker hidden]` + bias, present iff the two hidden sizes differ (Identity
     /// otherwise, as in the reference).
@@ -67,6 +69,7 @@ impl CodePredictor {
         let lm_head = (0..c.num_code_groups - 1)
             .map(|i| {
                 vb.pp("lm_head")
+                    .dense()
                     .linear(t.hidden_size, c.vocab_size, false, &i.to_string())
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
@@ -120,13 +123,13 @@ impl CodePredictor {
             return Ok(x.clone());
         };
         #[cfg(feature = "cuda")]
-        if let Some(bias) = p.bias()
+        if let (Some(bias), Some(weight)) = (p.bias(), p.weight())
             && crate::nn::cuda_kernels::all_usable_for(x)
-            && crate::nn::cuda_kernels::gemv::takes(x, p.weight())
-            && crate::nn::cuda_kernels::gemv::vector_ok(bias, p.weight().dim(0)?, x.dtype())
+            && crate::nn::cuda_kernels::gemv::takes(x, weight)
+            && crate::nn::cuda_kernels::gemv::vector_ok(bias, weight.dim(0)?, x.dtype())
         {
             // One launch instead of a matmul and a bias add.
-            return crate::nn::cuda_kernels::gemv::gemv_bias(x, p.weight(), bias);
+            return crate::nn::cuda_kernels::gemv::gemv_bias(x, weight, bias);
         }
         p.forward(x)
     }
@@ -144,9 +147,10 @@ impl CodePredictor {
         let last = h.narrow(1, t - 1, 1)?;
         let lm_head = &self.lm_head[head];
         #[cfg(feature = "cuda")]
-        if crate::nn::cuda_kernels::all_usable_for(&last)
+        if let Some(head_weight) = lm_head.weight()
+            && crate::nn::cuda_kernels::all_usable_for(&last)
             && lm_head.bias().is_none()
-            && crate::nn::cuda_kernels::gemv::takes(&last, lm_head.weight())
+            && crate::nn::cuda_kernels::gemv::takes(&last, head_weight)
         {
             let norm = &self.model.norm;
             let w = norm.weight_as(last.dtype())?;
@@ -156,7 +160,7 @@ impl CodePredictor {
                     &last,
                     &w,
                     norm.eps(),
-                    lm_head.weight(),
+                    head_weight,
                 );
             }
         }
@@ -203,7 +207,11 @@ impl CodePredictor {
             if crate::nn::cuda_kernels::all_usable_for(&x) {
                 use crate::nn::cuda_kernels::{argmax_embed, sample_embed};
                 // The pick and the next input's embedding row in one launch.
-                let table = (q + 1 < steps).then(|| self.model.codec_embedding[q].embeddings());
+                let table = match (q + 1 < steps, self.model.codec_embedding[q].table()) {
+                    (true, Some(t)) => Some(t),
+                    (true, None) => candle_core::bail!("codec embedding {q} is not on the device"),
+                    (false, _) => None,
+                };
                 let picked = match params {
                     None => Some(argmax_embed::argmax_embed(&logits, table)?),
                     Some(p)
@@ -227,10 +235,7 @@ impl CodePredictor {
                 None => sampler.greedy(&logits)?,
             };
             if q + 1 < steps {
-                x = self.model.codec_embedding[q]
-                    .embeddings()
-                    .index_select(&id, 0)?
-                    .unsqueeze(0)?;
+                x = self.model.codec_embedding[q].forward(&id)?.unsqueeze(0)?;
             }
             ids.push(id);
         }

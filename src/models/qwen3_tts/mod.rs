@@ -45,7 +45,7 @@ mod testing;
 pub mod tokenizer;
 mod voice_clone;
 
-pub use ar_model::ArModel;
+pub use ar_model::{ArModel, WeightForm};
 pub use checkpoint::Checkpoint;
 pub use config::{GenerationConfig, ModelVariant, Qwen3TtsConfig};
 pub use error::ModelError;

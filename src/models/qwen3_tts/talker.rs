@@ -3,16 +3,19 @@
 //! §3). Weight prefix `talker.`.
 
 use candle_core::{DType, Device, Module, Result, Tensor};
-use candle_nn::{Embedding, Linear};
+use candle_nn::Embedding;
 
 use super::config::TalkerConfig;
-use crate::nn::{DecoderLayer, LayerCaches, RmsNorm, RotaryEmbedding, WeightError, Weights};
+use crate::nn::{
+    DecoderLayer, LayerCaches, Linear, RmsNorm, RotaryEmbedding, WeightError, Weights,
+};
 
 /// `talker.model`: embeddings, decoder layers and final norm.
 #[derive(Debug, Clone)]
 pub struct TalkerModel {
-    /// `[text_vocab_size, text_hidden_size]`.
-    pub text_embedding: Embedding,
+    /// `[text_vocab_size, text_hidden_size]`; on the CPU its rows are read from the mapped
+    /// checkpoint when looked up ([`crate::nn::Embedding::Mapped`]).
+    pub text_embedding: crate::nn::Embedding,
     /// `[vocab_size, hidden]`: codebook-0 codes, control tags, languages, speakers.
     pub codec_embedding: Embedding,
     pub layers: Vec<DecoderLayer>,
@@ -26,7 +29,7 @@ impl TalkerModel {
             .map(|i| DecoderLayer::new(t, &vb.pp(format!("layers.{i}"))))
             .collect::<std::result::Result<Vec<_>, _>>()?;
         Ok(Self {
-            text_embedding: vb.embedding(
+            text_embedding: vb.mapped_embedding(
                 cfg.text_vocab_size,
                 cfg.text_hidden_size,
                 "text_embedding",
@@ -68,7 +71,8 @@ impl TextProjection {
 pub struct Talker {
     pub model: TalkerModel,
     pub text_projection: TextProjection,
-    /// `[vocab_size, hidden]`, no bias.
+    /// `[vocab_size, hidden]`, no bias; always dense (the logits are the checkpoint's f32
+    /// products whatever the quantization).
     pub codec_head: Linear,
     rope: RotaryEmbedding,
     cfg: TalkerConfig,
@@ -82,7 +86,9 @@ impl Talker {
         Ok(Self {
             model: TalkerModel::new(cfg, &vb.pp("model"))?,
             text_projection: TextProjection::new(cfg, &vb.pp("text_projection"))?,
-            codec_head: vb.linear(t.hidden_size, cfg.vocab_size, false, "codec_head")?,
+            codec_head: vb
+                .dense()
+                .linear(t.hidden_size, cfg.vocab_size, false, "codec_head")?,
             rope: RotaryEmbedding::new(t.head_dim, t.rope_theta, vb.device()),
             cfg: cfg.clone(),
             device: vb.device().clone(),

@@ -3,17 +3,23 @@
 //! become row views of the concatenated weight, so no weight is held twice and the unfused
 //! (prefill) path multiplies by the very same values.
 
+use crate::nn::Linear;
 use candle_core::{Result, Tensor};
-use candle_nn::Linear;
 
 /// Concatenates the weights of `parts` (each `[out_i, in]`, no bias) into one `[Σ out_i, in]`
 /// layer. Returns the parts rebuilt as views of it, and the fused layer. Errors (the caller keeps
-/// the separate layers) on a bias or mismatched input widths.
+/// the separate layers) on a bias, a quantized layer or mismatched input widths.
 pub fn fuse_linears(parts: &[&Linear]) -> Result<(Vec<Linear>, Linear)> {
     if parts.iter().any(|l| l.bias().is_some()) {
         candle_core::bail!("fuse_linears: layers with a bias are not fused");
     }
-    let weights: Vec<&Tensor> = parts.iter().map(|l| l.weight()).collect();
+    let Some(weights) = parts
+        .iter()
+        .map(|l| l.weight())
+        .collect::<Option<Vec<&Tensor>>>()
+    else {
+        candle_core::bail!("fuse_linears: quantized layers are not fused");
+    };
     let fused = Tensor::cat(&weights, 0)?;
     let mut views = Vec::with_capacity(parts.len());
     let mut row = 0;

@@ -19,8 +19,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::nn::Linear;
 use candle_core::{DType, Module, Tensor};
-use candle_nn::Linear;
 
 use super::{Code2Wav, Code2WavStream, ModelError};
 use crate::nn::conv::{CausalConvState, ConvTransposeState, row_by_row};
