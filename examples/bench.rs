@@ -37,7 +37,7 @@ use clap::Parser;
 use gstomnitts::engine::{
     DTypeSpec, DeviceSpec, Engine, EngineOptions, EngineRequest, FinishReason, Metrics, StageConfig,
 };
-use gstomnitts::models::qwen3_tts::VoiceRequest;
+use gstomnitts::models::qwen3_tts::{VoiceRequest, WeightForm};
 use gstomnitts::nn::QuantizationSpec;
 use random_checkpoint::{check_layout, decoder_layout, talker_layout, write_configs, write_seeded};
 use serde_json::{Value, json};
@@ -196,7 +196,12 @@ fn bench_model(args: &Args, name: &str, dir: &Path, voice: &VoiceRequest) -> Res
     for form in args.quantization.split(',').map(str::trim) {
         let quantization =
             QuantizationSpec::parse(form).with_context(|| format!("--quantization {form}"))?;
-        for mode in args.modes.split(',').map(str::trim) {
+        for mode in args
+            .modes
+            .split(',')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+        {
             rows.push(bench_config(
                 args,
                 name,
@@ -246,12 +251,7 @@ fn bench_config(
             "{name} {quantization} {mode}: loaded in {load_s:.1} s ({:.0} MiB resident), CUDA graphs: {:?}, weights: {}",
             rss_mib("VmRSS:"),
             engine.cuda_graphs(),
-            engine
-                .weight_forms()
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            WeightForm::summary(engine.weight_forms())
         );
         let mut voice = voice.clone();
         let speakers = engine.speakers();

@@ -18,7 +18,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 use clap::Parser;
-use gstomnitts::models::qwen3_tts::{ArModel, Checkpoint, SamplingParams, VoiceRequest};
+use gstomnitts::models::qwen3_tts::{
+    ArModel, Checkpoint, SamplingParams, VoiceRequest, WeightForm,
+};
 use gstomnitts::nn::QuantizationSpec;
 use serde_json::json;
 
@@ -95,7 +97,7 @@ fn main() -> Result<()> {
         for form in args.forms.split(',').map(str::trim) {
             let spec = QuantizationSpec::parse(form).with_context(|| format!("--forms {form}"))?;
             let m = ArModel::load_with(&ckpt, &Device::Cpu, DType::F32, spec)?;
-            let weights: Vec<String> = m.weight_forms().iter().map(|f| f.to_string()).collect();
+            let weights = WeightForm::summary(&m.weight_forms());
             for (text, (want_logits, want_codes)) in texts.iter().zip(&want) {
                 let (logits, codes) = generate(&m, &ckpt, text, args.frames)?;
                 let diff: f64 = logits

@@ -35,6 +35,7 @@ use gstomnitts::models::qwen3_tts::code2wav::{
 };
 use gstomnitts::models::qwen3_tts::{
     ArModel, ArStep, Checkpoint, MAX_REF_AUDIO_SAMPLES, PromptMode, SamplingParams, VoiceRequest,
+    WeightForm,
 };
 use gstomnitts::nn::QuantizationSpec;
 
@@ -124,13 +125,12 @@ fn main() -> Result<()> {
         )
     })?;
     let model = ArModel::load_with(&ckpt, &dev, dtype(&args.dtype)?, quantization)?;
-    let forms: Vec<String> = model.weight_forms().iter().map(|f| f.to_string()).collect();
     eprintln!(
         "loaded {} ({}) in {:.2} s; weights: {}",
         args.model.display(),
         model.variant(),
         t0.elapsed().as_secs_f64(),
-        forms.join(", ")
+        WeightForm::summary(&model.weight_forms())
     );
 
     let mut sampling = SamplingParams::from_generation_config(&ckpt.generation);

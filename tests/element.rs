@@ -367,6 +367,13 @@ fn property_round_trip() {
                 .to_value_by_nick("non-streaming")
                 .unwrap()
         }),
+        ("quantization", {
+            let t = glib::Type::from_name("GstOmniTtsQuantization").unwrap();
+            glib::EnumClass::with_type(t)
+                .unwrap()
+                .to_value_by_nick("q4-k")
+                .unwrap()
+        }),
         ("ref-audio", "/some/voice.flac".to_value()),
         ("ref-text", "what the voice says".to_value()),
         ("x-vector-only", true.to_value()),
@@ -550,6 +557,51 @@ fn errors_unknown_speaker_language_bad_device_bad_stage_config() {
             &[("text", v("x")), ("stage-config", v("/no/such/stage.yaml"))],
         ),
         &["stage-config", "/no/such/stage.yaml"],
+    );
+}
+
+/// `quantization` reaches the engine: `q8-0` on the tiny fixture (whose 32-wide layers take int8)
+/// speaks through the element, and a quantized form that cannot run (bf16 activations from the
+/// stage config) fails the state change with the reason.
+#[test]
+fn quantization_property_selects_the_weight_form() {
+    let (mut h, bus) = harness(&[
+        ("text", v("Hello world.")),
+        ("max-new-tokens", v(12u32)),
+        ("quantization", v("q8-0")),
+    ]);
+    h.play();
+    let bufs = pull_all(&mut h);
+    let n = check_timeline(&bufs, 4);
+    let msgs = drain_ok(&bus);
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!(done.len(), 1);
+    assert_eq!(n, u64_field(&done[0], "frames") * SPF);
+    assert!(n > 0);
+    let e = h.element().unwrap();
+    let shown = e
+        .property_value("quantization")
+        .serialize()
+        .map(|s| s.to_string());
+    assert_eq!(shown.ok().as_deref(), Some("q8-0"));
+
+    let dir = TempDir::new("quant");
+    let yaml = dir.path().join("bf16.yaml");
+    std::fs::write(
+        &yaml,
+        gstomnitts::engine::DEFAULT_ASYNC_YAML.replace("dtype: auto", "dtype: bfloat16"),
+    )
+    .unwrap();
+    assert_names(
+        &start_error(
+            &fixture_model("tiny-customvoice"),
+            &[
+                ("text", v("x")),
+                ("stage-config", v(yaml.display().to_string().as_str())),
+                ("quantization", v("q4-k")),
+            ],
+        ),
+        &["quantization q4_k", "float32"],
     );
 }
 

@@ -41,7 +41,7 @@ fn generate(m: &ArModel, ckpt: &Checkpoint, text: &str) -> (Vec<f32>, Vec<Vec<u3
     (logits, frames)
 }
 
-fn form<'a>(forms: &'a [WeightForm], q: Quantization) -> Option<&'a WeightForm> {
+fn form(forms: &[WeightForm], q: Quantization) -> Option<&WeightForm> {
     forms.iter().find(|f| f.form == q)
 }
 
@@ -156,15 +156,16 @@ fn engine_runs_quantized_and_refuses_it_with_bf16() {
         run.metrics.frames * engine.samples_per_frame()
     );
 
-    let err = Engine::load(EngineOptions::new(
+    let loaded = Engine::load(EngineOptions::new(
         fixture("tiny-customvoice"),
         config(|c| {
             c.ar.quantization = Q8;
             c.ar.dtype = gstomnitts::engine::DTypeSpec::Bf16;
         }),
-    ))
-    .err()
-    .expect("q8_0 with bf16 activations must be refused");
+    ));
+    let Err(err) = loaded else {
+        panic!("q8_0 with bf16 activations must be refused");
+    };
     let msg = err.to_string();
     assert!(
         msg.contains("quantization q8_0") && msg.contains("float32"),

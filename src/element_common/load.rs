@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::engine::{DeviceSpec, Engine, EngineOptions, SharedEngine, StageConfig, registry};
+use crate::models::qwen3_tts::WeightForm;
 
 use super::audio::RATE;
 use super::bundled_voice;
@@ -177,12 +178,7 @@ fn load_engine(
         "engine {} ({} elements share it); stage 0 weights: {}",
         if engine.loaded() { "loaded" } else { "joined" },
         engine.users(),
-        engine
-            .weight_forms()
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+        WeightForm::summary(engine.weight_forms())
     );
     Ok((Arc::new(engine), resolved.dir))
 }

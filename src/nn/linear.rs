@@ -14,7 +14,7 @@
 //! the next larger form, down to dense). `auto` quantizes to int8 only the layers that candle's
 //! repacked kernels take (input width a multiple of 256, output a multiple of 16, a CPU with
 //! VNNI int8 dot products): its generic block kernels are slower than the f32 matmul (measured
-//! 10–200× on 192- to 1056-wide layers, docs/cpu.md), so elsewhere dense is the faster form.
+//! 1.7–190× on 192- to 1056-wide layers, docs/cpu.md), so elsewhere dense is the faster form.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Module, Result, Tensor};

@@ -58,9 +58,9 @@ fn release_pages(data: &[u8]) {
         let first = start.div_ceil(page) * page;
         let end = (start + data.len()) / page * page;
         if end > first {
-            // SAFETY: [first, end) lies inside the read-only private file mapping that `data`
-            // borrows from; MADV_DONTNEED on such a mapping only drops resident pages, which the
-            // next access reads back from the unchanged file.
+            // SAFETY: [first, end) lies inside the read-only file mapping that `data` borrows
+            // from, whose pages are never written; MADV_DONTNEED on it only unmaps resident
+            // pages, which the next access maps again from the unchanged file.
             unsafe {
                 libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_DONTNEED);
             }

@@ -28,6 +28,14 @@ pub struct WeightForm {
     pub bytes: usize,
 }
 
+impl WeightForm {
+    /// `forms` as one line: `16 layers none (138.4 MB), 233 layers q8_0 (558.2 MB)`.
+    pub fn summary(forms: &[WeightForm]) -> String {
+        let parts: Vec<String> = forms.iter().map(ToString::to_string).collect();
+        parts.join(", ")
+    }
+}
+
 impl std::fmt::Display for WeightForm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -15,7 +15,7 @@ use crate::nn::{
 #[derive(Debug, Clone)]
 pub struct CodePredictorModel {
     /// `num_code_groups - 1` tables `[cp vocab_size, talker hidden]`; table q embeds codebook q+1.
-    /// On the CPU their rows are read from the mapped checkpoint when looked up.
+    /// Loaded on the device (each frame looks up 15 rows of them).
     pub codec_embedding: Vec<Embedding>,
     pub layers: Vec<DecoderLayer>,
     pub norm: RmsNorm,
@@ -27,11 +27,9 @@ impl CodePredictorModel {
         let t = &c.transformer;
         let codec_embedding = (0..c.num_code_groups - 1)
             .map(|i| {
-                vb.pp("codec_embedding").mapped_embedding(
-                    c.vocab_size,
-                    cfg.transformer.hidden_size,
-                    &i.to_string(),
-                )
+                vb.pp("codec_embedding")
+                    .embedding(c.vocab_size, cfg.transformer.hidden_size, &i.to_string())
+                    .map(Embedding::Table)
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let layers = (0..t.num_hidden_layers)
