@@ -226,100 +226,98 @@ fn bench_config(
     (dtype, quantization): (DTypeSpec, QuantizationSpec),
     mode: &str,
 ) -> Result<Row> {
+    let mut cfg = match mode {
+        "async" => StageConfig::default_async(),
+        "batch" => StageConfig::default_batch(),
+        other => bail!("--modes: unknown mode {other:?} (async | batch)"),
+    };
+    cfg.ar.guard.enabled = false;
+    cfg.ar.dtype = dtype;
+    cfg.ar.quantization = quantization;
+    cfg.decoder.codec_chunk_frames = args.chunk;
+    cfg.decoder.initial_codec_chunk_frames = args.initial_chunk;
+    reset_peak_rss();
+    let t = Instant::now();
+    let engine = Engine::load(EngineOptions {
+        model_dir: dir.to_path_buf(),
+        stage_config: cfg,
+        ar_device,
+        decoder_device,
+    })
+    .with_context(|| format!("loading {}", dir.display()))?;
+    let load_s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "{name} {quantization} {mode}: loaded in {load_s:.1} s ({:.0} MiB resident), CUDA graphs: {:?}, weights: {}",
+        rss_mib("VmRSS:"),
+        engine.cuda_graphs(),
+        WeightForm::summary(engine.weight_forms())
+    );
+    let mut voice = voice.clone();
+    let speakers = engine.speakers();
+    if let Some(s) = &voice.speaker
+        && !speakers.iter().any(|k| k.eq_ignore_ascii_case(s))
     {
-        let mut cfg = match mode {
-            "async" => StageConfig::default_async(),
-            "batch" => StageConfig::default_batch(),
-            other => bail!("--modes: unknown mode {other:?} (async | batch)"),
-        };
-        cfg.ar.guard.enabled = false;
-        cfg.ar.dtype = dtype;
-        cfg.ar.quantization = quantization;
-        cfg.decoder.codec_chunk_frames = args.chunk;
-        cfg.decoder.initial_codec_chunk_frames = args.initial_chunk;
-        reset_peak_rss();
-        let t = Instant::now();
-        let engine = Engine::load(EngineOptions {
-            model_dir: dir.to_path_buf(),
-            stage_config: cfg,
-            ar_device,
-            decoder_device,
-        })
-        .with_context(|| format!("loading {}", dir.display()))?;
-        let load_s = t.elapsed().as_secs_f64();
-        eprintln!(
-            "{name} {quantization} {mode}: loaded in {load_s:.1} s ({:.0} MiB resident), CUDA graphs: {:?}, weights: {}",
-            rss_mib("VmRSS:"),
-            engine.cuda_graphs(),
-            WeightForm::summary(engine.weight_forms())
-        );
-        let mut voice = voice.clone();
-        let speakers = engine.speakers();
-        if let Some(s) = &voice.speaker
-            && !speakers.iter().any(|k| k.eq_ignore_ascii_case(s))
-        {
-            // A checkpoint without this preset speaker (e.g. the bundled voice through
-            // --model-dir): its first preset, or none.
-            voice.speaker = speakers.first().cloned();
-        }
-        let mut row = Row {
-            model: name.to_string(),
-            form: quantization.to_string(),
-            mode: mode.to_string(),
-            load_s,
-            runs: Vec::new(),
-            retries: 0,
-            peak_rss_mib: f64::NAN,
-        };
-        let mut seed = 1u64;
-        // One warm-up run, then the measured ones.
-        for i in 0..=args.runs {
-            let metrics = loop {
-                let mut sampling = engine.default_sampling_params();
-                sampling.do_sample = !args.greedy;
-                sampling.subtalker_do_sample = !args.greedy;
-                sampling.max_new_tokens = args.frames + 1;
-                sampling.seed = seed;
-                seed += 1;
-                let h = engine.submit(EngineRequest::new(voice.clone(), sampling))?;
-                let (audio, reason, metrics) = h.collect()?;
-                ensure!(
-                    audio.len() == metrics.frames * engine.samples_per_frame(),
-                    "{name}: {} samples for {} frames",
-                    audio.len(),
-                    metrics.frames
-                );
-                match reason {
-                    FinishReason::Length => break metrics,
-                    // Random weights stop at random: retry a short run with the next seed. A
-                    // trained voice ends its sentence where it ends (--model-dir): measure that.
-                    FinishReason::Eos
-                        if !args.greedy && row.retries < 20 && metrics.frames < args.frames / 2 =>
-                    {
-                        row.retries += 1;
-                        continue;
-                    }
-                    FinishReason::Eos if metrics.frames > 0 => break metrics,
-                    other => bail!("{name} {mode}: run ended with {other}"),
-                }
-            };
-            eprintln!(
-                "{name:>18} {mode:>5} run {i}{}: {} frames, TTFA {:.1} ms, AR {:.2} ms/frame, \
-                 decoder {:.2} ms/frame, RTF {:.3}",
-                if i == 0 { " (warm-up)" } else { "" },
-                metrics.frames,
-                metrics.ttfa_ms.unwrap_or(f64::NAN),
-                metrics.ar_ms_per_frame,
-                metrics.decoder_ms_per_frame,
-                metrics.rtf
-            );
-            if i > 0 {
-                row.runs.push(metrics);
-            }
-        }
-        row.peak_rss_mib = peak_rss_mib();
-        Ok(row)
+        // A checkpoint without this preset speaker (e.g. the bundled voice through
+        // --model-dir): its first preset, or none.
+        voice.speaker = speakers.first().cloned();
     }
+    let mut row = Row {
+        model: name.to_string(),
+        form: quantization.to_string(),
+        mode: mode.to_string(),
+        load_s,
+        runs: Vec::new(),
+        retries: 0,
+        peak_rss_mib: f64::NAN,
+    };
+    let mut seed = 1u64;
+    // One warm-up run, then the measured ones.
+    for i in 0..=args.runs {
+        let metrics = loop {
+            let mut sampling = engine.default_sampling_params();
+            sampling.do_sample = !args.greedy;
+            sampling.subtalker_do_sample = !args.greedy;
+            sampling.max_new_tokens = args.frames + 1;
+            sampling.seed = seed;
+            seed += 1;
+            let h = engine.submit(EngineRequest::new(voice.clone(), sampling))?;
+            let (audio, reason, metrics) = h.collect()?;
+            ensure!(
+                audio.len() == metrics.frames * engine.samples_per_frame(),
+                "{name}: {} samples for {} frames",
+                audio.len(),
+                metrics.frames
+            );
+            match reason {
+                FinishReason::Length => break metrics,
+                // Random weights stop at random: retry a short run with the next seed. A
+                // trained voice ends its sentence where it ends (--model-dir): measure that.
+                FinishReason::Eos
+                    if !args.greedy && row.retries < 20 && metrics.frames < args.frames / 2 =>
+                {
+                    row.retries += 1;
+                    continue;
+                }
+                FinishReason::Eos if metrics.frames > 0 => break metrics,
+                other => bail!("{name} {mode}: run ended with {other}"),
+            }
+        };
+        eprintln!(
+            "{name:>18} {mode:>5} run {i}{}: {} frames, TTFA {:.1} ms, AR {:.2} ms/frame, \
+             decoder {:.2} ms/frame, RTF {:.3}",
+            if i == 0 { " (warm-up)" } else { "" },
+            metrics.frames,
+            metrics.ttfa_ms.unwrap_or(f64::NAN),
+            metrics.ar_ms_per_frame,
+            metrics.decoder_ms_per_frame,
+            metrics.rtf
+        );
+        if i > 0 {
+            row.runs.push(metrics);
+        }
+    }
+    row.peak_rss_mib = peak_rss_mib();
+    Ok(row)
 }
 
 fn print_table(rows: &[Row], frames: usize) {

@@ -78,6 +78,14 @@ const LONG_TEXT: &str = "This is a long utterance that keeps going, sentence aft
      there is plenty of audio still to come when the test interrupts it; the engine must notice \
      the interruption between two frames and stop working on it right away.";
 
+/// The value of enum type `type_name` whose nick is `nick`.
+fn enum_value(type_name: &str, nick: &str) -> glib::Value {
+    let t = glib::Type::from_name(type_name).unwrap_or_else(|| panic!("no type {type_name}"));
+    glib::EnumClass::with_type(t)
+        .and_then(|c| c.to_value_by_nick(nick))
+        .unwrap_or_else(|| panic!("{type_name} has no value {nick}"))
+}
+
 fn u64_field(s: &gst::Structure, f: &str) -> u64 {
     s.get::<u64>(f)
         .unwrap_or_else(|e| panic!("{}: field {f}: {e}", s.name()))
@@ -360,20 +368,11 @@ fn property_round_trip() {
         ("speaker", "ryan".to_value()),
         ("language", "english".to_value()),
         ("instruct", "calm".to_value()),
-        ("prompt-mode", {
-            let t = glib::Type::from_name("GstOmniTtsPromptMode").unwrap();
-            glib::EnumClass::with_type(t)
-                .unwrap()
-                .to_value_by_nick("non-streaming")
-                .unwrap()
-        }),
-        ("quantization", {
-            let t = glib::Type::from_name("GstOmniTtsQuantization").unwrap();
-            glib::EnumClass::with_type(t)
-                .unwrap()
-                .to_value_by_nick("q4-k")
-                .unwrap()
-        }),
+        (
+            "prompt-mode",
+            enum_value("GstOmniTtsPromptMode", "non-streaming"),
+        ),
+        ("quantization", enum_value("GstOmniTtsQuantization", "q4-k")),
         ("ref-audio", "/some/voice.flac".to_value()),
         ("ref-text", "what the voice says".to_value()),
         ("x-vector-only", true.to_value()),

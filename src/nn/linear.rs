@@ -79,14 +79,6 @@ impl Quantization {
         }
         q
     }
-
-    /// Bytes a weight of `rows × cols` takes in this form (`dense_bytes` per value when dense).
-    pub fn bytes(&self, rows: usize, cols: usize, dense_bytes: usize) -> usize {
-        match self.ggml() {
-            None => rows * cols * dense_bytes,
-            Some(d) => rows * cols / d.block_size() * d.type_size(),
-        }
-    }
 }
 
 /// What the loader is asked for (`engine_args.quantization`, the elements' `quantization`).
@@ -308,7 +300,6 @@ mod tests {
         assert_eq!(Quantization::Q4K.for_width(192), Quantization::Q8_0);
         assert_eq!(Quantization::Q8_0.for_width(48), Quantization::None);
         assert_eq!(Quantization::None.for_width(1024), Quantization::None);
-        assert_eq!(Quantization::Q8_0.bytes(16, 64, 4), 16 * 2 * 34);
         assert_eq!(
             QuantizationSpec::parse(" AUTO"),
             Some(QuantizationSpec::Auto)

@@ -11,6 +11,7 @@ pub mod conv;
 pub mod cuda_graph;
 #[cfg(feature = "cuda")]
 pub mod cuda_kernels;
+pub mod embedding;
 #[cfg(feature = "cuda")]
 mod fused_decode;
 pub mod linear;
@@ -24,9 +25,10 @@ pub mod weights;
 
 pub use attention::{Attention, KvCache};
 pub use config::TransformerConfig;
+pub use embedding::{Embedding, MappedRows};
 pub use linear::{Linear, Quantization, QuantizationSpec};
 pub use mlp::Mlp;
 pub use rms_norm::RmsNorm;
 pub use rope::RotaryEmbedding;
 pub use transformer::{DecoderLayer, LayerCaches};
-pub use weights::{Embedding, MappedRows, WeightError, Weights};
+pub use weights::{WeightError, Weights};

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use candle_core::safetensors::{Load, MmapedSafetensors};
 use candle_core::{DType, Device, Tensor};
 
+use super::embedding::{Embedding, MappedRows};
 use super::linear::{Linear, QuantizationSpec};
 
 /// Errors of [`Weights`] lookups.
@@ -38,8 +39,10 @@ pub enum WeightError {
     },
 }
 
-struct Source {
-    st: MmapedSafetensors,
+/// The mapped file(s) behind a [`Weights`] (shared with [`MappedRows`], which reads from them
+/// after loading).
+pub(super) struct Source {
+    pub(super) st: MmapedSafetensors,
     /// The file(s) shown in error messages.
     file: PathBuf,
 }
@@ -68,95 +71,6 @@ fn release_pages(data: &[u8]) {
     }
     #[cfg(not(unix))]
     let _ = data;
-}
-
-/// An embedding table: on the device, or rows read from the mapped checkpoint file.
-#[derive(Debug, Clone)]
-pub enum Embedding {
-    /// The whole table `[num, dim]` on the device in the model dtype.
-    Table(candle_nn::Embedding),
-    /// Rows copied from the file at each lookup (CPU).
-    Mapped(MappedRows),
-}
-
-impl Embedding {
-    /// `ids` (u32 `[n]`) → `[n, dim]` in the model dtype. Errors on an id outside the table.
-    pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Embedding::Table(e) => candle_core::Module::forward(e, ids),
-            Embedding::Mapped(m) => m.forward(ids),
-        }
-    }
-
-    /// The whole table on the device (`[num, dim]`, for the CUDA kernels that read it);
-    /// `None` for mapped rows.
-    pub fn table(&self) -> Option<&Tensor> {
-        match self {
-            Embedding::Table(e) => Some(e.embeddings()),
-            Embedding::Mapped(_) => None,
-        }
-    }
-}
-
-/// The rows of a `[rows, dim]` table in a memory-mapped safetensors file, in its stored dtype,
-/// converted to `dtype` when looked up (a bf16 table looked up as f32 gives exactly the values
-/// loading it as f32 gives).
-#[derive(Clone)]
-pub struct MappedRows {
-    source: Arc<Source>,
-    name: String,
-    rows: usize,
-    dim: usize,
-    stored: DType,
-    dtype: DType,
-}
-
-impl std::fmt::Debug for MappedRows {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "MappedRows({} [{}, {}] {:?} → {:?})",
-            self.name, self.rows, self.dim, self.stored, self.dtype
-        )
-    }
-}
-
-impl MappedRows {
-    /// `ids` (u32 `[n]`) → `[n, dim]` in the target dtype, on the CPU.
-    pub fn forward(&self, ids: &Tensor) -> candle_core::Result<Tensor> {
-        let view = self.source.st.get(&self.name)?;
-        let data = view.data();
-        let row_bytes = self.dim * self.stored.size_in_bytes();
-        let mut rows = Vec::new();
-        for id in ids.flatten_all()?.to_vec1::<u32>()? {
-            let r = id as usize;
-            if r >= self.rows {
-                candle_core::bail!(
-                    "{}: id {r} is outside the table of {} rows",
-                    self.name,
-                    self.rows
-                );
-            }
-            let bytes = data
-                .get(r * row_bytes..(r + 1) * row_bytes)
-                .ok_or_else(|| {
-                    candle_core::Error::Msg(format!(
-                        "{}: row {r} past the end of the file",
-                        self.name
-                    ))
-                })?;
-            rows.push(Tensor::from_raw_buffer(
-                bytes,
-                self.stored,
-                &[1, self.dim],
-                &Device::Cpu,
-            )?);
-        }
-        if rows.is_empty() {
-            return Tensor::zeros((0, self.dim), self.dtype, &Device::Cpu);
-        }
-        Tensor::cat(&rows, 0)?.to_dtype(self.dtype)
-    }
 }
 
 /// A view of one or more safetensors files at a name prefix, with a target device and dtype.
@@ -278,26 +192,45 @@ impl Weights {
         self.shape_of(name).is_some()
     }
 
-    /// Loads `prefix.name`, checking that its shape is `shape`, converted to the target dtype.
-    pub fn get(&self, shape: &[usize], name: &str) -> Result<Tensor, WeightError> {
+    /// The file's view of `prefix.name` and its full name, checked to have shape `shape`.
+    fn view(
+        &self,
+        shape: &[usize],
+        name: &str,
+    ) -> Result<(safetensors::tensor::TensorView<'_>, String), WeightError> {
         let full = self.full_name(name);
-        let file = self.source.file.clone();
+        let file = || self.source.file.clone();
         let view = self
             .source
             .st
             .get(&full)
             .map_err(|_| WeightError::Missing {
-                file: file.clone(),
+                file: file(),
                 name: full.clone(),
             })?;
         if view.shape() != shape {
             return Err(WeightError::Shape {
-                file,
+                file: file(),
                 name: full,
                 expected: shape.to_vec(),
                 got: view.shape().to_vec(),
             });
         }
+        Ok((view, full))
+    }
+
+    /// A loading error of tensor `name`.
+    fn load_error(&self, name: String, source: candle_core::Error) -> WeightError {
+        WeightError::Load {
+            file: self.source.file.clone(),
+            name,
+            source: Box::new(source),
+        }
+    }
+
+    /// Loads `prefix.name`, checking that its shape is `shape`, converted to the target dtype.
+    pub fn get(&self, shape: &[usize], name: &str) -> Result<Tensor, WeightError> {
+        let (view, full) = self.view(shape, name)?;
         let load = || -> candle_core::Result<Tensor> {
             let copy = view.load(&Device::Cpu)?;
             // The tensor owns a copy now: hand the file's pages back, so that loading does not
@@ -305,11 +238,7 @@ impl Weights {
             release_pages(view.data());
             copy.to_dtype(self.dtype)?.to_device(&self.device)
         };
-        load().map_err(|source| WeightError::Load {
-            file,
-            name: full.clone(),
-            source: Box::new(source),
-        })
+        load().map_err(|source| self.load_error(full, source))
     }
 
     /// An embedding table `prefix.name.weight` ([num, dim]) whose rows are read from the mapped
@@ -325,37 +254,16 @@ impl Weights {
         if !self.device.is_cpu() {
             return Ok(Embedding::Table(self.embedding(num, dim, name)?));
         }
-        let full = self.pp(name).full_name("weight");
-        let file = self.source.file.clone();
-        let view = self
-            .source
-            .st
-            .get(&full)
-            .map_err(|_| WeightError::Missing {
-                file: file.clone(),
-                name: full.clone(),
-            })?;
-        if view.shape() != [num, dim] {
-            return Err(WeightError::Shape {
-                file,
-                name: full,
-                expected: vec![num, dim],
-                got: view.shape().to_vec(),
-            });
-        }
-        let stored = DType::try_from(view.dtype()).map_err(|source| WeightError::Load {
-            file: file.clone(),
-            name: full.clone(),
-            source: Box::new(source),
-        })?;
-        Ok(Embedding::Mapped(MappedRows {
-            source: self.source.clone(),
-            name: full,
-            rows: num,
-            dim,
+        let table = self.pp(name);
+        let (view, full) = table.view(&[num, dim], "weight")?;
+        let stored = DType::try_from(view.dtype()).map_err(|e| self.load_error(full.clone(), e))?;
+        Ok(Embedding::Mapped(MappedRows::new(
+            self.source.clone(),
+            full,
+            [num, dim],
             stored,
-            dtype: self.dtype,
-        }))
+            self.dtype,
+        )))
     }
 
     /// A [`Linear`] from `prefix.name.weight` ([out, in]) and, if `bias`, `prefix.name.bias`
@@ -375,13 +283,8 @@ impl Weights {
         } else {
             None
         };
-        Linear::quantize(&weight, bias, self.quantization.for_layer(in_dim, out_dim)).map_err(
-            |source| WeightError::Load {
-                file: self.source.file.clone(),
-                name: w.full_name("weight"),
-                source: Box::new(source),
-            },
-        )
+        Linear::quantize(&weight, bias, self.quantization.for_layer(in_dim, out_dim))
+            .map_err(|source| self.load_error(w.full_name("weight"), source))
     }
 
     /// A `candle_nn::Embedding` from `prefix.name.weight` ([num, dim]).

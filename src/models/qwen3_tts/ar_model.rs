@@ -85,16 +85,15 @@ impl ArModel {
             && text.is_contiguous()
             && text.dtype() == self.dtype
             && codes.len() <= crate::nn::cuda_kernels::embed_sum::MAX_TABLES
-            && let Some(cp_tables) = self
-                .code_predictor
-                .model
-                .codec_embedding
-                .iter()
-                .map(|e| e.table())
-                .collect::<Option<Vec<_>>>()
         {
             let mut tables = vec![self.talker.model.codec_embedding.embeddings()];
-            tables.extend(cp_tables);
+            tables.extend(
+                self.code_predictor
+                    .model
+                    .codec_embedding
+                    .iter()
+                    .map(|e| e.embeddings()),
+            );
             if tables.len() == codes.len() {
                 return crate::nn::cuda_kernels::embed_sum::embed_sum(codes, &tables, text);
             }
@@ -333,7 +332,10 @@ impl ArModel {
         let mut sum = self.talker.codec_embed(&column(0))?.to_dtype(DType::F32)?;
         for q in 1..groups {
             let ids = Tensor::new(column(q).as_slice(), &self.device)?;
-            let e = self.code_predictor.model.codec_embedding[q - 1].forward(&ids)?;
+            let e = candle_core::Module::forward(
+                &self.code_predictor.model.codec_embedding[q - 1],
+                &ids,
+            )?;
             sum = (sum + e.to_dtype(DType::F32)?)?;
         }
         Ok(sum.to_dtype(self.dtype)?)

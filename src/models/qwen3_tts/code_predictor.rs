@@ -7,15 +7,16 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::config::TalkerConfig;
 use super::device_sampler::DeviceSampler;
+use candle_nn::Embedding;
+
 use crate::nn::{
-    DecoderLayer, Embedding, LayerCaches, Linear, RmsNorm, RotaryEmbedding, WeightError, Weights,
+    DecoderLayer, LayerCaches, Linear, RmsNorm, RotaryEmbedding, WeightError, Weights,
 };
 
 /// `talker.code_predictor.model`.
 #[derive(Debug, Clone)]
 pub struct CodePredictorModel {
     /// `num_code_groups - 1` tables `[cp vocab_size, talker hidden]`; table q embeds codebook q+1.
-    /// Loaded on the device (each frame looks up 15 rows of them).
     pub codec_embedding: Vec<Embedding>,
     pub layers: Vec<DecoderLayer>,
     pub norm: RmsNorm,
@@ -27,9 +28,11 @@ impl CodePredictorModel {
         let t = &c.transformer;
         let codec_embedding = (0..c.num_code_groups - 1)
             .map(|i| {
-                vb.pp("codec_embedding")
-                    .embedding(c.vocab_size, cfg.transformer.hidden_size, &i.to_string())
-                    .map(Embedding::Table)
+                vb.pp("codec_embedding").embedding(
+                    c.vocab_size,
+                    cfg.transformer.hidden_size,
+                    &i.to_string(),
+                )
             })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let layers = (0..t.num_hidden_layers)
@@ -205,11 +208,7 @@ impl CodePredictor {
             if crate::nn::cuda_kernels::all_usable_for(&x) {
                 use crate::nn::cuda_kernels::{argmax_embed, sample_embed};
                 // The pick and the next input's embedding row in one launch.
-                let table = match (q + 1 < steps, self.model.codec_embedding[q].table()) {
-                    (true, Some(t)) => Some(t),
-                    (true, None) => candle_core::bail!("codec embedding {q} is not on the device"),
-                    (false, _) => None,
-                };
+                let table = (q + 1 < steps).then(|| self.model.codec_embedding[q].embeddings());
                 let picked = match params {
                     None => Some(argmax_embed::argmax_embed(&logits, table)?),
                     Some(p)
@@ -233,7 +232,10 @@ impl CodePredictor {
                 None => sampler.greedy(&logits)?,
             };
             if q + 1 < steps {
-                x = self.model.codec_embedding[q].forward(&id)?.unsqueeze(0)?;
+                x = self.model.codec_embedding[q]
+                    .embeddings()
+                    .index_select(&id, 0)?
+                    .unsqueeze(0)?;
             }
             ids.push(id);
         }

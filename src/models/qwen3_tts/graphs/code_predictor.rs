@@ -118,10 +118,7 @@ impl CpGraphs {
         use crate::models::qwen3_tts::device_sampler::PARAM_HEADER;
         use crate::nn::cuda_graph::{Graph, htod_cache};
         let dev = cp.device();
-        let d = cp.model.codec_embedding[0]
-            .table()
-            .ok_or_else(|| candle_core::Error::Msg("codec embedding not on the device".into()))?
-            .dim(1)?;
+        let d = cp.model.codec_embedding[0].embeddings().dim(1)?;
         let steps = cp.steps();
         let input2 = Tensor::zeros((1, 2, d), dtype, dev)?;
         let codes = Tensor::zeros(steps, DType::U32, dev)?;
@@ -160,10 +157,7 @@ impl CpGraphs {
     fn capture_steps(cp: &CodePredictor, dtype: DType) -> Result<CpGraphs> {
         use crate::nn::cuda_graph::{Graph, htod_cache};
         let dev = cp.device();
-        let d = cp.model.codec_embedding[0]
-            .table()
-            .ok_or_else(|| candle_core::Error::Msg("codec embedding not on the device".into()))?
-            .dim(1)?;
+        let d = cp.model.codec_embedding[0].embeddings().dim(1)?;
         let input2 = Tensor::zeros((1, 2, d), dtype, dev)?;
         let input1 = Tensor::zeros((1, 1, d), dtype, dev)?;
         let logits = Tensor::zeros((1, 1, cp.vocab_size()), DType::F32, dev)?;
