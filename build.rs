@@ -25,6 +25,8 @@ const KERNELS: &[&str] = &[
     "sample_embed",
     "rope_attention",
     "decode_stack",
+    "pick_rows",
+    "rows_attention",
 ];
 /// Device functions shared between kernels (`#include`d by the .cu files above).
 const HEADERS: &[&str] = &[
@@ -33,6 +35,8 @@ const HEADERS: &[&str] = &[
     "qk_norm_rope",
     "decode_attention",
     "rope_attention",
+    "argmax_embed",
+    "sample_embed",
 ];
 const KERNEL_DIR: &str = "src/nn/cuda_kernels";
 

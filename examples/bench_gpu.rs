@@ -91,6 +91,10 @@ struct Args {
     /// Where to write the random checkpoints (default: the system temp dir); removed afterwards.
     #[arg(long)]
     workdir: Option<PathBuf>,
+    /// Only write the random checkpoints, one folder per size under this one (kept), and exit:
+    /// for benchmarks that take a model directory (`bench_streams`).
+    #[arg(long)]
+    build_only: Option<PathBuf>,
     #[arg(long, default_value = DEFAULT_TEXT)]
     text: String,
     #[arg(long, default_value = "Vivian")]
@@ -591,6 +595,13 @@ fn main() -> Result<()> {
         .unwrap_or(args.ar_device.clone());
     // Each stage gets its own device handle (its own stream), as in the engine.
     let dec_dev = open_device(&dec_spec)?;
+    if let Some(root) = &args.build_only {
+        for size in &args.sizes {
+            build_random(size, &args.template, &root.join(size), &ar_dev)
+                .with_context(|| size.clone())?;
+        }
+        return Ok(());
+    }
     let mut results = Vec::new();
     for size in &args.sizes {
         results.push(bench_size(&args, size, &ar_dev, &dec_dev).with_context(|| size.clone())?);

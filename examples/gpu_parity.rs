@@ -26,6 +26,9 @@
 //!
 //! `--checkpoints tiny-customvoice --max-cases 3` restricts the run (short device sessions).
 //!
+//! `--batch-parity DIR` instead checks batched frames of 1 … 64 streams joining and leaving, on the
+//! batched frame graphs and eagerly, against each stream run alone (`batch_parity/mod.rs`).
+//!
 //! `--check-kernels` instead checks each fused CUDA decode kernel against the unfused candle ops on
 //! random tensors (`kernel_check/mod.rs`; tolerances stated there) and exits 0 / 1.
 //!
@@ -47,6 +50,9 @@ use serde_json::{Value, json};
 #[cfg(feature = "cuda")]
 #[path = "kernel_check/mod.rs"]
 mod kernel_check;
+
+#[path = "batch_parity/mod.rs"]
+mod batch_parity;
 
 #[derive(Parser, Debug)]
 #[command(about = "stage-0 greedy parity: CUDA f32/bf16 vs CPU vs the reference fixtures")]
@@ -72,6 +78,14 @@ struct Args {
     /// At most this many (non-voice-clone) cases per checkpoint; default: all.
     #[arg(long)]
     max_cases: Option<usize>,
+    /// Only check batched frames (graphs and eager) against solo streams, B = 1 … 64, on the
+    /// checkpoint in this folder, and exit (`batch_parity/mod.rs`).
+    #[arg(long)]
+    batch_parity: Option<PathBuf>,
+    /// The batch parity's modes, comma separated: f32 (greedy), bf16 (greedy), sampled (f32);
+    /// default: all.
+    #[arg(long, value_delimiter = ',')]
+    batch_modes: Vec<String>,
 }
 
 /// `cpu`, `cuda:N` or `auto`, opened as the engine opens a stage's device
@@ -211,6 +225,14 @@ fn real_main() -> Result<bool> {
         return kernel_check::run(&dev);
         #[cfg(not(feature = "cuda"))]
         bail!("--check-kernels needs a build with the `cuda` feature");
+    }
+    if let Some(dir) = &args.batch_parity {
+        let (ok, report) = batch_parity::run(dir, &dev, &args.batch_modes)?;
+        println!("{report}");
+        if let Some(p) = &args.json {
+            std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+        }
+        return Ok(ok);
     }
     let refdir = args.fixtures.join("reference");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&refdir)

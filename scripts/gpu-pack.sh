@@ -2,7 +2,7 @@
 # Packs what scripts/gpu-run.sh needs on a GPU machine without Rust or network into PACK_DIR:
 #   scripts/gpu-pack.sh PACK_DIR [BIN_DIR]
 # BIN_DIR: the CUDA build's binaries (default target-cuda/release/examples, from
-# `scripts/build-cuda.sh --example gpu_parity --example bench_gpu`). The reference's wheels are
+# `scripts/build-cuda.sh --example gpu_parity --example bench_gpu --example bench_streams`). The reference's wheels are
 # downloaded into PACK_DIR/whl unless already there (pip download, Python 3.12 manylinux); the
 # reference bench is taken from $OMNITTS_REF_BENCH (default /work/shared/bench).
 set -euo pipefail
@@ -11,7 +11,7 @@ pack=$1
 bins=${2:-target-cuda/release/examples}
 ref=${OMNITTS_REF_BENCH:-/work/shared/bench}
 mkdir -p "$pack/bin-stage/bin" "$pack/fx-stage/fixtures/reference" "$pack/bench" "$pack/whl"
-cp "$bins/gpu_parity" "$bins/bench_gpu" "$pack/bin-stage/bin/"
+cp "$bins/gpu_parity" "$bins/bench_gpu" "$bins/bench_streams" "$pack/bin-stage/bin/"
 tar -C "$pack/bin-stage" -cf - bin | xz -9 -T1 > "$pack/bins.tar.xz"
 # Fixtures: the checkpoints with stage-0 reference cases (tiny-base's are voice-clone cases, which
 # gpu_parity skips), without voicedesign's codec weights (not used by stage 0).

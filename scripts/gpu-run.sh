@@ -20,7 +20,13 @@
 # the code predictor as one graph per step and the codes picked on the host (OMNITTS_CP_FRAME_GRAPH=0;
 # the default is one graph per frame with the codes chosen on the device), graphs on, 1 repeat, sizes
 # PERSTEP_SIZES (default SIZES), limit PERSTEP_TIMEOUT (150 s); step "perstep-parity": gpu_parity
-# with it (PARITY_ARGS, PARITY_TIMEOUT).
+# with it (PARITY_ARGS, PARITY_TIMEOUT). Step "batch-parity": gpu_parity --batch-parity (batched
+# frames of 1..64 streams, graphs and eager, against solo streams, on the random 0.6B checkpoint),
+# modes BATCH_MODES (f32,bf16,sampled: all), limit BATCH_PARITY_TIMEOUT (300 s). Steps "streams" / "streams-eager" (for each size in STREAM_SIZES, e.g. "1.7b 0.6b"):
+# bench_streams on a random checkpoint of that size (made by bench_gpu --build-only), closed loop
+# STREAMS (1,4,16,64) and open loop RATES (e.g. 5,10,20,40; DURATION 30 s each; streams only),
+# FRAMES per stream, GPU memory polled with nvidia-smi; "streams-eager" with the batched frame
+# graphs off (OMNITTS_BATCH_GRAPHS=0); limit STREAMS_TIMEOUT (300 s) per run.
 set -uo pipefail
 pack=$1
 out=$2
@@ -97,6 +103,41 @@ if has_step perstep; then
     stamp "bench, code predictor graphs per step"
     bench perstep "${PERSTEP_TIMEOUT:-150}" "${PERSTEP_SIZES:-$SIZES}" 1 on OMNITTS_CP_FRAME_GRAPH=0
 fi
+if has_step batch-parity; then
+    stamp "batch parity: batched frames (graphs, eager) vs solo streams, B = 1..64"
+    [ -d /tmp/ckpt/0.6b ] || "$bin/bench_gpu" --build-only /tmp/ckpt --sizes 0.6b \
+        --template "$fx/tiny-customvoice" >"$out/build-0.6b.log" 2>&1 || { echo "build 0.6b failed"; tail -5 "$out/build-0.6b.log"; }
+    timeout "${BATCH_PARITY_TIMEOUT:-300}" "$bin/gpu_parity" --batch-parity /tmp/ckpt/0.6b --device "$AR_DEVICE" ${BATCH_MODES:+--batch-modes "$BATCH_MODES"} \
+        --json "$out/batch-parity.json" >"$out/batch-parity.log" 2>&1
+    echo "gpu_parity --batch-parity exit $?"
+    grep -v '^{' "$out/batch-parity.log" | tail -52
+fi
+# streams NAME LIMIT_S SIZE [ENV=VALUE ...]: bench_streams on a random checkpoint of SIZE (closed
+# loop STREAMS, open loop RATES) -> OUT/NAME.{log,json}, GPU memory polled -> OUT/NAME.mem
+streams() {
+    local name=$1 limit=$2 size=$3; shift 3
+    [ -d "/tmp/ckpt/$size" ] || "$bin/bench_gpu" --build-only /tmp/ckpt --sizes "$size" \
+        --template "$fx/tiny-customvoice" >"$out/build-$size.log" 2>&1 || { echo "build $size failed"; tail -5 "$out/build-$size.log"; }
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$out/$name.mem" &
+    local smi=$!
+    env "$@" timeout "$limit" "$bin/bench_streams" --model-dir "/tmp/ckpt/$size" --device "$AR_DEVICE" --shared-only \
+        --frames "$FRAMES" --streams "${STREAMS:-1,4,16,64}" ${RATES:+--rates "$RATES"} --duration "${DURATION:-30}" \
+        --json "$out/$name.json" >"$out/$name.log" 2>&1
+    echo "bench_streams ($name) exit $?"
+    kill $smi 2>/dev/null
+    grep -v '^{' "$out/$name.log" | tail -24
+    echo "peak GPU memory (MiB): $(sort -n "$out/$name.mem" | tail -1)"
+}
+for s in ${STREAM_SIZES:-}; do
+    if has_step streams; then
+        stamp "streams $s, batched frame graphs"
+        streams "streams-$s" "${STREAMS_TIMEOUT:-300}" "$s"
+    fi
+    if has_step streams-eager; then
+        stamp "streams $s, batched frames eager (OMNITTS_BATCH_GRAPHS=0)"
+        RATES= streams "streams-eager-$s" "${STREAMS_TIMEOUT:-300}" "$s" OMNITTS_BATCH_GRAPHS=0
+    fi
+done
 if has_step ref; then
     stamp reference
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \

@@ -183,10 +183,9 @@ fn child_peak_kib(n: usize) -> usize {
 
 #[test]
 fn sixteen_shared_elements_take_less_than_1_5x_the_memory_of_one() {
-    // The least of three runs each: a run where many streams happen to decode in the same batched
-    // Code2Wav pass holds that pass's working buffers at the peak (measured: 110-115 MiB over the
-    // baseline in most runs of 16, up to 150 in some), which says when the streams met, not what
-    // sharing costs.
+    // The least of three runs each: the peak moves with how many streams decode in the same
+    // batched Code2Wav pass (the 16 start together, their prefills share a step), which the
+    // decoder bounds by its frames per pass (`DEFAULT_MAX_BATCH_FRAMES`), not by the stream count.
     let least = |n: usize| {
         (0..3)
             .map(|_| child_peak_kib(n))

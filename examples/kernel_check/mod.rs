@@ -14,7 +14,10 @@
 //! against `DeviceSampler::sample` on the device with the same uniforms (the same code in all but
 //! ≤ 2 % of draws: float roundings at a CDF boundary) and its row exactly; `decode_stack` against
 //! the per-layer kernels it chains, bit for bit (output and caches); `rope_attention` against
-//! `qk_norm_rope_kv` + `decode_attention`, bit for bit.
+//! `qk_norm_rope_kv` + `decode_attention`, bit for bit; the batched frames' kernels against the
+//! one-row kernels row by row, bit for bit: `rows_attention` against `rope_attention` (each row its
+//! own cache, capacity and position), `pick_rows` against `argmax_embed` / `sample_embed` (greedy
+//! and sampled rows mixed), `embed_sum_rows` against `embed_sum`.
 
 use anyhow::Result;
 use candle_core::{D, DType, Device, Module, Tensor};
@@ -24,10 +27,12 @@ use gstomnitts::nn::cuda_kernels::{
     argmax_embed::argmax_embed,
     decode_attention::decode_attention,
     decode_stack::{Barrier, StackAttention, StackLayer, decode_stack, time_grid_barrier},
-    embed_sum::embed_sum,
+    embed_sum::{embed_sum, embed_sum_rows},
     gemv::{gemv_bias, gemv_residual, norm_gemv, norm_gemv_logits, norm_gemv_silu},
+    pick_rows::pick_rows,
     qk_norm_rope::{Heads, qk_norm_rope_kv},
     rope_attention::rope_attention,
+    rows_attention::{RowCaches, rows_attention},
     sample_embed::sample_embed,
     silu_mul::silu_mul,
 };
@@ -197,6 +202,7 @@ pub fn run(dev: &Device) -> Result<bool> {
         argmax_checks(&mut r, dev, dtype)?;
         embed_sum_checks(&mut r, dev, dtype)?;
         sample_embed_checks(&mut r, dev, dtype)?;
+        rows_checks(&mut r, dev, dtype, eps)?;
         // q/k norm + RoPE + cache write, then attention, talker (16/8 heads) and CP shapes.
         for (nh, nkv, hd, cap) in [(16usize, 8usize, 128usize, 4096usize), (16, 8, 128, 16)] {
             for (t, p, dev_pos) in [
@@ -583,6 +589,201 @@ fn sample_embed_checks(r: &mut Report, dev: &Device, dtype: DType) -> Result<()>
         );
         r.check(&format!("sample_embed row ({tag})"), dtype, row_err, 0.0);
     }
+    Ok(())
+}
+
+/// The batched frames' kernels against the one-row kernels, row by row (bit for bit):
+/// `rows_attention` (talker heads 16/8 × 128; rows with caches of different capacities, at
+/// positions from 0 to the last slot, one table per call), `pick_rows` (greedy and sampled rows
+/// mixed, with and without the embedding table), `embed_sum_rows`.
+fn rows_checks(r: &mut Report, dev: &Device, dtype: DType, eps: f64) -> Result<()> {
+    use gstomnitts::models::qwen3_tts::device_sampler::frame_params;
+    use gstomnitts::models::qwen3_tts::sampling::TokenChooser;
+    use gstomnitts::nn::cuda_kernels::device_address;
+    use rand::SeedableRng;
+    let heads = Heads {
+        nh: 16,
+        nkv: 8,
+        hd: 128,
+    };
+    let (qd, kvd) = (heads.nh * heads.hd, heads.nkv * heads.hd);
+    let max_keys = 4096;
+    let scale = 1.0 / (heads.hd as f64).sqrt();
+    let (cos, sin) = tables(max_keys, heads.hd, dev)?;
+    let qw = randn(&[heads.hd], dtype, dev)?.affine(0.1, 1.0)?;
+    let kw = randn(&[heads.hd], dtype, dev)?.affine(0.1, 1.0)?;
+    // (capacity, position) per row.
+    let rows_spec: [(usize, usize); 6] = [
+        (64, 0),
+        (64, 63),
+        (300, 17),
+        (4096, 4095),
+        (512, 300),
+        (16, 5),
+    ];
+    let n = rows_spec.len();
+    let qkv = randn(&[n, 1, qd + 2 * kvd], dtype, dev)?;
+    let (q, k, v) = (
+        qkv.narrow(2, 0, qd)?,
+        qkv.narrow(2, qd, kvd)?,
+        qkv.narrow(2, qd + kvd, kvd)?,
+    );
+    let mut solo_out = Vec::new();
+    let mut solo_caches = Vec::new();
+    let mut row_caches = Vec::new();
+    for (i, &(cap, p)) in rows_spec.iter().enumerate() {
+        let kc = randn(&[1, heads.nkv, cap, heads.hd], dtype, dev)?;
+        let vc = randn(&[1, heads.nkv, cap, heads.hd], dtype, dev)?;
+        let (kc1, vc1) = (kc.copy()?, vc.copy()?);
+        let row = |x: &Tensor| x.narrow(0, i, 1);
+        solo_out.push(rope_attention(
+            &row(&q)?,
+            &row(&k)?,
+            &row(&v)?,
+            &qw,
+            &kw,
+            eps,
+            &cos,
+            &sin,
+            Pos::Host(p),
+            &kc,
+            &vc,
+            heads,
+            max_keys,
+            scale,
+        )?);
+        solo_caches.push((kc, vc));
+        row_caches.push((kc1, vc1));
+    }
+    let mut addrs = vec![0i64; 2 * n];
+    for (i, (kc, vc)) in row_caches.iter().enumerate() {
+        addrs[i] = device_address(kc)? as i64;
+        addrs[n + i] = device_address(vc)? as i64;
+    }
+    let table = Tensor::from_vec(addrs, (2, n), dev)?;
+    let caps: Vec<u32> = rows_spec.iter().map(|&(c, _)| c as u32).collect();
+    let caps = Tensor::new(caps.as_slice(), dev)?;
+    let positions: Vec<u32> = rows_spec.iter().map(|&(_, p)| p as u32).collect();
+    let positions = Tensor::new(positions.as_slice(), dev)?;
+    let got = rows_attention(
+        &q,
+        &k,
+        &v,
+        &qw,
+        &kw,
+        eps,
+        &cos,
+        &sin,
+        &positions,
+        RowCaches {
+            caches: &table,
+            caps: &caps,
+        },
+        heads,
+        max_keys,
+        scale,
+    )?;
+    let want = Tensor::cat(&solo_out, 0)?;
+    let mut cache_err = 0f32;
+    for ((a, b), (c, d)) in solo_caches.iter().zip(&row_caches) {
+        cache_err = cache_err.max(rel_err(a, c)?).max(rel_err(b, d)?);
+    }
+    r.check(
+        &format!("rows_attention = rope_attention per row [{n} rows]"),
+        dtype,
+        rel_err(&got, &want)?,
+        0.0,
+    );
+    r.check(
+        &format!("rows_attention caches = rope_attention's [{n} rows]"),
+        dtype,
+        cache_err,
+        0.0,
+    );
+
+    // pick_rows: rows 0, 2, 4 greedy, the others sampled with different warpers.
+    let (vocab, hidden, steps) = (2048usize, 1024usize, 15usize);
+    let table = randn(&[vocab, hidden], dtype, dev)?;
+    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(11);
+    let choosers = [(0.9f32, 50usize, 1.0f32), (1.0, 0, 0.95), (1.3, 3, 0.5)];
+    let rows = 6;
+    let mut params = Vec::new();
+    for i in 0..rows {
+        if i % 2 == 0 {
+            params.extend(gstomnitts::models::qwen3_tts::device_sampler::greedy_row_params(steps));
+        } else {
+            let (temperature, top_k, top_p) = choosers[i / 2];
+            let c = TokenChooser {
+                do_sample: true,
+                temperature,
+                top_k,
+                top_p,
+            };
+            params.extend(frame_params(&c, vocab, steps, &mut rng));
+        }
+    }
+    let stride = params.len() / rows;
+    let params = Tensor::from_vec(params, (rows, stride), dev)?;
+    let logits = (randn(&[rows, 1, vocab], DType::F32, dev)? * 3.0)?;
+    let (mut differ, mut row_err) = (0usize, 0f32);
+    for (step, with_table) in [(0usize, true), (7, true), (steps - 1, false)] {
+        let codes = Tensor::zeros((rows, steps + 1), DType::U32, dev)?;
+        let t = with_table.then_some(&table);
+        let x = pick_rows(&logits, &params, step, t, &codes, step + 1)?;
+        let got: Vec<Vec<u32>> = codes.to_vec2()?;
+        for i in 0..rows {
+            let l = logits.narrow(0, i, 1)?;
+            let p = params.get(i)?;
+            let (id, xs) = if i % 2 == 0 {
+                argmax_embed(&l, t)?
+            } else {
+                sample_embed(&l, &p, step, t)?
+            };
+            let want = id.to_vec1::<u32>()?[0];
+            differ += usize::from(got[i][step + 1] != want);
+            if let (Some(x), Some(xs)) = (&x, xs) {
+                row_err = row_err.max(rel_err(&x.narrow(0, i, 1)?, &xs)?);
+            }
+        }
+        if with_table != x.is_some() {
+            row_err = f32::INFINITY;
+        }
+    }
+    r.check(
+        &format!("pick_rows = argmax_embed / sample_embed per row ({differ} differ)"),
+        dtype,
+        differ as f32,
+        0.0,
+    );
+    r.check(
+        "pick_rows rows = one-row kernels' rows",
+        dtype,
+        row_err,
+        0.0,
+    );
+
+    // embed_sum_rows against embed_sum row by row.
+    let mut tables = vec![randn(&[3072, hidden], dtype, dev)?];
+    for _ in 0..15 {
+        tables.push(randn(&[2048, hidden], dtype, dev)?);
+    }
+    let refs: Vec<&Tensor> = tables.iter().collect();
+    let codes: Vec<Vec<u32>> = (0..5u32)
+        .map(|r| (0..16u32).map(|i| (i * 797 + r * 131 + 3) % 2048).collect())
+        .collect();
+    let text = randn(&[5, 1, hidden], dtype, dev)?;
+    let codes_dev = Tensor::new(codes.clone(), dev)?;
+    let got = embed_sum_rows(&codes_dev, &refs, &text)?;
+    let mut want = Vec::new();
+    for (i, c) in codes.iter().enumerate() {
+        want.push(embed_sum(c, &refs, &text.get(i)?.reshape((1, hidden))?)?);
+    }
+    r.check(
+        "embed_sum_rows = embed_sum per row [5 rows]",
+        dtype,
+        rel_err(&got, &Tensor::cat(&want, 0)?)?,
+        0.0,
+    );
     Ok(())
 }
 

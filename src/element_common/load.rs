@@ -175,10 +175,12 @@ fn load_engine(
     gst::info!(
         cat,
         obj = element,
-        "engine {} ({} elements share it); stage 0 weights: {}",
+        "engine {} ({} elements share it); stage 0 weights: {}; CUDA graphs: {:?}, batched: {:?}",
         if engine.loaded() { "loaded" } else { "joined" },
         engine.users(),
-        WeightForm::summary(engine.weight_forms())
+        WeightForm::summary(engine.weight_forms()),
+        engine.cuda_graphs(),
+        engine.batch_graphs()
     );
     Ok((Arc::new(engine), resolved.dir))
 }

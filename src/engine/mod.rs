@@ -61,8 +61,8 @@ use queue::StageQueue;
 pub use registry::SharedEngine;
 use request::{AdmissionControl, RequestCore, RequestShared};
 use stage0::EncodeJob;
-pub use stages::CudaGraphs;
 pub(crate) use stages::panic_message;
+pub use stages::{BatchGraphs, CudaGraphs};
 use stages::{LoadedInfo, Threads};
 use voice_clone::{CloneCache, CloneKey};
 
@@ -474,6 +474,12 @@ impl Engine {
     /// Whether stage 0's code predictor replays CUDA graphs (captured during [`Engine::load`]).
     pub fn cuda_graphs(&self) -> &CudaGraphs {
         &self.info.cuda_graphs
+    }
+
+    /// Whether stage 0's batched frames replay CUDA graphs, and for which batch sizes (captured
+    /// during [`Engine::load`]).
+    pub fn batch_graphs(&self) -> &BatchGraphs {
+        &self.info.batch_graphs
     }
 
     /// `generation_config.json` overridden by the stage config's `default_sampling_params` /

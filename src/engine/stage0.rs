@@ -11,7 +11,7 @@ use super::config::ArStageConfig;
 use super::metrics::{ArTiming, BatchCounters};
 use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
-use super::stages::{CudaGraphs, guarded, panic_message};
+use super::stages::{BatchGraphs, CudaGraphs, guarded, panic_message};
 use super::{DeviceSpec, EngineError, EngineEvent, EngineRequest, FinishReason};
 use crate::models::qwen3_tts::{
     self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, ModelVariant,
@@ -30,6 +30,7 @@ pub(crate) struct EncodeJob {
 /// What stage 0 reports after loading.
 pub(crate) struct ArInfo {
     pub cuda_graphs: CudaGraphs,
+    pub batch_graphs: BatchGraphs,
     pub weight_forms: Vec<WeightForm>,
     pub variant: ModelVariant,
     pub speakers: Vec<String>,
@@ -76,9 +77,19 @@ pub(crate) fn ar_thread(
         } else {
             CudaGraphs::NotApplicable
         };
-        Ok((model, graphs))
+        // The batched frames' graphs, one per batch bucket up to `max_num_seqs`, also before
+        // ready; a failure leaves batched frames eager.
+        let batch = if graphs == CudaGraphs::Enabled && cfg.max_num_seqs > 1 {
+            match model.enable_batch_graphs(cfg.max_num_seqs) {
+                Ok(sizes) => BatchGraphs::Enabled(sizes),
+                Err(e) => BatchGraphs::Fallback(e.to_string()),
+            }
+        } else {
+            BatchGraphs::NotApplicable
+        };
+        Ok((model, graphs, batch))
     })();
-    let (model, cuda_graphs) = match loaded {
+    let (model, cuda_graphs, batch_graphs) = match loaded {
         Ok(m) => m,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -87,6 +98,7 @@ pub(crate) fn ar_thread(
     };
     let info = ArInfo {
         cuda_graphs,
+        batch_graphs,
         weight_forms: model.weight_forms(),
         variant: model.variant(),
         speakers: model.speakers(),
@@ -149,9 +161,11 @@ impl<'m> ArStage<'m> {
     /// 1. voice-clone encoding jobs, then requests cancelled while waiting let go;
     /// 2. admission: waiting requests (FIFO) start while fewer than `max_num_seqs` are prefilling
     ///    or decoding (`Started` is sent; the prompt is planned and embedded);
-    /// 3. the oldest prefilling request runs one chunk of `prefill_chunk` prompt positions, so a
-    ///    long prompt joining the batch delays the running streams by at most one chunk a step;
-    ///    a finished prefill joins the decode batch;
+    /// 3. prefilling requests, oldest first, run prompt positions up to a budget of
+    ///    [`PREFILL_CHUNK`] positions a step (a long prompt takes a chunk of it, short ones share
+    ///    it: a burst of arrivals starts together instead of one request a step), so a prompt
+    ///    joining the batch delays the running streams by at most one chunk's work a step; a
+    ///    finished prefill joins the decode batch;
     /// 4. every decoding request that is not blocked (its chunk buffer full) advances one frame
     ///    in one batched forward ([`ArModel::next_frames`]); requests that end (EOS, length,
     ///    guard, cancel, error) leave the batch at once.
@@ -203,9 +217,14 @@ impl<'m> ArStage<'m> {
                     prefilling.push_back(p);
                 }
             }
-            if let Some(p) = prefilling.pop_front() {
+            let mut budget = PREFILL_CHUNK;
+            while budget > 0
+                && let Some(p) = prefilling.pop_front()
+            {
                 progress = true;
-                match self.prefill_chunk(p) {
+                let n = p.pending.remaining().clamp(1, budget);
+                budget -= n;
+                match self.prefill_chunk(p, n) {
                     Prefill::More(p) => prefilling.push_front(p),
                     Prefill::Done(a) => active.push(a),
                     Prefill::Released => {}
@@ -278,15 +297,14 @@ impl<'m> ArStage<'m> {
         }
     }
 
-    /// Runs one chunk of a request's prefill.
-    fn prefill_chunk(&self, mut p: Prefilling<'m>) -> Prefill<'m> {
+    /// Runs the next `positions` prompt positions of a request's prefill (fewer at its end).
+    fn prefill_chunk(&self, mut p: Prefilling<'m>, positions: usize) -> Prefill<'m> {
         if p.req.is_cancelled() {
             p.req.release_from_ar(FinishReason::Cancelled, p.timing);
             return Prefill::Released;
         }
         let t = Instant::now();
-        let chunk = PREFILL_CHUNK;
-        let step = guarded(|| p.pending.prefill_step(chunk));
+        let step = guarded(|| p.pending.prefill_step(positions));
         p.timing.prefill += t.elapsed();
         let failed = |req: Arc<RequestShared>, timing: ArTiming, msg: String| {
             req.release_from_ar(

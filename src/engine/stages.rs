@@ -61,6 +61,7 @@ pub(crate) struct LoadedInfo {
     pub ar_device: DeviceSpec,
     pub decoder_device: DeviceSpec,
     pub cuda_graphs: CudaGraphs,
+    pub batch_graphs: BatchGraphs,
     /// How stage 0's linear weights are stored.
     pub weight_forms: Vec<WeightForm>,
     /// Stage 0's and stage 1's batch tallies.
@@ -75,6 +76,18 @@ pub enum CudaGraphs {
     /// Captured at load, before the engine reported ready; every frame replays them.
     Enabled,
     /// Capture failed; frames run eagerly. The reason names the CUDA call.
+    Fallback(String),
+}
+
+/// Whether stage 0's batched frames (several streams in one step) replay CUDA graphs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchGraphs {
+    /// Not on a CUDA device, `max_num_seqs` is 1, or the one-stream graphs are not enabled.
+    NotApplicable,
+    /// Captured at load for these batch sizes (a batch replays the smallest that holds it).
+    Enabled(Vec<usize>),
+    /// Capture failed or the model does not take the batched kernels; batched frames run
+    /// eagerly. The reason says why.
     Fallback(String),
 }
 
@@ -149,6 +162,7 @@ pub(crate) fn spawn(
             ar_device: ar.device,
             decoder_device: dec.device,
             cuda_graphs: ar.cuda_graphs,
+            batch_graphs: ar.batch_graphs,
             weight_forms: ar.weight_forms,
             batches: [ar_batches, dec_batches],
         }),

@@ -103,6 +103,22 @@ pub fn row_by_row(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<T
     Tensor::cat(&outs, 0)
 }
 
+/// `f(x)` in one call on a CUDA device, [`row_by_row`] elsewhere: the batched passes' products.
+///
+/// On the GPU a pass of many streams would otherwise cost a launch per stream and product (the
+/// decoder's convolutions and linear layers: thousands of small launches a pass at 64 streams),
+/// and its rows are computed independently either way; the batch only changes the GEMM's blocking,
+/// so a row stays within float rounding of its stream alone instead of equal to the bit (the CPU
+/// keeps the bit-exact rows its tests check). Not for the transposed convolution, whose batched
+/// product candle folds wrongly (see [`row_by_row`]).
+pub fn per_row_on_cpu(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    if x.device().is_cuda() {
+        f(x)
+    } else {
+        row_by_row(x, f)
+    }
+}
+
 /// `rows` (each `[1, ...]`, or `None` for zeros) stacked into `[rows.len(), ...]`; `None` when
 /// every row is `None`.
 fn stack_rows(rows: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
@@ -232,7 +248,9 @@ impl StreamingCausalConv1d {
             padded
         };
         let y = match &self.kernel {
-            ConvKernel::Dense(w) => row_by_row(&padded, |p| p.conv1d(w, 0, 1, self.dilation, 1))?,
+            ConvKernel::Dense(w) => {
+                per_row_on_cpu(&padded, |p| p.conv1d(w, 0, 1, self.dilation, 1))?
+            }
             ConvKernel::Pointwise(w) => w.broadcast_left(b)?.matmul(&padded.contiguous()?)?,
             ConvKernel::Depthwise(taps) => {
                 let mut acc = padded.narrow(2, 0, n)?.broadcast_mul(&taps[0])?;

@@ -42,7 +42,7 @@ impl Attention {
     /// Whether [`Self::forward_fused`] can run `t` query rows attending to at most `max_keys`
     /// keys on `x`'s device and dtype (CUDA, bf16/f32, kernels enabled, no sliding window,
     /// supported head width).
-    fn fused_ok(&self, x: &Tensor, t: usize, max_keys: usize) -> bool {
+    pub(super) fn fused_ok(&self, x: &Tensor, t: usize, max_keys: usize) -> bool {
         use cuda_kernels::decode_attention::{MAX_KEYS, supports_head_dim};
         use cuda_kernels::qk_norm_rope::supports_head_dim as rope_supports_head_dim;
         cuda_kernels::usable_for(x)
@@ -58,7 +58,7 @@ impl Attention {
 
     /// Ensures `cache` has buffers with room for `t` more positions of this layer's keys/values
     /// (`batch` rows, `dtype`), as [`Self::forward`] would allocate them.
-    fn reserve(
+    pub(super) fn reserve(
         &self,
         cache: &mut KvCache,
         batch: usize,
@@ -81,21 +81,27 @@ impl Attention {
     /// hidden]` as [`Self::forward`]. Launches: 1 matmul (q/k/v fused, 3 otherwise) + 1 or 2 for
     /// the norms, RoPE, cache write and attention ([`Self::attend_fused`]) + 1 `o_proj`.
     fn forward_fused(&self, x: &Tensor, at: DecodeAt<'_>, cache: &KvCache) -> Result<Tensor> {
-        let (q, k, v) = match &self.qkv_proj {
-            Some(qkv) => self.split_qkv(&qkv.forward(x)?)?,
-            None => (
-                self.q_proj.forward(x)?,
-                self.k_proj.forward(x)?,
-                self.v_proj.forward(x)?,
-            ),
-        };
+        let (q, k, v) = self.project_qkv(x)?;
         self.o_proj
             .forward(&self.attend_fused(&q, &k, &v, at, cache)?)
     }
 
+    /// `q`, `k`, `v` of `x` `[batch, t, hidden]`: one matmul with the fused q/k/v weight (views of
+    /// its output), else three.
+    pub(super) fn project_qkv(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        match &self.qkv_proj {
+            Some(qkv) => self.split_qkv(&qkv.forward(x)?),
+            None => Ok((
+                self.q_proj.forward(x)?,
+                self.k_proj.forward(x)?,
+                self.v_proj.forward(x)?,
+            )),
+        }
+    }
+
     /// `qkv` `[batch, t, (heads + 2·kv_heads)·head_dim]` (the fused q/k/v weight's output) as
     /// views `q` `[batch, t, heads·head_dim]`, `k`/`v` `[batch, t, kv_heads·head_dim]`.
-    fn split_qkv(&self, qkv: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    pub(super) fn split_qkv(&self, qkv: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let qd = self.num_heads * self.head_dim;
         let kvd = self.num_kv_heads * self.head_dim;
         Ok((
@@ -155,7 +161,7 @@ impl Attention {
     }
 
     /// The head counts and width, as the fused kernels take them.
-    fn heads(&self) -> cuda_kernels::qk_norm_rope::Heads {
+    pub(super) fn heads(&self) -> cuda_kernels::qk_norm_rope::Heads {
         cuda_kernels::qk_norm_rope::Heads {
             nh: self.num_heads,
             nkv: self.num_kv_heads,
@@ -216,7 +222,7 @@ impl Mlp {
     /// [`Self::forward`] with the fused CUDA kernels (`src/nn/cuda_kernels`): one gate/up matmul
     /// (two without the fused weight), one SiLU·up kernel, the down matmul. `x` `[batch, t,
     /// hidden]`, bf16 or f32 on CUDA.
-    fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
+    pub(super) fn forward_fused(&self, x: &Tensor) -> Result<Tensor> {
         let (gate, up) = match &self.gate_up {
             Some(gu) => {
                 let gu = gu.forward(x)?;
@@ -234,16 +240,10 @@ impl DecoderLayer {
     /// One layer on the fused CUDA decode path: `x` is the residual stream `[batch, t, hidden]`
     /// and `normed` = `input_layernorm(x)` (computed by the caller, fused with the previous
     /// layer's last add). Returns `(h, m)` with the layer output `h + m` left to the caller (so it
-    /// fuses with the next layer's norm). See [`Attention::forward_fused`] for the rest.
-    /// Launches: 4 (attention) + 1 (add + post-attention norm) + 3 (MLP).
-    fn forward_fused(
-        &self,
-        x: &Tensor,
-        normed: &Tensor,
-        at: DecodeAt<'_>,
-        cache: &KvCache,
-    ) -> Result<(Tensor, Tensor)> {
-        let a = self.self_attn.forward_fused(normed, at, cache)?;
+    /// fuses with the next layer's norm). `a`: the attention output of `normed` (after
+    /// `o_proj`: [`Attention::forward_fused`], or a batched step's per-row attention).
+    /// Launches: 1 (add + post-attention norm) + 3 (MLP).
+    pub(super) fn finish_fused(&self, x: &Tensor, a: &Tensor) -> Result<(Tensor, Tensor)> {
         let post = &self.post_attention_layernorm;
         let (h, normed) = cuda_kernels::add_rms_norm::add_rms_norm(
             x,
@@ -361,10 +361,9 @@ impl LayerCaches {
         pos: Pos<'_>,
         max_keys: usize,
     ) -> Result<Tensor> {
-        use cuda_kernels::add_rms_norm::add_rms_norm;
-        let Some(first) = layers.first() else {
+        if layers.is_empty() {
             candle_core::bail!("fused decode over an empty stack");
-        };
+        }
         let at = DecodeAt {
             cos,
             sin,
@@ -382,18 +381,12 @@ impl LayerCaches {
             }
             return Ok(x);
         }
-        let mut normed = first.input_layernorm.forward(&x)?;
-        for (i, (layer, cache)) in layers.iter().zip(self.caches.iter()).enumerate() {
-            let (h, m) = layer.forward_fused(&x, &normed, at, cache)?;
-            match layers.get(i + 1) {
-                Some(next) => {
-                    let norm = &next.input_layernorm;
-                    (x, normed) = add_rms_norm(&h, &m, &norm.weight_as(h.dtype())?, norm.eps())?;
-                }
-                None => x = (h + m)?,
-            }
-        }
-        Ok(x)
+        run_layers_fused(layers, x, |i, layer, normed| {
+            let Some(cache) = self.caches.get(i) else {
+                candle_core::bail!("fused decode: no cache for layer {i}");
+            };
+            layer.self_attn.forward_fused(normed, at, cache)
+        })
     }
 
     /// [`Self::run_fused`] in one launch of the whole-stack decode kernel
@@ -445,4 +438,32 @@ impl LayerCaches {
         self.advance(t)?;
         Ok(Some(h))
     }
+}
+
+/// The per-layer fused decode path over `layers` (9 launches a layer): input norm, the attention
+/// output `attend(i, layer, normed)` (after `o_proj`), then add + post-attention norm, MLP, and the
+/// residual add fused with the next layer's input norm. `x`: the residual stream `[rows, t,
+/// hidden]`, contiguous. Returns the last layer's output (before any final norm).
+pub(super) fn run_layers_fused(
+    layers: &[DecoderLayer],
+    mut x: Tensor,
+    mut attend: impl FnMut(usize, &DecoderLayer, &Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    use cuda_kernels::add_rms_norm::add_rms_norm;
+    let Some(first) = layers.first() else {
+        candle_core::bail!("fused decode over an empty stack");
+    };
+    let mut normed = first.input_layernorm.forward(&x)?;
+    for (i, layer) in layers.iter().enumerate() {
+        let a = attend(i, layer, &normed)?;
+        let (h, m) = layer.finish_fused(&x, &a)?;
+        match layers.get(i + 1) {
+            Some(next) => {
+                let norm = &next.input_layernorm;
+                (x, normed) = add_rms_norm(&h, &m, &norm.weight_as(h.dtype())?, norm.eps())?;
+            }
+            None => x = (h + m)?,
+        }
+    }
+    Ok(x)
 }

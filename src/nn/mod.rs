@@ -18,6 +18,8 @@ pub mod linear;
 pub mod mlp;
 pub mod rms_norm;
 pub mod rope;
+#[cfg(feature = "cuda")]
+pub mod rows_decode;
 pub mod snake_beta;
 pub mod switches;
 pub mod transformer;

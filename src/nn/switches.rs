@@ -9,6 +9,7 @@
 //! | `OMNITTS_STACK_BLOCKS_PER_SM` | blocks per SM of that kernel, ≥ 1 | 2 |
 //! | `OMNITTS_FUSED_SAMPLER` | `0` the code predictor's sampled codes without the fused sampler kernel | on |
 //! | `OMNITTS_CP_FRAME_GRAPH` | `0` one code-predictor CUDA graph per step instead of one per frame | one per frame |
+//! | `OMNITTS_BATCH_GRAPHS` | `0` batched frames of several streams eager instead of on the batched frame graphs | graphs |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
 
@@ -39,6 +40,8 @@ pub struct Switches {
     pub fused_sampler: bool,
     /// `OMNITTS_CP_FRAME_GRAPH`: one CUDA graph per code-predictor frame (else one per step).
     pub cp_frame_graph: bool,
+    /// `OMNITTS_BATCH_GRAPHS`: batched frames on their CUDA graphs (else eager).
+    pub batch_graphs: bool,
 }
 
 impl Default for Switches {
@@ -71,6 +74,7 @@ impl Switches {
                 .unwrap_or(2),
             fused_sampler: !is("OMNITTS_FUSED_SAMPLER", "0"),
             cp_frame_graph: !is("OMNITTS_CP_FRAME_GRAPH", "0"),
+            batch_graphs: !is("OMNITTS_BATCH_GRAPHS", "0"),
         }
     }
 }
@@ -96,6 +100,7 @@ mod tests {
         assert_eq!(s.stack_blocks_per_sm, 2);
         assert!(s.fused_sampler);
         assert!(s.cp_frame_graph);
+        assert!(s.batch_graphs);
     }
 
     #[test]
@@ -106,12 +111,14 @@ mod tests {
             ("OMNITTS_STACK_BLOCKS_PER_SM", "3"),
             ("OMNITTS_FUSED_SAMPLER", "0"),
             ("OMNITTS_CP_FRAME_GRAPH", "0"),
+            ("OMNITTS_BATCH_GRAPHS", "0"),
         ]);
         assert_eq!(s.fused_kernels, FusedKernels::PerLayer);
         assert!(s.decode_stack);
         assert_eq!(s.stack_blocks_per_sm, 3);
         assert!(!s.fused_sampler);
         assert!(!s.cp_frame_graph);
+        assert!(!s.batch_graphs);
         assert_eq!(
             with(&[("OMNITTS_FUSED_KERNELS", "0")]).fused_kernels,
             FusedKernels::Off
@@ -130,6 +137,7 @@ mod tests {
             ("OMNITTS_STACK_BLOCKS_PER_SM", "0"),
             ("OMNITTS_FUSED_SAMPLER", "off"),
             ("OMNITTS_CP_FRAME_GRAPH", ""),
+            ("OMNITTS_BATCH_GRAPHS", "no"),
         ]);
         assert_eq!(s, Switches::default());
         let s = with(&[("OMNITTS_STACK_BLOCKS_PER_SM", "many")]);

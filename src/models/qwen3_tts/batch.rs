@@ -15,6 +15,11 @@
 //! another order, so a row's hidden states and logits differ from its solo run by float rounding
 //! (about 1e-6 relative in f32). Greedy codes then differ only where two logits tie within that
 //! rounding; the tests check codes and logits against solo runs on the fixtures.
+//!
+//! On CUDA, with the batched frame graphs captured (`graphs/batch.rs`), the rows' whole frame is
+//! one graph replay instead: the same host-side steps, the code predictor's picks made on the
+//! device from each row's own parameters and uniforms, and the same numerics argument (GEMMs
+//! against the one-stream path's one-row kernels).
 
 use std::time::Instant;
 
@@ -31,7 +36,9 @@ impl ArModel {
     /// (greedy and sampled) and hidden states and logits within float rounding of it (see the
     /// module documentation). Finished sessions return [`ArStep::Finished`] again at no cost; with
     /// one unfinished session this is exactly [`ArSession::next_frame`] (CUDA graphs included).
-    /// Several rows run eagerly (on CUDA too). A failure of the batched forward fails every row
+    /// Several rows replay the batched frame graphs when captured
+    /// ([`ArModel::enable_batch_graphs`]) and every row is below their positions, else run
+    /// eagerly. A failure of the batched forward fails every row
     /// that was in it (the message names the batch); those sessions cannot go on. A session of
     /// another model gets [`ModelError::InvalidRequest`] (`sessions`) and is not touched.
     pub fn next_frames(
@@ -94,6 +101,20 @@ impl ArModel {
         sessions: &mut [&mut ArSession<'_>],
         rows: &[(usize, u32)],
     ) -> Result<Vec<Vec<u32>>, ModelError> {
+        #[cfg(feature = "cuda")]
+        if let Some(graphs) = self.graphs.batch() {
+            let positions = rows
+                .iter()
+                .map(|&(i, _)| sessions[i].cache.seq_len().unwrap_or(usize::MAX));
+            let mut graphs = graphs.lock().map_err(|_| {
+                ModelError::Candle(candle_core::Error::Msg(
+                    "batched frame graphs: lock poisoned by a panic".into(),
+                ))
+            })?;
+            if graphs.takes(rows.len(), positions) {
+                return self.graph_frame(&mut graphs, sessions, rows);
+            }
+        }
         let a0: Vec<u32> = rows.iter().map(|&(_, a0)| a0).collect();
         let c0 = self.talker.codec_embed(&a0)?; // [rows, d]
         let hidden: Vec<&Tensor> = rows.iter().map(|&(i, _)| &sessions[i].hidden).collect();
@@ -137,5 +158,70 @@ impl ArModel {
             sessions[i].store_step(hidden.narrow(0, r, 1)?, logits, timing);
         }
         Ok(frames)
+    }
+
+    /// [`Self::batched_frame`] on the batched frame graphs (`graphs/batch.rs`): every row's code
+    /// predictor parameters drawn from its own RNG as its solo frame draws them, its caches made
+    /// ready for the next position, one replay for all rows, then each session stores its step.
+    #[cfg(feature = "cuda")]
+    fn graph_frame(
+        &self,
+        graphs: &mut super::graphs::batch::BatchGraphs,
+        sessions: &mut [&mut ArSession<'_>],
+        rows: &[(usize, u32)],
+    ) -> Result<Vec<Vec<u32>>, ModelError> {
+        use super::device_sampler::{frame_params, greedy_row_params};
+        use super::graphs::batch::FrameRow;
+        let t0 = Instant::now();
+        let (steps, vocab) = (
+            self.code_predictor.steps(),
+            self.code_predictor.vocab_size(),
+        );
+        let mut inputs = Vec::with_capacity(rows.len());
+        for &(i, a0) in rows {
+            let s = &mut sessions[i];
+            let d = &mut s.decoding;
+            let params = if d.cp_chooser.do_sample {
+                frame_params(&d.cp_chooser, vocab, steps, &mut d.rng)
+            } else {
+                greedy_row_params(steps)
+            };
+            inputs.push((a0, params, s.text_row()?, s.hidden.clone()));
+        }
+        let mut in_batch = vec![false; sessions.len()];
+        rows.iter().for_each(|&(i, _)| in_batch[i] = true);
+        let mut guards = Vec::with_capacity(rows.len());
+        for (s, _) in sessions.iter_mut().zip(&in_batch).filter(|(_, b)| **b) {
+            s.cache.ensure_room()?;
+            let mut g = s.cache.lock()?;
+            g.reserve_next(&self.talker.model.layers, self.dtype, &self.device)?;
+            guards.push(g);
+        }
+        // `guards` follow the sessions' order; `rows` is in the same order (ascending indices).
+        let frame_rows: Vec<FrameRow<'_>> = inputs
+            .into_iter()
+            .zip(&guards)
+            .map(|((a0, params, text, hidden), cache)| FrameRow {
+                hidden,
+                text,
+                code0: a0,
+                params,
+                cache,
+            })
+            .collect();
+        let out = graphs.frame(self, &frame_rows)?;
+        drop(frame_rows);
+        for g in guards.iter_mut() {
+            g.advance(1)?;
+        }
+        drop(guards);
+        let timing = StepTiming {
+            code_predictor_ms: t0.elapsed().as_secs_f64() * 1e3,
+            talker_ms: 0.0,
+        };
+        for (r, (&(i, _), logits)) in rows.iter().zip(out.logits).enumerate() {
+            sessions[i].store_step(out.hidden.narrow(0, r, 1)?, logits, timing);
+        }
+        Ok(out.codes)
     }
 }

@@ -60,6 +60,16 @@ pub fn frame_params(
     p
 }
 
+/// The parameter vector of a greedy row in a batched frame (`PARAM_HEADER + steps` values):
+/// temperature 0 marks it, and the row's pick is then the first index of the maximum, as the
+/// greedy one-row kernel picks (`cuda_kernels::pick_rows`). No uniforms are drawn: a greedy solo
+/// frame draws none either.
+pub fn greedy_row_params(steps: usize) -> Vec<f64> {
+    let mut p = vec![0.0, 0.0, -1.0];
+    p.resize(PARAM_HEADER + steps, 0.0);
+    p
+}
+
 /// Constants of the device-side sampler for one vocabulary size, allocated once on the device
 /// (they must outlive any CUDA graph that uses them).
 #[derive(Debug, Clone)]
@@ -224,6 +234,23 @@ mod tests {
 
     fn pick(t: &Tensor) -> u32 {
         t.to_vec1::<u32>().expect("u32 [1]")[0]
+    }
+
+    #[test]
+    fn greedy_rows_are_marked_by_temperature_zero() {
+        let p = greedy_row_params(15);
+        assert_eq!(p.len(), PARAM_HEADER + 15);
+        assert_eq!(p[0], 0.0);
+        assert!(p[PARAM_HEADER..].iter().all(|&u| u == 0.0));
+        // A sampled row's temperature is positive (validated > 0), so the marker never collides.
+        let chooser = TokenChooser {
+            do_sample: true,
+            temperature: 0.9,
+            top_k: 50,
+            top_p: 1.0,
+        };
+        let mut rng = ChaCha20Rng::seed_from_u64(1);
+        assert!(frame_params(&chooser, 2048, 15, &mut rng)[0] > 0.0);
     }
 
     #[test]

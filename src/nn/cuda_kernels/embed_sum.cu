@@ -8,6 +8,10 @@
 // Inputs: codes [n] u32 (device); tables.ptr[i] = table i [rows_i, hidden] T contiguous (the host
 // checked every code against its table); text [hidden] T. Output: out [hidden] T.
 // Launch: grid ceil(hidden / EMBED_THREADS), block EMBED_THREADS.
+//
+// `embed_sum_rows_*`: the same for several rows at once (the batched frame graphs), codes
+// [rows, n] u32, text [rows, hidden], out [rows, hidden]; grid (ceil(hidden / EMBED_THREADS),
+// rows). Each row sums exactly as the one-row kernel does.
 #include "common.cuh"
 
 using namespace omnitts;
@@ -40,3 +44,13 @@ __device__ void embed_sum(const unsigned* __restrict__ codes, int n, Tables tabl
 
 EMBED_SUM_OP(__nv_bfloat16, embed_sum_bf16)
 EMBED_SUM_OP(float, embed_sum_f32)
+
+#define EMBED_SUM_ROWS_OP(T, NAME)                                                              \
+    extern "C" __global__ void __launch_bounds__(EMBED_THREADS)                                \
+        NAME(const unsigned* codes, int n, Tables tables, const T* text, int hidden, T* out) {  \
+        const long r = blockIdx.y;                                                             \
+        embed_sum<T>(codes + r * n, n, tables, text + r * hidden, hidden, out + r * hidden);    \
+    }
+
+EMBED_SUM_ROWS_OP(__nv_bfloat16, embed_sum_rows_bf16)
+EMBED_SUM_ROWS_OP(float, embed_sum_rows_f32)

@@ -71,3 +71,70 @@ pub fn embed_sum(codes: &[u32], tables: &[&Tensor], text: &Tensor) -> Result<Ten
     drop((pc, pt, po, guards));
     Ok(out)
 }
+
+/// [`embed_sum`] for several rows at once with the codes already on the device: row r of the
+/// output is `Σ_i tables[i][codes[r, i]] + text[r]`, summed as the one-row kernel sums. `codes`
+/// u32 `[rows, n]` (n = the number of tables, ≤ [`MAX_TABLES`]); `text` `[rows, 1, hidden]`;
+/// both contiguous. Returns `[rows, 1, hidden]`. The codes are not checked against the tables
+/// (they are read on the device): every code must be below its table's rows, as the pick kernels
+/// that write them guarantee. Errors on mismatched shapes or dtypes.
+pub fn embed_sum_rows(codes: &Tensor, tables: &[&Tensor], text: &Tensor) -> Result<Tensor> {
+    let dtype = text.dtype();
+    expect(text, dtype, "text rows")?;
+    expect(codes, candle_core::DType::U32, "codes")?;
+    let (rows, n) = codes.dims2()?;
+    let (trows, one, hidden) = text.dims3()?;
+    if n != tables.len() || n == 0 || n > MAX_TABLES || trows != rows || one != 1 {
+        candle_core::bail!(
+            "embed_sum_rows: codes {:?} for {} tables (1..={MAX_TABLES}), text {:?}",
+            codes.dims(),
+            tables.len(),
+            text.dims()
+        );
+    }
+    for (i, t) in tables.iter().enumerate() {
+        expect(t, dtype, "embedding table")?;
+        if t.dims2()?.1 != hidden {
+            candle_core::bail!(
+                "embed_sum_rows: table {i} is {:?}, hidden {hidden}",
+                t.dims()
+            );
+        }
+    }
+    let dev = cuda_device(text)?;
+    let out = empty(&dev, dtype, (rows, 1, hidden))?;
+    let (pc, pt, po) = (
+        dev_ptr(codes, &dev)?,
+        dev_ptr(text, &dev)?,
+        dev_ptr(&out, &dev)?,
+    );
+    let guards = tables
+        .iter()
+        .map(|t| dev_ptr(t, &dev))
+        .collect::<Result<Vec<_>>>()?;
+    let mut addrs = [0u64; MAX_TABLES];
+    for (a, g) in addrs.iter_mut().zip(&guards) {
+        *a = g.addr;
+    }
+    let args = Args::default()
+        .ptr(pc.addr)
+        .i32(n)?
+        .ptrs(addrs)
+        .ptr(pt.addr)
+        .i32(hidden)?
+        .ptr(po.addr);
+    let cfg = LaunchConfig {
+        grid_dim: (hidden.div_ceil(THREADS) as u32, rows as u32, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    args.launch(
+        &dev,
+        MODULE,
+        PTX,
+        &kernel_name("embed_sum_rows", dtype)?,
+        cfg,
+    )?;
+    drop((pc, pt, po, guards));
+    Ok(out)
+}

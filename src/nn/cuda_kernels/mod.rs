@@ -14,7 +14,9 @@
 //! | [`silu_mul::silu_mul`] | SiLU(gate) · up |
 //! | [`argmax_embed::argmax_embed`] | the device sampler's greedy pick + the next input's embedding lookup |
 //! | [`sample_embed::sample_embed`] | the device sampler's top-k/top-p draw + the next input's embedding lookup (`OMNITTS_FUSED_SAMPLER=0` turns it off) |
-//! | [`embed_sum::embed_sum`] | the talker input's 16 code uploads, embedding lookups, sum and text add |
+//! | [`embed_sum::embed_sum`] | the talker input's 16 code uploads, embedding lookups, sum and text add ([`embed_sum::embed_sum_rows`]: for a batch, codes on the device) |
+//! | [`pick_rows::pick_rows`] | a batched frame's code-predictor picks: every row greedy or sampled with its own parameters, plus its next embedding |
+//! | [`rows_attention::rows_attention`] | a batched talker step's attention: `rope_attention` per row over the row's own KV cache at its own position, read from device tables |
 //! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (with `rope_attention`: 5 launches a layer) |
 //! | [`decode_stack::decode_stack`] | a whole stack's decode step (every layer's kernels) in one persistent launch (opt-in: `OMNITTS_DECODE_STACK=1`) |
 //!
@@ -36,8 +38,10 @@ pub mod decode_stack;
 pub mod embed_sum;
 pub mod fused_linear;
 pub mod gemv;
+pub mod pick_rows;
 pub mod qk_norm_rope;
 pub mod rope_attention;
+pub mod rows_attention;
 pub mod sample_embed;
 pub mod silu_mul;
 
@@ -141,7 +145,7 @@ struct DevPtr<'t> {
     addr: u64,
 }
 
-/// [`DevPtr`] of `t` (bf16, f32, f64 or u32 elements). The kernel may write through it (the KV cache);
+/// [`DevPtr`] of `t` (bf16, f32, f64, u32 or i64 elements). The kernel may write through it (the KV cache);
 /// all work is queued on the device's one stream, so ordering is preserved.
 fn dev_ptr<'t>(t: &'t Tensor, dev: &CudaDevice) -> Result<DevPtr<'t>> {
     match t.dtype() {
@@ -149,6 +153,7 @@ fn dev_ptr<'t>(t: &'t Tensor, dev: &CudaDevice) -> Result<DevPtr<'t>> {
         DType::F32 => typed_ptr::<f32>(t, dev),
         DType::F64 => typed_ptr::<f64>(t, dev),
         DType::U32 => typed_ptr::<u32>(t, dev),
+        DType::I64 => typed_ptr::<i64>(t, dev),
         other => candle_core::bail!("fused CUDA kernel: no pointer for {other:?}"),
     }
 }
@@ -169,6 +174,14 @@ fn typed_ptr<'t, T: CudaDType>(t: &'t Tensor, dev: &CudaDevice) -> Result<DevPtr
         _guard: guard,
         addr,
     })
+}
+
+/// The device address of `t`'s first element (start offset included), for a device table that
+/// a kernel reads ([`rows_attention::RowCaches`]). The address stays valid while `t`'s storage
+/// lives and is not reallocated; the caller keeps it so for as long as the table is used.
+pub fn device_address(t: &Tensor) -> Result<u64> {
+    let dev = cuda_device(t)?;
+    Ok(dev_ptr(t, &dev)?.addr)
 }
 
 /// A new contiguous device tensor of `shape` whose elements are NOT initialised: only for kernel

@@ -8,8 +8,11 @@
 //! the bit: the elementwise layers, norms and attention products treat rows independently, the
 //! transformer gives each row its own RoPE positions and attends per group of equal windows with a
 //! lone stream's mask, and the weight products (linear layers, convolutions) run row by row
-//! ([`RowLinear`], [`row_by_row`]), because the CPU matrix kernels round a folded batch
-//! differently. So a stream's audio does not depend on which streams share its passes.
+//! ([`RowLinear`], [`row_by_row`](crate::nn::conv::row_by_row)), because the CPU matrix kernels round a folded batch
+//! differently. So a stream's audio does not depend on which streams share its passes. On CUDA
+//! the linear layers and convolutions (not the transposed ones) run one product for all rows
+//! ([`per_row_on_cpu`]: a launch per stream and product would dominate a pass of many streams),
+//! and a row is then within float rounding of its stream alone.
 //!
 //! A pass needs equal lengths in all its rows, and a stream decodes a chunk in passes of at most
 //! `max_frames_per_pass` frames, as it would alone. The chunks are therefore cut into the same
@@ -23,17 +26,18 @@ use crate::nn::Linear;
 use candle_core::{DType, Module, Tensor};
 
 use super::{Code2Wav, Code2WavStream, ModelError};
-use crate::nn::conv::{CausalConvState, ConvTransposeState, row_by_row};
+use crate::nn::conv::{CausalConvState, ConvTransposeState, per_row_on_cpu};
 
-/// A [`Linear`] whose product runs row by row over the streams of a batched pass
-/// ([`row_by_row`]: each row then rounds exactly as the stream alone).
+/// A [`Linear`] whose product runs row by row over the streams of a batched pass on the CPU
+/// ([`per_row_on_cpu`]: each row then rounds exactly as the stream alone; on CUDA one product
+/// for all rows, each within float rounding of its stream alone).
 #[derive(Debug, Clone)]
 pub(crate) struct RowLinear(pub(crate) Linear);
 
 impl Module for RowLinear {
     /// `x` `[rows, t, in]` → `[rows, t, out]`.
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        row_by_row(x, |row| self.0.forward(row))
+        per_row_on_cpu(x, |row| self.0.forward(row))
     }
 }
 

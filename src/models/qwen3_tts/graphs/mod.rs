@@ -8,9 +8,14 @@
 //!   ([`TalkerLease`], given back when it is dropped); a session that finds them leased, or a
 //!   prompt that does not fit them, keeps its own cache and steps eagerly ([`TalkerCache`]).
 //!
+//! And, by [`ArModel::enable_batch_graphs`], the batched frames of several sessions
+//! ([`batch::BatchGraphs`], one graph per batch bucket): the sessions keep their own caches, which
+//! the graphs reach through device tables, so any sessions may share a replay.
+//!
 //! Without the `cuda` feature nothing is captured, but the talker graphs' work (the decode step at
 //! a device-side position) still runs directly on any device: how the CPU tests check it.
 
+pub mod batch;
 mod code_predictor;
 mod talker;
 
@@ -36,6 +41,9 @@ pub const TALKER_GRAPH_POSITIONS: usize = 4096;
 pub(super) struct ArGraphs {
     code_predictor: Option<Mutex<CpGraphs>>,
     talker: Option<TalkerSlot>,
+    /// Batched frames of 2..=`max_num_seqs` streams ([`batch::BatchGraphs`]).
+    #[cfg(feature = "cuda")]
+    batch: Option<Mutex<batch::BatchGraphs>>,
 }
 
 /// The talker decode graphs and whether a session holds them.
@@ -64,6 +72,12 @@ impl ArGraphs {
     /// The code predictor's frame graphs, when captured.
     pub(super) fn code_predictor(&self) -> Option<&Mutex<CpGraphs>> {
         self.code_predictor.as_ref()
+    }
+
+    /// The batched frame graphs, when captured.
+    #[cfg(feature = "cuda")]
+    pub(super) fn batch(&self) -> Option<&Mutex<batch::BatchGraphs>> {
+        self.batch.as_ref()
     }
 
     /// Leases the talker decode graphs for an utterance of `prefill_len` prompt positions, if
@@ -197,6 +211,15 @@ impl<'a> TalkerCache<'a> {
         }
     }
 
+    /// Positions cached so far (prompt + frames).
+    #[cfg(feature = "cuda")]
+    pub(super) fn seq_len(&self) -> candle_core::Result<usize> {
+        Ok(match self {
+            TalkerCache::Own(c) => c.seq_len(),
+            TalkerCache::Leased(l) => l.lock()?.cache().seq_len(),
+        })
+    }
+
     /// Whether the decode steps run on the leased graphs.
     pub(super) fn is_leased(&self) -> bool {
         matches!(self, TalkerCache::Leased(_))
@@ -216,7 +239,7 @@ impl ArModel {
     /// graph per attention bucket over an owned KV cache of [`TALKER_GRAPH_POSITIONS`] positions;
     /// see [`TalkerGraphs`]). One utterance at a time replays the talker graphs; others run
     /// eagerly meanwhile. Batched frames ([`ArModel::next_frames`] with more than one row) run
-    /// eagerly.
+    /// eagerly unless [`Self::enable_batch_graphs`] captures their graphs too.
     pub fn enable_cuda_graphs(&mut self) -> Result<(), ModelError> {
         let cp = CpGraphs::capture(&self.code_predictor, self.dtype)?;
         let mut talker = TalkerGraphs::new(&self.talker, self.dtype, TALKER_GRAPH_POSITIONS)?;
@@ -224,8 +247,47 @@ impl ArModel {
         self.graphs = ArGraphs {
             code_predictor: Some(Mutex::new(cp)),
             talker: Some(TalkerSlot::new(talker)),
+            #[cfg(feature = "cuda")]
+            batch: None,
         };
         Ok(())
+    }
+
+    /// Captures the batched frame graphs for 2..=`max_rows` streams (batch buckets 2, 4, … up to
+    /// `max_rows`, at most [`batch::MAX_BATCH`]: [`batch::BatchGraphs`]), after
+    /// [`Self::enable_cuda_graphs`]; batched frames ([`ArModel::next_frames`] with several
+    /// rows) then replay them, rows at positions below [`TALKER_GRAPH_POSITIONS`]. Returns the
+    /// bucket sizes. On error nothing changes and batched frames keep running eagerly. Errors:
+    /// fewer than 2 rows, the one-stream graphs not enabled, a model the batched kernels do not
+    /// take (not CUDA bf16/f32, fused kernels off), a build without `cuda`, a failed capture.
+    pub fn enable_batch_graphs(&mut self, max_rows: usize) -> Result<Vec<usize>, ModelError> {
+        #[cfg(feature = "cuda")]
+        {
+            if !self.cuda_graphs_enabled() {
+                return Err(ModelError::Candle(candle_core::Error::Msg(
+                    "batched frame graphs need the one-stream CUDA graphs first".into(),
+                )));
+            }
+            if !crate::nn::cuda_kernels::all_enabled()
+                || !crate::nn::switches::Switches::get().batch_graphs
+            {
+                return Err(ModelError::Candle(candle_core::Error::Msg(
+                    "batched frame graphs are off (OMNITTS_BATCH_GRAPHS=0 or fused kernels off)"
+                        .into(),
+                )));
+            }
+            let g = batch::BatchGraphs::capture(self, max_rows, TALKER_GRAPH_POSITIONS)?;
+            let sizes = g.bucket_sizes();
+            self.graphs.batch = Some(Mutex::new(g));
+            Ok(sizes)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = max_rows;
+            Err(ModelError::Candle(candle_core::Error::Msg(
+                "CUDA graphs need a build with the `cuda` feature".into(),
+            )))
+        }
     }
 
     /// The talker decode step at a device-side position without capturing graphs (any device):
