@@ -244,7 +244,9 @@ fn open_loop(
                 thread::sleep(Duration::from_secs_f64(wait));
             }
             match engine.submit(request(engine, i, frames)) {
-                Ok(h) => joins.push(s.spawn(move || h.collect().map(|(_, _, m)| m))),
+                Ok(h) => joins.push(
+                    s.spawn(move || h.collect().map(|(_, _, m)| m).map_err(anyhow::Error::from)),
+                ),
                 Err(gstomnitts::engine::EngineError::Busy { .. }) => refused += 1,
                 Err(e) => return Err(e.into()),
             }
@@ -254,7 +256,6 @@ fn open_loop(
             .map(|j| {
                 j.join()
                     .map_err(|_| anyhow::anyhow!("stream thread panicked"))?
-                    .map_err(anyhow::Error::from)
             })
             .collect()
     })?;

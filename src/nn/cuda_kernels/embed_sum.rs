@@ -6,7 +6,7 @@
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{Result, Tensor};
 
-use super::{Args, cuda_device, dev_ptr, empty, expect, kernel_name};
+use super::{Args, DevPtr, cuda_device, dev_ptr, empty, expect, kernel_name};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/embed_sum.ptx"));
 const MODULE: &str = "omnitts_embed_sum";
@@ -47,14 +47,7 @@ pub fn embed_sum(codes: &[u32], tables: &[&Tensor], text: &Tensor) -> Result<Ten
         dev_ptr(text, &dev)?,
         dev_ptr(&out, &dev)?,
     );
-    let guards = tables
-        .iter()
-        .map(|t| dev_ptr(t, &dev))
-        .collect::<Result<Vec<_>>>()?;
-    let mut addrs = [0u64; MAX_TABLES];
-    for (a, g) in addrs.iter_mut().zip(&guards) {
-        *a = g.addr;
-    }
+    let (addrs, guards) = table_addrs(tables, &dev)?;
     let args = Args::default()
         .ptr(pc.addr)
         .i32(codes.len())?
@@ -108,14 +101,7 @@ pub fn embed_sum_rows(codes: &Tensor, tables: &[&Tensor], text: &Tensor) -> Resu
         dev_ptr(text, &dev)?,
         dev_ptr(&out, &dev)?,
     );
-    let guards = tables
-        .iter()
-        .map(|t| dev_ptr(t, &dev))
-        .collect::<Result<Vec<_>>>()?;
-    let mut addrs = [0u64; MAX_TABLES];
-    for (a, g) in addrs.iter_mut().zip(&guards) {
-        *a = g.addr;
-    }
+    let (addrs, guards) = table_addrs(tables, &dev)?;
     let args = Args::default()
         .ptr(pc.addr)
         .i32(n)?
@@ -137,4 +123,21 @@ pub fn embed_sum_rows(codes: &Tensor, tables: &[&Tensor], text: &Tensor) -> Resu
     )?;
     drop((pc, pt, po, guards));
     Ok(out)
+}
+
+/// The tables' device addresses as the kernels' by-value array (unused slots 0), with the guards
+/// that keep them alive until the launch is queued.
+fn table_addrs<'t>(
+    tables: &[&'t Tensor],
+    dev: &candle_core::cuda_backend::CudaDevice,
+) -> Result<([u64; MAX_TABLES], Vec<DevPtr<'t>>)> {
+    let guards = tables
+        .iter()
+        .map(|t| dev_ptr(t, dev))
+        .collect::<Result<Vec<_>>>()?;
+    let mut addrs = [0u64; MAX_TABLES];
+    for (a, g) in addrs.iter_mut().zip(&guards) {
+        *a = g.addr;
+    }
+    Ok((addrs, guards))
 }

@@ -222,6 +222,23 @@ fn single_block(threads: u32) -> LaunchConfig {
     }
 }
 
+/// The row width and dtype of a code-pick kernel's embedding table `[vocab, hidden]` (checked:
+/// contiguous, `vocab` rows), which is also the kernel variant; `(0, F32)` without a table (the
+/// kernel then copies no row). `op` names the kernel in errors.
+fn pick_table(table: Option<&Tensor>, vocab: usize, op: &str) -> Result<(usize, DType)> {
+    match table {
+        Some(t) => {
+            expect(t, t.dtype(), "embedding table")?;
+            let (rows, hidden) = t.dims2()?;
+            if rows != vocab {
+                candle_core::bail!("{op}: table of {rows} rows for {vocab} logits");
+            }
+            Ok((hidden, t.dtype()))
+        }
+        None => Ok((0, DType::F32)),
+    }
+}
+
 /// The outputs of a code-pick kernel (`argmax_embed`, `sample_embed`), allocated but not
 /// initialised (the kernel writes them): the chosen id, u32 `[1]`, and with an embedding table
 /// `[vocab, hidden]` that row as `[1, 1, hidden]`.
@@ -237,17 +254,7 @@ impl PickOutputs {
     /// Checks `table` (contiguous, `vocab` rows) and allocates the outputs. `op` names the kernel
     /// in errors.
     fn new(dev: &CudaDevice, table: Option<&Tensor>, vocab: usize, op: &str) -> Result<Self> {
-        let (hidden, dtype) = match table {
-            Some(t) => {
-                expect(t, t.dtype(), "embedding table")?;
-                let (rows, hidden) = t.dims2()?;
-                if rows != vocab {
-                    candle_core::bail!("{op}: table of {rows} rows for {vocab} logits");
-                }
-                (hidden, t.dtype())
-            }
-            None => (0, DType::F32),
-        };
+        let (hidden, dtype) = pick_table(table, vocab, op)?;
         Ok(Self {
             id: empty(dev, DType::U32, 1)?,
             x: table

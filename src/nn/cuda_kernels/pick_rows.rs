@@ -5,7 +5,7 @@
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
-use super::{Args, cuda_device, dev_ptr, empty, expect, kernel_name};
+use super::{Args, cuda_device, dev_ptr, empty, expect, kernel_name, pick_table};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/pick_rows.ptx"));
 const MODULE: &str = "omnitts_pick_rows";
@@ -52,17 +52,7 @@ pub fn pick_rows(
         );
     }
     let dev = cuda_device(logits)?;
-    let (hidden, dtype) = match table {
-        Some(t) => {
-            expect(t, t.dtype(), "embedding table")?;
-            let (n, hidden) = t.dims2()?;
-            if n != vocab {
-                candle_core::bail!("pick_rows: table of {n} rows for {vocab} logits");
-            }
-            (hidden, t.dtype())
-        }
-        None => (0, DType::F32),
-    };
+    let (hidden, dtype) = pick_table(table, vocab, "pick_rows")?;
     let x = table
         .map(|_| empty(&dev, dtype, (rows, 1, hidden)))
         .transpose()?;
