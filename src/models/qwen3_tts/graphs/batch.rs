@@ -56,8 +56,8 @@ pub fn buckets_for(max_rows: usize) -> Vec<usize> {
     b
 }
 
-#[cfg(feature = "cuda")]
 /// One row of a batched frame: a stream's inputs for the frame.
+#[cfg(feature = "cuda")]
 pub struct FrameRow<'a> {
     /// The talker's final-normed hidden state of the stream's last position, `[1, 1, hidden]`.
     pub hidden: Tensor,
@@ -73,8 +73,8 @@ pub struct FrameRow<'a> {
     pub cache: &'a LayerCaches,
 }
 
-#[cfg(feature = "cuda")]
 /// What a batched frame gives back, in row order.
+#[cfg(feature = "cuda")]
 pub struct FrameOut {
     /// `num_code_groups` codes per row.
     pub codes: Vec<Vec<u32>>,
@@ -84,8 +84,8 @@ pub struct FrameOut {
     pub logits: Vec<Vec<f32>>,
 }
 
-#[cfg(feature = "cuda")]
 /// The static buffers, code-predictor cache and graph of one batch size.
+#[cfg(feature = "cuda")]
 struct Bucket {
     rows: usize,
     hidden: Tensor,
@@ -100,8 +100,8 @@ struct Bucket {
     graph: Option<crate::nn::cuda_graph::Graph>,
 }
 
-#[cfg(feature = "cuda")]
 /// The batched frame graphs of an [`ArModel`] (see the module documentation).
+#[cfg(feature = "cuda")]
 pub struct BatchGraphs {
     buckets: Vec<Bucket>,
     /// f32 RoPE tables `[positions, head_dim / 2]` from position 0.
