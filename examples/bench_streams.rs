@@ -161,14 +161,19 @@ fn run_streams(engines: &[SharedEngine], n: usize, frames: usize) -> Result<Vec<
                 })
             })
             .collect();
-        joins
-            .into_iter()
-            .map(|j| {
-                j.join()
-                    .map_err(|_| anyhow::anyhow!("stream thread panicked"))?
-            })
-            .collect()
+        join_all(joins)
     })
+}
+
+/// Joins the stream threads, in order; a panicked thread is an error.
+fn join_all<T>(joins: Vec<thread::ScopedJoinHandle<'_, Result<T>>>) -> Result<Vec<T>> {
+    joins
+        .into_iter()
+        .map(|j| {
+            j.join()
+                .map_err(|_| anyhow::anyhow!("stream thread panicked"))?
+        })
+        .collect()
 }
 
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
@@ -251,13 +256,7 @@ fn open_loop(
                 Err(e) => return Err(e.into()),
             }
         }
-        joins
-            .into_iter()
-            .map(|j| {
-                j.join()
-                    .map_err(|_| anyhow::anyhow!("stream thread panicked"))?
-            })
-            .collect()
+        join_all(joins)
     })?;
     Ok((metrics, refused, t0.elapsed().as_secs_f64()))
 }

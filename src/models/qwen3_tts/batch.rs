@@ -27,6 +27,7 @@ use candle_core::Tensor;
 
 use super::ar_model::ArModel;
 use super::error::ModelError;
+use super::graphs::CacheGuard;
 use super::session::{ArSession, ArStep, StepTiming};
 use crate::nn::LayerCaches;
 
@@ -143,13 +144,7 @@ impl ArModel {
         }
         let input = Tensor::cat(&inputs, 0)?; // [rows, 1, d]
         let (hidden, logits) = {
-            let mut in_batch = vec![false; sessions.len()];
-            rows.iter().for_each(|&(i, _)| in_batch[i] = true);
-            let mut guards = Vec::with_capacity(rows.len());
-            for (s, _) in sessions.iter_mut().zip(&in_batch).filter(|(_, b)| **b) {
-                s.cache.ensure_room()?;
-                guards.push(s.cache.lock()?);
-            }
+            let mut guards = lock_row_caches(sessions, rows)?;
             let mut caches: Vec<&mut LayerCaches> = guards.iter_mut().map(|g| &mut **g).collect();
             self.talker.decode_rows(&input, &mut caches)?
         };
@@ -188,16 +183,10 @@ impl ArModel {
             };
             inputs.push((a0, params, s.text_row()?, s.hidden.clone()));
         }
-        let mut in_batch = vec![false; sessions.len()];
-        rows.iter().for_each(|&(i, _)| in_batch[i] = true);
-        let mut guards = Vec::with_capacity(rows.len());
-        for (s, _) in sessions.iter_mut().zip(&in_batch).filter(|(_, b)| **b) {
-            s.cache.ensure_room()?;
-            let mut g = s.cache.lock()?;
+        let mut guards = lock_row_caches(sessions, rows)?;
+        for g in guards.iter_mut() {
             g.reserve_next(&self.talker.model.layers, self.dtype, &self.device)?;
-            guards.push(g);
         }
-        // `guards` follow the sessions' order; `rows` is in the same order (ascending indices).
         let frame_rows: Vec<FrameRow<'_>> = inputs
             .into_iter()
             .zip(&guards)
@@ -224,4 +213,22 @@ impl ArModel {
         }
         Ok(out.codes)
     }
+}
+
+/// The talker caches of the sessions in `rows` (ascending session indices, as
+/// [`ArModel::next_frames`] builds them), in row order, each with room for one more position (a
+/// leased cache at its capacity continues on an own copy: [`TalkerCache::ensure_room`](super::graphs::TalkerCache::ensure_room)), locked
+/// for one batched step.
+fn lock_row_caches<'g>(
+    sessions: &'g mut [&mut ArSession<'_>],
+    rows: &[(usize, u32)],
+) -> Result<Vec<CacheGuard<'g>>, ModelError> {
+    let mut in_batch = vec![false; sessions.len()];
+    rows.iter().for_each(|&(i, _)| in_batch[i] = true);
+    let mut guards = Vec::with_capacity(rows.len());
+    for (s, _) in sessions.iter_mut().zip(&in_batch).filter(|(_, b)| **b) {
+        s.cache.ensure_room()?;
+        guards.push(s.cache.lock()?);
+    }
+    Ok(guards)
 }
