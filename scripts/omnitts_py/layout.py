@@ -114,10 +114,11 @@ def speech_tokenizer_config(*, decoder, encoder=TINY_MIMI_ENCODER, n_q=16):
                 transformers_version="4.57.1")
 
 
-def write_checkpoint_dir(out_dir, model, codec, config, codec_config, tokenizer_dir):
+def write_checkpoint_dir(out_dir, model, codec, config, codec_config, tokenizer_dir, codec_dtype="f32"):
     """Writes a checkpoint directory in the released layout (docs/qwen3-tts.md §1.2), replacing `out_dir`:
     model.safetensors (the state of `model`, a Qwen3TTSForConditionalGeneration, in bf16), speech_tokenizer/
-    model.safetensors (`codec`, a Qwen3TTSTokenizerV2Model, in f32), the two configs given, generation_config.json,
+    model.safetensors (`codec`, a Qwen3TTSTokenizerV2Model, in f32, or in bf16 with codec_dtype="bf16": loaders
+    upcast it and the decoder computes in f32 as for the released checkpoints), the two configs given, generation_config.json,
     preprocessor_config.json, and the tokenizer files of `tokenizer_dir`. Returns the two state dicts as written."""
     import torch
     from safetensors.torch import save_file
@@ -126,7 +127,8 @@ def write_checkpoint_dir(out_dir, model, codec, config, codec_config, tokenizer_
     os.makedirs(os.path.join(out_dir, "speech_tokenizer"))
     sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     save_file(sd, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    csd = {k: v.detach().to(torch.float32).contiguous() for k, v in codec.state_dict().items()}
+    cdt = {"f32": torch.float32, "bf16": torch.bfloat16}[codec_dtype]
+    csd = {k: v.detach().to(cdt).contiguous() for k, v in codec.state_dict().items()}
     save_file(csd, os.path.join(out_dir, "speech_tokenizer", "model.safetensors"), metadata={"format": "pt"})
     write_json(os.path.join(out_dir, "config.json"), config)
     write_json(os.path.join(out_dir, "generation_config.json"), GENERATION_CONFIG)

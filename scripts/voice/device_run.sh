@@ -27,6 +27,15 @@
 #           config.json + model.safetensors) both decoders learn from ground-truth-aligned codes: codebook 0 of the
 #           audio, the residual codebooks as that talker's code predictor greedily predicts them (train.py gta_codes;
 #           GTA_SHARE0/1: the share of utterances that get them, default 1; QUANT may then hold codebook 0 only).
+#   CALL=5  The second-round voice on ONE GPU (`--scheme phone`, SIZE=voice16: 16 codebooks, codebook 0 clustered on
+#           the teacher's phoneme alignment; the model joe-w16d.onnx has Piper's durations as a second output,
+#           onnx_fp16_weights.py). All CPUs render for RENDER_S (every utterance after LEAD frames of silence) and the
+#           120 val sentences (val-ids.jsonl); the quantizer is fitted on GPU; then at the same time until DEADLINE:
+#           the decoder (from scratch, discriminators from GAN_START; cores 0-1), the codes of that audio and the
+#           talker (INIT=folder with a first-round model.safetensors, carried over with --init-transfer, random
+#           residual inputs; cores 2-3), and 12 more renderers (cores 4-15) whose audio is encoded at the end into
+#           codesB.pt.xz for the next call's talker. Back: exp/ (the export, official load check), quantizer.pt,
+#           codesA.pt.xz, codesB.pt.xz, val-codes.pt.xz, disc.safetensors (to continue the GAN), the logs.
 #
 # The folder it lives in (VP, carried) holds train.py and render_ids.py (copies of scripts/voice) and omnitts_py/ (a
 # copy of scripts/omnitts_py, the package train.py runs), wheels/
@@ -65,6 +74,7 @@ find "$VP" -name '*.xz' ! -name '*.pt.xz' | while read -r f; do     # codes file
 done
 cp -r "$VP/tok" "$W/tok"
 gpu() { if [ "$DEV" = cuda ]; then echo "CUDA_VISIBLE_DEVICES=$1"; fi; }
+pin() { local cpus=$1; shift; if command -v taskset > /dev/null; then taskset -c "$cpus" "$@"; else "$@"; fi; }
 A=(--work "$W" --size "$SIZE" --device "$DEV" $AMP --log-every 100)
 
 # Complete rows of the shard manifests written so far (a row is written after its WAV is closed), minus $2's rows.
@@ -84,7 +94,9 @@ with open(out, "w") as f:
             except ValueError:
                 continue
             if r["id"] not in skip and os.path.exists(os.path.join(d, r["wav"])):
-                f.write(json.dumps(dict(id=r["id"], text=r["text"], wav=os.path.join(d, r["wav"]))) + "\n")
+                # the whole row (the phone scheme reads its durations), the WAV by absolute path
+                r["wav"] = os.path.join(d, r["wav"])
+                f.write(json.dumps(r) + "\n")
                 n += 1
 print(f"{out}: {n} utterances", file=sys.stderr)
 EOF
@@ -189,6 +201,147 @@ for v in (0, 1):
     print(f"c{v}: step {st['step']}")
 EOF
   ITEMS="$ITEMS c0/model.safetensors c1/model.safetensors"
+elif [ "$CALL" = 5 ]; then
+  # --- second round, one GPU: render -> phone quantizer -> decoder | codes + talker | more renders -> codes ----------
+  : "${INIT:?CALL=5 needs INIT (a folder with the first-round model.safetensors, for --init-transfer)}"
+  SIZE=${SIZE_5:-voice16}; LEAD=${LEAD:-1}; ONNX5="$VP/${ONNX:-joe-w16d.onnx}"
+  A=(--work "$W" --size "$SIZE" --device "$DEV" $AMP --log-every 100 --scheme phone)
+  R=(--onnx "$ONNX5" --threads 1 --lead-frames "$LEAD")
+  $PYR "$VP/render_ids.py" --manifest "$VP/val-ids.jsonl" --out "$W/val" "${R[@]}" > "$W/render-val.log" 2>&1 &
+  RP="$!"
+  for k in $(seq 0 $((NR - 1))); do
+    $PYR "$VP/render_ids.py" --manifest "$VP/ids.jsonl.gz" --out "$W/teacher" "${R[@]}" --shard "$k/$NR" \
+        --max-seconds "$RENDER_S" > "$W/render-$k.log" 2>&1 &
+    RP="$RP $!"
+  done
+  wait $RP
+  el render A done; tail -n 1 "$W/render-0.log"
+  snapshot "$W/a.jsonl"
+  $PY -c "import json, sys; [print(json.loads(l)['id']) for l in open(sys.argv[1])]" "$W/a.jsonl" > "$W/a-ids.txt"
+  # more renders for the next call's talker, on cores 4.. while the GPU trains
+  NC=$(nproc); NRB=${NRB:-$(( NC > 5 ? NC - 4 : 1 ))}; RB_S=$(( DEADLINE - 150 - ($(date +%s) - T0) ))
+  mkdir -p "$W/tb"
+  RBP=""
+  for k in $(seq 0 $((NRB - 1))); do
+    pin $(( (4 + k) % NC )) $PYR "$VP/render_ids.py" --manifest "$VP/ids.jsonl.gz" --out "$W/tb" "${R[@]}" \
+        --exclude "$W/a-ids.txt" --shard "$k/$NRB" --max-seconds "$RB_S" > "$W/render-b$k.log" 2>&1 &
+    RBP="$RBP $!"
+  done
+  pin 0-$(( NC > 5 ? 3 : NC - 1 )) $PY "$VP/train.py" quantizer "${A[@]}" --manifest "$W/a.jsonl" $KM
+  el quantizer done
+  pin 0-$(( NC > 5 ? 3 : NC - 1 )) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/val/manifest.jsonl" --codes-out "$W/val-codes.pt.xz"
+  DMIN=$(left_min $((DEADLINE - 75)))
+  el decoder for "$DMIN" min
+  pin 0-$(( NC > 5 ? 1 : NC - 1 )) $PY "$VP/train.py" codec "${A[@]}" --manifest "$W/a.jsonl" --codec-batch "$CB" --codec-lr "$CLR" \
+      --codec-steps 1000000 --gan-start "${GAN_START:-1000}" --max-minutes "$DMIN" ${CODEC_EXTRA:-} \
+      > "$W/codec.log" 2>&1 &
+  DP=$!
+  pin $(( NC > 5 ? 2 : 0 ))-$(( NC > 5 ? 3 : NC - 1 )) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/a.jsonl" --codes-out "$W/codesA.pt.xz"
+  TMIN=$(left_min $((DEADLINE - 75)))
+  el talker for "$TMIN" min
+  pin $(( NC > 5 ? 2 : 0 ))-$(( NC > 5 ? 3 : NC - 1 )) $PY "$VP/train.py" talker "${A[@]}" --codes "$W/codesA.pt.xz" --val-codes "$W/val-codes.pt.xz" \
+      --init-from "$VP/$INIT" --init-transfer --resid-noise 1 --talker-batch "$TB" --talker-lr "$TLR" \
+      --warmup 200 --talker-steps 1000000 --max-minutes "$TMIN" ${TALKER_EXTRA:-} > "$W/talker.log" 2>&1 &
+  TP=$!
+  wait $RBP
+  el render B done; tail -n 1 "$W/render-b0.log"
+  $PY - "$W" <<'EOF2'
+import glob, json, os, sys
+w = sys.argv[1]
+with open(os.path.join(w, "b.jsonl"), "w") as f:
+    for p in sorted(glob.glob(os.path.join(w, "tb", "manifest-*.jsonl"))):
+        for l in open(p):
+            try:
+                r = json.loads(l)
+            except ValueError:
+                continue
+            r["wav"] = os.path.join(w, "tb", r["wav"])
+            if os.path.exists(r["wav"]):
+                f.write(json.dumps(r) + "\n")
+EOF2
+  pin $(( NC > 5 ? 4 : 0 ))-$(( NC - 1 )) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/b.jsonl" --codes-out "$W/codesB.pt.xz"
+  el codes B done
+  wait $DP; el decoder done; grep -v "^\*\|^ *$\|Warning" "$W/codec.log" | tail -n 40
+  wait $TP; el talker done; grep -v "^\*\|^ *$\|Warning" "$W/talker.log" | tail -n 40
+  [ -f "$W/talker/talker-best.pt" ] && cp "$W/talker/talker.pt" "$W/talker/talker-last.pt" && \
+      $PY -c "import torch, sys; b = torch.load(sys.argv[1], weights_only=False); l = torch.load(sys.argv[2], weights_only=False); l['model'] = b['model']; l['step'] = b['step']; torch.save(l, sys.argv[2])" \
+      "$W/talker/talker-best.pt" "$W/talker/talker.pt"
+  $PY "$VP/train.py" export "${A[@]}" --out "$W/exp"
+  el export done
+  $PY - "$W" <<'EOF2'
+import os, sys, torch
+from safetensors.torch import save_file
+w = sys.argv[1]
+st = torch.load(os.path.join(w, "codec", "codec.pt"), map_location="cpu", weights_only=False)
+if "disc" in st:
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in st["disc"].items()}, os.path.join(w, "disc.safetensors"),
+              metadata={"format": "pt", "step": str(st["step"])})
+print("codec step", st["step"])
+EOF2
+  ITEMS="exp quantizer.pt codesA.pt.xz codesB.pt.xz val-codes.pt.xz disc.safetensors export_check.wav"
+elif [ "$CALL" = 6 ]; then
+  # --- phone scheme, one GPU: the decoder continued (INIT/speech_tokenizer, DISC) on fresh renders; more codes -------
+  : "${INIT:?CALL=6 needs INIT (an export folder with speech_tokenizer/)}" "${QUANT:?CALL=6 needs QUANT}"
+  SIZE=${SIZE_5:-voice16}; LEAD=${LEAD:-1}; ONNX5="$VP/${ONNX:-joe-w16d.onnx}"; NC=$(nproc)
+  cp "$VP/$QUANT" "$W/quantizer.pt"
+  A=(--work "$W" --size "$SIZE" --device "$DEV" $AMP --log-every 100 --scheme phone)
+  R=(--onnx "$ONNX5" --threads 1 --lead-frames "$LEAD" ${EXCLUDE:+--exclude "$VP/$EXCLUDE"})
+  # all cores render RENDER_S (the decoder's audio), then all but two go on until DEADLINE - 100 (the talker's)
+  RP=""
+  for k in $(seq 0 $((NC - 1))); do
+    $PYR "$VP/render_ids.py" --manifest "$VP/ids.jsonl.gz" --out "$W/teacher" "${R[@]}" --shard "$k/$NC" \
+        --max-seconds "$RENDER_S" > "$W/render-$k.log" 2>&1 &
+    RP="$RP $!"
+  done
+  wait $RP
+  el render A done; tail -n 1 "$W/render-0.log"
+  snapshot "$W/a.jsonl"
+  $PY -c "import json, sys; [print(json.loads(l)['id']) for l in open(sys.argv[1])]" "$W/a.jsonl" > "$W/a-ids.txt"
+  [ -n "${EXCLUDE:-}" ] && cat "$VP/$EXCLUDE" >> "$W/a-ids.txt"
+  NRB=$(( NC > 5 ? NC - 2 : 1 )); RB_S=$(( DEADLINE - 100 - ($(date +%s) - T0) ))
+  mkdir -p "$W/tb"; RBP=""
+  for k in $(seq 0 $((NRB - 1))); do
+    pin $(( (2 + k) % NC )) $PYR "$VP/render_ids.py" --manifest "$VP/ids.jsonl.gz" --out "$W/tb" \
+        --onnx "$ONNX5" --threads 1 --lead-frames "$LEAD" --exclude "$W/a-ids.txt" --shard "$k/$NRB" \
+        --max-seconds "$RB_S" > "$W/render-b$k.log" 2>&1 &
+    RBP="$RBP $!"
+  done
+  DMIN=$(left_min $((DEADLINE - 40)))
+  el decoder for "$DMIN" min
+  pin 0-$(( NC > 5 ? 1 : NC - 1 )) $PY "$VP/train.py" codec "${A[@]}" --manifest "$W/a.jsonl" --codec-batch "$CB" \
+      --codec-lr "$CLR" --codec-warmup 100 --codec-steps 1000000 --gan-start 0 --init-from "$VP/$INIT" \
+      ${DISC:+--disc-from "$VP/$DISC"} --max-minutes "$DMIN" ${CODEC_EXTRA:-} > "$W/codec.log" 2>&1 &
+  DP=$!
+  wait $RBP
+  el render B done; tail -n 1 "$W/render-b0.log"
+  cat "$W/a.jsonl" > "$W/ab.jsonl"
+  $PY - "$W" >> "$W/ab.jsonl" <<'EOF2'
+import glob, json, os, sys
+w = sys.argv[1]
+for p in sorted(glob.glob(os.path.join(w, "tb", "manifest-*.jsonl"))):
+    for l in open(p):
+        try:
+            r = json.loads(l)
+        except ValueError:
+            continue
+        r["wav"] = os.path.join(w, "tb", r["wav"])
+        if os.path.exists(r["wav"]):
+            print(json.dumps(r))
+EOF2
+  pin $(( NC > 5 ? 2 : 0 ))-$(( NC - 1 )) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/ab.jsonl" --codes-out "$W/codesC.pt.xz"
+  el codes C done
+  wait $DP; el decoder done; grep -v "^\*\|^ *$\|Warning" "$W/codec.log" | tail -n 40
+  $PY - "$W" <<'EOF2'
+import os, sys, torch
+from safetensors.torch import save_file
+w = sys.argv[1]
+st = torch.load(os.path.join(w, "codec", "codec.pt"), map_location="cpu", weights_only=False)
+meta = {"format": "pt", "step": str(st["step"])}
+save_file({k: v.to(torch.bfloat16).contiguous() for k, v in st["codec"].items()}, os.path.join(w, "codec.safetensors"), metadata=meta)
+save_file({k: v.to(torch.bfloat16).contiguous() for k, v in st["disc"].items()}, os.path.join(w, "disc.safetensors"), metadata=meta)
+print("codec step", st["step"])
+EOF2
+  ITEMS="codec.safetensors disc.safetensors codesC.pt.xz"
 else
   # --- talker: data parallel over both GPUs (DDP=1) or two variants ------------------------------------------------
   : "${CODES:?CALL=2 needs CODES (codes files in the carried folder)}" "${INIT:?CALL=2 needs INIT (an export folder)}"
@@ -200,7 +353,7 @@ else
     LR=TLR$v
     mkdir -p "$W/t$v"; cp -r "$W/tok" "$W/t$v/"
     if [ "${DDP:-0}" = 1 ]; then LAUNCH=($PY -m torch.distributed.run --standalone --nproc_per_node=2); GPUS=""
-    else LAUNCH=($PY); GPUS=$(gpu $v); fi
+    else LAUNCH=($PY); GPUS=$(gpu $(( v % ${NGPU:-2} ))); fi     # NGPU=1: both variants share one GPU
     env $GPUS "${LAUNCH[@]}" "$VP/train.py" talker --work "$W/t$v" --size "$SIZE" --device "$DEV" $AMP \
         --log-every 100 --codes "${C[@]}" --init-from "$VP/$INIT" --init-step "${INIT_STEP:-0}" \
         --talker-batch "$TB" --talker-lr "${!LR}" --warmup "${WARMUP:-100}" --talker-steps 1000000 \
@@ -228,7 +381,7 @@ EOF
   # at most MAXW weight files come back (~16.3 MB each packed; $OUT's 64 MiB in all): the final (and best) weights,
   # then each run's latest snapshots
   MAXW=${MAXW:-4}; ITEMS=""; n=0; nr=$(echo $RUNS | wc -w)
-  for v in $RUNS; do for f in model best; do
+  for v in $RUNS; do for f in ${BEST_ONLY:+best} ${BEST_ONLY:-model best}; do
     if [ -f "$W/t$v/$f.safetensors" ]; then ITEMS="$ITEMS t$v/$f.safetensors"; n=$((n + 1)); fi
   done; done
   k=$(( (MAXW - n) / nr )); [ "$k" -lt 0 ] && k=0
@@ -239,6 +392,10 @@ EOF
 fi
 
 # --- pack --------------------------------------------------------------------------------------------------------
-tar czf - -C "$W" $ITEMS 2>/dev/null | split -b 15M -d - "$OUT/pack.tgz."
+if [ "$CALL" -ge 5 ]; then     # bf16 weights: xz packs them to ~70 % (gzip ~85 %), which the 64 MiB back needs
+  tar cf - -C "$W" $ITEMS 2>/dev/null | xz -T0 -6 | split -b 15M -d - "$OUT/pack.txz."
+else
+  tar czf - -C "$W" $ITEMS 2>/dev/null | split -b 15M -d - "$OUT/pack.tgz."
+fi
 ls -la "$OUT"
 el all done

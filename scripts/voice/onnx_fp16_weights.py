@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Halve a Piper voice model for carrying: float32 initializers are stored as float16 and cast back to float32 by a
-Cast node in front of their users, so the graph still computes in float32 (only the weights are rounded).
+Cast node in front of their users, so the graph still computes in float32 (only the weights are rounded). The copy
+also gets a second output, `durations` ([1, 1, phonemes], float32): the rounded-up per-phoneme durations in
+decoder frames of 256 samples at 22.05 kHz that the VITS graph computes (the output of its one `Ceil` node) and
+uses to expand the phonemes, so a render tells where each phoneme id is in its audio (render_ids.py stores them).
 
     python scripts/voice/onnx_fp16_weights.py IN.onnx OUT.onnx     # needs the PyPI package onnx
 """
@@ -30,6 +33,11 @@ def main(src, dst, min_elems=1024):
     nodes = list(g.node)
     del g.node[:]
     g.node.extend(casts + nodes)
+    ceil = [nd for nd in nodes if nd.op_type == "Ceil"]
+    if len(ceil) != 1:
+        raise SystemExit(f"expected one Ceil node (the VITS durations), found {len(ceil)}")
+    g.node.append(helper.make_node("Identity", [ceil[0].output[0]], ["durations"], name="durations__out"))
+    g.output.append(helper.make_tensor_value_info("durations", onnx.TensorProto.FLOAT, None))
     onnx.save(m, dst)
     print(f"{n} initializers stored as float16 -> {dst}")
 

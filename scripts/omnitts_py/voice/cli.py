@@ -13,7 +13,9 @@ Steps (each writes into WORK; run them in order, or `all`):
              tokens so the reference prompt slicing (ids[:3] role, ids[3:-5] body) holds.
   quantizer  (--scheme mel, the default) defines the codes before any training: each 80 ms frame is 4 log-mel
              sub-frames of 20 ms (320 values, normalised per value); codebook 0 is a k-means of whole frames, codebook q
-             a k-means of the residual left by codebooks < q (WORK/quantizer.pt).
+             a k-means of the residual left by codebooks < q (WORK/quantizer.pt). --scheme phone: codebook 0 clusters
+             the frame's log-mel together with the teacher's phoneme alignment (manifest durations, weighted by
+             --phone-weight), so it carries what is said; stored with int8 centroids.
   codec      trains the official Code2Wav decoder on teacher audio (multi-scale mel + multi-resolution STFT, optional
              multi-scale STFT discriminator): with --scheme mel as a vocoder from the fixed codes (its codebook vectors
              are ordinary parameters, started from the centroids' principal axes); with --scheme learned (the first
@@ -82,8 +84,12 @@ def main(argv=None):
     ap.add_argument("--codec-lr", type=float, default=3e-4)
     ap.add_argument("--codec-warmup", type=int, default=200)
     ap.add_argument("--codes-batch", type=int, default=1, help="codes: utterances per batch (sorted by length)")
-    ap.add_argument("--scheme", default="mel", choices=["mel", "learned"],
-                    help="codes: fixed residual k-means of log-mel frames (quantizer step) or a learned encoder + EMA RVQ")
+    ap.add_argument("--scheme", default="mel", choices=["mel", "phone", "learned"],
+                    help="codes: fixed residual k-means of log-mel frames (quantizer step; `phone`: codebook 0 also "
+                         "clusters the teacher's phoneme alignment) or a learned encoder + EMA RVQ")
+    ap.add_argument("--phone-weight", type=float, default=10.0,
+                    help="quantizer, phone scheme: weight of the phoneme alignment against the normalised mel in "
+                         "codebook 0's k-means")
     ap.add_argument("--kmeans-frames", type=int, default=400000, help="quantizer: frames sampled for k-means")
     ap.add_argument("--kmeans-k", type=int, default=2048, help="quantizer: centroids per stage (<= 2048)")
     ap.add_argument("--kmeans-iters", type=int, default=20)
@@ -92,6 +98,8 @@ def main(argv=None):
     ap.add_argument("--seg-frames", type=int, default=24, help="training crop, in 12.5 Hz frames")
     ap.add_argument("--commit-weight", type=float, default=1.0)
     ap.add_argument("--gan-start", type=int, default=-1, help="step to switch the discriminator on (-1: never)")
+    ap.add_argument("--disc-from", help="codec: start the discriminators from this safetensors file (a previous "
+                    "call's disc.safetensors)")
     ap.add_argument("--adv-weight", type=float, default=1.0)
     ap.add_argument("--fm-weight", type=float, default=2.0)
     ap.add_argument("--talker-steps", type=int, default=20000)
@@ -112,6 +120,9 @@ def main(argv=None):
                     "predictor's greedy ones from this export's talker, teacher-forced on the true codebook 0 (gta_codes)")
     ap.add_argument("--gta-share", type=float, default=1.0, help="codec --gta-from: share of utterances that get them")
     ap.add_argument("--probe-n", type=int, default=48, help="probe: utterances")
+    ap.add_argument("--init-transfer", action="store_true",
+                    help="talker --init-from: take only what carries over to other codes (text side, layers, "
+                         "control rows), e.g. from the first-round voice into the phone scheme")
     ap.add_argument("--init-step", type=int, default=0, help="talker: step count of --init-from (logs, warm-up)")
     ap.add_argument("--p-english", type=float, default=0.5, help="share of prompts with language=english (else auto)")
     ap.add_argument("--check-frames", type=int, default=40)
@@ -124,13 +135,13 @@ def main(argv=None):
     os.makedirs(a.work, exist_ok=True)
     random.seed(a.seed)
     # the mel scheme's quantizer and codes steps need torch only (no qwen-tts / transformers)
-    ns = None if (a.scheme == "mel" and a.step in ("quantizer", "codes")) else import_qwen_tts()
+    ns = None if (a.scheme in ("mel", "phone") and a.step in ("quantizer", "codes")) else import_qwen_tts()
     # at most 8 CPU threads (on the device machine the CPU work is data handling beside other processes)
     torch.set_num_threads(max(1, min(os.cpu_count() or 1, 8 if a.device == "cpu" else 4)))
     codec = enc = data = None
     if a.step in ("tokenizer", "all"):
         step_tokenizer(a, size)
-    if a.step == "quantizer" or (a.step == "all" and a.scheme == "mel"):
+    if a.step == "quantizer" or (a.step == "all" and a.scheme in ("mel", "phone")):
         step_quantizer(a, size, ns)
     if a.step in ("codec", "all"):
         codec, enc = step_codec(a, size, ns)

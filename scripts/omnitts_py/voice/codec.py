@@ -123,6 +123,10 @@ def spectral_losses(y, x, mels):
 
 
 def make_disc(device):
+    """The adversaries of the decoder: three complex-STFT discriminators (FFT sizes 512, 1024, 2048: the spectral
+    detail) and five multi-period discriminators (periods 2, 3, 5, 7, 11: the waveform reshaped to [T / p, p], 2-D
+    convolutions along time, as in HiFi-GAN: the periodic structure of voiced speech). Each returns (scores,
+    feature maps) for the hinge and feature-matching losses."""
 
     class STFTD(nn.Module):
         def __init__(self, n_fft, ch=32):
@@ -145,7 +149,30 @@ def make_disc(device):
                 feats.append(z)
             return self.out(z), feats
 
-    return nn.ModuleList([STFTD(n) for n in (512, 1024, 2048)]).to(device)
+    class PeriodD(nn.Module):
+        def __init__(self, period, chs=(16, 64, 128, 256)):
+            super().__init__()
+            self.period = period
+            convs, c = [], 1
+            for o in chs:
+                convs.append(nn.Conv2d(c, o, (5, 1), stride=(3, 1), padding=(2, 0)))
+                c = o
+            convs.append(nn.Conv2d(c, c, (5, 1), padding=(2, 0)))
+            self.convs = nn.ModuleList(convs)
+            self.out = nn.Conv2d(c, 1, (3, 1), padding=(1, 0))
+
+        def forward(self, x):                        # x [B, N]
+            p = self.period
+            x = nn.functional.pad(x, (0, (-x.shape[-1]) % p), mode="reflect")
+            z = x.view(x.shape[0], 1, -1, p)
+            feats = []
+            for c in self.convs:
+                z = nn.functional.leaky_relu(c(z), 0.1)
+                feats.append(z)
+            return self.out(z), feats
+
+    return nn.ModuleList([STFTD(n) for n in (512, 1024, 2048)] +
+                         [PeriodD(p) for p in (2, 3, 5, 7, 11)]).to(device)
 
 
 def step_codec(a, size, ns):
@@ -159,10 +186,10 @@ def step_codec(a, size, ns):
         load_export_codec(codec, a.init_from)
     dec = codec.decoder
     mel_codes = None
-    if a.scheme == "mel":
+    if a.scheme in ("mel", "phone"):
         # fixed codes: no encoder; the decoder's codebook vectors are ordinary trainable parameters
         q, fmel = load_quantizer(a.work, dev)
-        mel_codes = encode_audio(q, fmel, audio, dev)
+        mel_codes = encode_audio(q, fmel, audio, dev, rows=rows)
         if a.gta_from:
             if a.gta_share < 1 and mel_codes and mel_codes[0].shape[1] < size["n_q"]:
                 raise SystemExit("codec --gta-share < 1 needs a quantizer with every codebook")
@@ -176,7 +203,13 @@ def step_codec(a, size, ns):
             p.requires_grad_(False)
     gen_params = [p for p in list(enc.parameters()) + list(dec.parameters()) if p.requires_grad]
     opt = make_adamw(gen_params, a, lr=a.codec_lr, betas=(0.8, 0.99))
+    if dev.type == "cuda":
+        torch.backends.cudnn.benchmark = True        # fixed crop shapes: let cuDNN pick the discriminators' kernels
     disc = make_disc(dev) if a.gan_start >= 0 else None
+    if disc is not None and a.disc_from:
+        from safetensors.torch import load_file
+        disc.load_state_dict({k: v.float() for k, v in load_file(a.disc_from).items()})
+        log(f"codec: discriminators from {a.disc_from}")
     dopt = torch.optim.AdamW(disc.parameters(), lr=a.codec_lr, betas=(0.8, 0.99)) if disc else None
     mels = [make_mel(n, n // 4, m, dev) for n, m in ((512, 64), (1024, 80), (2048, 128))]
     seg = a.seg_frames * HOP
@@ -262,7 +295,8 @@ def step_codec(a, size, ns):
                     _, fx = d(x)
                 adv = adv + torch.relu(1 - sy).mean()
                 fm = fm + sum((u - v).abs().mean() for u, v in zip(fy, fx)) / len(fy)
-            loss = loss + a.adv_weight * adv + a.fm_weight * fm
+            # averaged over the discriminators, so the weights do not depend on how many there are
+            loss = loss + (a.adv_weight * adv + a.fm_weight * fm) / len(disc)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(gen_params, 1.0)
@@ -274,14 +308,15 @@ def step_codec(a, size, ns):
                 sy, _ = d(y.detach())
                 dl = dl + torch.relu(1 - sx).mean() + torch.relu(1 + sy).mean()
             dopt.zero_grad(set_to_none=True)
-            dl.backward()
+            (dl / len(disc)).backward()
             dopt.step()
         if step % a.log_every == 0 or step == a.codec_steps:
             used = [int((layer._codebook.cluster_usage > 0.5).sum()) for rvq in
                     (dec.quantizer.rvq_first, dec.quantizer.rvq_rest) for layer in rvq.vq.layers]
             usage = "" if mel_codes is not None else f" codes>0.5 use {min(used)}..{max(used)}"
             log(f"codec step {step}: lr {opt.param_groups[0]['lr']:.2e} rec {rec.item():.3f} commit {commit.item():.4f}"
-                f"{usage}{' (gan)' if use_gan else ''} ({time.time() - t0:.0f} s)")
+                f"{usage}{f' adv {float(adv) / len(disc):.3f} fm {float(fm) / len(disc):.3f} disc {float(dl) / len(disc):.3f}' if use_gan else ''}"
+                f" ({time.time() - t0:.0f} s)")
         if a.max_minutes and time.time() - t0 > 60 * a.max_minutes:
             log(f"codec: time limit at step {step}")
             break

@@ -12,11 +12,11 @@ from .quantizer import encode_audio, load_quantizer
 def step_codes(a, size, ns, codec=None, enc=None):
     dev = torch.device(a.device)
     path = a.codes_out or os.path.join(a.work, "codes.pt")
-    if a.scheme == "mel":
+    if a.scheme in ("mel", "phone"):
         rows = load_manifest(a.manifest, a.limit)
         audio = load_audio(a.manifest, rows)
         q, fmel = load_quantizer(a.work, dev)
-        codes = encode_audio(q, fmel, audio, dev)
+        codes = encode_audio(q, fmel, audio, dev, rows=rows)
         out = [dict(id=r["id"], text=r["text"], codes=c) for r, c in zip(rows, codes)]
         save_codes(path, out)
         log(f"codes: {len(out)} utterances, {sum(len(c) for c in codes)} frames -> {path}")

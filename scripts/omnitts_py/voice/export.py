@@ -25,12 +25,14 @@ def step_export(a, size, ns):
     codec.load_state_dict(torch.load(os.path.join(a.work, "codec", "codec.pt"), map_location="cpu", weights_only=False)["codec"])
 
     out = a.out
-    sd, csd = write_checkpoint_dir(out, model, codec, cfg_dict, tcfg_dict, tok_dir)
+    cdt = size.get("codec_dtype", "f32")
+    sd, csd = write_checkpoint_dir(out, model, codec, cfg_dict, tcfg_dict, tok_dir, codec_dtype=cdt)
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(out) for f in fs)
-    log(f"export: {out}, {total / 1e6:.2f} MB "
-        f"(talker {sum(v.numel() for v in sd.values()) / 1e6:.2f} M bf16, codec {sum(v.numel() for v in csd.values()) / 1e6:.2f} M f32)")
-    if total > 32 * 1024 * 1024:
-        log("WARNING: over the 32 MB budget")
+    log(f"export: {out}, {total / 1e6:.2f} MB (talker {sum(v.numel() for v in sd.values()) / 1e6:.2f} M bf16, "
+        f"codec {sum(v.numel() for v in csd.values()) / 1e6:.2f} M {cdt})")
+    budget = size.get("budget_mb", 32)
+    if total > budget * 1e6:
+        log(f"WARNING: over the {budget} MB budget")
 
     # official loader + generate_custom_voice (greedy, short)
     tts = ns.Qwen3TTSModel.from_pretrained(out, dtype=torch.float32)

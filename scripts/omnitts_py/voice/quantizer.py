@@ -1,4 +1,9 @@
-"""Step `quantizer` (the `mel` code scheme): log-mel frame features and their residual k-means, which define the codes."""
+"""Step `quantizer` (the `mel` and `phone` code schemes): log-mel frame features and their residual k-means, which
+define the codes. With `phone`, codebook 0 is a k-means of the log-mel frame *together with* the teacher's phoneme
+alignment of the frame (which phoneme ids sound in each of its four 20 ms sub-frames, from the durations Piper's
+graph computed for the render: render_ids.py), weighted so that its clusters are phonetically pure first and split
+by sound second; codebooks 1.. are k-means of the log-mel residual left by the codebooks before them. So the talker,
+which predicts codebook 0, predicts what is said; the code predictor adds how it sounds."""
 import os
 
 import numpy as np
@@ -53,6 +58,44 @@ def frame_features(mel, x):
     return m[..., : T * SUB].reshape(B, M, T, SUB).permute(0, 2, 3, 1).reshape(B, T, SUB * M)
 
 
+# Piper's phoneme ids are < N_SYM (en_US-joe-medium: 151 entries in its phoneme_id_map). Id 0 is Piper's pad between
+# phonemes (its time goes to the phoneme before it); id 0 also marks time outside the phonemes (the lead silence).
+N_SYM = 160
+PAD_ID = 0
+PHONE_WEIGHT = 10.0
+
+
+def frame_phonemes(row, n_frames, sub=None):
+    """The phoneme alignment of one rendered utterance: [n_frames, SUB * N_SYM] float32, for each 20 ms sub-frame the
+    share of its time each phoneme id sounds. From the manifest row's `durations` (per chunk, per phoneme id, in
+    frames of 256 samples at 22.05 kHz), `phoneme_ids` and `lead_samples` (render_ids.py). Errors (SystemExit) when
+    the row has no durations (a render by a model without the `durations` output)."""
+    sub = sub or SUB
+    if "durations" not in row:
+        raise SystemExit(f"utterance {row.get('id')}: no phoneme durations in the manifest (render with "
+                         "render_ids.py and a model made by onnx_fp16_weights.py)")
+    ids, ends = [], []
+    t = row.get("lead_samples", 0) / SR
+    for chunk_ids, chunk_d in zip(row["phoneme_ids"], row["durations"]):
+        prev = PAD_ID
+        for i, d in zip(chunk_ids, chunk_d):
+            if i == PAD_ID:
+                i = prev
+            prev = i
+            t += d * 256 / 22050
+            ids.append(i)
+            ends.append(t)
+    ids, ends = np.array(ids + [PAD_ID]), np.array(ends + [np.inf])
+    step = HOP / sub / SR / 20                        # 20 points a sub-frame (1 ms)
+    pts = (np.arange(n_frames * sub * 20) + 0.5) * step
+    sym = ids[np.searchsorted(ends, pts, side="right")]
+    start = row.get("lead_samples", 0) / SR
+    sym[pts < start] = PAD_ID
+    onehot = np.zeros((n_frames * sub, N_SYM), np.float32)
+    np.add.at(onehot, (np.arange(len(pts)) // 20, np.minimum(sym, N_SYM - 1)), 1.0 / 20)
+    return onehot.reshape(n_frames, sub * N_SYM)
+
+
 def kmeans_assign(X, C, chunk=32768):
     """Nearest centroid of each row of X [N, D] among C [K, D] -> [N] long."""
     cc = (C * C).sum(1)
@@ -89,15 +132,40 @@ def rvq_encode(X, cents):
     return torch.stack(codes, 1)
 
 
+def int8_round_trip(C):
+    """Centroids [n, K, D] -> (int8 values, f32 scale per stage [n]) and the f32 centroids they stand for: the form the
+    `phone` quantizer is stored in (a quarter of f32, small enough to carry), used for encoding from the start so that
+    every encoder of the codes, here or on another machine, assigns the same codes."""
+    scale = C.abs().amax(dim=(1, 2)).clamp(min=1e-8) / 127.0
+    qv = (C / scale[:, None, None]).round().clamp(-127, 127).to(torch.int8)
+    return qv, scale, qv.float() * scale[:, None, None]
+
+
 def load_quantizer(work, dev):
     q = torch.load(os.path.join(work, "quantizer.pt"), map_location=dev, weights_only=False)
+    if "centroids_i8" in q:                          # the phone scheme's stored form (int8_round_trip)
+        q["centroids"] = q.pop("centroids_i8").float() * q.pop("centroids_scale")[:, None, None].float()
+        q["phone_centroids"] = q["phone_centroids"].float()
     # a carried copy may hold the centroids in f16 (quantizer16.pt)
     q = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in q.items()}
     return q, make_mel(FEAT["n_fft"], FEAT["hop"], FEAT["n_mels"], dev)
 
 
-def encode_audio(q, mel, audio, dev, batch_seconds=600):
-    """int16 utterances (whole frames) -> list of codes [T, n_q] int16, in batches of similar length."""
+def rvq_encode_phone(X, P, q):
+    """The phone scheme's encoder: X [N, D] normalised mel features, P [N, SUB * N_SYM] phoneme alignment -> codes
+    [N, n_q]. Codebook 0 by the joint distance (mel + weighted alignment), the others on the mel residual."""
+    C0 = torch.cat([q["centroids"][0], q["phone_centroids"]], 1)
+    idx0 = kmeans_assign(torch.cat([X, P * q["phone_weight"]], 1), C0)
+    rest = rvq_encode(X - q["centroids"][0][idx0], q["centroids"][1:])
+    return torch.cat([idx0[:, None], rest], 1)
+
+
+def encode_audio(q, mel, audio, dev, batch_seconds=600, rows=None):
+    """int16 utterances (whole frames) -> list of codes [T, n_q] int16, in batches of similar length. A `phone`
+    quantizer also needs the utterances' manifest rows (their phoneme durations: frame_phonemes)."""
+    phone = "phone_centroids" in q
+    if phone and rows is None:
+        raise SystemExit("a phone-scheme quantizer encodes from the manifest rows' phoneme durations")
     out = [None] * len(audio)
     order = sorted(range(len(audio)), key=lambda i: len(audio[i]))
     b = 0
@@ -111,7 +179,12 @@ def encode_audio(q, mel, audio, dev, batch_seconds=600):
             x = torch.stack([torch.nn.functional.pad(audio[i], (0, n - len(audio[i]))) for i in idx])
             f = frame_features(mel, (x.float() / 32768.0).to(dev))
             B, T, D = f.shape
-            c = rvq_encode(((f - q["mean"]) / q["std"]).reshape(-1, D), q["centroids"]).view(B, T, -1)
+            X = ((f - q["mean"]) / q["std"]).reshape(-1, D)
+            if phone:
+                P = torch.from_numpy(np.stack([frame_phonemes(rows[i], T) for i in idx])).to(dev)
+                c = rvq_encode_phone(X, P.reshape(B * T, -1), q).view(B, T, -1)
+            else:
+                c = rvq_encode(X, q["centroids"]).view(B, T, -1)
             for j, i in enumerate(idx):
                 out[i] = c[j, : len(audio[i]) // HOP].to(torch.int16).cpu()
             b = e
@@ -138,15 +211,36 @@ def step_quantizer(a, size, ns):
     rows = load_manifest(a.manifest, a.limit)
     audio = load_audio(a.manifest, rows)
     mel = make_mel(FEAT["n_fft"], FEAT["hop"], FEAT["n_mels"], dev)
-    feats = []
+    feats, phones = [], []
     with torch.no_grad():
-        for x in audio:
-            feats.append(frame_features(mel, (x.float() / 32768.0).to(dev)[None])[0])
+        for r, x in zip(rows, audio):
+            f = frame_features(mel, (x.float() / 32768.0).to(dev)[None])[0]
+            feats.append(f)
+            if a.scheme == "phone":
+                phones.append(torch.from_numpy(frame_phonemes(r, f.shape[0])).to(dev))
     X = torch.cat(feats)
-    if X.shape[0] > a.kmeans_frames:
-        X = X[torch.randperm(X.shape[0], device=dev)[: a.kmeans_frames]]
+    pick = torch.randperm(X.shape[0], device=dev)[: a.kmeans_frames]
+    X = X[pick]
     mean, std = X.mean(0), X.std(0).clamp(min=1e-3)
-    log(f"quantizer: {X.shape[0]} frames of {X.shape[1]} features, {size['n_q']} x {a.kmeans_k} centroids")
-    cents = fit_rvq_kmeans((X - mean) / std, size["n_q"], a.kmeans_k, a.kmeans_iters)
-    torch.save({"mean": mean.cpu(), "std": std.cpu(), "centroids": cents.cpu(), "feat": FEAT},
-               os.path.join(a.work, "quantizer.pt"))
+    X = (X - mean) / std
+    log(f"quantizer: {X.shape[0]} frames of {X.shape[1]} features, {size['n_q']} x {a.kmeans_k} centroids, "
+        f"scheme {a.scheme}")
+    path = os.path.join(a.work, "quantizer.pt")
+    if a.scheme != "phone":
+        cents = fit_rvq_kmeans(X, size["n_q"], a.kmeans_k, a.kmeans_iters)
+        torch.save({"mean": mean.cpu(), "std": std.cpu(), "centroids": cents.cpu(), "feat": FEAT}, path)
+        return
+    P = torch.cat(phones)[pick] * a.phone_weight
+    D = X.shape[1]
+    C0 = fit_rvq_kmeans(torch.cat([X, P], 1), 1, a.kmeans_k, a.kmeans_iters)[0]
+    idx0 = kmeans_assign(torch.cat([X, P], 1), C0)
+    # purity: how often a frame's main phoneme (middle of the frame) is its cluster's main phoneme
+    main = P.view(P.shape[0], SUB, N_SYM)[:, SUB // 2].argmax(1)
+    cmain = C0[:, D:].view(-1, SUB, N_SYM)[:, SUB // 2].argmax(1)
+    log(f"quantizer: codebook 0 phonetic purity {float((cmain[idx0] == main).float().mean()):.3f}")
+    rest = fit_rvq_kmeans(X - C0[idx0, :D], size["n_q"] - 1, a.kmeans_k, a.kmeans_iters)
+    qv, scale, _ = int8_round_trip(torch.cat([C0[None, :, :D], rest]))
+    torch.save({"mean": mean.cpu(), "std": std.cpu(), "centroids_i8": qv.cpu(), "centroids_scale": scale.cpu(),
+                "phone_centroids": C0[:, D:].half().cpu(), "phone_weight": a.phone_weight, "n_sym": N_SYM,
+                "feat": FEAT, "scheme": "phone"}, path)
+    log(f"quantizer: -> {path} (int8 centroids, phone part f16)")

@@ -13,8 +13,8 @@ from .talker import gta_replace
 def step_roundtrip(a, size, ns):
     """Codec ceiling: encode + decode (official decoder forward on the codes) every utterance of --manifest (e.g.
     teacher.py's render of test_sentences.txt) into WORK/roundtrip/<line>.wav, for wer.py --wav-dir."""
-    if a.init_from and a.scheme != "mel":
-        raise SystemExit("roundtrip --init-from: an export holds no encoder; use the mel scheme")
+    if a.init_from and a.scheme == "learned":
+        raise SystemExit("roundtrip --init-from: an export holds no encoder; use the mel or phone scheme")
     dev = torch.device(a.device)
     codec, enc = build_codec_modules(ns, size, dev)
     if a.init_from:
@@ -26,9 +26,9 @@ def step_roundtrip(a, size, ns):
     codec.eval()
     rows = load_manifest(a.manifest, a.limit)
     audio = load_audio(a.manifest, rows)
-    if a.scheme == "mel":
+    if a.scheme != "learned":
         q, fmel = load_quantizer(a.work, dev)
-        mel_codes = encode_audio(q, fmel, audio, dev)
+        mel_codes = encode_audio(q, fmel, audio, dev, rows=rows)
         if a.gta_from:
             mel_codes = gta_replace(a, ns, size, dev, rows, mel_codes)
     else:
@@ -38,7 +38,7 @@ def step_roundtrip(a, size, ns):
     os.makedirs(out, exist_ok=True)
     with torch.no_grad():
         for k, (r, x) in enumerate(zip(rows, audio)):
-            if a.scheme == "mel":
+            if a.scheme != "learned":
                 codes = mel_codes[k].t()[None].long().to(dev)
             else:
                 z = enc((x.float() / 32768.0).to(dev)[None])

@@ -174,11 +174,36 @@ def build_talker(ns, size, ids):
     return ns.Qwen3TTSForConditionalGeneration._from_config(cfg, dtype=torch.float32)
 
 
-def load_export_weights(model, export_dir):
-    """An exported checkpoint's model.safetensors (bf16) into `model` (as f32)."""
+# What a talker trained on other codes can pass on (`talker --init-from DIR --init-transfer`): the text side, the
+# transformer layers and the control rows of the codec track (think tags, languages, speaker: ids >= 2048), not the
+# code rows or the code predictor's per-codebook tables and heads, whose codes mean something else now.
+CODE_ROWS = 2048
+CODE_TABLES = ("talker.code_predictor.lm_head.", "talker.code_predictor.model.codec_embedding.")
+
+
+def load_export_weights(model, export_dir, transfer=False):
+    """An exported checkpoint's model.safetensors (bf16) into `model` (as f32). transfer=True: only what carries over
+    to new codes (CODE_TABLES, CODE_ROWS), the rest keeps its fresh initialisation; a tensor missing from the file
+    (e.g. a carried file with the code tables left out) is then fine too."""
     from safetensors.torch import load_file
-    sd = load_file(os.path.join(export_dir, "model.safetensors"))
-    model.load_state_dict({k: v.float() for k, v in sd.items()})
+    sd = {k: v.float() for k, v in load_file(os.path.join(export_dir, "model.safetensors")).items()}
+    if not transfer:
+        model.load_state_dict(sd)
+        return
+    own = model.state_dict()
+    n = 0
+    for k, v in sd.items():
+        if k.startswith(CODE_TABLES) or k not in own:
+            continue
+        if k in ("talker.model.codec_embedding.weight", "talker.codec_head.weight") and own[k].shape == v.shape:
+            own[k][CODE_ROWS:] = v[CODE_ROWS:]
+        elif own[k].shape == v.shape:
+            own[k].copy_(v)
+        else:
+            continue
+        n += 1
+    model.load_state_dict(own)
+    log(f"talker: {n} tensors transferred from {export_dir} (code rows and code-predictor tables fresh)")
 
 
 def step_talker(a, size, ns, data=None):
@@ -221,7 +246,7 @@ def step_talker(a, size, ns, data=None):
         start = st.get("step", 0) + 1
         say(f"talker: resumed at step {start}")
     elif a.init_from:
-        load_export_weights(model, a.init_from)   # the optimiser starts afresh
+        load_export_weights(model, a.init_from, a.init_transfer)   # the optimiser starts afresh
         start = a.init_step + 1
         say(f"talker: initialised from {a.init_from}, counting from step {start}")
     if world > 1:                                    # identical start on every process
