@@ -17,7 +17,7 @@ Steps (each writes into WORK; run them in order, or `all`):
              the frame's log-mel together with the teacher's phoneme alignment (manifest durations, weighted by
              --phone-weight), so it carries what is said; stored with int8 centroids.
   codec      trains the official Code2Wav decoder on teacher audio (multi-scale mel + multi-resolution STFT, optional
-             multi-scale STFT discriminator): with --scheme mel as a vocoder from the fixed codes (its codebook vectors
+             multi-scale STFT and multi-period discriminators from --gan-start): with --scheme mel as a vocoder from the fixed codes (its codebook vectors
              are ordinary parameters, started from the centroids' principal axes); with --scheme learned (the first
              device run) together with a small conv encoder (training only, not exported) and the official split RVQ
              (EMA k-means updates written into `embedding_sum`/`cluster_usage`). --gta-from EXPORT: the decoder

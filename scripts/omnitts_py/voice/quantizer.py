@@ -62,7 +62,7 @@ def frame_features(mel, x):
 # phonemes (its time goes to the phoneme before it); id 0 also marks time outside the phonemes (the lead silence).
 N_SYM = 160
 PAD_ID = 0
-PHONE_WEIGHT = 10.0
+TEACHER_SR, TEACHER_HOP = 22050, 256              # the durations' unit: one VITS decoder frame of the teacher
 
 
 def frame_phonemes(row, n_frames, sub=None):
@@ -82,7 +82,7 @@ def frame_phonemes(row, n_frames, sub=None):
             if i == PAD_ID:
                 i = prev
             prev = i
-            t += d * 256 / 22050
+            t += d * TEACHER_HOP / TEACHER_SR
             ids.append(i)
             ends.append(t)
     ids, ends = np.array(ids + [PAD_ID]), np.array(ends + [np.inf])
