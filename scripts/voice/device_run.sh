@@ -78,8 +78,8 @@ pin() { local cpus=$1; shift; if command -v taskset > /dev/null; then taskset -c
 A=(--work "$W" --size "$SIZE" --device "$DEV" $AMP --log-every 100)
 
 # Complete rows of the shard manifests written so far (a row is written after its WAV is closed), minus $2's rows.
-snapshot() {
-  $PY - "$W/teacher" "$1" "${2:-}" <<'EOF'
+snapshot() {     # snapshot OUT [MINUS [DIR]]: the rows rendered into DIR (default $W/teacher)
+  $PY - "${3:-$W/teacher}" "$1" "${2:-}" <<'EOF'
 import glob, json, os, sys
 d, out, minus = sys.argv[1], sys.argv[2], sys.argv[3]
 skip = set()
@@ -245,20 +245,7 @@ elif [ "$CALL" = 5 ]; then
   TP=$!
   wait $RBP
   el render B done; tail -n 1 "$W/render-b0.log"
-  $PY - "$W" <<'EOF2'
-import glob, json, os, sys
-w = sys.argv[1]
-with open(os.path.join(w, "b.jsonl"), "w") as f:
-    for p in sorted(glob.glob(os.path.join(w, "tb", "manifest-*.jsonl"))):
-        for l in open(p):
-            try:
-                r = json.loads(l)
-            except ValueError:
-                continue
-            r["wav"] = os.path.join(w, "tb", r["wav"])
-            if os.path.exists(r["wav"]):
-                f.write(json.dumps(r) + "\n")
-EOF2
+  snapshot "$W/b.jsonl" "" "$W/tb"
   pin $(( NC > 5 ? 4 : 0 ))-$(( NC - 1 )) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/b.jsonl" --codes-out "$W/codesB.pt.xz"
   el codes B done
   wait $DP; el decoder done; grep -v "^\*\|^ *$\|Warning" "$W/codec.log" | tail -n 40
@@ -314,20 +301,8 @@ elif [ "$CALL" = 6 ]; then
   DP=$!
   wait $RBP
   el render B done; tail -n 1 "$W/render-b0.log"
-  cat "$W/a.jsonl" > "$W/ab.jsonl"
-  $PY - "$W" >> "$W/ab.jsonl" <<'EOF2'
-import glob, json, os, sys
-w = sys.argv[1]
-for p in sorted(glob.glob(os.path.join(w, "tb", "manifest-*.jsonl"))):
-    for l in open(p):
-        try:
-            r = json.loads(l)
-        except ValueError:
-            continue
-        r["wav"] = os.path.join(w, "tb", r["wav"])
-        if os.path.exists(r["wav"]):
-            print(json.dumps(r))
-EOF2
+  snapshot "$W/b.jsonl" "" "$W/tb"
+  cat "$W/a.jsonl" "$W/b.jsonl" > "$W/ab.jsonl"
   pin $(( NC > 5 ? 2 : 0 ))-$(( NC - 1 )) $PY "$VP/train.py" codes "${A[@]}" --manifest "$W/ab.jsonl" --codes-out "$W/codesC.pt.xz"
   el codes C done
   wait $DP; el decoder done; grep -v "^\*\|^ *$\|Warning" "$W/codec.log" | tail -n 40
