@@ -3,7 +3,7 @@
 # run the main job: text -> omnittssrc -> omnitts-demo.wav.
 #
 # The checkpoint used here is the element's default, the bundled voice models/omnitts-en: a small
-# (31 MB) English single-speaker Qwen3-TTS CustomVoice checkpoint in the real layout, trained by
+# (46 MB) English single-speaker Qwen3-TTS CustomVoice checkpoint in the real layout, trained by
 # scripts/voice/ from a Piper teacher. It speaks, but far less clearly than the released models
 # (README.md, "Bundled voice"; real weights: "Real weights").
 set -euo pipefail

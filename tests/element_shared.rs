@@ -14,7 +14,7 @@ use element_util::*;
 use gst::prelude::*;
 use gstomnitts::engine::Engine;
 
-/// The bundled voice: a model big enough (31 MB) for its memory to matter against per-element
+/// The bundled voice: a model big enough (46 MB) for its memory to matter against per-element
 /// overheads.
 fn voice_dir() -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
