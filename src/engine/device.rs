@@ -120,25 +120,44 @@ impl DeviceSpec {
     }
 }
 
-/// Puts candle's default CPU thread count into `RAYON_NUM_THREADS` when that is unset, once per
-/// process (called by [`DeviceSpec::open`] for the CPU).
+/// Puts omnitts' CPU thread counts into the environment when the user has not set them, once per
+/// process (called by [`DeviceSpec::open`] for the CPU):
 ///
-/// candle's CPU matmul asks for its thread count on every call, and without `RAYON_NUM_THREADS`
-/// that means counting physical cores by parsing `/proc/cpuinfo` each time: with the bundled
-/// voice about 270 file reads per frame, which made stage 0 3.8× slower on a 2-core machine
-/// (10.7 against 2.8 ms per frame). The value is the one candle would compute, so the thread
-/// count does not change; a value the user set is kept.
+/// - `RAYON_NUM_THREADS` (candle's f32 matmuls): candle's own default, the core count. candle's CPU
+///   matmul asks for its thread count on every call, and without the variable that means counting
+///   physical cores by parsing `/proc/cpuinfo` each time: with the bundled voice about 270 file
+///   reads per frame, which made stage 0 3.8× slower on a 2-core machine (10.7 against 2.8 ms per
+///   frame). The value is the one candle would compute, so the thread count does not change.
+/// - `CANDLE_NUM_THREADS` (candle's barrier pool, which runs the quantized matmuls and the
+///   elementwise ops of 64 Ki elements or more): one core fewer than that, at least 1. The two
+///   stages are two threads of their own, and the pool's workers spin after each job (candle:
+///   25,000 spins before they park), so a pool as wide as the machine takes the core the other
+///   stage is running on: on 2 cores with the bundled voice, RTF 0.13-0.15 with a pool of 1
+///   against 0.17-0.20 with 2 (docs/cpu.md, "Threads").
+///
+/// Values the user set are kept.
 pub fn pin_cpu_threads() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-            let n = candle_core::utils::get_num_threads();
-            // SAFETY: runs once, when the first stage opens the CPU, before any stage thread of
-            // ours exists; Rust's own environment access is synchronised, and GStreamer and GLib
-            // read the environment during initialisation, not while an element starts.
-            unsafe { std::env::set_var("RAYON_NUM_THREADS", n.to_string()) };
+        for (var, n) in default_cpu_threads(candle_core::utils::get_num_threads()) {
+            if std::env::var_os(var).is_none() {
+                // SAFETY: runs once, when the first stage opens the CPU, before any stage thread
+                // of ours exists; Rust's own environment access is synchronised, and GStreamer
+                // and GLib read the environment during initialisation, not while an element
+                // starts.
+                unsafe { std::env::set_var(var, n.to_string()) };
+            }
         }
     });
+}
+
+/// The thread counts [`pin_cpu_threads`] puts into the environment on a machine of `cores` cores:
+/// `RAYON_NUM_THREADS` = `cores`, `CANDLE_NUM_THREADS` = `cores - 1` (at least 1).
+fn default_cpu_threads(cores: usize) -> [(&'static str, usize); 2] {
+    [
+        ("RAYON_NUM_THREADS", cores.max(1)),
+        ("CANDLE_NUM_THREADS", cores.saturating_sub(1).max(1)),
+    ]
 }
 
 /// Weight/activation dtype of the AR stage (`engine_args.dtype`). The decoder always runs in f32
@@ -222,11 +241,19 @@ mod tests {
         assert!(matches!(DeviceSpec::Cpu.open(), Ok(Device::Cpu)));
         // Opening the CPU leaves a thread count in the environment (candle's matmul reads it on
         // every call; without it, it parses /proc/cpuinfo each time).
-        let n: usize = std::env::var("RAYON_NUM_THREADS")
-            .expect("RAYON_NUM_THREADS set by DeviceSpec::open")
-            .parse()
-            .expect("a number");
-        assert!(n >= 1);
+        for var in ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"] {
+            let n: usize = std::env::var(var)
+                .unwrap_or_else(|_| panic!("{var} set by DeviceSpec::open"))
+                .parse()
+                .expect("a number");
+            assert!(n >= 1, "{var}");
+        }
+        // The barrier pool leaves a core to the other stage's thread; never below one.
+        let counts = |cores| default_cpu_threads(cores).map(|(_, n)| n);
+        assert_eq!(counts(2), [2, 1]);
+        assert_eq!(counts(16), [16, 15]);
+        assert_eq!(counts(1), [1, 1]);
+        assert_eq!(counts(0), [1, 1]);
     }
 
     #[test]

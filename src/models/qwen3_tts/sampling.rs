@@ -69,9 +69,9 @@ pub fn apply_top_k(logits: &mut [f32], k: usize) {
     if k == 0 || k >= logits.len() {
         return;
     }
-    let mut sorted: Vec<f32> = logits.to_vec();
-    sorted.sort_by(|a, b| b.total_cmp(a));
-    let threshold = sorted[k - 1];
+    // The k-th largest value: a selection, not a sort (the same value, in linear time).
+    let mut values: Vec<f32> = logits.to_vec();
+    let (_, &mut threshold, _) = values.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
     logits.iter_mut().for_each(|x| {
         if *x < threshold {
             *x = f32::NEG_INFINITY
@@ -237,6 +237,27 @@ mod tests {
         let mut l = vec![0.0, 0.0];
         apply_top_p(&mut l, 1e-6); // always keeps the top one
         assert_eq!(l.iter().filter(|x| x.is_finite()).count(), 1);
+    }
+
+    /// The selection keeps exactly what a full sort's k-th largest value keeps, ties included.
+    #[test]
+    fn top_k_matches_the_sorted_threshold() {
+        let mut rng = ChaCha20Rng::seed_from_u64(7);
+        for (len, k) in [(2048, 50), (2048, 1), (2048, 2047), (3072, 50), (17, 16)] {
+            // Values on a coarse grid, so that ties at the threshold occur.
+            let logits: Vec<f32> = (0..len)
+                .map(|_| (rng.random::<f32>() * 64.0).floor() / 8.0)
+                .collect();
+            let mut sorted = logits.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let threshold = sorted[k - 1];
+            let mut got = logits.clone();
+            apply_top_k(&mut got, k);
+            for (g, x) in got.iter().zip(&logits) {
+                assert_eq!(*g, if *x < threshold { NI } else { *x }, "len {len}, k {k}");
+            }
+            assert!(got.iter().filter(|x| x.is_finite()).count() >= k);
+        }
     }
 
     #[test]
