@@ -50,6 +50,11 @@ fn pipeline(text: &str, shared: bool) -> (gst::Pipeline, Arc<Mutex<Vec<f32>>>) {
         .property("text", text)
         .property("max-new-tokens", 40u32)
         .property("shared-engine", shared)
+        // Dense weights: on CPUs with int8 dot-product instructions `auto` stores the talker's
+        // o_proj as q8_0, whose kernel rounds a batch of rows differently from one row, and a
+        // greedy near-tie of this voice then goes another way in the shared run (README,
+        // "Many streams, one model"); with dense weights a batched row equals its solo run.
+        .property_from_str("quantization", "none")
         .build()
         .expect("omnittssrc");
     let sink = gst::ElementFactory::make("fakesink")
