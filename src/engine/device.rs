@@ -132,8 +132,8 @@ impl DeviceSpec {
 ///   elementwise ops of 64 Ki elements or more): one core fewer than that, at least 1. The two
 ///   stages are two threads of their own, and the pool's workers spin after each job (candle:
 ///   25,000 spins before they park), so a pool as wide as the machine takes the core the other
-///   stage is running on: on 2 cores with the bundled voice, RTF 0.13-0.15 with a pool of 1
-///   against 0.17-0.20 with 2 (docs/cpu.md, "Threads").
+///   stage is running on: on 2 cores with the bundled voice, RTF 0.11-0.15 with a pool of 1
+///   against 0.15-0.18 with 2 (docs/cpu.md, "Threads").
 ///
 /// Values the user set are kept.
 pub fn pin_cpu_threads() {
