@@ -8,7 +8,8 @@
 #           check, codec round trip of the 50 test sentences. Back: exp/ (the checkpoint), codes1.pt,
 #           quantizer16.pt (centroids in f16, to extend the codes later), roundtrip/*.wav, log.txt.
 #   CALL=2  The talker only, continued from an export (INIT=folder with model.safetensors) on the carried codes
-#           (CODES="a.pt b.pt.xz"; TALKER_EXTRA e.g. "--resid-noise 1"; VAL=held-out codes file for the validation CE):
+#           (CODES="a.pt b.pt.xz"; TALKER_EXTRA e.g. "--resid-noise 1", TALKER_EXTRA0/1 for one variant only;
+#           VAL=held-out codes file for the validation CE):
 #           with DDP=1 one run data-parallel over both GPUs (torchrun; batch TB per GPU, learning rate TLR1), else two
 #           variants at once: GPU 0 with TLR0, GPU 1 with TLR1. Back: model.safetensors of each run (t0/, t1/), with VAL
 #           also best.safetensors (the weights of the best validation CE), with SNAP=N the weights every N steps
@@ -325,14 +326,14 @@ else
   el talkers for "$TMIN" min
   RUNS="0 1"; [ "${DDP:-0}" = 1 ] && RUNS=1
   for v in $RUNS; do
-    LR=TLR$v
+    LR=TLR$v; TX=TALKER_EXTRA$v
     mkdir -p "$W/t$v"; cp -r "$W/tok" "$W/t$v/"
     if [ "${DDP:-0}" = 1 ]; then LAUNCH=($PY -m torch.distributed.run --standalone --nproc_per_node=2); GPUS=""
     else LAUNCH=($PY); GPUS=$(gpu $(( v % ${NGPU:-2} ))); fi     # NGPU=1: both variants share one GPU
     env $GPUS "${LAUNCH[@]}" "$VP/train.py" talker --work "$W/t$v" --size "$SIZE" --device "$DEV" $AMP \
         --log-every 100 --codes "${C[@]}" --init-from "$VP/$INIT" --init-step "${INIT_STEP:-0}" \
         --talker-batch "$TB" --talker-lr "${!LR}" --warmup "${WARMUP:-100}" --talker-steps 1000000 \
-        --max-minutes "$TMIN" ${VAL:+--val-codes "$VP/$VAL"} ${SNAP:+--snapshot-every "$SNAP"} ${TALKER_EXTRA:-} \
+        --max-minutes "$TMIN" ${VAL:+--val-codes "$VP/$VAL"} ${SNAP:+--snapshot-every "$SNAP"} ${TALKER_EXTRA:-} ${!TX:-} \
         > "$W/talker$v.log" 2>&1 &
     eval "P$v=$!"
   done

@@ -109,6 +109,10 @@ def main(argv=None):
     ap.add_argument("--sub-weight", type=float, default=1.0)
     ap.add_argument("--resid-noise", type=float, default=0.0,
                     help="talker: share of frames whose residual-code inputs are random (see talker_loss)")
+    ap.add_argument("--talker-dropout", type=float, default=0.0,
+                    help="talker: attention dropout in the talker's and code predictor's layers while training (the "
+                         "models' attention_dropout; the exported config keeps 0.0 and inference never drops)")
+    ap.add_argument("--talker-wd", type=float, default=0.01, help="talker: AdamW weight decay")
     ap.add_argument("--val-codes", nargs="*", help="talker: codes files of held-out utterances (validation CE)")
     ap.add_argument("--val-every", type=int, default=5, help="talker: validate every N x --log-every steps")
     ap.add_argument("--snapshot-every", type=int, default=0,

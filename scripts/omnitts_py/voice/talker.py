@@ -206,6 +206,21 @@ def load_export_weights(model, export_dir, transfer=False):
     log(f"talker: {n} tensors transferred from {export_dir} (code rows and code-predictor tables fresh)")
 
 
+def set_attention_dropout(model, p):
+    """Attention dropout p in every attention layer of the talker and the code predictor (`--talker-dropout`): the
+    official attention modules read their config's attention_dropout once, into `self.attention_dropout`, and apply it
+    only in training mode. Regularises a talker that has seen all the text there is (it overfits the teacher's
+    renders); the exported config.json is written from the size preset, so it keeps 0.0."""
+    n = 0
+    for m in model.modules():
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = float(p)
+            n += 1
+    if p > 0:
+        log(f"talker: attention dropout {p} in {n} attention layers")
+    return n
+
+
 def step_talker(a, size, ns, data=None):
     """Talker + code predictor training. Data parallel when started by torchrun (WORLD_SIZE > 1): every process
     draws its own batches of --talker-batch utterances, the gradients are averaged with one all-reduce, and the
@@ -229,7 +244,8 @@ def step_talker(a, size, ns, data=None):
         data = [d for p in (a.codes or [os.path.join(a.work, "codes.pt")]) for d in load_codes(p)]
     model = build_talker(ns, size, ids).to(dev)
     model.train()
-    opt = make_adamw(model.parameters(), a, lr=a.talker_lr, weight_decay=0.01, betas=(0.9, 0.98))
+    set_attention_dropout(model, a.talker_dropout)
+    opt = make_adamw(model.parameters(), a, lr=a.talker_lr, weight_decay=a.talker_wd, betas=(0.9, 0.98))
     n_params = sum(p.numel() for p in model.parameters())
     say = log if rank == 0 else (lambda *_: None)
     say(f"talker: {n_params / 1e6:.2f} M parameters, {len(data)} utterances, {sum(len(d['codes']) for d in data)} "
