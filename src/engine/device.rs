@@ -129,7 +129,8 @@ impl DeviceSpec {
 ///   reads per frame, which made stage 0 3.8× slower on a 2-core machine (10.7 against 2.8 ms per
 ///   frame). The value is the one candle would compute, so the thread count does not change.
 /// - `CANDLE_NUM_THREADS` (candle's barrier pool, which runs the quantized matmuls and the
-///   elementwise ops of 64 Ki elements or more): one core fewer than that, at least 1. The two
+///   elementwise ops of 64 Ki elements or more; candle's default is `RAYON_NUM_THREADS`): one
+///   fewer than `RAYON_NUM_THREADS` (yours if you set it), at least 1. The two
 ///   stages are two threads of their own, and the pool's workers spin after each job (candle:
 ///   25,000 spins before they park), so a pool as wide as the machine takes the core the other
 ///   stage is running on: on 2 cores with the bundled voice, RTF 0.11-0.15 with a pool of 1
@@ -139,6 +140,7 @@ impl DeviceSpec {
 pub fn pin_cpu_threads() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        // candle's matmul thread count: `RAYON_NUM_THREADS` if set, else the physical cores.
         for (var, n) in default_cpu_threads(candle_core::utils::get_num_threads()) {
             if std::env::var_os(var).is_none() {
                 // SAFETY: runs once, when the first stage opens the CPU, before any stage thread
@@ -151,12 +153,13 @@ pub fn pin_cpu_threads() {
     });
 }
 
-/// The thread counts [`pin_cpu_threads`] puts into the environment on a machine of `cores` cores:
-/// `RAYON_NUM_THREADS` = `cores`, `CANDLE_NUM_THREADS` = `cores - 1` (at least 1).
-fn default_cpu_threads(cores: usize) -> [(&'static str, usize); 2] {
+/// The thread counts [`pin_cpu_threads`] puts into the environment (where unset) for a matmul
+/// thread count of `threads`: `RAYON_NUM_THREADS` = `threads`, `CANDLE_NUM_THREADS` =
+/// `threads - 1` (each at least 1).
+fn default_cpu_threads(threads: usize) -> [(&'static str, usize); 2] {
     [
-        ("RAYON_NUM_THREADS", cores.max(1)),
-        ("CANDLE_NUM_THREADS", cores.saturating_sub(1).max(1)),
+        ("RAYON_NUM_THREADS", threads.max(1)),
+        ("CANDLE_NUM_THREADS", threads.saturating_sub(1).max(1)),
     ]
 }
 

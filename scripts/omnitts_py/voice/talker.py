@@ -216,6 +216,8 @@ def set_attention_dropout(model, p):
         if isinstance(getattr(m, "attention_dropout", None), float):
             m.attention_dropout = float(p)
             n += 1
+    if p > 0 and n == 0:
+        raise SystemExit("--talker-dropout: no attention layer with an attention_dropout attribute in this model")
     if p > 0:
         log(f"talker: attention dropout {p} in {n} attention layers")
     return n
