@@ -406,6 +406,7 @@ mod tests {
     //! the signal that the non-streaming layer gives; stacked states must keep their streams apart.
 
     use super::*;
+    use crate::nn::test_util::max_diff;
     use candle_core::Device;
 
     /// Deterministic values in [-1, 1) (xorshift), `n` of them.
@@ -428,20 +429,6 @@ mod tests {
 
     fn rows(t: &Tensor) -> Vec<Vec<Vec<f32>>> {
         t.to_vec3().unwrap()
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        assert_eq!(a.dims(), b.dims());
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar()
-            .unwrap()
     }
 
     /// `x` `[b, c, len]` cut into chunks of `chunk` samples along time.

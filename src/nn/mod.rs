@@ -22,6 +22,8 @@ pub mod rope;
 pub mod rows_decode;
 pub mod snake_beta;
 pub mod switches;
+#[cfg(test)]
+mod test_util;
 pub mod transformer;
 pub mod weights;
 

@@ -175,6 +175,7 @@ impl CustomOp1 for FusedSnakeBeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nn::test_util::max_diff;
     use candle_core::Device;
 
     /// The fused CPU pass against the tensor form, on rows whose lengths are and are not
@@ -196,16 +197,7 @@ mod tests {
             let x = Tensor::from_vec(xs, (2, c, t), &dev).unwrap();
             let fused = snake.forward(&x).unwrap();
             let plain = snake.forward_tensor_ops(&x).unwrap();
-            let d = (&fused - &plain)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let d = max_diff(&fused, &plain);
             // |y| reaches ~20 here; libm and the vector sine differ by a few ulp of sin.
             assert!(d < 1e-5, "t {t}: fused vs tensor ops differ by {d}");
             assert!(
@@ -233,16 +225,7 @@ mod tests {
         for view in [x.clone(), x.narrow(0, 1, 1).unwrap()] {
             let fused = snake.forward(&view).unwrap();
             let plain = snake.forward_tensor_ops(&view).unwrap();
-            let d = (&fused - &plain)
-                .unwrap()
-                .abs()
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .max(0)
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
+            let d = max_diff(&fused, &plain);
             assert!(
                 d < 1e-5,
                 "{:?}: fused vs tensor ops differ by {d}",
