@@ -6,8 +6,11 @@
 //!   variant — it gets the frame back;
 //! - the consumer is woken when the next chunk boundary is reached: `initial` frames, then every
 //!   `chunk` frames after that (boundaries at `initial`, `initial + chunk`, `initial + 2·chunk`, …;
-//!   `initial == 0` means boundaries at multiples of `chunk`). It takes exactly one scheduled chunk
-//!   per call, so the windows it decodes do not depend on timing;
+//!   `initial == 0` means boundaries at multiples of `chunk`); with `ramp`, the chunks after the
+//!   first double in size until they reach `chunk` (1, 2, 4, 8, 16, 25, 25, … for `initial` 1 and
+//!   `chunk` 25), so that the first audio is one frame and a player that starts on it never runs
+//!   dry while the chunks grow to their efficient size. It takes exactly one scheduled chunk per
+//!   call, so the windows it decodes do not depend on timing;
 //! - once the producer calls [`ChunkBuffer::finish`], the consumer takes the remainder (a short
 //!   final chunk) and then sees [`Take::Done`];
 //! - in batch mode ([`ChunkPolicy::Whole`]) the buffer is unbounded and the consumer gets every frame
@@ -83,6 +86,8 @@ pub enum ChunkPolicy {
         initial: usize,
         /// `codec_chunk_frames`.
         chunk: usize,
+        /// `codec_chunk_ramp`: the chunks after the first double from `initial` up to `chunk`.
+        ramp: bool,
     },
     /// Batch: everything in one chunk once the producer has finished.
     Whole,
@@ -94,14 +99,29 @@ impl ChunkPolicy {
     pub fn next_boundary(&self, taken: usize) -> Option<usize> {
         match *self {
             ChunkPolicy::Whole => None,
-            ChunkPolicy::Streaming { initial, chunk } => {
+            ChunkPolicy::Streaming {
+                initial,
+                chunk,
+                ramp,
+            } => {
                 let chunk = chunk.max(1);
                 if initial > 0 && taken < initial {
-                    Some(initial)
-                } else {
-                    let base = if initial > 0 { initial } else { 0 };
-                    Some(base + ((taken - base) / chunk + 1) * chunk)
+                    return Some(initial);
                 }
+                // Past the first chunk: with the ramp, chunks of 2·initial, 4·initial, … below
+                // `chunk`, then chunks of `chunk` from where the ramp ends.
+                let mut base = initial;
+                let mut size = initial;
+                if ramp && initial > 0 {
+                    while size.saturating_mul(2) < chunk {
+                        size *= 2;
+                        if taken < base + size {
+                            return Some(base + size);
+                        }
+                        base += size;
+                    }
+                }
+                Some(base + ((taken - base) / chunk + 1) * chunk)
             }
         }
     }
@@ -110,7 +130,7 @@ impl ChunkPolicy {
     pub fn largest_chunk(&self) -> usize {
         match *self {
             ChunkPolicy::Whole => usize::MAX,
-            ChunkPolicy::Streaming { initial, chunk } => initial.max(chunk).max(1),
+            ChunkPolicy::Streaming { initial, chunk, .. } => initial.max(chunk).max(1),
         }
     }
 }
@@ -368,7 +388,11 @@ mod tests {
 
     #[test]
     fn wake_thresholds_and_remainder() {
-        let s = |initial, chunk| ChunkPolicy::Streaming { initial, chunk };
+        let s = |initial, chunk| ChunkPolicy::Streaming {
+            initial,
+            chunk,
+            ramp: false,
+        };
         assert_eq!(chunk_sizes(s(1, 25), 60), vec![1, 25, 25, 9]);
         assert_eq!(chunk_sizes(s(2, 10), 22), vec![2, 10, 10]);
         assert_eq!(chunk_sizes(s(0, 10), 25), vec![10, 10, 5]);
@@ -379,10 +403,41 @@ mod tests {
     }
 
     #[test]
+    fn ramp_doubles_up_to_the_chunk() {
+        let r = |initial, chunk| ChunkPolicy::Streaming {
+            initial,
+            chunk,
+            ramp: true,
+        };
+        assert_eq!(
+            chunk_sizes(r(1, 25), 120),
+            vec![1, 2, 4, 8, 16, 25, 25, 25, 14]
+        );
+        assert_eq!(chunk_sizes(r(1, 25), 10), vec![1, 2, 4, 3]);
+        assert_eq!(chunk_sizes(r(2, 25), 60), vec![2, 4, 8, 16, 25, 5]);
+        assert_eq!(chunk_sizes(r(3, 8), 30), vec![3, 6, 8, 8, 5]);
+        // A ramp that cannot grow (chunk ≤ 2·initial, or no first chunk) is the plain schedule.
+        assert_eq!(chunk_sizes(r(1, 1), 4), vec![1, 1, 1, 1]);
+        assert_eq!(chunk_sizes(r(1, 2), 7), vec![1, 2, 2, 2]);
+        assert_eq!(chunk_sizes(r(0, 10), 25), vec![10, 10, 5]);
+        assert_eq!(chunk_sizes(r(30, 25), 40), vec![30, 10]);
+        // The boundaries as a player sees them: audio of chunk k+1 is complete by the time chunk k
+        // plays out whenever frames come at least 2× faster than real time.
+        let p = r(1, 25);
+        let b: Vec<usize> = std::iter::successors(p.next_boundary(0), |&b| p.next_boundary(b))
+            .take(7)
+            .collect();
+        assert_eq!(b, vec![1, 3, 7, 15, 31, 56, 81]);
+        assert_eq!(p.next_boundary(32), Some(56));
+        assert_eq!(p.next_boundary(56), Some(81));
+    }
+
+    #[test]
     fn boundaries() {
         let p = ChunkPolicy::Streaming {
             initial: 2,
             chunk: 10,
+            ramp: false,
         };
         assert_eq!(p.next_boundary(0), Some(2));
         assert_eq!(p.next_boundary(1), Some(2));
@@ -397,6 +452,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 2,
                 chunk: 3,
+                ramp: false,
             },
             8,
         );
@@ -433,6 +489,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 1,
                 chunk: 25,
+                ramp: false,
             },
             4,
         );
@@ -447,6 +504,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 0,
                 chunk: 2,
+                ramp: false,
             },
             4,
         ));
@@ -487,6 +545,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 0,
                 chunk: 3,
+                ramp: false,
             },
             3,
         ));
@@ -499,6 +558,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 0,
                 chunk: 3,
+                ramp: false,
             },
             3,
         ));
@@ -527,6 +587,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 1,
                 chunk: 1,
+                ramp: false,
             },
             2,
             Signal::new(),
@@ -536,6 +597,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 1,
                 chunk: 1,
+                ramp: false,
             },
             2,
             Signal::new(),

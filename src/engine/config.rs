@@ -37,6 +37,7 @@
 //!       dtype: float32               # the decoder runs in f32 only
 //!       codec_chunk_frames: 25
 //!       initial_codec_chunk_frames: 1
+//!       codec_chunk_ramp: true          # omnitts: chunks 1, 2, 4, … up to codec_chunk_frames
 //!       codec_left_context_frames: 72   # windowed mode only
 //!       decoder_streaming_mode: exact   # exact (stateful) | windowed (stateless, approximate)
 //!       codec_buffer_frames: 50         # async-chunk buffer bound (raised to the largest chunk)
@@ -322,6 +323,11 @@ pub struct DecoderStageConfig {
         deserialize_with = "checked::<NonNegative, _>"
     )]
     pub initial_codec_chunk_frames: usize,
+    /// `engine_args.codec_chunk_ramp` (an omnitts key; default true): the chunks after the first
+    /// double in size until they reach `codec_chunk_frames` (1, 2, 4, 8, 16, 25, …), so the first
+    /// audio is small and a player that starts on it is not starved while the chunks grow.
+    #[serde(default = "default_true", deserialize_with = "checked::<Bool, _>")]
+    pub codec_chunk_ramp: bool,
     /// `engine_args.codec_left_context_frames` (windowed mode).
     #[serde(
         default = "default_usize::<72>",
@@ -425,6 +431,7 @@ impl StageConfig {
         ChunkPolicy::Streaming {
             initial: initial.unwrap_or(self.decoder.initial_codec_chunk_frames),
             chunk: chunk.unwrap_or(self.decoder.codec_chunk_frames),
+            ramp: self.decoder.codec_chunk_ramp,
         }
     }
 }

@@ -27,6 +27,14 @@ pub struct Metrics {
     pub queue_ms: f64,
     /// Tokenization, prompt construction and prefill (`ArModel::start`), ms.
     pub ar_prefill_ms: f64,
+    /// Submit → stage 0's first frame, ms; `None` when stage 0 made none.
+    pub first_frame_ms: Option<f64>,
+    /// Stage-0 steps (batched frames of all running requests) from the request's arrival on
+    /// stage 0 to the step that made its first frame, that step included; `None` without a frame.
+    pub first_frame_steps: Option<u64>,
+    /// Frames (all requests' chunks together) of the stage-1 pass that decoded this request's first
+    /// chunk; `None` without audio. Small when first chunks go first (`engine/pass_plan.rs`).
+    pub first_pass_frames: Option<usize>,
 }
 
 /// Milliseconds in a duration.
@@ -41,6 +49,10 @@ pub(crate) struct ArTiming {
     pub prefill: Duration,
     pub steps: Duration,
     pub frames: usize,
+    /// Stage 0's step count when the request arrived on it.
+    pub arrival_step: u64,
+    /// When the first frame was pushed, and stage 0's steps from arrival to it.
+    pub first_frame: Option<(Instant, u64)>,
 }
 
 /// Stage 1's tally for a request.
@@ -50,6 +62,8 @@ pub(crate) struct DecoderTiming {
     pub frames: usize,
     pub samples: u64,
     pub first_audio: Option<Instant>,
+    /// Frames of the pass that decoded the request's first chunk.
+    pub first_pass_frames: Option<usize>,
 }
 
 impl Metrics {
@@ -114,6 +128,11 @@ impl Metrics {
             wall_ms: ms(finished.saturating_duration_since(submitted)),
             queue_ms: ms(started.saturating_duration_since(submitted)),
             ar_prefill_ms: ms(ar.prefill),
+            first_frame_ms: ar
+                .first_frame
+                .map(|(t, _)| ms(t.saturating_duration_since(submitted))),
+            first_frame_steps: ar.first_frame.map(|(_, steps)| steps),
+            first_pass_frames: dec.first_pass_frames,
         }
     }
 }
@@ -130,12 +149,15 @@ mod tests {
             prefill: Duration::from_millis(5),
             steps: Duration::from_millis(100),
             frames: 10,
+            arrival_step: 3,
+            first_frame: Some((t0 + Duration::from_millis(20), 2)),
         };
         let dec = DecoderTiming {
             decode: Duration::from_millis(20),
             frames: 10,
             samples: 19200,
             first_audio: Some(t0 + Duration::from_millis(30)),
+            first_pass_frames: Some(4),
         };
         let m = Metrics::build(t0, t0 + Duration::from_millis(410), &ar, &dec, 24000);
         assert!((m.audio_ms - 800.0).abs() < 1e-9);
@@ -145,6 +167,8 @@ mod tests {
         assert!((m.wall_ms - 410.0).abs() < 1e-9);
         assert!((m.queue_ms - 10.0).abs() < 1e-9);
         assert!((m.ttfa_ms.unwrap() - 30.0).abs() < 1e-9);
+        assert!((m.first_frame_ms.unwrap() - 20.0).abs() < 1e-9);
+        assert_eq!((m.first_frame_steps, m.first_pass_frames), (Some(2), Some(4)));
         let empty = Metrics::build(
             t0,
             t0,
@@ -154,6 +178,10 @@ mod tests {
         );
         assert_eq!(empty.rtf, 0.0);
         assert_eq!(empty.ttfa_ms, None);
+        assert_eq!(
+            (empty.first_frame_ms, empty.first_frame_steps, empty.first_pass_frames),
+            (None, None, None)
+        );
     }
 }
 

@@ -26,9 +26,12 @@
 
 mod chunk_buffer;
 mod config;
+#[cfg(feature = "cuda")]
+mod cuda_tuning;
 mod device;
 mod error;
 mod metrics;
+mod pass_plan;
 mod queue;
 pub mod registry;
 mod request;
@@ -48,7 +51,7 @@ pub use config::{
     ArStageConfig, DEFAULT_ASYNC_YAML, DEFAULT_BATCH_YAML, DecoderStageConfig,
     DecoderStreamingMode, GuardConfig, SamplingOverrides, StageConfig,
 };
-pub use device::{DTypeSpec, DeviceSpec};
+pub use device::{DTypeSpec, DeviceSpec, StreamPriority};
 pub use error::EngineError;
 pub use metrics::{BatchStats, Metrics};
 pub use voice_clone::{VOICE_CLONE_CACHE_ENTRIES, VoiceCloneStats};

@@ -172,13 +172,15 @@ impl<'m> ArStage<'m> {
     ///
     /// Sleeps on the stage signal only when no step could do anything.
     fn run(&self, queue: &StageQueue) {
-        let mut waiting: VecDeque<Arc<RequestShared>> = VecDeque::new();
+        // Waiting requests with stage 0's step count at their arrival.
+        let mut waiting: VecDeque<(Arc<RequestShared>, u64)> = VecDeque::new();
         let mut prefilling: VecDeque<Prefilling<'m>> = VecDeque::new();
         let mut active: Vec<ArActive<'m>> = Vec::new();
         loop {
             let seen = queue.signal.epoch();
             let (new, shutdown) = queue.drain();
-            waiting.extend(new);
+            let arrival = self.batches.get().steps;
+            waiting.extend(new.into_iter().map(|r| (r, arrival)));
             let jobs = queue.take_jobs();
             if shutdown {
                 drop(jobs);
@@ -190,7 +192,7 @@ impl<'m> ArStage<'m> {
                     p.req.cancel();
                     p.req.release_from_ar(FinishReason::Cancelled, p.timing);
                 }
-                for r in waiting.drain(..) {
+                for (r, _) in waiting.drain(..) {
                     r.cancel();
                     r.release_from_ar(FinishReason::Cancelled, ArTiming::default());
                 }
@@ -201,7 +203,7 @@ impl<'m> ArStage<'m> {
                 self.encode(job);
             }
             // Cancelled before they started: let go at once.
-            waiting.retain(|r| {
+            waiting.retain(|(r, _)| {
                 if r.is_cancelled() {
                     r.release_from_ar(FinishReason::Cancelled, ArTiming::default());
                     progress = true;
@@ -211,9 +213,11 @@ impl<'m> ArStage<'m> {
                 }
             });
             while active.len() + prefilling.len() < self.cfg.max_num_seqs {
-                let Some(r) = waiting.pop_front() else { break };
+                let Some((r, arrival)) = waiting.pop_front() else {
+                    break;
+                };
                 progress = true;
-                if let Some(p) = self.begin(r) {
+                if let Some(p) = self.begin(r, arrival) {
                     prefilling.push_back(p);
                 }
             }
@@ -269,9 +273,9 @@ impl<'m> ArStage<'m> {
         let _ = job.reply.send(result);
     }
 
-    /// Takes a waiting request: sends `Started`, validates it and builds its prompt (no talker
-    /// work yet). A refused request lets go with its error.
-    fn begin(&self, req: Arc<RequestShared>) -> Option<Prefilling<'m>> {
+    /// Takes a waiting request that arrived at step `arrival`: sends `Started`, validates it and
+    /// builds its prompt (no talker work yet). A refused request lets go with its error.
+    fn begin(&self, req: Arc<RequestShared>, arrival: u64) -> Option<Prefilling<'m>> {
         let started = Instant::now();
         req.send(EngineEvent::Started);
         let r = &req.request;
@@ -279,6 +283,7 @@ impl<'m> ArStage<'m> {
         let timing = ArTiming {
             started: Some(started),
             prefill: started.elapsed(),
+            arrival_step: arrival,
             ..ArTiming::default()
         };
         match result {
@@ -450,6 +455,10 @@ impl<'m> ArStage<'m> {
                         if let Some((tap, codes)) = tap {
                             // A listener that went away only stops listening.
                             let _ = tap.send(codes);
+                        }
+                        if a.frames == 0 {
+                            let steps = self.batches.get().steps.saturating_sub(a.timing.arrival_step);
+                            a.timing.first_frame = Some((Instant::now(), steps));
                         }
                         a.frames += 1;
                         a.timing.frames += 1;

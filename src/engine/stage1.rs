@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use super::chunk_buffer::{ChunkPolicy, Take};
 use super::config::{DecoderStageConfig, DecoderStreamingMode};
 use super::metrics::{BatchCounters, DecoderTiming};
+use super::pass_plan::{Waiting, next_pass};
 use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
 use super::stages::{guarded, panic_message};
-use super::{AudioChunk, DeviceSpec, EngineError, EngineEvent, FinishReason, Metrics};
+use super::{AudioChunk, DeviceSpec, StreamPriority, EngineError, EngineEvent, FinishReason, Metrics};
 use crate::models::qwen3_tts::code2wav::{Code2Wav, Code2WavStream};
 
 /// A chunk's decode result: its samples or the error text, and the decode time charged to it.
@@ -37,7 +38,7 @@ pub(crate) fn dec_thread(
 ) {
     let _dead_on_exit = DeadOnExit(queue.clone());
     let loaded = (|| {
-        let dev = device.open()?;
+        let dev = device.open_with(StreamPriority::High)?;
         match catch_unwind(AssertUnwindSafe(|| Code2Wav::load(&dir, &dev))) {
             Ok(r) => r.map_err(|e| EngineError::Load {
                 stage: 1,
@@ -95,6 +96,24 @@ struct DecActive<'c> {
     req: Arc<RequestShared>,
     state: DecState<'c>,
     timing: DecoderTiming,
+    /// The chunk taken from the request's buffer and not decoded yet (one at a time, so a
+    /// request's chunks are decoded in order).
+    pending: Option<Ready>,
+}
+
+impl DecActive<'_> {
+    /// The pending chunk as the pass planner sees it (`None` without one).
+    fn waiting(&self, now: Instant, rate: u32) -> Option<Waiting> {
+        let r = self.pending.as_ref()?;
+        let slack = self.timing.first_audio.map(|t0| {
+            self.timing.samples as f64 / f64::from(rate.max(1))
+                - now.saturating_duration_since(t0).as_secs_f64()
+        });
+        Some(Waiting {
+            frames: r.frames.len(),
+            slack,
+        })
+    }
 }
 
 impl<'c> DecStage<'c> {
@@ -149,7 +168,12 @@ impl<'c> DecStage<'c> {
                         continue;
                     }
                 };
-                active.push(DecActive { req, state, timing });
+                active.push(DecActive {
+                    req,
+                    state,
+                    timing,
+                    pending: None,
+                });
             }
             progress |= self.decode_round(&mut active);
             if !progress {
@@ -211,16 +235,23 @@ impl<'c> DecStage<'c> {
         })
     }
 
-    /// One round: every active request whose next chunk is ready gives it up; the chunks of the
-    /// requests on the exact streaming decoder are decoded together in one batched pass
-    /// ([`Code2Wav::decode_chunks`]: each stream keeps its own state, so every request's audio is
-    /// what it would be alone), the others one by one; then each request's audio is checked and
-    /// sent. Requests that are over leave. Returns whether anything happened.
+    /// One round: every active request without a pending chunk takes its next chunk if it is
+    /// ready; then one pass decodes the pending chunks [`next_pass`] chooses (urgent ones first:
+    /// a request's first chunk never waits behind a long pass), the chunks of the requests on the
+    /// exact streaming decoder together ([`Code2Wav::decode_chunks`]: each stream keeps its own
+    /// state, so every request's audio is what it would be alone), the others one by one; then
+    /// each decoded chunk's audio is checked and sent. Requests that are over leave. Returns
+    /// whether anything happened or is still pending.
     fn decode_round(&self, active: &mut Vec<DecActive<'c>>) -> bool {
         let mut progress = false;
-        let mut ready: Vec<(usize, Ready)> = Vec::new();
         let mut done: Vec<(usize, FinishReason)> = Vec::new();
         for (i, a) in active.iter_mut().enumerate() {
+            if a.req.is_cancelled() {
+                a.pending = None;
+            }
+            if a.pending.is_some() {
+                continue;
+            }
             match a.req.buffer.try_take() {
                 Take::NotReady => {}
                 // Wait until stage 0 has let go as well.
@@ -234,34 +265,54 @@ impl<'c> DecStage<'c> {
                 } => {
                     progress = true;
                     if !a.req.is_cancelled() {
-                        ready.push((
-                            i,
-                            Ready {
-                                frames,
-                                first,
-                                last,
-                            },
-                        ));
+                        a.pending = Some(Ready {
+                            frames,
+                            first,
+                            last,
+                        });
                     }
                 }
             }
         }
+        let now = Instant::now();
+        let rate = self.sample_rate();
+        let (rows, waiting): (Vec<usize>, Vec<Waiting>) = active
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.waiting(now, rate).map(|w| (i, w)))
+            .unzip();
+        let pass: Vec<usize> = next_pass(&waiting, self.c2w.max_batch_frames())
+            .into_iter()
+            .map(|k| rows[k])
+            .collect();
+        let pass_frames: usize = pass
+            .iter()
+            .filter_map(|&i| active[i].pending.as_ref())
+            .map(|r| r.frames.len())
+            .sum();
+        let ready: Vec<(usize, Ready)> = pass
+            .iter()
+            .filter_map(|&i| active[i].pending.take().map(|r| (i, r)))
+            .collect();
         let decoded = self.decode_ready(active, &ready);
         for ((i, r), (result, elapsed)) in ready.iter().zip(decoded) {
             let a = &mut active[*i];
             a.timing.decode += elapsed;
+            if a.timing.first_pass_frames.is_none() {
+                a.timing.first_pass_frames = Some(pass_frames);
+            }
             if let Some(reason) = self.deliver(a, r, result) {
                 done.push((*i, reason));
             }
         }
-        progress |= !done.is_empty();
+        progress |= !ready.is_empty() || !done.is_empty();
         done.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
         for (i, reason) in done {
-            let DecActive { req, state, timing } = active.remove(i);
+            let DecActive { req, state, timing, .. } = active.remove(i);
             drop(state);
             Self::finish(&req, reason, &timing, self.sample_rate());
         }
-        progress
+        progress || active.iter().any(|a| a.pending.is_some())
     }
 
     /// Decodes the ready chunks (`ready[k]` belongs to `active[ready[k].0]`), in `ready`'s order:

@@ -16,6 +16,7 @@ pub mod embedding;
 mod fused_decode;
 pub mod linear;
 pub mod mlp;
+pub mod readback;
 pub mod rms_norm;
 pub mod rope;
 #[cfg(feature = "cuda")]

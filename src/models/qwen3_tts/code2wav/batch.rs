@@ -27,6 +27,7 @@ use candle_core::{DType, Module, Tensor};
 
 use super::{Code2Wav, Code2WavStream, ModelError};
 use crate::nn::conv::{CausalConvState, ConvTransposeState, per_row_on_cpu};
+use crate::nn::readback;
 
 /// A [`Linear`] whose product runs row by row over the streams of a batched pass on the CPU
 /// ([`per_row_on_cpu`]: each row then rounds exactly as the stream alone; on CUDA one product
@@ -248,7 +249,8 @@ impl Code2Wav {
         for (&i, s) in rows.iter().zip(state.split(rows.len())?) {
             streams[i].state = s;
         }
-        wav.squeeze(1)?.to_dtype(DType::F32)?.to_vec2()
+        let samples = readback::to_vec::<f32>(&wav.to_dtype(DType::F32)?)?;
+        Ok(samples.chunks(expect).map(<[f32]>::to_vec).collect())
     }
 }
 

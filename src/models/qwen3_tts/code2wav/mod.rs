@@ -189,6 +189,11 @@ impl Code2Wav {
         self.max_batch_frames = frames.max(1);
     }
 
+    /// Frames (rows × frames) one batched pass of [`Code2Wav::decode_chunks`] takes at most.
+    pub fn max_batch_frames(&self) -> usize {
+        self.max_batch_frames
+    }
+
     /// Whole decode: `codes` `[frames][num_quantizers]` → exactly `frames × samples_per_frame`
     /// samples in [-1, 1] (one single-pass decode, not the reference's 300/25 windowing).
     ///

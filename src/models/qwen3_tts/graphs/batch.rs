@@ -30,6 +30,7 @@ use crate::models::qwen3_tts::ar_model::ArModel;
 use crate::models::qwen3_tts::device_sampler::{PARAM_HEADER, greedy_row_params};
 #[cfg(feature = "cuda")]
 use crate::nn::LayerCaches;
+use crate::nn::readback;
 #[cfg(feature = "cuda")]
 use crate::nn::cuda_kernels::{embed_sum, pick_rows};
 #[cfg(feature = "cuda")]
@@ -278,8 +279,12 @@ impl BatchGraphs {
             Some(g) => g.launch()?,
             None => candle_core::bail!("batched frame graph of {} rows not captured", b.rows),
         }
-        let codes = b.codes.to_vec2::<u32>()?;
-        let codes: Vec<Vec<u32>> = codes.into_iter().take(n).collect();
+        let width = b.codes.dim(1)?;
+        let codes: Vec<Vec<u32>> = readback::to_vec::<u32>(&b.codes)?
+            .chunks(width)
+            .take(n)
+            .map(<[u32]>::to_vec)
+            .collect();
         if let Some(c) = codes
             .iter()
             .flat_map(|c| c.iter().skip(1))
@@ -287,7 +292,7 @@ impl BatchGraphs {
         {
             candle_core::bail!("batched frame graph: code {c} >= {}", cp.vocab_size());
         }
-        let logits = b.logits.flatten_all()?.to_vec1::<f32>()?;
+        let logits = readback::to_vec::<f32>(&b.logits)?;
         let logits = logits.chunks(vocab).take(n).map(<[f32]>::to_vec).collect();
         let hidden = b.hidden_out.narrow(0, 0, n)?.copy()?;
         Ok(FrameOut {

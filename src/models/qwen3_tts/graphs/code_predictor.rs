@@ -9,6 +9,7 @@ use crate::models::qwen3_tts::device_sampler::DeviceSampler;
 use crate::models::qwen3_tts::sampling::TokenChooser;
 #[cfg(feature = "cuda")]
 use crate::nn::LayerCaches;
+use crate::nn::readback;
 
 /// The code predictor's frame as CUDA graphs, captured once at start-up (docs/field-lessons.md §5:
 /// positions and shapes are the same in every frame; graph output = eager output). Two kinds:
@@ -224,7 +225,7 @@ impl CpGraphs {
                 } else {
                     greedy.launch()?;
                 }
-                let codes = codes.to_vec1::<u32>()?;
+                let codes = readback::to_vec::<u32>(codes)?;
                 if let Some(c) = codes.iter().find(|&&c| c as usize >= cp.vocab_size()) {
                     candle_core::bail!("code predictor graph: code {c} >= {}", cp.vocab_size());
                 }
@@ -238,7 +239,7 @@ impl CpGraphs {
         };
         let mut codes = Vec::with_capacity(groups - 1);
         steps[0].launch()?;
-        let mut host = logits.flatten_all()?.to_vec1::<f32>()?;
+        let mut host = readback::to_vec::<f32>(logits)?;
         for q in 1..groups {
             let code = chooser.choose(&mut host, rng);
             if code as usize >= cp.vocab_size() {
@@ -249,7 +250,7 @@ impl CpGraphs {
                 let x = cp.codec_embed(q - 1, code)?.unsqueeze(0)?;
                 input1.slice_set(&x, 1, 0)?;
                 steps[q].launch()?;
-                host = logits.flatten_all()?.to_vec1::<f32>()?;
+                host = readback::to_vec::<f32>(logits)?;
             }
         }
         Ok(codes)

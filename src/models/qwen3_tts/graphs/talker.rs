@@ -19,6 +19,7 @@ use candle_core::{DType, Module, Result, Tensor};
 
 use crate::models::qwen3_tts::talker::Talker;
 use crate::nn::LayerCaches;
+use crate::nn::readback;
 
 /// Smallest attention bucket (slots); buckets double up to the capacity.
 const MIN_BUCKET: usize = 64;
@@ -202,7 +203,7 @@ impl TalkerGraphs {
         self.pos.slice_set(&Tensor::new(&[p as u32], &dev)?, 0, 0)?;
         self.launch(talker, bi)?;
         self.cache.advance(1)?;
-        let logits = self.logits.flatten_all()?.to_vec1::<f32>()?;
+        let logits = readback::to_vec::<f32>(&self.logits)?;
         Ok((self.hidden.copy()?, logits))
     }
 

@@ -1,0 +1,147 @@
+//! First audio under load (tiny fixture, CPU): a request that arrives while 16 streams run gets
+//! its first frame within a bounded number of stage-0 steps, and its first chunk is decoded in a
+//! pass of its own, not behind the running streams' long chunks; the chunk ramp shapes its audio.
+
+mod engine_common;
+mod reference_util;
+
+use std::time::{Duration, Instant};
+
+use engine_common::*;
+use gstomnitts::engine::{Engine, EngineEvent, RequestHandle};
+
+const TEXT: &str = "A sentence that keeps the stream busy for quite a while longer.";
+
+/// A running stream as the test sees it: its handle, when its first audio came and how much audio
+/// it has delivered.
+struct Running {
+    handle: RequestHandle,
+    first_audio: Option<Instant>,
+    samples: u64,
+    finished: bool,
+}
+
+impl Running {
+    /// Takes the events that are already there.
+    fn poll(&mut self) {
+        while let Some(ev) = self.handle.try_recv() {
+            match ev {
+                EngineEvent::Audio(c) => {
+                    self.first_audio.get_or_insert_with(Instant::now);
+                    self.samples += c.samples.len() as u64;
+                }
+                EngineEvent::Finished { .. } => self.finished = true,
+                _ => {}
+            }
+        }
+    }
+
+    /// Audio delivered beyond what a real-time listener since the first audio has played, s.
+    fn slack(&self, rate: u32) -> f64 {
+        match self.first_audio {
+            Some(t) => self.samples as f64 / f64::from(rate) - t.elapsed().as_secs_f64(),
+            None => f64::NEG_INFINITY,
+        }
+    }
+}
+
+fn engine(ramp: bool) -> Engine {
+    load(
+        "tiny-customvoice",
+        config(|c| {
+            c.ar.max_num_seqs = 17;
+            c.decoder.max_num_seqs = 17;
+            c.decoder.initial_codec_chunk_frames = 1;
+            c.decoder.codec_chunk_frames = 25;
+            c.decoder.codec_chunk_ramp = ramp;
+            c.ar.guard.enabled = false;
+        }),
+    )
+}
+
+#[test]
+fn a_new_request_starts_within_a_step_and_its_first_chunk_goes_first() {
+    let engine = engine(false);
+    let rate = engine.sample_rate();
+    let mut running: Vec<Running> = (0..16)
+        .map(|k| {
+            let mut r = greedy(&engine, voice(TEXT, Some("ryan")), 400);
+            r.sampling.seed = k;
+            Running {
+                handle: engine.submit(r).expect("submit"),
+                first_audio: None,
+                samples: 0,
+                finished: false,
+            }
+        })
+        .collect();
+    // Let the 16 streams get well ahead of a real-time listener (tiny checkpoint on the CPU: many
+    // times faster than real time), so that none of their next chunks is urgent.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        running.iter_mut().for_each(Running::poll);
+        let live: Vec<&Running> = running.iter().filter(|r| !r.finished).collect();
+        assert!(
+            live.len() >= 8,
+            "the running streams ended early (EOS): only {} left",
+            live.len()
+        );
+        if live.iter().all(|r| r.slack(rate) >= 1.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the 16 streams did not get 1 s ahead of real time in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut late = greedy(&engine, voice("A new request.", Some("vivian")), 30);
+    late.sampling.seed = 99;
+    let run = run(&engine, late);
+    let m = &run.metrics;
+    let steps = m.first_frame_steps.expect("a first frame");
+    assert!(
+        steps <= 2,
+        "the new request's first frame came {steps} stage-0 steps after its arrival"
+    );
+    assert!(m.first_frame_ms.is_some_and(|ms| ms <= m.ttfa_ms.unwrap_or(f64::MAX)));
+    // Its first chunk (one frame) went alone: the running streams' 25-frame chunks waited.
+    assert_eq!(
+        m.first_pass_frames,
+        Some(1),
+        "the first chunk was decoded in a pass of {:?} frames",
+        m.first_pass_frames
+    );
+    for r in &mut running {
+        r.handle.cancel();
+    }
+}
+
+#[test]
+fn the_chunk_ramp_doubles_the_chunks_up_to_the_chunk_size() {
+    let ramped_engine = engine(true);
+    let spf = ramped_engine.samples_per_frame();
+    let mut r = greedy(&ramped_engine, voice(TEXT, Some("ryan")), 70);
+    r.sampling.seed = 1;
+    let ramped = run(&ramped_engine, r.clone());
+    let plain = run(&engine(false), r);
+    // The same audio either way (exact streaming), cut differently.
+    assert_eq!(ramped.audio.len(), plain.audio.len());
+    let e = reference_util::rel_l2(&ramped.audio, &plain.audio);
+    assert!(e <= 1e-5, "ramped vs plain chunks: rel L2 {e:e}");
+    let frames = ramped.metrics.frames;
+    assert!(frames >= 8, "only {frames} frames: the ramp is not exercised");
+    // 1, 2, 4, 8, 16, then 25 frames, the last chunk cut at the utterance's end.
+    let mut want = Vec::new();
+    let mut left = frames;
+    for n in [1, 2, 4, 8, 16, 25, 25, 25] {
+        if left > 0 {
+            want.push(n.min(left));
+            left -= n.min(left);
+        }
+    }
+    assert_eq!(ramped.chunk_frames(spf), want, "{frames} frames");
+    let mut plain_want = vec![1];
+    plain_want.extend((1..frames).step_by(25).map(|f| 25.min(frames - f)));
+    assert_eq!(plain.chunk_frames(spf), plain_want, "{frames} frames");
+}
