@@ -95,9 +95,12 @@ mod pinned {
             let Some(Buffer(host)) = buf.as_mut() else {
                 candle_core::bail!("pinned readback buffer missing");
             };
-            stream.memcpy_dtoh(&src, host).w()?;
+            // The copy's length is the destination's: hand it exactly `n` elements of the
+            // (larger) pinned buffer. The driver sees pinned memory and copies asynchronously.
+            let dst = &mut host.as_mut_slice().w()?[..n];
+            stream.memcpy_dtoh(&src, dst).w()?;
             stream.synchronize().w()?;
-            Ok(host.as_slice().w()?[..n].to_vec())
+            Ok(dst.to_vec())
         })
     }
 }

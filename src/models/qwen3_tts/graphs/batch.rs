@@ -30,6 +30,7 @@ use crate::models::qwen3_tts::ar_model::ArModel;
 use crate::models::qwen3_tts::device_sampler::{PARAM_HEADER, greedy_row_params};
 #[cfg(feature = "cuda")]
 use crate::nn::LayerCaches;
+#[cfg(feature = "cuda")]
 use crate::nn::readback;
 #[cfg(feature = "cuda")]
 use crate::nn::cuda_kernels::{embed_sum, pick_rows};

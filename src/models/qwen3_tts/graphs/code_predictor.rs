@@ -9,6 +9,7 @@ use crate::models::qwen3_tts::device_sampler::DeviceSampler;
 use crate::models::qwen3_tts::sampling::TokenChooser;
 #[cfg(feature = "cuda")]
 use crate::nn::LayerCaches;
+#[cfg(feature = "cuda")]
 use crate::nn::readback;
 
 /// The code predictor's frame as CUDA graphs, captured once at start-up (docs/field-lessons.md §5:
