@@ -7,17 +7,6 @@ use candle_core::{DType, Device};
 
 use super::EngineError;
 
-/// The priority of a stage's CUDA stream ([`DeviceSpec::open_with`]; ignored on the CPU).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StreamPriority {
-    /// The device's default (least) priority: stage 0.
-    #[default]
-    Normal,
-    /// The device's greatest priority: stage 1, whose short decodes should never queue behind
-    /// stage 0's steps.
-    High,
-}
-
 /// Where a stage runs. Parsed from `"cpu"`, `"cuda:N"` (or a bare GPU index `"N"`, as vLLM-Omni's
 /// `runtime.devices` writes it) and `"auto"` (CUDA device 0 when the crate was built with the `cuda`
 /// feature and a GPU is present, otherwise the CPU).
@@ -102,13 +91,6 @@ impl DeviceSpec {
     /// stages on one GPU queue their kernels independently and can overlap; cudarc's cross-stream
     /// event tracking is turned off for it (nothing device-side crosses stages).
     pub fn open(&self) -> Result<Device, EngineError> {
-        self.open_with(StreamPriority::Normal)
-    }
-
-    /// As [`DeviceSpec::open`], with the CUDA stream at `priority` (ignored on the CPU). Stage 1
-    /// asks for [`StreamPriority::High`] so that its decodes are not queued behind stage 0's
-    /// back-to-back steps on a shared GPU (docs/cuda.md, "First audio under load").
-    pub fn open_with(&self, priority: StreamPriority) -> Result<Device, EngineError> {
         self.check_supported()?;
         match self.resolve() {
             DeviceSpec::Cpu => {
@@ -130,13 +112,7 @@ impl DeviceSpec {
                     // then recorded as the context's error for every later call).
                     // SAFETY: all of this handle's buffers are used and freed on its one stream.
                     unsafe { cuda.cuda_stream().context().disable_event_tracking() };
-                    super::cuda_tuning::apply(cuda, priority).map_err(|msg| EngineError::Device {
-                        spec: self.to_string(),
-                        msg,
-                    })?;
                 }
-                #[cfg(not(feature = "cuda"))]
-                let _ = priority;
                 Ok(dev)
             }
             DeviceSpec::Auto => unreachable!("resolve() never returns Auto"),

@@ -26,8 +26,6 @@
 
 mod chunk_buffer;
 mod config;
-#[cfg(feature = "cuda")]
-mod cuda_tuning;
 mod device;
 mod error;
 mod metrics;
@@ -51,7 +49,7 @@ pub use config::{
     ArStageConfig, DEFAULT_ASYNC_YAML, DEFAULT_BATCH_YAML, DecoderStageConfig,
     DecoderStreamingMode, GuardConfig, SamplingOverrides, StageConfig,
 };
-pub use device::{DTypeSpec, DeviceSpec, StreamPriority};
+pub use device::{DTypeSpec, DeviceSpec};
 pub use error::EngineError;
 pub use metrics::{BatchStats, Metrics};
 pub use voice_clone::{VOICE_CLONE_CACHE_ENTRIES, VoiceCloneStats};

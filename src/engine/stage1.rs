@@ -14,7 +14,7 @@ use super::pass_plan::{Waiting, next_pass};
 use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
 use super::stages::{guarded, panic_message};
-use super::{AudioChunk, DeviceSpec, StreamPriority, EngineError, EngineEvent, FinishReason, Metrics};
+use super::{AudioChunk, DeviceSpec, EngineError, EngineEvent, FinishReason, Metrics};
 use crate::models::qwen3_tts::code2wav::{Code2Wav, Code2WavStream};
 
 /// A chunk's decode result: its samples or the error text, and the decode time charged to it.
@@ -38,7 +38,7 @@ pub(crate) fn dec_thread(
 ) {
     let _dead_on_exit = DeadOnExit(queue.clone());
     let loaded = (|| {
-        let dev = device.open_with(StreamPriority::High)?;
+        let dev = device.open()?;
         match catch_unwind(AssertUnwindSafe(|| Code2Wav::load(&dir, &dev))) {
             Ok(r) => r.map_err(|e| EngineError::Load {
                 stage: 1,

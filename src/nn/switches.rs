@@ -10,8 +10,6 @@
 //! | `OMNITTS_FUSED_SAMPLER` | `0` the code predictor's sampled codes without the fused sampler kernel | on |
 //! | `OMNITTS_CP_FRAME_GRAPH` | `0` one code-predictor CUDA graph per step instead of one per frame | one per frame |
 //! | `OMNITTS_BATCH_GRAPHS` | `0` batched frames of several streams eager instead of on the batched frame graphs | graphs |
-//! | `OMNITTS_STAGE1_PRIORITY` | `0` stage 1's CUDA stream at the default priority instead of the greatest | greatest |
-//! | `OMNITTS_POOL_KEEP` | `0` the device memory pool hands freed memory back at each sync (the driver's default) | kept |
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -45,10 +43,6 @@ pub struct Switches {
     pub cp_frame_graph: bool,
     /// `OMNITTS_BATCH_GRAPHS`: batched frames on their CUDA graphs (else eager).
     pub batch_graphs: bool,
-    /// `OMNITTS_STAGE1_PRIORITY`: stage 1's stream at the device's greatest priority.
-    pub stage1_priority: bool,
-    /// `OMNITTS_POOL_KEEP`: the default memory pool keeps freed memory (release threshold max).
-    pub pool_keep: bool,
     /// `OMNITTS_PINNED_READBACK`: small device → host reads through a pinned buffer
     /// ([`crate::nn::readback`]).
     pub pinned_readback: bool,
@@ -85,8 +79,6 @@ impl Switches {
             fused_sampler: !is("OMNITTS_FUSED_SAMPLER", "0"),
             cp_frame_graph: !is("OMNITTS_CP_FRAME_GRAPH", "0"),
             batch_graphs: !is("OMNITTS_BATCH_GRAPHS", "0"),
-            stage1_priority: !is("OMNITTS_STAGE1_PRIORITY", "0"),
-            pool_keep: !is("OMNITTS_POOL_KEEP", "0"),
             pinned_readback: !is("OMNITTS_PINNED_READBACK", "0"),
         }
     }
@@ -114,7 +106,7 @@ mod tests {
         assert!(s.fused_sampler);
         assert!(s.cp_frame_graph);
         assert!(s.batch_graphs);
-        assert!(s.stage1_priority && s.pool_keep && s.pinned_readback);
+        assert!(s.pinned_readback);
     }
 
     #[test]
@@ -126,11 +118,9 @@ mod tests {
             ("OMNITTS_FUSED_SAMPLER", "0"),
             ("OMNITTS_CP_FRAME_GRAPH", "0"),
             ("OMNITTS_BATCH_GRAPHS", "0"),
-            ("OMNITTS_STAGE1_PRIORITY", "0"),
-            ("OMNITTS_POOL_KEEP", "0"),
             ("OMNITTS_PINNED_READBACK", "0"),
         ]);
-        assert!(!s.stage1_priority && !s.pool_keep && !s.pinned_readback);
+        assert!(!s.pinned_readback);
         assert_eq!(s.fused_kernels, FusedKernels::PerLayer);
         assert!(s.decode_stack);
         assert_eq!(s.stack_blocks_per_sm, 3);
