@@ -332,8 +332,18 @@ impl OmniTtsSynth {
                 if live {
                     let ours =
                         gst::ClockTime::from_mseconds(lock(&self.settings).latency_ms as u64);
-                    gst::debug!(CAT, imp = self, "latency: upstream {min} + ours {ours}");
-                    q.set(true, min + ours, max.map(|m| m + ours));
+                    // Max: the element is a queue between its pads (the sink pad takes cues
+                    // whatever their time, the output task holds them and their audio for as
+                    // long as the pipeline latency asks), so it can wait any latency: none. The
+                    // upstream max plus ours (often min + ours exactly, as appsrc answers max 0)
+                    // would leave the sink no room for its processing deadline ("please add
+                    // queues").
+                    gst::debug!(
+                        CAT,
+                        imp = self,
+                        "latency: upstream {min} (max {max:?}) + ours {ours}, max none"
+                    );
+                    q.set(true, min + ours, gst::ClockTime::NONE);
                 } else {
                     q.set(false, min, max);
                 }
