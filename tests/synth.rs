@@ -11,6 +11,7 @@ use element_util::{TempDir, element_messages, errors, init, warnings};
 use gst::prelude::*;
 use gst_check::Harness;
 use gstomnitts::omnittssynth::cue_message::CUE;
+use gstomnitts::omnittssynth::soft_limit;
 use reference_util::fixture_model;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -297,19 +298,33 @@ fn subtitles_dub_each_cue_at_its_sample_for_every_overflow_policy() {
         assert_eq!(u64_field(c, "slot-duration"), (cue.1 - cue.0) * 1_000_000);
     }
     assert_eq!(cues[1].get::<String>("text").unwrap(), CUES[1].3);
-    assert_eq!(
-        u64_field(&cues[1], "speech-duration"),
-        refs[1].len() as u64 * 1_000_000_000 / RATE
+    // Its synthesis stops once the speech is longer than its slot (at most all of it).
+    let speech = u64_field(&cues[1], "speech-duration");
+    assert!(
+        speech > slot(1) as u64 * 1_000_000_000 / RATE,
+        "{}",
+        cues[1]
     );
+    assert!(speech <= refs[1].len() as u64 * 1_000_000_000 / RATE);
     assert_eq!(
         u64_field(&cues[1], "output-duration"),
         slot(1) as u64 * 1_000_000_000 / RATE
     );
 
-    // overlap: each cue at its PTS, whole; cue 3 mixed into cue 2's tail.
+    // overlap: each cue at its PTS, whole; cue 3 mixed into cue 2's tail (through the limiter).
     let mut want = Vec::new();
+    let mut voices: Vec<u32> = Vec::new();
     for (i, r) in refs.iter().enumerate() {
         place(&mut want, at_ms(CUES[i].0), r);
+        voices.resize(want.len(), 0);
+        for n in &mut voices[at_ms(CUES[i].0)..at_ms(CUES[i].0) + r.len()] {
+            *n += 1;
+        }
+    }
+    for (x, n) in want.iter_mut().zip(&voices) {
+        if *n > 1 {
+            *x = soft_limit(*x);
+        }
     }
     let (got, cues) = dub(&path, "overlap", &dir);
     assert_eq!(
@@ -813,4 +828,182 @@ fn shares_the_engine_of_an_omnittssrc_on_the_same_checkpoint() {
     );
     e.set_state(gst::State::Null).unwrap();
     src.set_state(gst::State::Null).unwrap();
+}
+
+/// Each cue's `omnitts/utterance-*` messages in bus order: (name, id, pts).
+fn utterance_messages(msgs: &[gst::Message]) -> Vec<(String, u64, u64)> {
+    msgs.iter()
+        .filter_map(|m| match m.view() {
+            gst::MessageView::Element(e) => e.structure().and_then(|s| {
+                let name = s.name().as_str();
+                let short = name.strip_prefix("omnitts/utterance-")?;
+                Some((
+                    short.to_string(),
+                    u64_field(&s.to_owned(), "id"),
+                    s.get::<u64>("pts").ok()?,
+                ))
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn simultaneous_and_overlapping_cues_of_any_length_reach_eos_under_every_policy() {
+    // Cues at one start and cues overlapping them. With 200 frames the tiny model babbles until
+    // its runaway guard (192 frames, 15.4 s), so two cues hold more than the 30 s the workers
+    // buffer ahead of the output: two workers, more cues due together. `clip` and `compress`
+    // stop each synthesis at its slot, so they get five and three; `overlap` synthesises every
+    // cue whole (three, for time); `shift` plays them in turn (short speech).
+    for (policy, tokens, same, overlapping) in [
+        ("clip", "200", 5, 3),
+        ("compress", "200", 5, 3),
+        ("overlap", "200", 3, 0),
+        ("shift", "10", 5, 3),
+    ] {
+        let (e, bus) = synth(&[("max-new-tokens", tokens), ("overflow", policy)]);
+        let mut h = harness(&e, "text/x-raw,format=utf8");
+        for i in 0..same {
+            let text = format!("Cue number {i} speaks at the very same time as the others.");
+            h.push(text_buffer(text.as_bytes(), Some(0), Some(1_000)))
+                .unwrap();
+        }
+        for (i, at) in [300, 600, 900].into_iter().take(overlapping).enumerate() {
+            let text = format!("An overlapping cue, number {i}, goes on and on.");
+            h.push(text_buffer(text.as_bytes(), Some(at), Some(2_000)))
+                .unwrap();
+        }
+        h.push_event(gst::event::Eos::new());
+        let (got, _) = pull_to_eos(&mut h, Duration::from_secs(60));
+        let msgs = element_util::drain(&bus);
+        assert!(errors(&msgs).is_empty(), "{policy}: {:?}", errors(&msgs));
+        let cues = element_messages(&msgs, CUE);
+        assert_eq!(
+            cues.len(),
+            same + overlapping,
+            "{policy}: every cue is over"
+        );
+        assert!(
+            got.iter().all(|x| x.abs() <= 1.0),
+            "{policy}: the mix stays within full scale"
+        );
+        if policy == "clip" || policy == "compress" {
+            // Nothing runs past the last slot's end (2.9 s).
+            assert!(got.len() <= at_ms(2_900), "{policy}: {} samples", got.len());
+        }
+        if policy == "overlap" {
+            assert!(
+                got.len() > at_ms(15_000),
+                "{policy}: every cue spoken whole"
+            );
+        }
+    }
+}
+
+#[test]
+fn first_audio_follows_started_with_the_cue_pts() {
+    let (e, bus) = synth(&[("overflow", "overlap")]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    let starts = [0u64, 1_500, 1_600];
+    for (i, at) in starts.iter().enumerate() {
+        let text = format!("Cue {i}.");
+        h.push(text_buffer(text.as_bytes(), Some(*at), Some(1_000)))
+            .unwrap();
+    }
+    h.push_event(gst::event::Eos::new());
+    pull_to_eos(&mut h, Duration::from_secs(60));
+    let msgs = element_util::drain(&bus);
+    let seen = utterance_messages(&msgs);
+    for (i, at) in starts.iter().enumerate() {
+        let id = i as u64 + 1;
+        let of: Vec<_> = seen
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, m, _))| *m == id)
+            .map(|(k, (name, _, pts))| (k, name.as_str(), *pts))
+            .collect();
+        let names: Vec<&str> = of.iter().map(|x| x.1).collect();
+        assert_eq!(
+            names,
+            ["started", "first-audio", "done"],
+            "cue {id}: {seen:?}"
+        );
+        // Started and first audio: the PTS of the cue's first sample, its own PTS here.
+        assert_eq!(of[0].2, at * 1_000_000, "cue {id} started");
+        assert_eq!(of[1].2, at * 1_000_000, "cue {id} first audio");
+        assert!(
+            of[1].0 == of[0].0 + 1,
+            "cue {id}: first audio right after started"
+        );
+    }
+}
+
+/// Crossings of zero upwards per 1000 samples (a pitch-like measure for noise-like audio too).
+fn zero_crossing_rate(x: &[f32]) -> f64 {
+    let n = x.windows(2).filter(|w| w[0] < 0.0 && w[1] >= 0.0).count();
+    n as f64 * 1000.0 / x.len() as f64
+}
+
+#[test]
+fn compress_speeds_long_speech_into_its_slot_up_to_max_compression() {
+    let text = "This sentence is longer than its slot.";
+    let speech = reference(text, &[]);
+    let len = speech.len();
+    // Slot A: the speech needs 4/3× (within max-compression 1.5); slot B: it would need 3×.
+    let (slot_a, slot_b) = (len * 3 / 4, len / 3);
+    let ms = |n: usize| (n as u64 * 1000).div_ceil(RATE);
+    let (e, bus) = synth(&[("overflow", "compress"), ("max-compression", "1.5")]);
+    assert_eq!(e.property::<f64>("max-compression"), 1.5);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    let (ms_a, ms_b) = (ms(slot_a), ms(slot_b));
+    h.push(text_buffer(text.as_bytes(), Some(0), Some(ms_a)))
+        .unwrap();
+    let b_at = ms_a + 500;
+    h.push(text_buffer(text.as_bytes(), Some(b_at), Some(ms_b)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let (got, _) = pull_to_eos(&mut h, Duration::from_secs(60));
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let cues = element_messages(&msgs, CUE);
+    // A: compressed whole into its slot, no longer than it.
+    let a = &cues[0];
+    assert_eq!(a.get::<String>("action").unwrap(), "compressed", "{a}");
+    assert_eq!(
+        u64_field(a, "speech-duration"),
+        len as u64 * 1_000_000_000 / RATE
+    );
+    let out_a = u64_field(a, "output-duration");
+    assert!(out_a <= ms_a * 1_000_000, "{a}");
+    assert!(
+        out_a * 4 / 3 >= (len as u64 * 1_000_000_000 / RATE) * 99 / 100,
+        "{a}"
+    );
+    let factor_a = a.get::<f64>("compression").unwrap();
+    assert!((factor_a - 4.0 / 3.0).abs() < 0.01, "{a}");
+    let a_audio = &got[..at_ms(ms_a)];
+    assert!(a_audio.iter().any(|&x| x != 0.0));
+    // Pitch kept: the zero-crossing rate stays that of the speech, where resampling into the
+    // slot would raise it by the factor.
+    let (zs, za) = (
+        zero_crossing_rate(&speech),
+        zero_crossing_rate(&a_audio[..out_a as usize * RATE as usize / 1_000_000_000]),
+    );
+    assert!(
+        (za / zs - 1.0).abs() < 0.15,
+        "zero crossings {za:.2} vs {zs:.2} per 1000"
+    );
+    // B: compressed by 1.5, then clipped at its slot's end.
+    let b = &cues[1];
+    assert_eq!(b.get::<String>("action").unwrap(), "clipped", "{b}");
+    assert!(
+        (b.get::<f64>("compression").unwrap() - 1.5).abs() < 0.001,
+        "{b}"
+    );
+    assert_eq!(u64_field(b, "end"), (b_at + ms_b) * 1_000_000, "{b}");
+    assert_eq!(
+        got.len(),
+        at_ms(b_at + ms_b),
+        "the stream ends at B's slot end"
+    );
 }

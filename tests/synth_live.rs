@@ -39,13 +39,21 @@ struct Live {
 
 impl Live {
     fn new(props: &str) -> Live {
+        Live::with(
+            &format!("min-latency={}", UPSTREAM_MS * 1_000_000),
+            &format!("latency={LATENCY_MS} {props}"),
+            "",
+        )
+    }
+
+    /// `appsrc is-live=true <src_props> ! omnittssynth <props> ! <between> fakesink sync=true`.
+    fn with(src_props: &str, props: &str, between: &str) -> Live {
         init();
         let pipeline = gst::parse::launch(&format!(
-            "appsrc name=src is-live=true format=time min-latency={} \
+            "appsrc name=src is-live=true format=time {src_props} \
              caps=text/x-raw,format=utf8 ! omnittssynth name=synth model=\"{}\" do-sample=false \
-             max-new-tokens=6 latency={LATENCY_MS} {props} ! \
+             max-new-tokens=6 {props} ! {between} \
              fakesink name=sink sync=true signal-handoffs=true",
-            UPSTREAM_MS * 1_000_000,
             fixture_model("tiny-customvoice")
         ))
         .expect("pipeline")
@@ -283,4 +291,44 @@ fn late_cues_are_handled_by_the_policy_with_a_warning_and_a_count() {
         w.iter().any(|w| w.contains("cue 2") && w.contains("clip")),
         "{w:?}"
     );
+}
+
+#[test]
+fn the_readme_caption_pipeline_runs_without_latency_warnings() {
+    let _serial = serial();
+    // The README's live caption pipeline (fakesink for the speakers), and one whose source
+    // states its latency as a fixed window (min = max), as live sources often do.
+    for (src_props, between) in [
+        ("", "audioconvert ! audioresample !"),
+        ("min-latency=100000000 max-latency=100000000", ""),
+    ] {
+        let mut live = Live::with(src_props, "latency=800 overflow=overlap", between);
+        let at = live.now() + gst::ClockTime::from_mseconds(100);
+        live.push("Good evening.", at, gst::ClockTime::from_seconds(1));
+        live.push(
+            "Here is the news.",
+            at + gst::ClockTime::from_mseconds(1_200),
+            gst::ClockTime::from_seconds(1),
+        );
+        let reports = live.finish(2);
+        for r in &reports {
+            assert_eq!(
+                r.get::<u32>("late").unwrap(),
+                0,
+                "{src_props}: on time: {r}"
+            );
+        }
+        // The element's answer leaves the sink its processing deadline: the most it can buffer
+        // (max) is well above what it needs (min).
+        let mut q = gst::query::Latency::new();
+        assert!(live.synth.static_pad("src").unwrap().query(&mut q));
+        let (is_live, min, max) = q.result();
+        assert!(is_live);
+        assert!(
+            max.is_none_or(|max| max >= min + gst::ClockTime::from_seconds(1)),
+            "{src_props}: min {min}, max {max:?}"
+        );
+        let w = warnings(&live.msgs);
+        assert!(w.is_empty(), "{src_props}: {w:?}");
+    }
 }

@@ -14,7 +14,9 @@ use super::timeline::CueReport;
 /// none when nothing of it was output), `end` (u64 ns, past its last output sample or where it
 /// was cut), `speech-duration` (u64 ns synthesised; for a clipped cue, up to the cut),
 /// `output-duration` (u64 ns of it output), `overflow` (string, the policy: `clip`, `overlap`,
-/// `shift`), `action` (string: `fit`, `clipped`, `overlapped`, `overran`, `shifted`, `silent`),
+/// `shift`, `compress`), `action` (string: `fit`, `clipped`, `overlapped`, `overran`, `shifted`,
+/// `compressed`, `silent`), `compression` (f64, `compress`: how many times faster its speech was
+/// made, 1.0 when not),
 /// `shifted-ms` (f64, how much later than its PTS it became due because the speech before it
 /// ran long), `overrun-ms` (f64, how much longer than its slot its speech is), `clipped-ms`
 /// (f64, speech cut off), `late` (u32, live: how many times its audio missed its deadline) and
@@ -49,6 +51,13 @@ pub(super) fn cue_message(
         .field("shifted-ms", ms(report.shifted))
         .field("overrun-ms", ms(report.overrun))
         .field("clipped-ms", ms(report.clipped))
+        .field(
+            "compression",
+            report
+                .compressed
+                .filter(|&c| c > 0)
+                .map_or(1.0, |c| report.speech as f64 / c as f64),
+        )
         .field("late", report.late)
         .field("late-ms", ms(report.late_samples))
         .build();

@@ -23,6 +23,7 @@ use crate::engine::SharedEngine;
 use crate::models::qwen3_tts::prompt::unspeakable;
 
 use super::CAT;
+use super::compress::{self, Squeeze};
 use super::cue_text::{TextFormat, cue_text};
 use super::output::Output;
 use super::overflow::Overflow;
@@ -41,6 +42,7 @@ const MAX_QUEUED_CUES: usize = 64;
 struct Settings {
     synthesis: SynthesisSettings,
     overflow: Overflow,
+    max_compression: f64,
     latency_ms: u32,
     speaker_map: Option<gst::Structure>,
 }
@@ -50,6 +52,7 @@ impl Default for Settings {
         Settings {
             synthesis: SynthesisSettings::default(),
             overflow: DEFAULT_OVERFLOW,
+            max_compression: compress::DEFAULT_FACTOR,
             latency_ms: DEFAULT_LATENCY_MS,
             speaker_map: None,
         }
@@ -189,13 +192,7 @@ impl OmniTtsSynth {
         }
         let policy = settings.overflow;
         *self.shared.lock() = Inner::new(policy);
-        let workers = spawn_workers(
-            engine.clone(),
-            cloner,
-            self.shared.clone(),
-            element.downgrade(),
-        )
-        .map_err(|e| {
+        let workers = spawn_workers(engine.clone(), cloner, self.shared.clone()).map_err(|e| {
             gst::error_msg!(
                 gst::ResourceError::Failed,
                 ("could not start the synthesis threads: {}", e)
@@ -332,8 +329,18 @@ impl OmniTtsSynth {
                 if live {
                     let ours =
                         gst::ClockTime::from_mseconds(lock(&self.settings).latency_ms as u64);
-                    gst::debug!(CAT, imp = self, "latency: upstream {min} + ours {ours}");
-                    q.set(true, min + ours, max.map(|m| m + ours));
+                    // Max: the element is a queue between its pads (the sink pad takes cues
+                    // whatever their time, the output task holds them and their audio for as
+                    // long as the pipeline latency asks), so it can wait any latency: none. The
+                    // upstream max plus ours (often min + ours exactly, as appsrc answers max 0)
+                    // would leave the sink no room for its processing deadline ("please add
+                    // queues").
+                    gst::debug!(
+                        CAT,
+                        imp = self,
+                        "latency: upstream {min} (max {max:?}) + ours {ours}, max none"
+                    );
+                    q.set(true, min + ours, gst::ClockTime::NONE);
                 } else {
                     q.set(false, min, max);
                 }
@@ -486,6 +493,7 @@ impl OmniTtsSynth {
         id: u64,
         text: &Result<String, String>,
         pts: Option<gst::ClockTime>,
+        slot: Option<u64>,
         voice: &VoiceChange,
         live: bool,
     ) -> Result<(CueKind, Option<Job>), gst::FlowError> {
@@ -500,11 +508,20 @@ impl OmniTtsSynth {
             Ok(t) if unspeakable(t).is_some() => return Ok((CueKind::Silent, None)),
             Ok(t) => t,
         };
-        let settings = voice.apply(&lock(&self.settings).synthesis);
+        let (settings, max_compression) = {
+            let s = lock(&self.settings);
+            (voice.apply(&s.synthesis), s.max_compression)
+        };
         let rt = lock(&self.runtime);
         let Some(rt) = rt.as_ref() else {
             return Err(gst::FlowError::Flushing);
         };
+        let squeeze = slot
+            .filter(|&s| rt.policy == Overflow::Compress && s > 0)
+            .map(|slot| Squeeze {
+                slot,
+                max: max_compression,
+            });
         for w in rt.warned.new_warnings(&settings, &rt.info) {
             gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
         }
@@ -519,6 +536,7 @@ impl OmniTtsSynth {
                     epoch: 0,
                     request,
                     clone,
+                    squeeze,
                 };
                 (CueKind::Speech, Some(job))
             }
@@ -556,13 +574,13 @@ impl OmniTtsSynth {
             Ok(map) => cue_text(map.as_slice(), format),
             Err(_) => Err("the buffer could not be read".to_string()),
         };
-        let (kind, job) = self.cue_kind(id, &text, buffer.pts(), &voice, live)?;
+        let slot = buffer.duration().map(pos_of);
+        let (kind, job) = self.cue_kind(id, &text, buffer.pts(), slot, &voice, live)?;
         let mut inner = self.shared.lock();
         if inner.epoch != epoch || inner.flushing {
             return Err(gst::FlowError::Flushing);
         }
         let start = self.cue_start(&inner, buffer.pts());
-        let slot = buffer.duration().map(pos_of);
         gst::debug!(
             CAT,
             imp = self,
@@ -746,6 +764,19 @@ impl ObjectImpl for OmniTtsSynth {
                     )
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecDouble::builder("max-compression")
+                    .nick("Maximum compression")
+                    .blurb(
+                        "overflow=compress: the most a cue's speech may be sped up (pitch kept) \
+                         to fit its slot, as a factor (1.5: 1.5 times as fast); speech that \
+                         would need more is compressed by this much and then clipped at its \
+                         slot's end",
+                    )
+                    .minimum(1.0)
+                    .maximum(compress::MAX_FACTOR)
+                    .default_value(compress::DEFAULT_FACTOR)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt::builder("latency")
                     .nick("Latency")
                     .blurb(
@@ -787,6 +818,7 @@ impl ObjectImpl for OmniTtsSynth {
         gst::debug!(CAT, imp = self, "set {name} = {value:?}");
         match name {
             "overflow" => s.overflow = value.get().expect("type checked upstream"),
+            "max-compression" => s.max_compression = value.get().expect("type checked upstream"),
             "latency" => s.latency_ms = value.get().expect("type checked upstream"),
             "speaker-map" => s.speaker_map = value.get().expect("type checked upstream"),
             other => {
@@ -801,6 +833,7 @@ impl ObjectImpl for OmniTtsSynth {
         let s = lock(&self.settings);
         match pspec.name() {
             "overflow" => s.overflow.to_value(),
+            "max-compression" => s.max_compression.to_value(),
             "latency" => s.latency_ms.to_value(),
             "speaker-map" => s.speaker_map.to_value(),
             other => {

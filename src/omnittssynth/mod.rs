@@ -8,8 +8,9 @@
 //! segment, EOS after the last cue's audio.
 //!
 //! - When speech is longer than its slot, the `overflow` property decides ([`Overflow`]): `clip`,
-//!   `overlap` (the element mixes), or `shift` (later cues later, never earlier than their PTS);
-//!   see `timeline.rs` for the rules.
+//!   `overlap` (the element mixes, soft-limited), `shift` (later cues later, never earlier than
+//!   their PTS), or `compress` (sped up into the slot, pitch kept, by at most `max-compression`;
+//!   `compress.rs`); see `timeline.rs` for the rules.
 //! - Live upstream (its LATENCY answer): the element adds `latency` to it; a cue whose audio is not
 //!   synthesised by its running time + that latency is handled by the overflow policy, with a
 //!   warning and a count in its cue message. Not live: the element waits for synthesis, so the
@@ -33,6 +34,7 @@ use gst::glib;
 use gst::prelude::*;
 use std::sync::LazyLock;
 
+mod compress;
 pub mod cue_message;
 mod cue_text;
 mod imp;
@@ -44,6 +46,7 @@ mod timeline;
 mod voice;
 
 pub use overflow::{Action, Overflow};
+pub use timeline::soft_limit;
 pub use voice::{SPEAKER_CHANGE_EVENT, VOICE_EVENT};
 
 /// Debug category `omnittssynth` (`GST_DEBUG=omnittssynth:5`).

@@ -246,9 +246,19 @@ impl Output {
         for notice in inner.timeline.take_notices() {
             match notice {
                 Notice::Started { id, at } => {
-                    let text = inner.infos.get(&id).map_or("", |i| i.text.as_str());
+                    // As omnittssrc posts them: started, then first audio, both with the PTS of
+                    // the cue's first output sample (its synthesis reported its TTFA before any
+                    // of its audio reached the timeline).
+                    let (text, ttfa_ms) = inner.infos.get(&id).map_or(("", 0.0), |i| {
+                        let ttfa = i
+                            .ttfa_ms
+                            .unwrap_or_else(|| i.since.elapsed().as_secs_f64() * 1000.0);
+                        (i.text.as_str(), ttfa)
+                    });
+                    let pts = start + pts_of(at);
                     gst::info!(CAT, obj = element, "cue {id} starts at sample {at}");
-                    msgs.push(messages::started(element, id, text, start + pts_of(at)));
+                    msgs.push(messages::started(element, id, text, pts));
+                    msgs.push(messages::first_audio(element, id, ttfa_ms, pts));
                 }
                 Notice::Late { id, at } => {
                     let due = inner.infos.get(&id).and_then(|i| i.pts);

@@ -30,16 +30,31 @@ pub enum Overflow {
         nick = "shift"
     )]
     Shift = 2,
+    /// Time-compress the speech into its slot (pitch kept), by at most `max-compression`; what is
+    /// still too long is then cut at its slot's end as `clip` does.
+    #[enum_value(
+        name = "Compress: speed the speech up into its slot, pitch kept, by at most \
+                max-compression; then clip what is still too long",
+        nick = "compress"
+    )]
+    Compress = 3,
 }
 
 impl Overflow {
-    /// The property value's nick: `clip`, `overlap`, `shift`.
+    /// The property value's nick: `clip`, `overlap`, `shift`, `compress`.
     pub fn nick(self) -> &'static str {
         match self {
             Overflow::Clip => "clip",
             Overflow::Overlap => "overlap",
             Overflow::Shift => "shift",
+            Overflow::Compress => "compress",
         }
+    }
+
+    /// Whether a cue is cut at its slot's end (`clip`, and `compress` for what compressing by
+    /// at most `max-compression` does not fit).
+    pub fn cuts(self) -> bool {
+        matches!(self, Overflow::Clip | Overflow::Compress)
     }
 }
 
@@ -58,11 +73,13 @@ pub enum Action {
     Overran,
     /// Started after its PTS because the speech before it ran long (`shift`).
     Shifted,
+    /// Sped up into its slot, pitch kept (`compress`).
+    Compressed,
 }
 
 impl Action {
     /// The name in the cue message: `silent`, `fit`, `clipped`, `overlapped`, `overran`,
-    /// `shifted`.
+    /// `shifted`, `compressed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Silent => "silent",
@@ -71,6 +88,7 @@ impl Action {
             Action::Overlapped => "overlapped",
             Action::Overran => "overran",
             Action::Shifted => "shifted",
+            Action::Compressed => "compressed",
         }
     }
 }

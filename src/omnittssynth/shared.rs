@@ -19,6 +19,7 @@ use crate::element_common::audio::SampleFormat;
 use crate::element_common::voice_clone::CloneSpec;
 use crate::engine::{Canceller, EngineRequest, FinishReason, Metrics};
 
+use super::compress::Squeeze;
 use super::cue_text::TextFormat;
 use super::overflow::Overflow;
 use super::timeline::Timeline;
@@ -32,6 +33,8 @@ pub(super) struct Job {
     pub request: EngineRequest,
     /// Base checkpoints: the reference voice, turned into the request's prompt by the worker.
     pub clone: Option<CloneSpec>,
+    /// `overflow=compress` and a slot: the worker compresses the whole speech into it.
+    pub squeeze: Option<Squeeze>,
 }
 
 /// What the element knows of one cue beyond its place on the timeline (for its messages).

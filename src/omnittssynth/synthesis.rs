@@ -3,22 +3,23 @@
 //! batched with it by the engine), and put the audio into the timeline as it streams back.
 //!
 //! Back-pressure: a worker takes no new cue while [`MAX_BUFFERED_SAMPLES`] of synthesised audio
-//! wait for the output. A flush bumps the epoch: the work of older epochs is cancelled and dropped.
+//! wait for the output, unless the output needs that cue to go on ([`next_job`]): a cue that is
+//! due (playing, or its start reached) is always taken, so that any number of cues playing at
+//! the same time, of any length, cannot hold the output and the workers waiting for each other.
+//! A flush bumps the epoch: the work of older epochs is cancelled and dropped.
 
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gst::glib;
-use gst::prelude::*;
-
-use crate::element_common::audio::{RATE, pts_of};
-use crate::element_common::messages;
+use crate::element_common::audio::RATE;
 use crate::element_common::voice_clone::VoiceCloner;
 use crate::engine::{Engine, EngineEvent, FinishReason, Metrics, SharedEngine};
 
 use super::CAT;
+use super::compress::{Squeeze, compress};
 use super::shared::{Job, Shared};
+use super::timeline::Timeline;
 
 /// Cues synthesised at the same time.
 pub(super) const WORKERS: usize = 2;
@@ -32,30 +33,19 @@ pub(super) fn spawn_workers(
     engine: Arc<SharedEngine>,
     cloner: VoiceCloner,
     shared: Arc<Shared>,
-    element: glib::WeakRef<gst::Element>,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
     let cloner = Arc::new(Mutex::new(cloner));
     (0..WORKERS)
         .map(|i| {
-            let (engine, cloner, shared, element) = (
-                engine.clone(),
-                cloner.clone(),
-                shared.clone(),
-                element.clone(),
-            );
+            let (engine, cloner, shared) = (engine.clone(), cloner.clone(), shared.clone());
             std::thread::Builder::new()
                 .name(format!("omnittssynth-{i}"))
-                .spawn(move || worker_loop(&engine, &cloner, &shared, &element))
+                .spawn(move || worker_loop(&engine, &cloner, &shared))
         })
         .collect()
 }
 
-fn worker_loop(
-    engine: &Engine,
-    cloner: &Mutex<VoiceCloner>,
-    shared: &Shared,
-    element: &glib::WeakRef<gst::Element>,
-) {
+fn worker_loop(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared) {
     loop {
         let job = {
             let mut inner = shared.lock();
@@ -63,8 +53,9 @@ fn worker_loop(
                 if inner.shutdown {
                     return;
                 }
-                if inner.timeline.buffered() < MAX_BUFFERED_SAMPLES
-                    && let Some(job) = inner.jobs.pop_front()
+                let ids = inner.jobs.iter().map(|j| j.id);
+                if let Some(i) = next_job(ids, &inner.timeline, MAX_BUFFERED_SAMPLES)
+                    && let Some(job) = inner.jobs.remove(i)
                 {
                     break job;
                 }
@@ -74,7 +65,7 @@ fn worker_loop(
         // A panic in one request must not take the element down: it ends that cue with an error.
         let (id, epoch) = (job.id, job.epoch);
         let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            synthesise(engine, cloner, shared, element, job)
+            synthesise(engine, cloner, shared, job)
         }));
         if let Err(panic) = run {
             let what = crate::engine::panic_message(&*panic);
@@ -87,6 +78,25 @@ fn worker_loop(
             );
         }
     }
+}
+
+/// Which of the queued jobs (their cue ids, in order) a free worker takes next: the first whose
+/// cue the output needs now ([`Timeline::needs`]: it is due, so the output waits for its audio),
+/// whatever is buffered; otherwise the first, while fewer than `limit` synthesised samples wait
+/// for the output. `None`: none for now.
+pub(super) fn next_job(
+    ids: impl Iterator<Item = u64>,
+    timeline: &Timeline,
+    limit: u64,
+) -> Option<usize> {
+    let mut first = None;
+    for (i, id) in ids.enumerate() {
+        if timeline.needs(id) {
+            return Some(i);
+        }
+        first.get_or_insert(i);
+    }
+    first.filter(|_| timeline.buffered() < limit)
 }
 
 /// Records how cue `id` ended and lets the output go past it.
@@ -103,19 +113,16 @@ fn finish(shared: &Shared, id: u64, epoch: u64, reason: FinishReason, metrics: M
 }
 
 /// Runs one cue's request to its end.
-fn synthesise(
-    engine: &Engine,
-    cloner: &Mutex<VoiceCloner>,
-    shared: &Shared,
-    element: &glib::WeakRef<gst::Element>,
-    job: Job,
-) {
+fn synthesise(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared, job: Job) {
     let Job {
         id,
         epoch,
         mut request,
         clone,
+        squeeze,
     } = job;
+    // overflow=compress: the speech is held here until it is whole, then compressed.
+    let mut held: Vec<f32> = Vec::new();
     gst::debug!(CAT, "cue {id}: submitting {:?}", request.voice.text);
     let submitted = (|| {
         if let Some(spec) = &clone {
@@ -160,6 +167,7 @@ fn synthesise(
             }
             Err(RecvTimeoutError::Disconnected) => {
                 let e = "the engine stopped without finishing the cue".to_string();
+                release(shared, id, epoch, squeeze, std::mem::take(&mut held));
                 return finish(
                     shared,
                     id,
@@ -172,6 +180,17 @@ fn synthesise(
         match ev {
             EngineEvent::Started => {}
             EngineEvent::Audio(chunk) => {
+                if let Some(sq) = squeeze {
+                    if shared.lock().epoch != epoch {
+                        return;
+                    }
+                    held.extend_from_slice(&chunk.samples);
+                    if held.len() as u64 > sq.enough() {
+                        // Even compressed by the most allowed, the rest would be clipped.
+                        handle.cancel();
+                    }
+                    continue;
+                }
                 let mut inner = shared.lock();
                 if inner.epoch != epoch || inner.shutdown {
                     return;
@@ -183,16 +202,11 @@ fn synthesise(
                 shared.cond.notify_all();
             }
             EngineEvent::FirstAudio { ttfa_ms } => {
-                let pts = {
-                    let mut inner = shared.lock();
-                    if let Some(info) = inner.infos.get_mut(&id) {
-                        info.ttfa_ms = Some(ttfa_ms);
-                    }
-                    let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
-                    start + pts_of(inner.timeline.position())
-                };
-                if let Some(e) = element.upgrade() {
-                    let _ = e.post_message(messages::first_audio(&e, id, ttfa_ms, pts));
+                // Kept for the output task, which posts the first-audio message when the cue's
+                // first sample goes out (after its started message, with that sample's PTS).
+                let mut inner = shared.lock();
+                if let Some(info) = inner.infos.get_mut(&id) {
+                    info.ttfa_ms = Some(ttfa_ms);
                 }
             }
             EngineEvent::Finished { reason, metrics } => {
@@ -201,8 +215,89 @@ fn synthesise(
                     "cue {id}: finished ({reason}), {} frames",
                     metrics.frames
                 );
+                release(shared, id, epoch, squeeze, std::mem::take(&mut held));
                 return finish(shared, id, epoch, reason, metrics);
             }
+        }
+    }
+}
+
+/// `overflow=compress`: puts cue `id`'s whole speech `held` into the timeline, compressed into its
+/// slot (by at most the maximum; the timeline clips what still does not fit). The stretching runs
+/// without the lock.
+fn release(shared: &Shared, id: u64, epoch: u64, squeeze: Option<Squeeze>, held: Vec<f32>) {
+    let Some(sq) = squeeze else {
+        return;
+    };
+    let original = held.len() as u64;
+    let factor = sq.factor(original);
+    let audio = if factor > 1.0 {
+        compress(&held, factor)
+    } else {
+        None
+    };
+    if let Some(a) = &audio {
+        gst::debug!(
+            CAT,
+            "cue {id}: {original} samples compressed {factor:.3}× into {} (slot {})",
+            a.len(),
+            sq.slot
+        );
+    }
+    let mut inner = shared.lock();
+    if inner.epoch != epoch {
+        return;
+    }
+    match audio {
+        Some(a) => {
+            inner.timeline.add_audio(id, &a);
+            inner.timeline.compressed(id, original);
+        }
+        None => {
+            inner.timeline.add_audio(id, &held);
+        }
+    }
+    shared.cond.notify_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::omnittssynth::overflow::Overflow;
+    use crate::omnittssynth::timeline::{CueKind, CueStart, Need, Pace, Step};
+
+    #[test]
+    fn a_cue_the_output_waits_for_is_taken_whatever_is_buffered() {
+        for policy in [Overflow::Clip, Overflow::Overlap] {
+            // Three cues at one start, a fourth later: two workers have synthesised cues 1 and
+            // 2, more than the buffer's bound, and the output waits for cue 3.
+            let mut t = Timeline::new(policy);
+            for id in 1..=3 {
+                t.push_cue(id, CueStart::At(0), None, CueKind::Speech);
+            }
+            t.push_cue(4, CueStart::At(48_000_000), None, CueKind::Speech);
+            let long = vec![0.1; (MAX_BUFFERED_SAMPLES / 2 + 1) as usize];
+            for id in 1..=2 {
+                t.add_audio(id, &long);
+                t.finish(id);
+            }
+            assert_eq!(t.next(480, Pace::Exact), Step::Wait(Need::Audio));
+            assert!(t.buffered() >= MAX_BUFFERED_SAMPLES);
+            assert!(t.needs(3) && !t.needs(4), "{policy:?}");
+            assert_eq!(
+                next_job([3, 4].into_iter(), &t, MAX_BUFFERED_SAMPLES),
+                Some(0),
+                "{policy:?}: the cue the output waits for"
+            );
+            // Queued in another order, the due one is still found.
+            assert_eq!(
+                next_job([4, 3].into_iter(), &t, MAX_BUFFERED_SAMPLES),
+                Some(1)
+            );
+            // A cue not yet due waits while the buffer is full, and goes once it is not.
+            assert_eq!(next_job([4].into_iter(), &t, MAX_BUFFERED_SAMPLES), None);
+            assert_eq!(next_job([4].into_iter(), &t, u64::MAX), Some(0));
+            assert_eq!(next_job(std::iter::empty(), &t, u64::MAX), None);
         }
     }
 }

@@ -13,9 +13,13 @@
 //! ```
 //!
 //! Overflow ([`Overflow`]): `clip` cuts a cue at its slot's end (PTS + duration) with a
-//! [`CLIP_FADE_SAMPLES`] linear fade-out; `overlap` lets it run on and mixes (adds) the cues that
+//! [`CLIP_FADE_SAMPLES`] linear fade-out; `compress` does the same with the audio of a cue whose
+//! worker has compressed it into its slot (`compress.rs`: whole, once synthesised; only what
+//! `max-compression` could not fit is cut); `overlap` lets it run on and mixes (adds) the cues that
 //! start meanwhile; `shift` starts a cue only once the cues before it are done, never before its
 //! PTS. In every policy, cues whose slots overlap in the input play mixed unless `shift` orders them.
+//! A mix of two or more voices goes through [`soft_limit`], which keeps it within full scale; a
+//! lone voice is output as synthesised.
 //!
 //! Pacing ([`Pace`]): not live, silence is output only up to what the input has told (a later cue's
 //! PTS, a GAP's end) and audio is waited for however long synthesis takes, so the timeline is exact.
@@ -29,6 +33,23 @@ use super::overflow::{Action, Overflow};
 
 /// Length of the `clip` fade-out: 10 ms at 24 kHz.
 pub const CLIP_FADE_SAMPLES: u64 = 240;
+
+/// Where [`soft_limit`] starts to bend a mix of voices: below it, samples pass unchanged.
+pub const LIMIT_KNEE: f32 = 0.8;
+
+/// The soft limiter of mixes (cues playing at the same time, added): the identity up to
+/// [`LIMIT_KNEE`], then a tanh curve that joins it smoothly (same value and slope) and never
+/// reaches full scale, so a mix stays within (-1, 1) however many voices add up. Stateless, per
+/// sample, so the output's chunking does not change it.
+pub fn soft_limit(x: f32) -> f32 {
+    let a = x.abs();
+    if a <= LIMIT_KNEE {
+        return x;
+    }
+    let room = 1.0 - LIMIT_KNEE;
+    let y = LIMIT_KNEE + room * ((a - LIMIT_KNEE) / room).tanh();
+    y.copysign(x)
+}
 
 /// When a cue is to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +155,8 @@ pub struct CueReport {
     pub clipped: u64,
     /// Samples its speech is longer than its slot.
     pub overrun: u64,
+    /// `compress`: the length its speech (`speech` samples) was compressed to.
+    pub compressed: Option<u64>,
     /// Its synthesis had finished.
     pub finished: bool,
 }
@@ -154,8 +177,10 @@ struct Cue {
     /// Synthesised samples not yet output: `audio[head..]`.
     audio: Vec<f32>,
     head: usize,
-    /// Samples synthesised so far.
+    /// Samples synthesised so far (after compression, for a compressed cue).
     received: u64,
+    /// `compress`: the speech's length before it was compressed.
+    original: Option<u64>,
     /// Samples output so far.
     pos: u64,
     finished: bool,
@@ -286,6 +311,7 @@ impl Timeline {
             audio: Vec::new(),
             head: 0,
             received: 0,
+            original: None,
             pos: 0,
             finished: false,
             due_at: None,
@@ -312,16 +338,35 @@ impl Timeline {
         self.ended = true;
     }
 
-    /// Synthesised audio of cue `id`, in order. Returns false when the cue is over (clipped, or
-    /// unknown): its synthesis can stop.
+    /// Synthesised audio of cue `id`, in order. Returns false when the rest of its speech would
+    /// never be heard: the cue is over (clipped, or unknown), or under `clip` its speech is
+    /// already longer than its slot (it can only be cut there). Its synthesis can stop.
     pub fn add_audio(&mut self, id: u64, samples: &[f32]) -> bool {
+        let clip = self.policy == Overflow::Clip;
         match self.cues.iter_mut().find(|c| c.id == id) {
             Some(c) => {
                 c.audio.extend_from_slice(samples);
                 c.received += samples.len() as u64;
-                true
+                !(clip && c.slot.is_some_and(|s| c.received > s))
             }
             None => false,
+        }
+    }
+
+    /// Whether the output needs cue `id`'s audio now: a cue with speech that is playing, or whose
+    /// start the output has reached (it waits for that cue's synthesis to go on).
+    pub fn needs(&self, id: u64) -> bool {
+        self.cues.iter().any(|c| {
+            c.id == id
+                && c.kind == CueKind::Speech
+                && (c.state == State::Playing || c.start.position() <= self.n)
+        })
+    }
+
+    /// `compress`: cue `id`'s audio is its speech of `original` samples, compressed.
+    pub fn compressed(&mut self, id: u64, original: u64) {
+        if let Some(c) = self.cues.iter_mut().find(|c| c.id == id) {
+            c.original = Some(original);
         }
     }
 
@@ -355,11 +400,13 @@ impl Timeline {
             d.saturating_sub(c.start.position())
                 .saturating_sub(c.arrived_late)
         });
-        let overrun = c.slot.map_or(0, |s| c.received.saturating_sub(s));
+        let speech = c.original.unwrap_or(c.received);
+        let overrun = c.slot.map_or(0, |s| speech.saturating_sub(s));
         let clipped = c.received - c.pos;
         let action = match (&c.kind, self.policy) {
             (CueKind::Silent | CueKind::Refused(_), _) => Action::Silent,
-            (_, Overflow::Clip) if clipped > 0 || !c.finished => Action::Clipped,
+            (_, p) if p.cuts() && (clipped > 0 || !c.finished) => Action::Clipped,
+            (_, Overflow::Compress) if c.original.is_some() => Action::Compressed,
             (_, Overflow::Overlap) if overrun > 0 => Action::Overlapped,
             (_, Overflow::Shift) if shifted > 0 => Action::Shifted,
             (_, Overflow::Shift) if overrun > 0 => Action::Overran,
@@ -369,7 +416,7 @@ impl Timeline {
             id: c.id,
             start: c.start,
             slot: c.slot,
-            speech: c.received,
+            speech,
             output: c.pos,
             first: c.first,
             end,
@@ -379,6 +426,7 @@ impl Timeline {
             late_samples: c.late_samples,
             clipped,
             overrun,
+            compressed: c.original.map(|_| c.received),
             finished: c.finished,
         }
     }
@@ -425,7 +473,7 @@ impl Timeline {
                         changed = true;
                         continue;
                     }
-                    if self.policy == Overflow::Clip
+                    if self.policy.cuts()
                         && let Some(slot) = c.slot
                     {
                         let begin = match c.start {
@@ -537,6 +585,12 @@ impl Timeline {
                 if c.late == 1 && c.arrived_late == 0 {
                     self.notices.push(Notice::Late { id: c.id, at: n });
                 }
+            }
+        }
+        if contributing.len() > 1 {
+            // A mix: kept within full scale (a lone voice is output as synthesised).
+            for o in &mut out {
+                *o = soft_limit(*o);
             }
         }
         self.n += len;
@@ -667,7 +721,12 @@ mod tests {
         assert_eq!(out.len(), 45_000);
         assert_eq!(gaps[2], (11_000, 40_000), "no silence before cue 3");
         assert!(out[6_000..9_000].iter().all(|&x| x == 2.0));
-        assert!(out[9_000..11_000].iter().all(|&x| x == 2.0 + 3.0), "mixed");
+        assert!(
+            out[9_000..11_000]
+                .iter()
+                .all(|&x| x == soft_limit(2.0 + 3.0)),
+            "mixed, then limited"
+        );
         assert_eq!(reports[1].action, Action::Overlapped);
         assert_eq!(reports[1].overrun, 3_000);
         assert_eq!(reports[2].action, Action::Fit);
@@ -895,5 +954,119 @@ mod tests {
         };
         assert_eq!((r.id, r.action, r.output), (2, Action::Clipped, 0));
         assert_eq!((r.late, r.late_samples), (1, 900));
+    }
+
+    #[test]
+    fn mixes_stay_within_full_scale_and_a_lone_voice_is_untouched() {
+        // The limiter: identity below the knee, continuous, monotonic, below 1 above it.
+        assert_eq!(soft_limit(0.5), 0.5);
+        assert_eq!(soft_limit(-LIMIT_KNEE), -LIMIT_KNEE);
+        assert!((soft_limit(LIMIT_KNEE + 1e-4) - (LIMIT_KNEE + 1e-4)).abs() < 1e-6);
+        assert!(soft_limit(1.62) < 1.0 && soft_limit(1.62) > soft_limit(1.2));
+        assert!(soft_limit(-9.0) >= -1.0);
+        // Five voices at the same sample, each a full-scale sine of its own frequency, as five
+        // simultaneous cues under overlap: the mix stays in [-1, 1].
+        let len = 4_800;
+        let sine = |f: f32| -> Vec<f32> {
+            (0..len)
+                .map(|i| 0.95 * (std::f32::consts::TAU * f * i as f32 / 24_000.0).sin())
+                .collect()
+        };
+        let mut t = Timeline::new(Overflow::Overlap);
+        for id in 1..=5u64 {
+            t.push_cue(id, CueStart::At(100), None, CueKind::Speech);
+            t.add_audio(id, &sine(110.0 * id as f32));
+            t.finish(id);
+        }
+        // A lone voice afterwards, louder than the knee: untouched.
+        t.push_cue(6, CueStart::At(10_000), None, CueKind::Speech);
+        let lone = sine(300.0);
+        t.add_audio(6, &lone);
+        t.finish(6);
+        t.end();
+        let (out, _, _) = run(&mut t);
+        let mix = &out[100..100 + len];
+        assert!(mix.iter().all(|x| x.abs() <= 1.0), "mix within full scale");
+        let voices: Vec<Vec<f32>> = (1..=5).map(|id| sine(110.0 * id as f32)).collect();
+        let unlimited: Vec<f32> = (0..len)
+            .map(|i| voices.iter().map(|v| v[i]).sum())
+            .collect();
+        assert!(
+            unlimited.iter().filter(|x| x.abs() > 1.0).count() > 100,
+            "the test mix does go past full scale unlimited"
+        );
+        assert_eq!(
+            &out[10_000..],
+            &lone[..],
+            "a lone voice is output as synthesised"
+        );
+    }
+
+    #[test]
+    fn clip_stops_the_synthesis_of_speech_longer_than_its_slot() {
+        // Cue 1 pending (its PTS not reached): under clip, speech past its slot would only be
+        // cut, so add_audio asks to stop it; overlap and shift want all of it.
+        for (policy, stop) in [
+            (Overflow::Clip, true),
+            (Overflow::Overlap, false),
+            (Overflow::Shift, false),
+        ] {
+            let mut t = Timeline::new(policy);
+            t.push_cue(1, CueStart::At(1_000), Some(500), CueKind::Speech);
+            assert!(t.add_audio(1, &speech(500, 0.1)), "{policy:?}: fits so far");
+            assert_eq!(!t.add_audio(1, &speech(1, 0.1)), stop, "{policy:?}");
+            t.finish(1);
+            t.end();
+            let (out, _, reports) = run(&mut t);
+            let expect = if stop { 1_500 } else { 1_501 };
+            assert_eq!(out.len(), expect, "{policy:?}");
+            assert_eq!(reports[0].speech, 501);
+        }
+    }
+
+    #[test]
+    fn compress_reports_compressed_cues_and_clips_what_still_does_not_fit() {
+        let mut t = Timeline::new(Overflow::Compress);
+        // Cue 1: 1200 samples of speech compressed to 800, in a slot of 1000.
+        t.push_cue(1, CueStart::At(0), Some(1_000), CueKind::Speech);
+        // Cue 2: compressed by the most allowed to 700, its slot 500: cut there, faded.
+        t.push_cue(2, CueStart::At(2_000), Some(500), CueKind::Speech);
+        // Cue 3: fits as synthesised.
+        t.push_cue(3, CueStart::At(3_000), Some(500), CueKind::Speech);
+        t.add_audio(1, &speech(800, 0.1));
+        t.compressed(1, 1_200);
+        t.add_audio(2, &speech(700, 0.2));
+        t.compressed(2, 1_050);
+        t.add_audio(3, &speech(400, 0.3));
+        for id in 1..=3 {
+            t.finish(id);
+        }
+        t.end();
+        let (out, _, reports) = run(&mut t);
+        assert_eq!(out.len(), 3_400);
+        assert!(out[..800].iter().all(|&x| x == 0.1));
+        assert!(out[800..2_000].iter().all(|&x| x == 0.0));
+        assert!(out[2_499] < 0.2 && out[2_499] > 0.0, "faded at the cut");
+        let r = &reports[0];
+        assert_eq!(
+            (
+                r.action,
+                r.speech,
+                r.output,
+                r.compressed,
+                r.overrun,
+                r.clipped
+            ),
+            (Action::Compressed, 1_200, 800, Some(800), 200, 0)
+        );
+        let r = &reports[1];
+        assert_eq!(
+            (r.action, r.speech, r.output, r.compressed, r.clipped, r.end),
+            (Action::Clipped, 1_050, 500, Some(700), 200, 2_500)
+        );
+        assert_eq!(
+            (reports[2].action, reports[2].compressed),
+            (Action::Fit, None)
+        );
     }
 }
