@@ -1,72 +1,174 @@
-//! Many streams on one model: N requests started together, on one shared engine (stage 0 and
+//! Many streams on one model, two ways.
+//!
+//! **Closed loop** (`--streams`): N requests started together, on one shared engine (stage 0 and
 //! stage 1 batch them) against N engines of their own (one stream each, as every element had
-//! before the shared engine), side by side in one run.
+//! before the shared engine), side by side in one run. Every stream asks for the same number of
+//! frames (`--frames`; greedy, runaway guard off, `max_new_tokens = frames + 1`, each stream its
+//! own seed and text so the batch is not N copies of one row; a stream that ends early by EOS is
+//! reported with the frames it made). For each N it prints: aggregate audio-seconds per second
+//! of wall time (all audio / time from the first submit to the last `Finished`), per-stream
+//! real-time factor (wall time of the stream / its audio; median and worst), the time to stage
+//! 0's first frame (p50, from the codes tap) and to first audio (p50 / p95 / p99), the mean batch
+//! of stage 0, where the time goes (median over the streams of stage 0's ms per frame, which in
+//! a batch is the time of a step of the whole batch, and of stage 1's decode ms per frame), and
+//! the shared / separate ratio of the aggregate. On a GPU use `--shared-only` (N separate copies
+//! of a large model do not fit).
+//!
+//! **Open loop** (`--rates`), measured as the serving engines' public benchmark
+//! (nari-labs/benchmarks, `tts_bench`) measures them, so that the figures can stand beside
+//! theirs. One engine (`--max-batch` streams batched, `--max-waiting` queued; beyond that a
+//! request is refused and counted as refused) serves, for each rate and each seed (`--seeds`,
+//! default 1,2,3):
+//!
+//! - Poisson arrivals at the rate, from the seed: a warm-up of `--warmup-s` seconds whose
+//!   requests are not counted, then `--duration` seconds whose arrivals are measured; then up to
+//!   `--drain-s` seconds for the measured requests to end, after which the rest are cancelled
+//!   and counted as timed out (their missing times count as +∞ in the percentiles). The load
+//!   generator never drops or delays an arrival: one thread sleeps until each scheduled instant
+//!   and submits (the submit call does not block on other requests), one thread per request
+//!   follows its events. Every time counts from the request's *scheduled* arrival, so the
+//!   generator's own delay (reported as `submit_lag`) is part of it.
+//! - Requests like the benchmark's: an English sentence of 10–13 words from a fixed list, picked
+//!   by the seeded RNG, with a length drawn uniformly from 30–80 frames (2.4–6.4 s), the
+//!   checkpoint's first speaker, and its sampling (`generation_config.json`; `--greedy` for greedy
+//!   decoding); every request its own sampling seed from the run's seed. Audio comes in the
+//!   stage config's chunks (a first chunk of 1 frame, then 25 frames) unless
+//!   `--initial-chunk-frames` / `--chunk-frames` say otherwise.
+//! - Length (`--fixed-length on|off`): random weights never choose their own end, so with `on`
+//!   each request stops after exactly its drawn length (`max_new_tokens = frames + 1`, the engine
+//!   loaded with the runaway guard off; a rare chance EOS ends one earlier, counted as
+//!   `ended_by_eos`). With `off` the checkpoint ends each sentence itself (EOS, runaway guard, its
+//!   `max_new_tokens`). Default: `off` for a checkpoint that ships an `omnitts.json` (omnitts'
+//!   trained voices, e.g. models/omnitts-en, which end their sentences), `on` for any other
+//!   (the random-weight checkpoints of `bench_gpu --build-only`, the test fixtures).
+//!
+//! Per request, from the audio it receives (each `EngineEvent::Audio` chunk timed when it
+//! arrives), at the sample rate the engine reports: the time to first *audible* audio — an RMS
+//! detector (mean removed) over 20 ms windows every 10 ms, audible at ≥ −45 dBFS; the onset is the
+//! first of two audible windows in a row, and its time is the arrival of the chunk that holds it
+//! — and the time to the first chunk of any audio; the end-to-end time (→ `Finished`); and the
+//! underruns of a player without a buffer that starts when the first chunk arrives: chunk k is
+//! needed at `t_first + offset_k / sample_rate` (plus the stalls so far); a chunk that arrives later
+//! is one underrun, and the timeline then shifts by the wait. The benchmark's own "audible TTFA"
+//! is when the onset *plays* on that timeline (its chunk's play start plus the onset's place in
+//! the chunk); it is reported too (`ttfa_audible_played_ms`). Percentiles are nearest-rank.
+//!
+//! Per rate, over all its seeds and per seed: TTFA audible p50 / p95 / p99, first chunk p50 /
+//! p95 / p99, underruns (chunks, and requests with at least one), end-to-end p95, requests
+//! finished / refused / timed out, the backlog and, on a CUDA device where `nvidia-smi` runs, the
+//! highest GPU memory in use during the run; last, the highest rate whose measured requests all
+//! ended by themselves without an underrun or a refusal. The backlog is **bounded** when no
+//! measured request was refused or timed out and neither the in-flight count (submitted, not
+//! finished) nor the waiting count (submitted, not yet taken by stage 0), sampled every 100 ms over
+//! the measured window, grew: the least-squares trend of each over the window (slope × length)
+//! is at most `2 + 2·√mean` (a steady queue of mean L wobbles by about √L; one the engine cannot
+//! keep up with grows by (arrivals − completions per second) × the window). For reference the
+//! table also shows the in-flight count at the end of the measured window beside what a server
+//! that keeps up holds (Little's law: rate × mean audio seconds). The window should be much
+//! longer than a request for the trend to mean something.
+//!
+//! Both modes print a table and, on stdout's last line, a JSON report (also `--json PATH`).
 //!
 //! ```sh
+//! # closed loop, CPU
 //! cargo run --release --example bench_streams -- --model-dir models/omnitts-en --streams 1,2,4,8,16
-//! cargo run --release --example bench_streams -- --model-dir tests/fixtures/tiny-customvoice
+//! # open loop, CPU (two cores, the bundled voice: it ends its sentences itself)
+//! cargo run --release --example bench_streams -- --model-dir models/omnitts-en --rates 1,2,4 --duration 60
+//! # both on a GPU (scripts/gpu-run.sh step `streams`), 4 rates × 1 seed in about 3 min
+//! bench_streams --model-dir /tmp/ckpt/1.7b --device cuda:0 --shared-only --streams 1,4,16,64 \
+//!     --rates 1,10,20,40 --seeds 1 --warmup-s 10 --duration 30
 //! ```
 //!
-//! Every stream asks for the same number of frames (`--frames`; greedy, runaway guard off,
-//! `max_new_tokens = frames + 1`, each stream its own seed and text so the batch is not N copies
-//! of one row; a stream that ends early by EOS is reported with the frames it made). For each N
-//! it prints: aggregate audio-seconds per second of wall time (all audio / time from the first
-//! submit to the last `Finished`), per-stream real-time factor (wall time of the stream / its
-//! audio; median and worst), the time to stage 0's first frame (p50, from the codes tap) and to
-//! first audio (p50 / p95), the mean batch of stage 0, where the
-//! time goes (median over the streams of stage 0's ms per frame, which in a batch is the time of a
-//! step of the whole batch, and of stage 1's decode ms per frame), and the shared / separate ratio
-//! of the aggregate. JSON on stdout's last line (also `--json PATH`).
-//!
-//! On a GPU (`--device cuda:0 --shared-only`; N separate copies of a large model do not fit) the
-//! closed-loop rows also report TTFA p99. `--rates 5,10,20,40` adds open-loop runs: requests
-//! arriving at R per second for `--duration` seconds (Poisson, fixed seed) on one engine batching
-//! up to `--max-batch` streams: TTFA p50 / p95 / p99, per-stream RTF (processing time / audio:
-//! below 1 is faster than real time) worst and p95, how many streams stayed faster than real
-//! time, and how many requests admission refused.
+//! Without `--streams` the closed loop runs 1,2,4,8,16 streams unless `--rates` is given.
+//! `cargo test --example bench_streams` runs the detector's, the player's and the scheduler's
+//! unit tests (also part of `cargo test`).
+
+#[path = "bench_streams/open_loop.rs"]
+mod open_loop;
+#[path = "bench_streams/playback.rs"]
+mod playback;
 
 use std::path::PathBuf;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use gstomnitts::engine::{
     DeviceSpec, Engine, EngineOptions, EngineRequest, Metrics, SharedEngine, StageConfig,
 };
 use gstomnitts::models::qwen3_tts::VoiceRequest;
 use serde_json::{Value, json};
 
+use open_loop::RunSpec;
+use playback::percentile;
+
 #[derive(Parser, Debug)]
-#[command(about = "omnitts: N streams on one shared engine against N separate engines")]
+#[command(
+    about = "omnitts: many streams on one engine, closed loop (N at once) and open loop (arrivals at a rate)"
+)]
 struct Args {
     /// Checkpoint directory.
     #[arg(long, default_value = "models/omnitts-en")]
     model_dir: PathBuf,
-    /// Stream counts to measure, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
-    streams: Vec<usize>,
-    /// Frames per stream (80 ms each).
+    /// Closed loop: stream counts to measure, comma separated (default 1,2,4,8,16 unless --rates
+    /// is given).
+    #[arg(long, value_delimiter = ',')]
+    streams: Option<Vec<usize>>,
+    /// Closed loop: frames per stream (80 ms each).
     #[arg(long, default_value_t = 50)]
     frames: usize,
     /// Device of both stages: cpu | cuda:N | auto.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Skip the N-separate-engines runs.
+    /// Closed loop: skip the N-separate-engines runs.
     #[arg(long)]
     shared_only: bool,
-    /// Open-loop arrival rates (requests per second), comma separated; none by default.
+    /// Open loop: arrival rates (requests per second), comma separated; none by default.
     #[arg(long, value_delimiter = ',')]
     rates: Vec<f64>,
-    /// Seconds of arrivals per open-loop rate.
+    /// Open loop: seeds, one run per seed and rate.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    seeds: Vec<u64>,
+    /// Open loop: seconds of warm-up arrivals (not counted) before each measured window.
     #[arg(long, default_value_t = 30.0)]
+    warmup_s: f64,
+    /// Open loop: seconds of measured arrivals per rate and seed.
+    #[arg(long, default_value_t = 60.0)]
     duration: f64,
-    /// The open-loop engine's `max_num_seqs` (streams batched at once).
+    /// Open loop: seconds the measured requests may still run after the window before they are
+    /// cancelled (and counted as timed out).
+    #[arg(long, default_value_t = 30.0)]
+    drain_s: f64,
+    /// Open loop: stop each request after exactly its drawn length (default: off for a checkpoint
+    /// with an omnitts.json, a trained omnitts voice; on otherwise).
+    #[arg(long)]
+    fixed_length: Option<Switch>,
+    /// Open loop: greedy decoding instead of the checkpoint's sampling settings.
+    #[arg(long)]
+    greedy: bool,
+    /// Open loop: frames in the first audio chunk (0: none apart; default: the stage config's, 1).
+    #[arg(long)]
+    initial_chunk_frames: Option<usize>,
+    /// Open loop: frames in each later audio chunk (default: the stage config's, 25).
+    #[arg(long)]
+    chunk_frames: Option<usize>,
+    /// Open loop: the engine's `max_num_seqs` (streams batched at once).
     #[arg(long, default_value_t = 64)]
     max_batch: usize,
+    /// Open loop: the engine's `max_waiting` (default: the built-in stage config's).
+    #[arg(long)]
+    max_waiting: Option<usize>,
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// `on` / `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Switch {
+    On,
+    Off,
 }
 
 const TEXTS: [&str; 8] = [
@@ -102,20 +204,28 @@ fn request(engine: &Engine, i: usize, frames: usize) -> EngineRequest {
     EngineRequest::new(voice, s)
 }
 
-fn config(n: usize) -> StageConfig {
+/// The stage config of an engine batching up to `max_seqs` streams; `guard`: the runaway guard
+/// on (else only `max_new_tokens` ends a request that EOS does not); `max_waiting`: the queue
+/// beyond them (default: the built-in config's).
+fn config(max_seqs: usize, guard: bool, max_waiting: Option<usize>) -> StageConfig {
     let mut c = StageConfig::default_async();
-    c.ar.guard.enabled = false;
-    c.ar.max_num_seqs = n.max(1);
-    c.decoder.max_num_seqs = n.max(1);
+    c.ar.guard.enabled = guard;
+    c.ar.max_num_seqs = max_seqs.max(1);
+    c.decoder.max_num_seqs = max_seqs.max(1);
+    if let Some(w) = max_waiting {
+        c.ar.max_waiting = w;
+    }
     c
 }
 
-fn load(args: &Args, n: usize) -> Result<Engine> {
+/// Loads the checkpoint with `config` on `--device`.
+fn load(args: &Args, config: StageConfig) -> Result<Engine> {
     let device: DeviceSpec = args.device.parse()?;
+    let n = config.ar.max_num_seqs;
     let t = Instant::now();
     let e = Engine::load(EngineOptions {
         model_dir: args.model_dir.clone(),
-        stage_config: config(n),
+        stage_config: config,
         ar_device: device,
         decoder_device: device,
     })
@@ -176,15 +286,7 @@ fn join_all<T>(joins: Vec<thread::ScopedJoinHandle<'_, Result<T>>>) -> Result<Ve
         .collect()
 }
 
-fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let k = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
-    v[k.min(v.len() - 1)]
-}
-
+/// The closed-loop figures of one run of `n` streams (see the crate doc).
 fn summary(label: &str, n: usize, streams: &[Stream], mean_batch: f64) -> Value {
     let audio_s: f64 = streams.iter().map(|s| s.metrics.audio_ms / 1e3).sum();
     let wall_s = streams.iter().map(|s| s.end_s).fold(0.0, f64::max);
@@ -206,84 +308,21 @@ fn summary(label: &str, n: usize, streams: &[Stream], mean_batch: f64) -> Value 
         "engines": label, "streams": n,
         "aggregate_audio_s_per_s": audio_s / wall_s,
         "audio_s": audio_s, "wall_s": wall_s,
-        "rtf_p50": percentile(rtf.clone(), 50.0), "rtf_max": percentile(rtf, 100.0),
-        "ttfa_ms_p50": percentile(ttfa.clone(), 50.0), "ttfa_ms_p95": percentile(ttfa.clone(), 95.0),
-        "ttfa_ms_p99": percentile(ttfa, 99.0),
-        "frames_min": percentile(frames, 0.0),
-        "queue_ms_p50": percentile(queue, 50.0), "prefill_ms_p50": percentile(prefill, 50.0),
-        "first_frame_ms_p50": percentile(first_frame, 50.0),
+        "rtf_p50": percentile(&rtf, 50.0), "rtf_max": percentile(&rtf, 100.0),
+        "ttfa_ms_p50": percentile(&ttfa, 50.0), "ttfa_ms_p95": percentile(&ttfa, 95.0),
+        "ttfa_ms_p99": percentile(&ttfa, 99.0),
+        "frames_min": percentile(&frames, 0.0),
+        "queue_ms_p50": percentile(&queue, 50.0), "prefill_ms_p50": percentile(&prefill, 50.0),
+        "first_frame_ms_p50": percentile(&first_frame, 50.0),
         "mean_batch_stage0": mean_batch,
-        "ar_ms_per_step_p50": percentile(ar, 50.0),
-        "decoder_ms_per_frame_p50": percentile(dec, 50.0),
+        "ar_ms_per_step_p50": percentile(&ar, 50.0),
+        "decoder_ms_per_frame_p50": percentile(&dec, 50.0),
     })
 }
 
-/// Requests arriving at `rate` per second for `duration_s` (exponential gaps from a fixed seed)
-/// on `engine`; each collected on its own thread. Returns the finished streams' metrics and the
-/// number of requests admission refused.
-fn open_loop(
-    engine: &SharedEngine,
-    rate: f64,
-    duration_s: f64,
-    frames: usize,
-) -> Result<(Vec<Metrics>, usize, f64)> {
-    use rand::{Rng, SeedableRng};
-    let mut rng = rand_chacha::ChaCha20Rng::seed_from_u64(2026);
-    let mut at = 0.0;
-    let mut arrivals = Vec::new();
-    loop {
-        let u: f64 = rng.random();
-        at += -(1.0 - u).ln() / rate;
-        if at >= duration_s {
-            break;
-        }
-        arrivals.push(at);
-    }
-    let t0 = Instant::now();
-    let mut refused = 0;
-    let metrics = thread::scope(|s| -> Result<Vec<Metrics>> {
-        let mut joins = Vec::new();
-        for (i, &at) in arrivals.iter().enumerate() {
-            let wait = at - t0.elapsed().as_secs_f64();
-            if wait > 0.0 {
-                thread::sleep(Duration::from_secs_f64(wait));
-            }
-            match engine.submit(request(engine, i, frames)) {
-                Ok(h) => joins.push(
-                    s.spawn(move || h.collect().map(|(_, _, m)| m).map_err(anyhow::Error::from)),
-                ),
-                Err(gstomnitts::engine::EngineError::Busy { .. }) => refused += 1,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        join_all(joins)
-    })?;
-    Ok((metrics, refused, t0.elapsed().as_secs_f64()))
-}
-
-fn open_loop_summary(rate: f64, metrics: &[Metrics], refused: usize, wall_s: f64) -> Value {
-    let ttfa: Vec<f64> = metrics.iter().filter_map(|m| m.ttfa_ms).collect();
-    let rtf: Vec<f64> = metrics.iter().map(|m| m.rtf).collect();
-    let audio_s: f64 = metrics.iter().map(|m| m.audio_ms / 1e3).sum();
-    let queue: Vec<f64> = metrics.iter().map(|m| m.queue_ms).collect();
-    let prefill: Vec<f64> = metrics.iter().map(|m| m.ar_prefill_ms).collect();
-    json!({
-        "queue_ms_p50": percentile(queue, 50.0), "prefill_ms_p50": percentile(prefill, 50.0),
-        "rate_per_s": rate, "finished": metrics.len(), "refused": refused,
-        "faster_than_real_time": rtf.iter().filter(|&&r| r > 0.0 && r < 1.0).count(),
-        "ttfa_ms_p50": percentile(ttfa.clone(), 50.0), "ttfa_ms_p95": percentile(ttfa.clone(), 95.0),
-        "ttfa_ms_p99": percentile(ttfa, 99.0),
-        "rtf_p95": percentile(rtf.clone(), 95.0), "rtf_max": percentile(rtf, 100.0),
-        "aggregate_audio_s_per_s": audio_s / wall_s, "wall_s": wall_s,
-    })
-}
-
-fn main() -> Result<()> {
-    let args = Args::parse();
-    ensure!(
-        !args.streams.is_empty() || !args.rates.is_empty(),
-        "--streams and --rates are both empty"
-    );
+/// The closed-loop runs: for each N of `counts`, N streams on one engine and, unless
+/// `--shared-only`, on N engines; prints the table, returns the JSON rows.
+fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
     let mut rows = Vec::new();
     println!(
         "{:>8} {:>3} {:>10} {:>8} {:>8} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>7}",
@@ -300,8 +339,8 @@ fn main() -> Result<()> {
         "dec ms",
         "ratio"
     );
-    for &n in &args.streams {
-        let shared = SharedEngine::unshared(load(&args, n)?);
+    for &n in counts {
+        let shared = SharedEngine::unshared(load(args, config(n, false, None))?);
         // Warm-up: one short stream (first-touch allocations, thread pools).
         run_streams(std::slice::from_ref(&shared), 1, 4)?;
         let before = shared.batch_stats()[0];
@@ -315,7 +354,7 @@ fn main() -> Result<()> {
             None
         } else {
             let engines: Vec<SharedEngine> = (0..n)
-                .map(|_| load(&args, 1).map(SharedEngine::unshared))
+                .map(|_| load(args, config(1, false, None)).map(SharedEngine::unshared))
                 .collect::<Result<_>>()?;
             run_streams(&engines[..1], 1, 4)?;
             let streams = run_streams(&engines, n, args.frames)?;
@@ -344,49 +383,140 @@ fn main() -> Result<()> {
         }
         rows.push(json!({ "n": n, "shared": s, "separate": sep, "shared_over_separate": ratio }));
     }
-    let mut open = Vec::new();
-    if !args.rates.is_empty() {
-        let shared = SharedEngine::unshared(load(&args, args.max_batch)?);
-        run_streams(std::slice::from_ref(&shared), 1, 4)?;
-        println!(
-            "{:>6} {:>8} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10} {:>10}",
-            "rate/s",
-            "finished",
-            "refused",
-            "TTFA p50",
-            "TTFA p95",
-            "TTFA p99",
-            "RTF p95",
-            "RTF max",
-            "real time",
-            "audio-s/s"
-        );
-        for &rate in &args.rates {
-            ensure!(rate > 0.0, "--rates: {rate} is not a rate");
-            let (metrics, refused, wall_s) = open_loop(&shared, rate, args.duration, args.frames)?;
-            let row = open_loop_summary(rate, &metrics, refused, wall_s);
-            let f = |k: &str| row[k].as_f64().unwrap_or(f64::NAN);
-            println!(
-                "{:>6.1} {:>8} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>8.3} {:>8.3} {:>6}/{:<3} {:>10.2}",
-                rate,
-                metrics.len(),
-                refused,
-                f("ttfa_ms_p50"),
-                f("ttfa_ms_p95"),
-                f("ttfa_ms_p99"),
-                f("rtf_p95"),
-                f("rtf_max"),
-                row["faster_than_real_time"],
-                metrics.len(),
-                f("aggregate_audio_s_per_s")
-            );
-            open.push(row);
-        }
+    Ok(rows)
+}
+
+/// Whether open-loop requests stop at their drawn length: `--fixed-length`, else off for a
+/// checkpoint with an `omnitts.json` (a trained omnitts voice) and on for any other.
+fn fixed_length(args: &Args) -> bool {
+    match args.fixed_length {
+        Some(s) => s == Switch::On,
+        None => !args.model_dir.join("omnitts.json").is_file(),
     }
+}
+
+/// The open-loop runs: every rate × seed on one engine; prints a line per run and one per rate
+/// (all its seeds), returns the JSON report of the mode.
+fn open_loop_runs(args: &Args) -> Result<Value> {
+    for &rate in &args.rates {
+        ensure!(
+            rate.is_finite() && rate > 0.0,
+            "--rates: {rate} is not a rate"
+        );
+    }
+    ensure!(!args.seeds.is_empty(), "--seeds is empty");
+    ensure!(
+        args.warmup_s >= 0.0 && args.duration > 0.0 && args.drain_s >= 0.0,
+        "--warmup-s, --duration and --drain-s must be ≥ 0 (--duration > 0)"
+    );
+    let fixed = fixed_length(args);
+    let shared = SharedEngine::unshared(load(
+        args,
+        config(args.max_batch, !fixed, args.max_waiting),
+    )?);
+    // First-touch allocations and thread pools before any timing.
+    run_streams(std::slice::from_ref(&shared), 1, 4)?;
+    let gpu = match shared.devices().0 {
+        DeviceSpec::Cuda(i) => Some(i),
+        _ => None,
+    };
+    let dec = &shared.stage_config().decoder;
+    eprintln!(
+        "open loop: {} Hz, speaker {:?}, {} decoding, length {}, chunks {} then {} frames, \
+         warm-up {} s, measured {} s, drain {} s",
+        shared.sample_rate(),
+        shared.speakers().first(),
+        if args.greedy {
+            "greedy"
+        } else {
+            "the checkpoint's"
+        },
+        if fixed {
+            "fixed (30-80 frames)"
+        } else {
+            "the checkpoint's"
+        },
+        args.initial_chunk_frames
+            .unwrap_or(dec.initial_codec_chunk_frames),
+        args.chunk_frames.unwrap_or(dec.codec_chunk_frames),
+        args.warmup_s,
+        args.duration,
+        args.drain_s
+    );
+    println!("{}", open_loop::table_header());
+    let mut per_rate = Vec::new();
+    let mut highest_clean = None;
+    for &rate in &args.rates {
+        let mut runs = Vec::new();
+        let mut per_seed = Vec::new();
+        for &seed in &args.seeds {
+            let spec = RunSpec {
+                rate,
+                seed,
+                warmup_s: args.warmup_s,
+                duration_s: args.duration,
+                drain_s: args.drain_s,
+                fixed_length: fixed,
+                greedy: args.greedy,
+                initial_chunk_frames: args.initial_chunk_frames,
+                chunk_frames: args.chunk_frames,
+            };
+            let run = open_loop::run(&shared, &spec, gpu)?;
+            let s = open_loop::summarize(std::slice::from_ref(&run));
+            println!("{}", open_loop::table_row(&s, &seed.to_string()));
+            per_seed.push(s);
+            runs.push(run);
+        }
+        let all = open_loop::summarize(&runs);
+        if args.seeds.len() > 1 {
+            println!("{}", open_loop::table_row(&all, "all"));
+        }
+        if all.clean() {
+            highest_clean = Some(highest_clean.map_or(rate, |r: f64| r.max(rate)));
+        }
+        per_rate.push(json!({ "all": all, "per_seed": per_seed }));
+    }
+    match highest_clean {
+        Some(r) => println!("highest rate without underruns, refusals or timeouts: {r}/s"),
+        None => println!("every rate had underruns, refusals or timeouts"),
+    }
+    Ok(json!({
+        "fixed_length": fixed, "greedy": args.greedy, "seeds": args.seeds,
+        "warmup_s": args.warmup_s, "duration_s": args.duration, "drain_s": args.drain_s,
+        "max_batch": args.max_batch, "max_waiting": shared.stage_config().ar.max_waiting,
+        "initial_chunk_frames": args.initial_chunk_frames
+            .unwrap_or(shared.stage_config().decoder.initial_codec_chunk_frames),
+        "chunk_frames": args.chunk_frames.unwrap_or(shared.stage_config().decoder.codec_chunk_frames),
+        "sample_rate": shared.sample_rate(),
+        "rates": per_rate, "highest_rate_without_underruns": highest_clean,
+    }))
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let counts = match &args.streams {
+        Some(c) => c.clone(),
+        None if args.rates.is_empty() => vec![1, 2, 4, 8, 16],
+        None => Vec::new(),
+    };
+    ensure!(
+        !counts.is_empty() || !args.rates.is_empty(),
+        "--streams and --rates are both empty"
+    );
+    let rows = if counts.is_empty() {
+        Vec::new()
+    } else {
+        closed_loop(&args, &counts)?
+    };
+    let open = if args.rates.is_empty() {
+        Value::Null
+    } else {
+        open_loop_runs(&args)?
+    };
     let report = json!({
         "model_dir": args.model_dir, "device": args.device, "frames": args.frames,
         "threads": std::env::var("RAYON_NUM_THREADS").ok(), "rows": rows,
-        "open_loop": open, "max_batch": args.max_batch,
+        "open_loop": open,
     });
     println!("{report}");
     if let Some(p) = &args.json {

@@ -23,10 +23,15 @@
 # with it (PARITY_ARGS, PARITY_TIMEOUT). Step "batch-parity": gpu_parity --batch-parity (batched
 # frames of 1..64 streams, graphs and eager, against solo streams, on the random 0.6B checkpoint),
 # modes BATCH_MODES (f32,bf16,sampled: all), limit BATCH_PARITY_TIMEOUT (300 s). Steps "streams" / "streams-eager" (for each size in STREAM_SIZES, e.g. "1.7b 0.6b"):
-# bench_streams on a random checkpoint of that size (made by bench_gpu --build-only), closed loop
-# STREAMS (1,4,16,64) and open loop RATES (e.g. 5,10,20,40; DURATION 30 s each; streams only),
-# FRAMES per stream, GPU memory polled with nvidia-smi; "streams-eager" with the batched frame
-# graphs off (OMNITTS_BATCH_GRAPHS=0); limit STREAMS_TIMEOUT (300 s) per run.
+# bench_streams on a random checkpoint of that size (made by bench_gpu --build-only): closed loop
+# STREAMS (1,4,16,64) with FRAMES per stream, GPU memory polled with nvidia-smi; then, in a second
+# run (streams only, when RATES is set, e.g. RATES=1,10,20,40), the open loop as the serving
+# benchmark measures it: Poisson arrivals at each rate for each of SEEDS (1), WARMUP s (10) not
+# counted, DURATION s (30) measured, DRAIN s (10) for the last requests, 30-80 frames a request;
+# OPEN_ARGS adds arguments (e.g. --greedy); e.g. RATES=1,10,20,40 SEEDS=1 WARMUP=10 DURATION=30
+# takes about 3 min, RATES=1,10,20,40 SEEDS=1,2,3 WARMUP=30 DURATION=60 about 20 min (raise
+# STREAMS_TIMEOUT and run fewer rates per call). "streams-eager" with the batched frame graphs off
+# (OMNITTS_BATCH_GRAPHS=0); limit STREAMS_TIMEOUT (300 s) per run.
 set -uo pipefail
 pack=$1
 out=$2
@@ -112,8 +117,9 @@ if has_step batch-parity; then
     echo "gpu_parity --batch-parity exit $?"
     grep -v '^{' "$out/batch-parity.log" | tail -52
 fi
-# streams NAME LIMIT_S SIZE [ENV=VALUE ...]: bench_streams on a random checkpoint of SIZE (closed
-# loop STREAMS, open loop RATES) -> OUT/NAME.{log,json}, GPU memory polled -> OUT/NAME.mem
+# streams NAME LIMIT_S SIZE [ENV=VALUE ...]: bench_streams on a random checkpoint of SIZE, closed
+# loop STREAMS -> OUT/NAME.{log,json}, GPU memory polled -> OUT/NAME.mem; with RATES also the open
+# loop -> OUT/NAME-open.{log,json} (its GPU memory is in its own table)
 streams() {
     local name=$1 limit=$2 size=$3; shift 3
     [ -d "/tmp/ckpt/$size" ] || "$bin/bench_gpu" --build-only /tmp/ckpt --sizes "$size" \
@@ -121,12 +127,17 @@ streams() {
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$out/$name.mem" &
     local smi=$!
     env "$@" timeout "$limit" "$bin/bench_streams" --model-dir "/tmp/ckpt/$size" --device "$AR_DEVICE" --shared-only \
-        --frames "$FRAMES" --streams "${STREAMS:-1,4,16,64}" ${RATES:+--rates "$RATES"} --duration "${DURATION:-30}" \
-        --json "$out/$name.json" >"$out/$name.log" 2>&1
+        --frames "$FRAMES" --streams "${STREAMS:-1,4,16,64}" --json "$out/$name.json" >"$out/$name.log" 2>&1
     echo "bench_streams ($name) exit $?"
     kill $smi 2>/dev/null
     grep -v '^{' "$out/$name.log" | tail -24
     echo "peak GPU memory (MiB): $(sort -n "$out/$name.mem" | tail -1)"
+    [ -n "${RATES:-}" ] || return 0
+    env "$@" timeout "$limit" "$bin/bench_streams" --model-dir "/tmp/ckpt/$size" --device "$AR_DEVICE" \
+        --rates "$RATES" --seeds "${SEEDS:-1}" --warmup-s "${WARMUP:-10}" --duration "${DURATION:-30}" \
+        --drain-s "${DRAIN:-10}" ${OPEN_ARGS:-} --json "$out/$name-open.json" >"$out/$name-open.log" 2>&1
+    echo "bench_streams open loop ($name) exit $?"
+    grep -v '^{' "$out/$name-open.log" | tail -40
 }
 for s in ${STREAM_SIZES:-}; do
     if has_step streams; then
