@@ -48,7 +48,16 @@ fn reference(text: &str, props: &[(&str, gst::glib::Value)]) -> Vec<f32> {
     e.set_property("max-new-tokens", MAX_TOKENS);
     e.set_property("text", text);
     for (k, val) in props {
-        e.set_property_from_value(k, val);
+        // An enum property takes its nick as a string.
+        match val.get::<&str>() {
+            Ok(nick)
+                if e.find_property(k)
+                    .is_some_and(|p| p.value_type().is_a(gst::glib::Type::ENUM)) =>
+            {
+                e.set_property_from_str(k, nick)
+            }
+            _ => e.set_property_from_value(k, val),
+        }
     }
     h.set_sink_caps_str("audio/x-raw,format=F32LE,rate=24000,channels=1,layout=interleaved");
     h.play();

@@ -129,7 +129,7 @@ fn drawing_scale(codes: &str) -> Option<u32> {
         .split('\\')
         .filter_map(|code| code.strip_prefix('p'))
         .filter_map(|n| n.trim().parse::<u32>().ok())
-        .last()
+        .next_back()
 }
 
 /// The character an entity name (between `&` and `;`) stands for.
