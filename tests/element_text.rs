@@ -290,3 +290,56 @@ fn text_without_letters_or_digits_is_refused() {
         .collect();
     assert_eq!(started, ["First one.", "Then 42."]);
 }
+
+#[test]
+fn ssml_is_stripped_and_uncovered_scripts_are_warned_once_per_text() {
+    // SSML is not interpreted: its tags are removed (not read out), with a warning naming them.
+    let (mut h, bus) = harness(&[
+        (
+            "text",
+            v("<speak>Hello<break time='1s'/>there &amp; bye.</speak>"),
+        ),
+        ("max-new-tokens", v(4u32)),
+    ]);
+    h.play();
+    pull_samples(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let texts: Vec<String> = element_messages(&msgs, messages::STARTED)
+        .iter()
+        .map(|s| s.get::<String>("text").unwrap())
+        .collect();
+    assert_eq!(texts, ["Hello there & bye."]);
+    let w = element_util::warnings(&msgs);
+    assert_eq!(w.iter().filter(|w| w.contains("SSML")).count(), 1, "{w:?}");
+    assert!(w.iter().any(|w| w.contains("<speak>, <break>")), "{w:?}");
+    // Markup alone is nothing to speak: refused, naming the text.
+    assert_names(
+        &element_util::start_error(
+            &reference_util::fixture_model("tiny-customvoice"),
+            &[("text", v("<speak><break time='1s'/></speak>"))],
+        ),
+        &["text"],
+    );
+
+    // Letters of a script none of the checkpoint's languages is written in (Arabic; the tiny
+    // fixture lists the ten released languages): one warning per text, naming the script.
+    let (mut h, bus) = harness(&[
+        ("text", v("مرحبا بالعالم. مرحبا مرة أخرى.")),
+        ("split-sentences", v("true")),
+        ("max-new-tokens", v(4u32)),
+    ]);
+    h.play();
+    pull_samples(&mut h);
+    let msgs = drain(&bus);
+    assert_eq!(element_messages(&msgs, messages::STARTED).len(), 2);
+    let w = element_util::warnings(&msgs);
+    let arabic: Vec<_> = w.iter().filter(|w| w.contains("Arabic")).collect();
+    assert_eq!(arabic.len(), 1, "{w:?}");
+    // English and Chinese are covered by the fixture: no warning.
+    let (mut h, bus) = harness(&[("text", v("Hello, 你好.")), ("max-new-tokens", v(4u32))]);
+    h.play();
+    pull_samples(&mut h);
+    let w = element_util::warnings(&drain(&bus));
+    assert!(!w.iter().any(|w| w.contains("script")), "{w:?}");
+}

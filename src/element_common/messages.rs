@@ -15,8 +15,13 @@ pub const FIRST_AUDIO: &str = "omnitts/utterance-first-audio";
 /// `error`), `error` (string, empty unless `reason` is `error`), `frames` (u64 codec frames
 /// generated), `samples` (u64 audio samples output), `audio-ms` (f64 audio generated),
 /// `ttfa-ms` (f64, -1 if none), `rtf` (f64, wall time / audio time), `wall-ms` (f64),
-/// `ar-ms-per-frame`, `decoder-ms-per-frame` (f64), `underruns` (u32, live mode), `pts`
-/// (start), `duration` (u64 ns from the first to past the last output sample).
+/// `ar-ms-per-frame`, `decoder-ms-per-frame` (f64), `underruns` (u32, live mode: silence
+/// buffers inserted in its middle because its audio was late), `wait-ms` (f64,
+/// live `omnittssrc`: the silence output at its start while its first audio was late, e.g.
+/// waiting in a shared engine's queue; 0 otherwise), `silence-samples` (u64, live `omnittssrc`:
+/// all silence inserted into it, so that `samples` + `silence-samples` samples make its
+/// `duration`; 0 otherwise), `pts` (start), `duration` (u64 ns from the first to past the last
+/// output sample).
 pub const DONE: &str = "omnitts/utterance-done";
 
 fn element_message(src: &gst::Element, s: gst::Structure) -> gst::Message {
@@ -69,6 +74,10 @@ pub(crate) struct UtteranceDone {
     pub samples: u64,
     /// Live mode: silence buffers inserted because audio was late.
     pub underruns: u32,
+    /// Live `omnittssrc`: silence samples output at its start, before its first audio.
+    pub wait_samples: u64,
+    /// Live `omnittssrc`: silence samples inserted in all (its start and its middle).
+    pub silence_samples: u64,
     /// PTS of its first sample.
     pub pts: gst::ClockTime,
     /// From its first sample to past its last.
@@ -99,6 +108,11 @@ impl UtteranceDone {
                 .field("ar-ms-per-frame", m.ar_ms_per_frame)
                 .field("decoder-ms-per-frame", m.decoder_ms_per_frame)
                 .field("underruns", self.underruns)
+                .field(
+                    "wait-ms",
+                    self.wait_samples as f64 * 1000.0 / super::audio::RATE as f64,
+                )
+                .field("silence-samples", self.silence_samples)
                 .field("pts", self.pts.nseconds())
                 .field("duration", self.duration.nseconds())
                 .build(),
@@ -182,6 +196,8 @@ mod tests {
             },
             samples: 29 * 1920,
             underruns: 0,
+            wait_samples: 0,
+            silence_samples: 0,
             pts: gst::ClockTime::ZERO,
             duration: gst::ClockTime::ZERO,
         }

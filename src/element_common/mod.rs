@@ -23,6 +23,10 @@
 //! - [`audio`]: the output caps, the sample ↔ time mapping and the output buffers;
 //! - [`messages`], [`progress`]: the bus messages per utterance and around model loading;
 //! - [`input_error`]: how a rejected property value is reported;
+//! - [`sentences`], [`split_policy`]: the `split-sentences` property: where a text splits into
+//!   sentences, and when;
+//! - [`text_checks`]: markup the elements do not interpret (SSML) removed, and text in a script
+//!   the checkpoint's languages do not cover, each with a warning;
 //! - [`server`], [`server_load`], [`server_request`]: the same through a speech server
 //!   ([`crate::remote`]) instead of a local engine: its properties, the probe at start, settings +
 //!   text → speech request;
@@ -40,9 +44,12 @@ pub(crate) mod progress;
 pub(crate) mod properties;
 pub mod ref_audio;
 pub(crate) mod request;
+pub(crate) mod sentences;
 pub(crate) mod server;
 pub(crate) mod server_load;
 pub(crate) mod server_request;
 pub(crate) mod settings;
+pub(crate) mod split_policy;
+pub(crate) mod text_checks;
 pub(crate) mod voice_clone;
 pub(crate) mod voice_warnings;

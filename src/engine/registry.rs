@@ -6,6 +6,11 @@
 //! is dropped. Memory for N users is then one model plus N streams' state (KV caches, decoder
 //! state), and stage 0 batches all their requests in each step (see `stage0.rs`).
 //!
+//! When the last share of an engine goes, the engine is dropped and the allocator is asked to hand
+//! the freed memory back to the system ([`trim_allocator`]): every load and every stream runs on
+//! threads of its own, which glibc serves from per-thread malloc arenas whose freed pages would
+//! otherwise stay resident (2-8 MB per PLAYING ↔ NULL cycle of a dozen elements, never returned).
+//!
 //! Two users load the same engine once even when they start at the same moment: the second waits
 //! for the first one's load and then joins it. Loads of different keys run in parallel.
 
@@ -59,8 +64,43 @@ static SLOTS: Mutex<Vec<Arc<Slot>>> = Mutex::new(Vec::new());
 /// engine drops the engine (which cancels whatever is still running on it and joins its threads), so
 /// a user should cancel its own requests before letting go.
 pub struct SharedEngine {
+    // Dropped before `_trim` (fields drop in order), which then sees whether it was the last.
     engine: Arc<Engine>,
     loaded: bool,
+    _trim: TrimWhenReleased,
+}
+
+/// Trims the allocator once the engine it watches is gone (the last share's drop).
+struct TrimWhenReleased(Weak<Engine>);
+
+impl Drop for TrimWhenReleased {
+    fn drop(&mut self) {
+        if self.0.strong_count() == 0 {
+            trim_allocator();
+        }
+    }
+}
+
+/// Hands the allocator's free memory back to the system: glibc's `malloc_trim(0)`, which releases
+/// the free pages of every malloc arena (the main one and the per-thread ones), not only the top
+/// of the heap. A no-op with other C libraries.
+pub fn trim_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists under its locks.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+impl SharedEngine {
+    fn new(engine: Arc<Engine>, loaded: bool) -> SharedEngine {
+        let trim = TrimWhenReleased(Arc::downgrade(&engine));
+        SharedEngine {
+            engine,
+            loaded,
+            _trim: trim,
+        }
+    }
 }
 
 impl std::fmt::Debug for SharedEngine {
@@ -84,10 +124,7 @@ impl std::ops::Deref for SharedEngine {
 impl SharedEngine {
     /// An engine of its own, outside the registry (nobody else can join it).
     pub fn unshared(engine: Engine) -> SharedEngine {
-        SharedEngine {
-            engine: Arc::new(engine),
-            loaded: true,
-        }
+        SharedEngine::new(Arc::new(engine), true)
     }
 
     /// Whether this share loaded the engine (`false`: it joined one that was already loaded).
@@ -133,15 +170,9 @@ pub fn acquire(opts: EngineOptions) -> Result<SharedEngine, EngineError> {
     };
     let mut engine = lock(&slot.engine);
     if let Some(e) = engine.upgrade() {
-        return Ok(SharedEngine {
-            engine: e,
-            loaded: false,
-        });
+        return Ok(SharedEngine::new(e, false));
     }
     let e = Arc::new(Engine::load(opts)?);
     *engine = Arc::downgrade(&e);
-    Ok(SharedEngine {
-        engine: e,
-        loaded: true,
-    })
+    Ok(SharedEngine::new(e, true))
 }

@@ -22,6 +22,8 @@ use crate::element_common::properties::{
 use crate::element_common::request::ModelInfo;
 use crate::element_common::server::{ServerSettings, server_param_specs};
 use crate::element_common::settings::SynthesisSettings;
+use crate::element_common::split_policy::{AutoSplit, SplitSentences, split_sentences_param_spec};
+use crate::element_common::text_checks::{language_warning, markup_warning, strip_markup_tags};
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::element_common::{messages, progress};
 use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
@@ -29,8 +31,6 @@ use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak, unspe
 use super::CAT;
 use super::output::{Notice, Output, Step};
 use super::runtime::{self, Shared};
-use super::sentences::split_sentences;
-use super::split_policy::{AutoSplit, SplitSentences};
 
 /// 20 ms at 24 kHz: fine-grained live pacing, one Opus frame.
 const DEFAULT_SAMPLES_PER_BUFFER: u32 = 480;
@@ -67,16 +67,7 @@ impl Settings {
     /// The utterances one text becomes: one a sentence when `split-sentences` splits it (`auto`:
     /// when it is longer than the loaded checkpoint's threshold), else the text.
     fn utterance_texts(&self, text: &str, auto: AutoSplit) -> Vec<String> {
-        let pieces = if auto.splits(self.split_sentences, text) {
-            split_sentences(text)
-        } else {
-            Vec::new()
-        };
-        if pieces.is_empty() {
-            vec![text.to_string()]
-        } else {
-            pieces
-        }
+        auto.pieces(self.split_sentences, text)
     }
 }
 
@@ -154,6 +145,30 @@ impl OmniTtsSrc {
         }
     }
 
+    /// `text` without the markup the element does not interpret (SSML), with a warning when
+    /// there was some (see [`strip_markup_tags`]).
+    fn plain_text(&self, text: &str) -> String {
+        match strip_markup_tags(text) {
+            Some((plain, names)) => {
+                gst::element_imp_warning!(
+                    self,
+                    gst::StreamError::Format,
+                    ("{}", markup_warning(text, &names))
+                );
+                plain
+            }
+            None => text.to_string(),
+        }
+    }
+
+    /// Warns (once per text) when `text` has letters of a script the checkpoint's languages do
+    /// not cover.
+    fn warn_language(&self, text: &str, info: &ModelInfo) {
+        if let Some(w) = language_warning(text, &info.languages) {
+            gst::element_imp_warning!(self, gst::StreamError::Format, ("{}", w));
+        }
+    }
+
     /// Queues `text` as an utterance (the `push-text` action and `text` set while running).
     /// Returns false when the text is refused, with an element error that names the property
     /// and value: at once before start, and while running in stream order, after the audio of
@@ -162,6 +177,7 @@ impl OmniTtsSrc {
     /// this returns).
     fn push_text(&self, text: &str) -> bool {
         let settings = self.settings();
+        let text = &self.plain_text(text);
         let mut state = lock(&self.state);
         let Some(rt) = state.runtime.as_ref() else {
             if let Some(why) = unspeakable(text) {
@@ -199,6 +215,7 @@ impl OmniTtsSrc {
         };
         if accepted {
             self.warn_voice(&warned, &settings.synthesis, &info);
+            self.warn_language(text, &info);
         }
         let mut inner = shared.lock();
         if inner.ended() {
@@ -288,11 +305,17 @@ impl OmniTtsSrc {
                      silence; synthesis is slower than real time or the chunks are too large \
                      for the latency"
                 ),
-                Notice::LateFirstAudio { id, latency } => gst::warning!(
-                    CAT,
-                    imp = self,
-                    "utterance {id}: first audio later than the latency ({latency}), speech \
-                     starts late"
+                Notice::LateFirstAudio { id, latency } => gst::element_imp_warning!(
+                    self,
+                    gst::StreamError::Failed,
+                    (
+                        "utterance {}: no audio at its start plus the latency ({} ms): it waits \
+                         in the engine's queue behind other requests or its first chunk is \
+                         slower than the latency; silence until its audio comes (counted in its \
+                         done message's underruns, wait-ms and silence-samples)",
+                        id,
+                        latency.mseconds()
+                    )
                 ),
             }
         }
@@ -311,24 +334,10 @@ impl ObjectImpl for OmniTtsSrc {
                     )
                     .mutable_playing()
                     .build(),
-                glib::ParamSpecEnum::builder_with_default(
-                    "split-sentences",
-                    SplitSentences::default(),
-                )
-                .nick("Split sentences")
-                .blurb(
-                    "Speak each sentence of a text as its own utterance, queued back to back \
-                     (blank lines, and Unicode sentence boundaries within a paragraph; a single \
-                     line break is a space; titles such as Mr. and initials kept inside a \
-                     sentence), each with its own utterance messages: true for every text, \
-                     false for none, auto for texts longer than the checkpoint speaks well as \
-                     one utterance (its omnitts.json split_sentences_above_chars: 100 \
-                     characters for the bundled voice; else a quarter of the default \
-                     max-new-tokens frames, 1024 characters with the built-in stage config). \
-                     Applies to text queued after it is set",
-                )
-                .mutable_playing()
-                .build(),
+                split_sentences_param_spec(
+                    "its own utterance, queued back to back, each with its own utterance \
+                     messages",
+                ),
             ];
             props.extend(synthesis_param_specs());
             props.extend(server_param_specs());
@@ -497,6 +506,13 @@ impl ElementImpl for OmniTtsSrc {
         if transition == gst::StateChange::ReadyToPaused {
             let live = lock(&self.settings).is_live;
             self.obj().set_live(live);
+            // Load here, not in BaseSrc's start(): when a subclass's start() fails, BaseSrc posts
+            // a generic error ("state change failed and some element failed to post a proper
+            // error message") after ours. Failing here posts only the clear one.
+            if let Err(e) = self.start_runtime() {
+                self.post_error_message(e);
+                return Err(gst::StateChangeError);
+            }
         }
         // Live: how far the running time moves while paused (see Output::resume).
         if matches!(
@@ -511,7 +527,12 @@ impl ElementImpl for OmniTtsSrc {
                 _ => inner.resume(now),
             }
         }
-        self.parent_change_state(transition)
+        let ret = self.parent_change_state(transition);
+        if ret.is_err() && transition == gst::StateChange::ReadyToPaused {
+            // BaseSrc did not start (so will not stop): let go of what start_runtime() made.
+            let _ = BaseSrcImpl::stop(self);
+        }
+        ret
     }
 
     fn send_event(&self, event: gst::Event) -> bool {
@@ -542,10 +563,15 @@ impl OmniTtsSrc {
     }
 }
 
-impl BaseSrcImpl for OmniTtsSrc {
-    fn start(&self) -> Result<(), gst::ErrorMessage> {
+impl OmniTtsSrc {
+    /// Loads the model (or connects to the server), checks the text queued before start and
+    /// starts the worker: the element's start, run from `change_state` (READY→PAUSED).
+    fn start_runtime(&self) -> Result<(), gst::ErrorMessage> {
         let settings = self.settings();
-        let (live, initial) = (settings.is_live, settings.text.clone());
+        let (live, initial) = (
+            settings.is_live,
+            settings.text.as_deref().map(|t| self.plain_text(t)),
+        );
         let early = std::mem::take(&mut lock(&self.state).early_texts);
         let has_text =
             initial.as_deref().is_some_and(|t| !nothing_to_speak(t)) || !early.is_empty();
@@ -604,15 +630,15 @@ impl BaseSrcImpl for OmniTtsSrc {
         }
         texts.extend(early);
         let warned = Arc::new(WarnOnce::default());
-        for text in texts
-            .iter()
-            .flat_map(|t| settings.utterance_texts(t, auto_split))
-        {
-            let request = requests
-                .checked(&settings.synthesis, &info, &text)
-                .map_err(|e| e.to_error_msg())?;
-            self.warn_voice(&warned, &settings.synthesis, &info);
-            shared.lock().queue(text, Ok(request), 0);
+        for t in &texts {
+            for text in settings.utterance_texts(t, auto_split) {
+                let request = requests
+                    .checked(&settings.synthesis, &info, &text)
+                    .map_err(|e| e.to_error_msg())?;
+                self.warn_voice(&warned, &settings.synthesis, &info);
+                shared.lock().queue(text, Ok(request), 0);
+            }
+            self.warn_language(t, &info);
         }
         let worker =
             runtime::spawn_worker(backend, shared.clone(), element.downgrade()).map_err(|e| {
@@ -666,6 +692,17 @@ impl BaseSrcImpl for OmniTtsSrc {
             let _ = element.post_message(gst::message::Latency::builder().src(&element).build());
         }
         Ok(())
+    }
+}
+
+impl BaseSrcImpl for OmniTtsSrc {
+    /// The work is done by [`OmniTtsSrc::start_runtime`] in `change_state` (READY→PAUSED),
+    /// before BaseSrc starts; this only covers a start without that state change.
+    fn start(&self) -> Result<(), gst::ErrorMessage> {
+        if lock(&self.state).runtime.is_some() {
+            return Ok(());
+        }
+        self.start_runtime()
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {

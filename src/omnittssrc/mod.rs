@@ -10,8 +10,9 @@
 //!
 //! Per utterance it posts element messages (see [`messages`](crate::element_common::messages)): started, first audio (TTFA), and
 //! done (finish reason, frames, audio ms, RTF). With `split-sentences` every sentence of a text
-//! (Unicode sentence boundaries, `sentences.rs`) is an utterance of its own: by default (`auto`)
-//! for texts longer than the checkpoint speaks well as one utterance (`split_policy.rs`).
+//! (Unicode sentence boundaries, `element_common/sentences.rs`) is an utterance of its own: by
+//! default (`auto`) for texts longer than the checkpoint speaks well as one utterance
+//! (`element_common/split_policy.rs`, shared with `omnittssynth`).
 //!
 //! Base checkpoints clone the voice of a reference recording (`ref-audio`, read by
 //! [`ref_audio`](crate::element_common::ref_audio); `ref-text` for ICL, or `x-vector-only`),
@@ -20,8 +21,7 @@
 //! The properties, request building, model loading and messages it shares with the other
 //! omnitts elements are in [`element_common`](crate::element_common); here: `imp.rs` (the
 //! GObject glue, `create()`), `output.rs` (what each `create()` returns), `runtime.rs` (the text
-//! queue and the worker thread), `sentences.rs` and `split_policy.rs` (`split-sentences`: where a
-//! text splits, and when).
+//! queue and the worker thread).
 //!
 //! ```text
 //! gst-launch-1.0 omnittssrc model=tests/fixtures/tiny-customvoice text="Hello." ! audioconvert ! wavenc ! filesink location=out.wav
@@ -34,8 +34,6 @@ use std::sync::LazyLock;
 mod imp;
 mod output;
 mod runtime;
-mod sentences;
-mod split_policy;
 
 /// Debug category `omnittssrc` (`GST_DEBUG=omnittssrc:5`).
 pub(crate) static CAT: LazyLock<gst::DebugCategory> = LazyLock::new(|| {

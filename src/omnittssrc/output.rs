@@ -13,7 +13,11 @@
 //! one's that plus its sample position × 10⁹ / 24000, so the timeline counts samples exactly; a
 //! buffer is returned once the running time reaches its PTS. Between utterances, and before an
 //! utterance whose text arrived at a later running time, GAP silence; an utterance whose audio is
-//! late (past the buffer's PTS plus the latency) gets silence too, counted as underruns. After
+//! late (past the buffer's PTS plus the latency) gets silence too: at its start (it waits in the
+//! engine's queue behind other requests, or its first chunk is slow: the wait, reported in its
+//! done message and warned once) or in its middle (underruns). An utterance's done
+//! message spans its audio and the silence inserted into it (`samples` + `silence-samples`
+//! samples from `pts`). After
 //! PAUSED → PLAYING the timeline goes on where it stopped (the running time stood still); if the
 //! running time moved on meanwhile (a pipeline without a start time, a clock jump), the timeline
 //! jumps to it and that buffer is DISCONT.
@@ -100,7 +104,8 @@ pub(super) enum Notice {
         pos: u64,
         count: u32,
     },
-    /// Live: the utterance's first audio came later than the latency; speech starts late.
+    /// Live: the utterance's first audio came later than the latency; speech starts late, after
+    /// silence (once per utterance, at the first silence buffer).
     LateFirstAudio {
         id: u64,
         latency: gst::ClockTime,
@@ -116,8 +121,12 @@ struct Current {
     start: u64,
     /// Audio samples output so far (silence not counted).
     samples_out: u64,
-    /// Live mode: silence buffers inserted because audio was late.
+    /// Live mode: silence buffers inserted in its middle because audio was late.
     underruns: u32,
+    /// Live mode: samples of silence inserted before its first audio (the wait).
+    wait_samples: u64,
+    /// Live mode: samples of silence inserted in all (the wait and the underruns).
+    silence_samples: u64,
     /// The engine's time to first audio, once reported.
     ttfa_ms: Option<f64>,
     /// When the output reached its start (for the done message of a cancelled utterance, whose
@@ -133,6 +142,8 @@ impl Current {
             start,
             samples_out: 0,
             underruns: 0,
+            wait_samples: 0,
+            silence_samples: 0,
             ttfa_ms: None,
             since: Instant::now(),
         }
@@ -294,6 +305,8 @@ impl Output {
             metrics,
             samples: cur.samples_out,
             underruns: cur.underruns,
+            wait_samples: cur.wait_samples,
+            silence_samples: cur.silence_samples,
             pts,
             duration: self.pts(self.n).saturating_sub(pts),
         }
@@ -437,9 +450,10 @@ impl Output {
                 until: Some(deadline),
             };
         }
-        // Audio is late: keep the clock going with silence.
+        // Audio is late: keep the clock going with silence, counted in the utterance.
         let latency = live.latency;
         if let Some(cur) = self.current.as_mut() {
+            cur.silence_samples += spb;
             if cur.samples_out > 0 {
                 cur.underruns += 1;
                 notices.push(Notice::Underrun {
@@ -447,11 +461,14 @@ impl Output {
                     pos: n,
                     count: cur.underruns,
                 });
-            } else if n == cur.start {
-                notices.push(Notice::LateFirstAudio {
-                    id: cur.id,
-                    latency,
-                });
+            } else {
+                if cur.wait_samples == 0 {
+                    notices.push(Notice::LateFirstAudio {
+                        id: cur.id,
+                        latency,
+                    });
+                }
+                cur.wait_samples += spb;
             }
         }
         self.emit(Samples::Silence(spb as usize))
@@ -762,8 +779,52 @@ mod tests {
         let [Notice::Done(d)] = &notices[..] else {
             panic!("{notices:?}");
         };
+        // The late start is the wait, the gap in the middle an underrun.
         assert_eq!((d.samples, d.underruns), (480, 1));
+        assert_eq!((d.wait_samples, d.silence_samples), (480, 960));
         assert_eq!((d.pts, d.duration), (r0, pts_of(1440)));
+    }
+
+    #[test]
+    fn live_wait_in_the_engine_queue_is_counted_warned_once_and_spans_the_done_message() {
+        // An utterance queued behind other requests of a shared engine: no audio for 5 buffers
+        // past its deadline. Silence keeps the clock; the wait is counted and warned once, and
+        // the done message's samples + silence-samples make its duration.
+        let latency = ms(80);
+        let mut out = Output::new(480, Some(latency), 10_000);
+        let mut notices = Vec::new();
+        let r0 = ms(10);
+        out.push(started(1, 0));
+        assert!(matches!(
+            out.next(&BUSY, r0, &mut notices),
+            Step::Wait { .. }
+        ));
+        let mut late = 0;
+        for i in 0..5u64 {
+            let b = buffer(out.next(&BUSY, r0 + pts_of(480 * i) + latency, &mut notices));
+            assert_eq!(b.samples, Samples::Silence(480));
+            late += notices
+                .iter()
+                .filter(|n| matches!(n, Notice::LateFirstAudio { id: 1, .. }))
+                .count();
+            notices.clear();
+        }
+        assert_eq!(late, 1, "the wait is warned once");
+        out.push(audio(960));
+        out.push(done(1));
+        let now = r0 + pts_of(480 * 7);
+        buffer(out.next(&BUSY, now, &mut notices));
+        buffer(out.next(&BUSY, now, &mut notices));
+        notices.clear();
+        buffer(out.next(&IDLE, now, &mut notices));
+        let [Notice::Done(d)] = &notices[..] else {
+            panic!("{notices:?}");
+        };
+        assert_eq!(d.samples, 960);
+        assert_eq!(d.underruns, 0);
+        assert_eq!((d.wait_samples, d.silence_samples), (2400, 2400));
+        assert_eq!(d.pts, r0);
+        assert_eq!(d.duration, pts_of(d.samples + d.silence_samples));
     }
 
     #[test]

@@ -18,6 +18,8 @@ use crate::element_common::properties::{
 };
 use crate::element_common::request::{ModelInfo, build_request};
 use crate::element_common::settings::SynthesisSettings;
+use crate::element_common::split_policy::{AutoSplit, SplitSentences, split_sentences_param_spec};
+use crate::element_common::text_checks::{language_warning, markup_warning, strip_markup_tags};
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::engine::SharedEngine;
 use crate::models::qwen3_tts::prompt::unspeakable;
@@ -45,6 +47,7 @@ struct Settings {
     max_compression: f64,
     latency_ms: u32,
     speaker_map: Option<gst::Structure>,
+    split_sentences: SplitSentences,
 }
 
 impl Default for Settings {
@@ -55,6 +58,7 @@ impl Default for Settings {
             max_compression: compress::DEFAULT_FACTOR,
             latency_ms: DEFAULT_LATENCY_MS,
             speaker_map: None,
+            split_sentences: SplitSentences::default(),
         }
     }
 }
@@ -66,6 +70,8 @@ struct Runtime {
     speaker_map: SpeakerMap,
     workers: Vec<std::thread::JoinHandle<()>>,
     policy: Overflow,
+    /// When `split-sentences=auto` splits a cue, for the loaded checkpoint.
+    auto_split: AutoSplit,
     /// The voice warnings posted since start (omnittssrc's: `instruct` ignored or missing).
     warned: WarnOnce,
 }
@@ -190,6 +196,10 @@ impl OmniTtsSynth {
                 input_error("speaker-map", label, format!("{voice}: {e}")).to_error_msg()
             })?;
         }
+        let auto_split = AutoSplit::for_checkpoint(&info.dir, info.base_sampling.max_new_tokens)
+            .map_err(|e| {
+                gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
+            })?;
         let policy = settings.overflow;
         *self.shared.lock() = Inner::new(policy);
         let workers = spawn_workers(engine.clone(), cloner, self.shared.clone()).map_err(|e| {
@@ -217,6 +227,7 @@ impl OmniTtsSynth {
             speaker_map,
             workers,
             policy,
+            auto_split,
             warned: WarnOnce::default(),
         });
         progress::post_complete(&element, "load", &ready);
@@ -508,9 +519,13 @@ impl OmniTtsSynth {
             Ok(t) if unspeakable(t).is_some() => return Ok((CueKind::Silent, None)),
             Ok(t) => t,
         };
-        let (settings, max_compression) = {
+        let (settings, max_compression, split) = {
             let s = lock(&self.settings);
-            (voice.apply(&s.synthesis), s.max_compression)
+            (
+                voice.apply(&s.synthesis),
+                s.max_compression,
+                s.split_sentences,
+            )
         };
         let rt = lock(&self.runtime);
         let Some(rt) = rt.as_ref() else {
@@ -525,23 +540,39 @@ impl OmniTtsSynth {
         for w in rt.warned.new_warnings(&settings, &rt.info) {
             gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
         }
-        Ok(match build_request(&settings, &rt.info, text) {
-            Ok((mut request, clone)) => {
-                if live && settings.chunk_frames == 0 {
-                    // Live: later chunks as small as the first, so audio keeps pace.
-                    request.chunk_frames = Some(rt.info.first_chunk_frames);
+        if let Some(w) = language_warning(text, &rt.info.languages) {
+            gst::element_imp_warning!(self, gst::StreamError::Format, ("cue {}: {}", id, w));
+        }
+        // A long cue is spoken sentence by sentence (`split-sentences`), back to back, as that
+        // cue's audio.
+        let mut requests = Vec::new();
+        let mut clone = None;
+        for piece in rt.auto_split.pieces(split, text) {
+            match build_request(&settings, &rt.info, &piece) {
+                Ok((mut request, c)) => {
+                    if live && settings.chunk_frames == 0 {
+                        // Live: later chunks as small as the first, so audio keeps pace.
+                        request.chunk_frames = Some(rt.info.first_chunk_frames);
+                    }
+                    requests.push(request);
+                    clone = c;
                 }
-                let job = Job {
-                    id,
-                    epoch: 0,
-                    request,
-                    clone,
-                    squeeze,
-                };
-                (CueKind::Speech, Some(job))
+                Err(e) => {
+                    return Ok((CueKind::Refused(format!("cue {id} (PTS {at}): {e}")), None));
+                }
             }
-            Err(e) => (CueKind::Refused(format!("cue {id} (PTS {at}): {e}")), None),
-        })
+        }
+        if requests.len() > 1 {
+            gst::debug!(CAT, imp = self, "cue {id}: {} sentences", requests.len());
+        }
+        let job = Job {
+            id,
+            epoch: 0,
+            requests,
+            clone,
+            squeeze,
+        };
+        Ok((CueKind::Speech, Some(job)))
     }
 
     fn sink_chain(
@@ -574,6 +605,19 @@ impl OmniTtsSynth {
             Ok(map) => cue_text(map.as_slice(), format),
             Err(_) => Err("the buffer could not be read".to_string()),
         };
+        // Plain text with markup the element does not interpret (SSML): the tags go, with a
+        // warning (pango markup is stripped by cue_text, as its caps say).
+        let text = text.map(|t| match strip_markup_tags(&t) {
+            Some((plain, names)) if format == TextFormat::Utf8 => {
+                gst::element_imp_warning!(
+                    self,
+                    gst::StreamError::Format,
+                    ("cue {}: {}", id, markup_warning(&t, &names))
+                );
+                plain.split_whitespace().collect::<Vec<_>>().join(" ")
+            }
+            _ => t,
+        });
         let slot = buffer.duration().map(pos_of);
         let (kind, job) = self.cue_kind(id, &text, buffer.pts(), slot, &voice, live)?;
         let mut inner = self.shared.lock();
@@ -801,6 +845,10 @@ impl ObjectImpl for OmniTtsSynth {
                     )
                     .mutable_ready()
                     .build(),
+                split_sentences_param_spec(
+                    "a synthesis of its own, the sentences of one cue spoken back to back as \
+                     that cue's audio (within its slot and overflow policy, one cue message)",
+                ),
             ]);
             props.extend(model_info_param_specs());
             props
@@ -821,6 +869,7 @@ impl ObjectImpl for OmniTtsSynth {
             "max-compression" => s.max_compression = value.get().expect("type checked upstream"),
             "latency" => s.latency_ms = value.get().expect("type checked upstream"),
             "speaker-map" => s.speaker_map = value.get().expect("type checked upstream"),
+            "split-sentences" => s.split_sentences = value.get().expect("type checked upstream"),
             other => {
                 if !s.synthesis.set_property(other, value) {
                     gst::warning!(CAT, imp = self, "unknown property {other}");
@@ -836,6 +885,7 @@ impl ObjectImpl for OmniTtsSynth {
             "max-compression" => s.max_compression.to_value(),
             "latency" => s.latency_ms.to_value(),
             "speaker-map" => s.speaker_map.to_value(),
+            "split-sentences" => s.split_sentences.to_value(),
             other => {
                 if let Some(v) = s.synthesis.property(other) {
                     return v;

@@ -308,6 +308,8 @@ impl Output {
                             metrics,
                             samples: report.output,
                             underruns: report.late,
+                            wait_samples: 0,
+                            silence_samples: 0,
                             pts: start + pts_of(first),
                             duration: pts_of(report.end) - pts_of(first),
                         };

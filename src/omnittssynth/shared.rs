@@ -30,7 +30,8 @@ pub(super) struct Job {
     pub id: u64,
     /// The [`Inner::epoch`] it was queued in (a flush makes it stale).
     pub epoch: u64,
-    pub request: EngineRequest,
+    /// One request per piece of the cue (`split-sentences`), spoken back to back; at least one.
+    pub requests: Vec<EngineRequest>,
     /// Base checkpoints: the reference voice, turned into the request's prompt by the worker.
     pub clone: Option<CloneSpec>,
     /// `overflow=compress` and a slot: the worker compresses the whole speech into it.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::element_common::audio::RATE;
 use crate::element_common::voice_clone::VoiceCloner;
-use crate::engine::{Engine, EngineEvent, FinishReason, Metrics, SharedEngine};
+use crate::engine::{Engine, EngineEvent, EngineRequest, FinishReason, Metrics, SharedEngine};
 
 use super::CAT;
 use super::compress::{Squeeze, compress};
@@ -112,46 +112,142 @@ fn finish(shared: &Shared, id: u64, epoch: u64, reason: FinishReason, metrics: M
     shared.cond.notify_all();
 }
 
-/// Runs one cue's request to its end.
+/// Runs one cue's requests (its sentences) to their end, back to back, as that cue's audio; the
+/// cue ends with the first request that does not end by the model's EOS, length or guard
+/// (cancelled, clipped, an error), and reports the other requests' figures added up. With
+/// `overflow=compress` the speech is held until it is whole, then compressed into the slot.
 fn synthesise(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared, job: Job) {
     let Job {
         id,
         epoch,
-        mut request,
+        requests,
         clone,
         squeeze,
     } = job;
     // overflow=compress: the speech is held here until it is whole, then compressed.
     let mut held: Vec<f32> = Vec::new();
+    let prompt = match &clone {
+        Some(spec) => match cloner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .prompt(engine, spec)
+        {
+            Ok(p) => Some(p),
+            Err(e) => {
+                return finish(
+                    shared,
+                    id,
+                    epoch,
+                    FinishReason::Error(e.to_string()),
+                    Metrics::default(),
+                );
+            }
+        },
+        None => None,
+    };
+    let pieces = requests.len();
+    let mut total: Option<(FinishReason, Metrics)> = None;
+    for (i, mut request) in requests.into_iter().enumerate() {
+        if prompt.is_some() {
+            request.voice.voice_clone = prompt.clone();
+        }
+        let Some((reason, metrics)) =
+            synthesise_one(engine, shared, id, epoch, request, i, squeeze, &mut held)
+        else {
+            // Flushed or stopped: nothing to report.
+            return;
+        };
+        gst::debug!(
+            CAT,
+            "cue {id}: sentence {}/{pieces} finished ({reason}), {} frames",
+            i + 1,
+            metrics.frames
+        );
+        let go_on = matches!(
+            reason,
+            FinishReason::Eos | FinishReason::Length | FinishReason::Guard
+        );
+        total = Some(match total {
+            None => (reason, metrics),
+            Some((before, sum)) => {
+                // The first limit reached (length, guard) stays the cue's reason unless a later
+                // sentence ends it otherwise.
+                let reason = match (&before, &reason) {
+                    (FinishReason::Eos, _) => reason,
+                    (_, FinishReason::Eos | FinishReason::Length | FinishReason::Guard) => before,
+                    _ => reason,
+                };
+                (reason, add_metrics(&sum, &metrics))
+            }
+        });
+        if !go_on {
+            break;
+        }
+    }
+    let (reason, metrics) = total.unwrap_or((FinishReason::Eos, Metrics::default()));
+    release(shared, id, epoch, squeeze, held);
+    gst::debug!(
+        CAT,
+        "cue {id}: finished ({reason}), {} frames",
+        metrics.frames
+    );
+    finish(shared, id, epoch, reason, metrics)
+}
+
+/// The figures of two requests spoken one after the other: frames, audio and wall time added,
+/// the first's time to first audio, per-frame times weighted by frames, RTF over the whole.
+fn add_metrics(a: &Metrics, b: &Metrics) -> Metrics {
+    let frames = a.frames + b.frames;
+    let weighted = |x: f64, y: f64| {
+        if frames == 0 {
+            0.0
+        } else {
+            (x * a.frames as f64 + y * b.frames as f64) / frames as f64
+        }
+    };
+    let audio_ms = a.audio_ms + b.audio_ms;
+    let busy_ms = a.rtf * a.audio_ms + b.rtf * b.audio_ms;
+    Metrics {
+        frames,
+        audio_ms,
+        ttfa_ms: a.ttfa_ms.or(b.ttfa_ms),
+        ar_ms_per_frame: weighted(a.ar_ms_per_frame, b.ar_ms_per_frame),
+        decoder_ms_per_frame: weighted(a.decoder_ms_per_frame, b.decoder_ms_per_frame),
+        rtf: if audio_ms > 0.0 {
+            busy_ms / audio_ms
+        } else {
+            0.0
+        },
+        wall_ms: a.wall_ms + b.wall_ms,
+        queue_ms: a.queue_ms + b.queue_ms,
+        ar_prefill_ms: a.ar_prefill_ms + b.ar_prefill_ms,
+    }
+}
+
+/// Runs request `index` of cue `id` to its end, its audio into the cue (with `squeeze`, into
+/// `held` instead): its finish reason and figures, or `None` when the cue was flushed or the
+/// element stopped meanwhile (the request is cancelled by dropping its handle).
+#[allow(clippy::too_many_arguments)]
+fn synthesise_one(
+    engine: &Engine,
+    shared: &Shared,
+    id: u64,
+    epoch: u64,
+    request: EngineRequest,
+    index: usize,
+    squeeze: Option<Squeeze>,
+    held: &mut Vec<f32>,
+) -> Option<(FinishReason, Metrics)> {
     gst::debug!(CAT, "cue {id}: submitting {:?}", request.voice.text);
-    let submitted = (|| {
-        if let Some(spec) = &clone {
-            let prompt = cloner
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .prompt(engine, spec)
-                .map_err(|e| e.to_string())?;
-            request.voice.voice_clone = Some(prompt);
-        }
-        engine.submit(request).map_err(|e| e.to_string())
-    })();
-    let handle = match submitted {
+    let handle = match engine.submit(request) {
         Ok(h) => h,
-        Err(e) => {
-            return finish(
-                shared,
-                id,
-                epoch,
-                FinishReason::Error(e),
-                Metrics::default(),
-            );
-        }
+        Err(e) => return Some((FinishReason::Error(e.to_string()), Metrics::default())),
     };
     {
         let mut inner = shared.lock();
         if inner.epoch != epoch || inner.shutdown {
             // Flushed meanwhile: dropping the handle cancels the request.
-            return;
+            return None;
         }
         inner.cancellers.insert(id, handle.canceller());
     }
@@ -161,20 +257,13 @@ fn synthesise(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared, job
             Err(RecvTimeoutError::Timeout) => {
                 let inner = shared.lock();
                 if inner.epoch != epoch || inner.shutdown {
-                    return;
+                    return None;
                 }
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => {
                 let e = "the engine stopped without finishing the cue".to_string();
-                release(shared, id, epoch, squeeze, std::mem::take(&mut held));
-                return finish(
-                    shared,
-                    id,
-                    epoch,
-                    FinishReason::Error(e),
-                    Metrics::default(),
-                );
+                return Some((FinishReason::Error(e), Metrics::default()));
             }
         };
         match ev {
@@ -182,7 +271,7 @@ fn synthesise(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared, job
             EngineEvent::Audio(chunk) => {
                 if let Some(sq) = squeeze {
                     if shared.lock().epoch != epoch {
-                        return;
+                        return None;
                     }
                     held.extend_from_slice(&chunk.samples);
                     if held.len() as u64 > sq.enough() {
@@ -193,7 +282,7 @@ fn synthesise(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared, job
                 }
                 let mut inner = shared.lock();
                 if inner.epoch != epoch || inner.shutdown {
-                    return;
+                    return None;
                 }
                 if !inner.timeline.add_audio(id, &chunk.samples) {
                     // Clipped: the rest of its speech would never be heard.
@@ -201,7 +290,7 @@ fn synthesise(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared, job
                 }
                 shared.cond.notify_all();
             }
-            EngineEvent::FirstAudio { ttfa_ms } => {
+            EngineEvent::FirstAudio { ttfa_ms } if index == 0 => {
                 // Kept for the output task, which posts the first-audio message when the cue's
                 // first sample goes out (after its started message, with that sample's PTS).
                 let mut inner = shared.lock();
@@ -209,15 +298,8 @@ fn synthesise(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared, job
                     info.ttfa_ms = Some(ttfa_ms);
                 }
             }
-            EngineEvent::Finished { reason, metrics } => {
-                gst::debug!(
-                    CAT,
-                    "cue {id}: finished ({reason}), {} frames",
-                    metrics.frames
-                );
-                release(shared, id, epoch, squeeze, std::mem::take(&mut held));
-                return finish(shared, id, epoch, reason, metrics);
-            }
+            EngineEvent::FirstAudio { .. } => {}
+            EngineEvent::Finished { reason, metrics } => return Some((reason, metrics)),
         }
     }
 }

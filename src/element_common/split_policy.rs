@@ -1,4 +1,6 @@
-//! When a text is spoken sentence by sentence: the `split-sentences` property and its `auto` rule.
+//! When a text is spoken sentence by sentence: the `split-sentences` property and its `auto` rule,
+//! the same in both elements (`omnittssrc`: every sentence an utterance of its own;
+//! `omnittssynth`: the sentences of one cue spoken back to back as that cue's audio).
 //!
 //! `auto` (the default) splits a text into its sentences ([`split_sentences`](super::sentences))
 //! when it is longer than the checkpoint's threshold ([`AutoSplit`]), and speaks shorter texts as
@@ -12,6 +14,9 @@
 use std::path::{Path, PathBuf};
 
 use gst::glib;
+use gst::prelude::*;
+
+use super::sentences::split_sentences;
 
 /// The `split-sentences` property. The values keep the booleans' numbers (`FALSE` = 0,
 /// `TRUE` = 1), so `g_object_set (src, "split-sentences", TRUE, NULL)` and gst-launch's
@@ -37,6 +42,24 @@ pub(crate) enum SplitSentences {
         nick = "auto"
     )]
     Auto = 2,
+}
+
+/// The `split-sentences` param spec (`blurb_what`: what one piece becomes in the element, e.g.
+/// "its own utterance, queued back to back").
+pub(crate) fn split_sentences_param_spec(blurb_what: &str) -> glib::ParamSpec {
+    glib::ParamSpecEnum::builder_with_default("split-sentences", SplitSentences::default())
+        .nick("Split sentences")
+        .blurb(&format!(
+            "Speak each sentence of a text as {blurb_what} (blank lines, and Unicode sentence \
+             boundaries within a paragraph; a single line break is a space; titles such as Mr. \
+             and initials kept inside a sentence): true for every text, false for none, auto for \
+             texts longer than the checkpoint speaks well as one utterance (its omnitts.json \
+             split_sentences_above_chars: 100 characters for the bundled voice; else a quarter of \
+             the default max-new-tokens frames, 1024 characters with the built-in stage config). \
+             Applies to text queued after it is set"
+        ))
+        .mutable_playing()
+        .build()
 }
 
 /// The checkpoint file in which a voice states how omnitts should treat it (JSON object; only
@@ -87,6 +110,21 @@ impl AutoSplit {
     pub fn by_frames(max_new_tokens: usize) -> Self {
         AutoSplit {
             above_chars: max_new_tokens / FRAMES_PER_CHAR_BOUND,
+        }
+    }
+
+    /// The pieces `mode` makes of `text`: its sentences when it splits it (and it has any),
+    /// else the text itself, whole.
+    pub fn pieces(self, mode: SplitSentences, text: &str) -> Vec<String> {
+        let pieces = if self.splits(mode, text) {
+            split_sentences(text)
+        } else {
+            Vec::new()
+        };
+        if pieces.is_empty() {
+            vec![text.to_string()]
+        } else {
+            pieces
         }
     }
 
@@ -157,6 +195,9 @@ mod tests {
         let at = "é".repeat(100);
         assert!(!auto.splits(SplitSentences::Auto, &format!("  {at}\n")));
         assert!(auto.splits(SplitSentences::Auto, &format!("{at}é")));
+        assert_eq!(auto.pieces(SplitSentences::Auto, short), [short]);
+        assert_eq!(auto.pieces(SplitSentences::True, short).len(), 2);
+        assert_eq!(auto.pieces(SplitSentences::True, "   "), ["   "]);
     }
 
     #[test]
