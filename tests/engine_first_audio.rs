@@ -125,10 +125,11 @@ fn the_chunk_ramp_doubles_the_chunks_up_to_the_chunk_size() {
     r.sampling.seed = 1;
     let ramped = run(&ramped_engine, r.clone());
     let plain = run(&engine(false), r);
-    // The same audio either way (exact streaming), cut differently.
+    // The same audio either way (exact streaming), cut differently: within the f32 rounding of
+    // decoder passes of other lengths (tests/code2wav.rs bounds streamed vs whole at 1e-4).
     assert_eq!(ramped.audio.len(), plain.audio.len());
     let e = reference_util::rel_l2(&ramped.audio, &plain.audio);
-    assert!(e <= 1e-5, "ramped vs plain chunks: rel L2 {e:e}");
+    assert!(e <= 1e-4, "ramped vs plain chunks: rel L2 {e:e}");
     let frames = ramped.metrics.frames;
     assert!(frames >= 8, "only {frames} frames: the ramp is not exercised");
     // 1, 2, 4, 8, 16, then 25 frames, the last chunk cut at the utterance's end.
