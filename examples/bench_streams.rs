@@ -32,7 +32,7 @@
 //!   by the seeded RNG, with a length drawn uniformly from 30–80 frames (2.4–6.4 s), the
 //!   checkpoint's first speaker, and its sampling (`generation_config.json`; `--greedy` for greedy
 //!   decoding); every request its own sampling seed from the run's seed. Audio comes in the
-//!   stage config's chunks (a first chunk of 1 frame, then 25 frames) unless
+//!   stage config's chunks (a first chunk of 1 frame, then chunks doubling up to 25 frames) unless
 //!   `--initial-chunk-frames` / `--chunk-frames` say otherwise.
 //! - Length (`--fixed-length on|off`): random weights never choose their own end, so with `on`
 //!   each request stops after exactly its drawn length (`max_new_tokens = frames + 1`, the engine
@@ -422,7 +422,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
     };
     let dec = &shared.stage_config().decoder;
     eprintln!(
-        "open loop: {} Hz, speaker {:?}, {} decoding, length {}, chunks {} then {} frames, \
+        "open loop: {} Hz, speaker {:?}, {} decoding, length {}, chunks {} then {} frames{}, \
          warm-up {} s, measured {} s, drain {} s",
         shared.sample_rate(),
         shared.speakers().first(),
@@ -439,6 +439,11 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
         args.initial_chunk_frames
             .unwrap_or(dec.initial_codec_chunk_frames),
         args.chunk_frames.unwrap_or(dec.codec_chunk_frames),
+        if dec.codec_chunk_ramp {
+            " (ramped: 1, 2, 4, …)"
+        } else {
+            ""
+        },
         args.warmup_s,
         args.duration,
         args.drain_s
