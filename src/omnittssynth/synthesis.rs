@@ -221,6 +221,9 @@ fn add_metrics(a: &Metrics, b: &Metrics) -> Metrics {
         wall_ms: a.wall_ms + b.wall_ms,
         queue_ms: a.queue_ms + b.queue_ms,
         ar_prefill_ms: a.ar_prefill_ms + b.ar_prefill_ms,
+        first_frame_ms: a.first_frame_ms.or(b.first_frame_ms),
+        first_frame_steps: a.first_frame_steps.or(b.first_frame_steps),
+        first_pass_frames: a.first_pass_frames.or(b.first_pass_frames),
     }
 }
 
