@@ -537,6 +537,30 @@ static BASE_ENGINE: LazyLock<Arc<Engine>> = LazyLock::new(|| {
     ))
 });
 
+/// Writes a voice-like 24 kHz 16-bit WAV of `secs` seconds (a 140 Hz tone and its harmonics,
+/// swelling) as `name`.
+fn tone_wav(dir: &element_util::TempDir, name: &str, secs: f32) -> String {
+    let path = dir.path().join(name);
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 24_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(&path, spec).unwrap();
+    for i in 0..(secs * 24_000.0) as usize {
+        let t = i as f32 / 24_000.0;
+        let env = (std::f32::consts::PI * t / secs).sin();
+        let x: f32 = (1..=4)
+            .map(|k| (2.0 * std::f32::consts::PI * 140.0 * k as f32 * t).sin() / k as f32)
+            .sum();
+        w.write_sample((0.3 * env * x * 32768.0).round() as i16)
+            .unwrap();
+    }
+    w.finalize().unwrap();
+    path.to_str().unwrap().to_string()
+}
+
 /// Writes a 1.5 s voice-like 24 kHz float WAV (a 140 Hz tone and its harmonics, swelling).
 fn reference_wav(dir: &element_util::TempDir) -> String {
     let path = dir.path().join("ref.wav");
@@ -547,13 +571,8 @@ fn reference_wav(dir: &element_util::TempDir) -> String {
         sample_format: hound::SampleFormat::Float,
     };
     let mut w = hound::WavWriter::create(&path, spec).unwrap();
-    for i in 0..36_000 {
-        let t = i as f32 / 24_000.0;
-        let env = (std::f32::consts::PI * t / 1.5).sin();
-        let x: f32 = (1..=4)
-            .map(|k| (2.0 * std::f32::consts::PI * 140.0 * k as f32 * t).sin() / k as f32)
-            .sum();
-        w.write_sample(0.3 * env * x).unwrap();
+    for x in speech_server::uploaded_reference() {
+        w.write_sample(x).unwrap();
     }
     w.finalize().unwrap();
     path.to_str().unwrap().to_string()
@@ -652,9 +671,8 @@ fn properties_without_a_request_field_are_refused() {
     let s = server();
     init();
     for (property, value) in [
-        ("temperature", 0.5f64.to_value()),
+        ("repetition-penalty", 1.1f64.to_value()),
         ("do-sample", false.to_value()),
-        ("top-k", 5u32.to_value()),
         ("chunk-frames", 4u32.to_value()),
         ("model", tiny_model().to_value()),
         ("ar-device", "cpu".to_value()),
@@ -674,12 +692,12 @@ fn properties_without_a_request_field_are_refused() {
     );
     let (pad, probe) = element_util::play_holding_first_buffer(&mut h);
     let e = h.element().unwrap();
-    e.set_property("top-p", 0.5f64);
+    e.set_property("repetition-penalty", 1.2f64);
     assert!(!e.emit_by_name::<bool>("push-text", &[&"Second."]));
     pad.remove_probe(probe);
     pull_all(&mut h);
     let errs = errors(&drain(&bus));
-    assert_names(&errs, &["top-p", "server"]);
+    assert_names(&errs, &["repetition-penalty", "server"]);
 }
 
 #[test]
@@ -1062,4 +1080,281 @@ fn live_mode_keeps_its_latency_gap_silence_and_audio() {
     // Then GAP silence keeps the clock going.
     let b = h.pull().expect("live buffer");
     assert!(b.flags().contains(gst::BufferFlags::GAP));
+}
+
+// ---------------------------------------------------------------------------------------------
+// vLLM-Omni's current speech server: base URLs, task types, limits, voices, errors.
+
+/// The checkpoint path of the tiny fixtures as a server would be started with them.
+const VOICE_DESIGN_ROOT: &str = "/models/Qwen3-TTS-12Hz-tiny-VoiceDesign";
+
+/// Reproduces a stall reported against `server=`: after a first utterance that fails before any
+/// audio, the next one sometimes never reaches the sink (no buffer within the harness' 60 s).
+/// It passes when run alone and fails under the parallel load of the whole file; the cause is not
+/// found yet, so it is ignored until it is (run it with `--ignored`).
+#[test]
+#[ignore = "reproduces an open stall after a failed first utterance (see its doc comment)"]
+fn a_failure_before_any_audio_does_not_stop_the_utterances_after_it() {
+    let _serial = serial();
+    let s = server();
+    for live in [false, true] {
+        for fault in [
+            Fault::Status {
+                status: 400,
+                body: r#"{"error":{"message":"Invalid voice 'zz'. Supported: aiden, ryan","type":"BadRequestError","param":null,"code":400}}"#.into(),
+            },
+            Fault::ContentType("audio/wav".into()),
+        ] {
+            s.fault(fault.clone());
+            let mut props = voice_props();
+            props.extend([
+                ("server", s.url.to_value()),
+                ("is-live", live.to_value()),
+                ("text", "First.".to_value()),
+            ]);
+            let (mut h, bus) = harness(&props, None);
+            if live {
+                h.use_systemclock();
+            }
+            let e = h.element().unwrap();
+            // Queued behind the one that fails.
+            assert!(e.emit_by_name::<bool>("push-text", &[&"Second."]));
+            h.play();
+            let t0 = Instant::now();
+            let mut seen = Vec::new();
+            let mut audio = 0usize;
+            while element_messages(&seen, messages::DONE).len() < 2 {
+                let b = h
+                    .pull()
+                    .unwrap_or_else(|e| panic!("{live} {fault:?}: no buffer: {e}"));
+                if !b.flags().contains(gst::BufferFlags::GAP) {
+                    audio += b.size() / 4;
+                }
+                while let Some(m) = bus.pop() {
+                    seen.push(m);
+                }
+                assert!(
+                    t0.elapsed() < Duration::from_secs(60),
+                    "live={live} {fault:?}: done messages {:?}",
+                    element_messages(&seen, messages::DONE)
+                );
+            }
+            while h.buffers_in_queue() > 0 {
+                let b = h.pull().unwrap();
+                if !b.flags().contains(gst::BufferFlags::GAP) {
+                    audio += b.size() / 4;
+                }
+            }
+            let done = element_messages(&seen, messages::DONE);
+            assert_eq!(reason(&done[0]), "error", "live={live} {fault:?}");
+            assert_eq!(field::<u64>(&done[0], "samples"), 0);
+            assert!(
+                matches!(reason(&done[1]), "eos" | "length"),
+                "live={live} {fault:?}: {:?}",
+                done[1]
+            );
+            let second = field::<u64>(&done[1], "samples");
+            assert!(second > 0);
+            assert_eq!(audio as u64, second, "live={live} {fault:?}");
+            assert_names(&errors(&seen), &["utterance 1"]);
+            if !live {
+                // And the stream ends.
+                assert!(pull_all(&mut h).is_empty());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_v1_base_url_is_accepted_and_a_server_without_a_model_list_fails_the_start() {
+    let _serial = serial();
+    let s = server();
+    for url in [format!("{}/v1", s.url), format!("{}/v1/", s.url)] {
+        let mut props = voice_props();
+        props.extend([("server", url.to_value()), ("text", "Hello.".to_value())]);
+        let (data, done, errs) = run_element(&props, None, 4);
+        assert!(errs.is_empty(), "{url}: {errs:?}");
+        assert!(matches!(reason(&done[0]), "eos" | "length"), "{url}");
+        assert!(!data.is_empty());
+    }
+    let paths: Vec<String> = s.received().into_iter().map(|r| r.path).collect();
+    assert!(paths.iter().all(|p| !p.starts_with("/v1/v1")), "{paths:?}");
+    assert!(paths.iter().any(|p| p == "/v1/audio/speech"), "{paths:?}");
+    // A URL where nothing answers the model list fails the start, naming the URL tried.
+    init();
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    let wrong = format!("{}/api", s.url);
+    e.set_property("server", &wrong);
+    e.set_property("text", "Hello.");
+    let errs = start_must_fail(&e, &wrong);
+    assert_names(
+        &errs,
+        &["HTTP 404", &format!("{wrong}/v1/models"), "base URL"],
+    );
+}
+
+#[test]
+fn a_voice_design_model_under_an_alias_gets_its_task_type() {
+    let _serial = serial();
+    // Served as "my-tts": only the root (the checkpoint) tells the variant.
+    let s = SpeechServer::start_as(ENGINE.clone(), "my-tts", VOICE_DESIGN_ROOT);
+    let props = [
+        ("server", s.url.to_value()),
+        ("instruct", "A calm, low voice.".to_value()),
+        ("max-new-tokens", 20u32.to_value()),
+        ("text", "Hello.".to_value()),
+    ];
+    let (data, done, errs) = run_element(&props, None, 4);
+    assert!(errs.is_empty(), "{errs:?}");
+    assert!(matches!(reason(&done[0]), "eos" | "length"));
+    assert!(!data.is_empty());
+    let body = s.speech_requests()[0].body.clone().unwrap();
+    assert_eq!(body["task_type"], "VoiceDesign");
+    assert_eq!(body["instructions"], "A calm, low voice.");
+    // VoiceDesign without instruct is refused at start, as the server would.
+    init();
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    e.set_property("server", &s.url);
+    e.set_property("text", "Hello.");
+    assert_names(
+        &start_must_fail(&e, "instruct"),
+        &["instruct", "VoiceDesign"],
+    );
+
+    // Neither name nor root tells: server-task-type does.
+    let s = SpeechServer::start_as(ENGINE.clone(), "my-tts", "/models/tts-checkpoint");
+    let mut props = props.to_vec();
+    props[0] = ("server", s.url.to_value());
+    props.push(("server-task-type", "voice-design".to_value()));
+    let (_, done, errs) = run_element(&props, None, 4);
+    assert!(errs.is_empty(), "{errs:?}");
+    assert!(matches!(reason(&done[0]), "eos" | "length"));
+    assert_eq!(
+        s.speech_requests()[0].body.as_ref().unwrap()["task_type"],
+        "VoiceDesign"
+    );
+}
+
+#[test]
+fn sampling_travels_in_extra_params_and_the_server_limits_are_refused_at_push() {
+    let _serial = serial();
+    let s = server();
+    let mut props = voice_props();
+    props.extend([
+        ("server", s.url.to_value()),
+        ("temperature", 0.7f64.to_value()),
+        ("top-p", 0.9f64.to_value()),
+        ("top-k", 20u32.to_value()),
+        ("text", "First.".to_value()),
+    ]);
+    let (mut h, bus) = harness(&props, None);
+    let (pad, probe) = element_util::play_holding_first_buffer(&mut h);
+    let e = h.element().unwrap();
+    e.set_property("max-new-tokens", 5000u32);
+    assert!(!e.emit_by_name::<bool>("push-text", &[&"Too many tokens."]));
+    e.set_property("max-new-tokens", 40u32);
+    e.set_property("instruct", "x".repeat(501));
+    assert!(!e.emit_by_name::<bool>("push-text", &[&"Too long an instruction."]));
+    e.set_property("instruct", "Cheerful.");
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Fine."]));
+    pad.remove_probe(probe);
+    pull_all(&mut h);
+    let msgs = drain(&bus);
+    let errs = errors(&msgs);
+    assert_names(&errs, &["max-new-tokens", "5000", "4096"]);
+    assert_names(&errs, &["instruct", "501 characters", "500"]);
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!(done.len(), 2, "{done:?}");
+    assert!(done.iter().all(|d| matches!(reason(d), "eos" | "length")));
+    let sent = s.speech_requests();
+    assert_eq!(sent.len(), 2);
+    for r in &sent {
+        let extra = &r.body.as_ref().unwrap()["extra_params"];
+        assert_eq!(
+            *extra,
+            serde_json::json!({"temperature": 0.7, "top_p": 0.9, "top_k": 20})
+        );
+    }
+}
+
+#[test]
+fn references_outside_the_server_bounds_fail_the_start() {
+    let _serial = serial();
+    init();
+    let s = SpeechServer::start(BASE_ENGINE.clone(), BASE_MODEL);
+    let dir = element_util::TempDir::new("remote-ref-bounds");
+    for (name, secs, length) in [("short.wav", 0.7, "0.70 s"), ("long.wav", 40.0, "40.00 s")] {
+        let wav = tone_wav(&dir, name, secs);
+        let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+        e.set_property("server", &s.url);
+        e.set_property("ref-audio", &wav);
+        e.set_property("x-vector-only", true);
+        e.set_property("text", "Hello.");
+        let errs = start_must_fail(&e, name);
+        assert_names(&errs, &["ref-audio", name, length, "1 to 30 s"]);
+    }
+    assert!(s.speech_requests().is_empty());
+}
+
+#[test]
+fn an_uploaded_voice_speaks_by_name_and_a_base_budget_ends_as_length() {
+    let _serial = serial();
+    let s = SpeechServer::start(BASE_ENGINE.clone(), BASE_MODEL);
+    s.upload_voice("Narrator");
+    for protocol in ["sse", "pcm"] {
+        let props = [
+            ("server", s.url.to_value()),
+            ("server-protocol", protocol.to_value()),
+            ("speaker", "narrator".to_value()),
+            ("seed", 7u64.to_value()),
+            ("max-new-tokens", 4u32.to_value()),
+            (
+                "text",
+                "A longer sentence that needs more than a few frames.".to_value(),
+            ),
+        ];
+        let (data, done, errs) = run_element(&props, None, 4);
+        let body = s.speech_requests().last().unwrap().body.clone().unwrap();
+        assert!(
+            body["voice"]
+                .as_str()
+                .is_some_and(|v| v.eq_ignore_ascii_case("narrator")),
+            "{protocol}: {body}"
+        );
+        assert_eq!(body["task_type"], "Base");
+        assert!(body.get("ref_audio").is_none());
+        assert_eq!(data.len() / 4, 3 * 1920, "{protocol}");
+        if protocol == "sse" {
+            // The server's "token budget" error after the audio is the utterance's length end.
+            assert!(errs.is_empty(), "{errs:?}");
+            assert_eq!(reason(&done[0]), "length");
+        } else {
+            // Raw PCM: only a connection closed early, the reason lost (the README says so).
+            assert_eq!(reason(&done[0]), "error");
+            assert_names(&errs, &["cut off"]);
+        }
+    }
+    // A name the server does not list is refused at start, with the list.
+    init();
+    let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
+    e.set_property("server", &s.url);
+    e.set_property("speaker", "zoe");
+    e.set_property("text", "Hello.");
+    assert_names(&start_must_fail(&e, "zoe"), &["speaker", "zoe", "narrator"]);
+}
+
+#[test]
+fn sse_is_the_default_and_a_slow_first_chunk_is_named() {
+    let s = server();
+    let c = client(&s.url, |o| o.timeout = Duration::from_secs(1));
+    assert_eq!(c.options().protocol, StreamProtocol::Sse);
+    s.fault(Fault::Stall { chunks: 0 });
+    let (audio, reason, _) = run(&c, request("Slow.", StreamProtocol::Sse));
+    assert!(audio.is_empty());
+    let e = error_of(&reason);
+    assert!(e.contains("no first audio within 1.0 s"), "{e}");
+    // After the first audio it is a stall.
+    s.fault(Fault::Stall { chunks: 1 });
+    let (_, reason, _) = run(&c, request("Slow.", StreamProtocol::Sse));
+    assert!(error_of(&reason).contains("sent nothing for 1.0 s"));
 }

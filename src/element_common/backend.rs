@@ -18,7 +18,7 @@ use super::load::{Loaded, load};
 use super::request::{ModelInfo, checked_request};
 use super::server::ServerSettings;
 use super::server_load::{Connected, connect};
-use super::server_request::{ServerTarget, build_speech_request};
+use super::server_request::{ServerTarget, build_speech_request, check_server_reference};
 use super::settings::SynthesisSettings;
 use super::voice_clone::VoiceCloner;
 
@@ -111,7 +111,8 @@ pub(crate) struct RemoteReference {
 
 impl RemoteReference {
     /// The data URL of the recording at `location` (decoded and encoded again only for another
-    /// location). Errors name `ref-audio`: unreadable or not audio, too short / too long, silent.
+    /// location). Errors name `ref-audio`: unreadable or not audio, too short / too long (for the
+    /// server: 1 to 30 s), silent.
     fn data_url(&mut self, location: &str) -> Result<Arc<str>, InputError> {
         if let Some((l, url)) = &self.url
             && l == location
@@ -119,6 +120,7 @@ impl RemoteReference {
             return Ok(url.clone());
         }
         let samples = self.cloner.checked_samples(location)?;
+        check_server_reference(location, samples.len())?;
         let url: Arc<str> = reference_data_url(&samples).into();
         self.url = Some((location.to_string(), url.clone()));
         Ok(url)
@@ -208,7 +210,7 @@ pub(crate) fn prepare(
                 target,
                 info,
                 cloner,
-            } = connect(element, cat, s, given, options)?;
+            } = connect(element, cat, s, given, options, server.task_type.variant())?;
             Ok(Ready {
                 backend: Backend::Remote(client),
                 requests: Arc::new(Requests::Remote {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use gst::glib;
 use gst::prelude::*;
 
+use crate::models::qwen3_tts::ModelVariant;
 use crate::remote::{
     ApiKey, DEFAULT_RETRIES, DEFAULT_TIMEOUT, ServerOptions, ServerUrl, StreamProtocol,
 };
@@ -19,13 +20,13 @@ use super::input_error::{InputError, input_error};
 #[enum_type(name = "GstOmniTtsServerProtocol")]
 pub(crate) enum ServerProtocolSetting {
     /// Raw PCM in a chunked body.
-    #[default]
     #[enum_value(
         name = "Raw 16-bit PCM in a chunked body (stream_format \"audio\", response_format \"pcm\")",
         nick = "pcm"
     )]
     Pcm = 0,
-    /// Server-sent events.
+    /// Server-sent events (the default: a failure mid-stream keeps the server's reason).
+    #[default]
     #[enum_value(
         name = "Server-sent events: speech.audio.delta with base64 PCM, then speech.audio.done \
                 (stream_format \"sse\")",
@@ -39,6 +40,48 @@ impl From<ServerProtocolSetting> for StreamProtocol {
         match p {
             ServerProtocolSetting::Pcm => StreamProtocol::Pcm,
             ServerProtocolSetting::Sse => StreamProtocol::Sse,
+        }
+    }
+}
+
+/// The `server-task-type` property: the request's `task_type`, i.e. the checkpoint variant the
+/// server runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstOmniTtsServerTaskType")]
+pub(crate) enum ServerTaskTypeSetting {
+    /// From the served model's name or its `root` in `GET /v1/models`.
+    #[default]
+    #[enum_value(
+        name = "From the served model's name, or its root (the checkpoint) in GET /v1/models",
+        nick = "auto"
+    )]
+    Auto = 0,
+    /// Preset speakers.
+    #[enum_value(name = "CustomVoice: preset speakers", nick = "custom-voice")]
+    CustomVoice = 1,
+    /// A voice described by `instruct`.
+    #[enum_value(
+        name = "VoiceDesign: a voice described by instruct",
+        nick = "voice-design"
+    )]
+    VoiceDesign = 2,
+    /// A cloned voice.
+    #[enum_value(
+        name = "Base: a voice cloned from ref-audio, or a voice uploaded to the server",
+        nick = "base"
+    )]
+    Base = 3,
+}
+
+impl ServerTaskTypeSetting {
+    /// The variant it names; `None` for `auto`.
+    pub fn variant(self) -> Option<ModelVariant> {
+        match self {
+            ServerTaskTypeSetting::Auto => None,
+            ServerTaskTypeSetting::CustomVoice => Some(ModelVariant::CustomVoice),
+            ServerTaskTypeSetting::VoiceDesign => Some(ModelVariant::VoiceDesign),
+            ServerTaskTypeSetting::Base => Some(ModelVariant::Base),
         }
     }
 }
@@ -58,6 +101,8 @@ pub(crate) struct ServerSettings {
     /// `server-api-key`.
     pub api_key: Option<ApiKey>,
     pub protocol: ServerProtocolSetting,
+    /// `server-task-type`.
+    pub task_type: ServerTaskTypeSetting,
     pub retries: u32,
     /// `server-timeout`, seconds.
     pub timeout_s: u32,
@@ -69,7 +114,8 @@ impl Default for ServerSettings {
             server: None,
             model: None,
             api_key: None,
-            protocol: ServerProtocolSetting::Pcm,
+            protocol: ServerProtocolSetting::Sse,
+            task_type: ServerTaskTypeSetting::Auto,
             retries: DEFAULT_RETRIES,
             timeout_s: DEFAULT_TIMEOUT.as_secs() as u32,
         }
@@ -124,6 +170,7 @@ impl ServerSettings {
                     .and_then(ApiKey::new)
             }
             "server-protocol" => self.protocol = value.get().expect("type checked upstream"),
+            "server-task-type" => self.task_type = value.get().expect("type checked upstream"),
             "server-retries" => self.retries = value.get().expect("type checked upstream"),
             "server-timeout" => self.timeout_s = value.get().expect("type checked upstream"),
             _ => return false,
@@ -138,6 +185,7 @@ impl ServerSettings {
             "server" => self.server.to_value(),
             "server-model" => self.model.to_value(),
             "server-protocol" => self.protocol.to_value(),
+            "server-task-type" => self.task_type.to_value(),
             "server-retries" => self.retries.to_value(),
             "server-timeout" => self.timeout_s.to_value(),
             _ => return None,
@@ -177,11 +225,21 @@ pub(crate) fn server_param_specs() -> Vec<glib::ParamSpec> {
             .write_only()
             .mutable_ready()
             .build(),
-        glib::ParamSpecEnum::builder_with_default("server-protocol", ServerProtocolSetting::Pcm)
+        glib::ParamSpecEnum::builder_with_default("server-protocol", ServerProtocolSetting::Sse)
             .nick("Server protocol")
             .blurb(
                 "The stream form asked of the server; the answer is decoded by its content \
-                 type (audio/pcm or text/event-stream) either way",
+                 type (audio/pcm or text/event-stream) either way. With pcm a failure after the \
+                 audio started is only a connection closed early: the server's reason is lost",
+            )
+            .mutable_ready()
+            .build(),
+        glib::ParamSpecEnum::builder_with_default("server-task-type", ServerTaskTypeSetting::Auto)
+            .nick("Server task type")
+            .blurb(
+                "The checkpoint variant the server runs, sent as the request's task_type: auto \
+                 takes it from the served model's name or its root in GET /v1/models (set it \
+                 when the server serves the model under an alias that tells neither)",
             )
             .mutable_ready()
             .build(),
@@ -190,7 +248,8 @@ pub(crate) fn server_param_specs() -> Vec<glib::ParamSpec> {
             .blurb(
                 "How many times a request the server answers 503 (queue full) or 429 is sent \
                  again, waiting 0.25 s doubled each time (at most 8 s) or the Retry-After it \
-                 gives, before the utterance fails",
+                 gives, before the utterance fails (vLLM-Omni's speech route answers neither: \
+                 for it this applies only to a proxy in front)",
             )
             .maximum(MAX_RETRIES)
             .default_value(DEFAULT_RETRIES)
@@ -199,8 +258,9 @@ pub(crate) fn server_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecUInt::builder("server-timeout")
             .nick("Server timeout")
             .blurb(
-                "Seconds the server may stay silent (name lookup, connecting, before the answer, \
-                 between two pieces of audio) before the utterance fails as stalled",
+                "Seconds the server may stay silent (name lookup, connecting, before the first \
+                 audio, between two pieces of audio) before the utterance fails: as \
+                 'no first audio within N s' before any audio, else as stalled",
             )
             .minimum(1)
             .maximum(MAX_TIMEOUT_S)

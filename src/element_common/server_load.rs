@@ -12,7 +12,8 @@ use crate::remote::{RemoteError, SAMPLES_PER_FRAME, ServerOptions, SpeechClient}
 
 use super::request::ModelInfo;
 use super::server_request::{
-    ServerTarget, build_speech_request, check_no_local_engine, variant_of_name,
+    ServerTarget, build_speech_request, check_no_local_engine, check_server_reference,
+    server_variant,
 };
 use super::settings::SynthesisSettings;
 use super::voice_clone::VoiceCloner;
@@ -34,7 +35,9 @@ fn probe_error(given: &str, e: &RemoteError) -> gst::ErrorMessage {
         RemoteError::Status {
             status: 401 | 403, ..
         } => gst::ResourceError::NotAuthorized,
-        RemoteError::Dns { .. } | RemoteError::Connect { .. } => gst::ResourceError::NotFound,
+        RemoteError::Dns { .. }
+        | RemoteError::Connect { .. }
+        | RemoteError::Status { status: 404, .. } => gst::ResourceError::NotFound,
         _ => gst::ResourceError::OpenRead,
     };
     gst::error_msg!(kind, ("server '{}' cannot be used: {}", given, e))
@@ -48,6 +51,7 @@ pub(crate) fn connect(
     s: &SynthesisSettings,
     given: &str,
     options: ServerOptions,
+    task_type: Option<ModelVariant>,
 ) -> Result<Connected, gst::ErrorMessage> {
     check_no_local_engine(s).map_err(|e| e.to_error_msg())?;
     if options.api_key.is_some() && !options.url.is_https() {
@@ -73,20 +77,33 @@ pub(crate) fn connect(
     let served_model = request_model
         .clone()
         .or_else(|| probed.models.first().cloned());
+    let root = served_model
+        .as_deref()
+        .and_then(|m| probed.root(m))
+        .map(str::to_string);
     let target = ServerTarget {
         url: client.options().url.to_string(),
         request_model,
-        variant: served_model.as_deref().and_then(variant_of_name),
+        variant: server_variant(task_type, served_model.as_deref(), root.as_deref()),
         served_model,
         voices: probed.voices,
+        uploaded_voices: probed.uploaded_voices,
         protocol,
     };
+    gst::info!(
+        cat,
+        obj = element,
+        "server '{given}': model {:?} (checkpoint {root:?}), variant {:?}",
+        target.served_model,
+        target.variant
+    );
     let (_, clone) = build_speech_request(s, &target, "probe").map_err(|e| e.to_error_msg())?;
     let mut cloner = VoiceCloner::default();
     if let Some(spec) = clone {
-        cloner
+        let samples = cloner
             .checked_samples(&spec.location)
             .map_err(|e| e.to_error_msg())?;
+        check_server_reference(&spec.location, samples.len()).map_err(|e| e.to_error_msg())?;
     }
     let first_chunk_frames = StageConfig::default_async()
         .chunk_policy(s.initial_chunk(), None)

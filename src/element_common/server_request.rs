@@ -21,9 +21,12 @@ pub(crate) struct ServerTarget {
     pub request_model: Option<String>,
     /// The served model: `server-model`, else the first the server lists (for messages).
     pub served_model: Option<String>,
-    /// The voices the server lists (`GET /v1/audio/voices`), if it does.
+    /// The voices the server lists (`GET /v1/audio/voices`, uploaded ones included), if it does.
     pub voices: Option<Vec<String>>,
-    /// The checkpoint variant, when the served model's name tells it.
+    /// The voices uploaded to the server (`uploaded_voices` of its listing): Base voices by name.
+    pub uploaded_voices: Vec<String>,
+    /// The checkpoint variant: `server-task-type`, else what the served model's name or its
+    /// `root` tells.
     pub variant: Option<ModelVariant>,
     /// The stream form asked for.
     pub protocol: StreamProtocol,
@@ -53,6 +56,51 @@ pub(crate) fn variant_of_name(name: &str) -> Option<ModelVariant> {
             "voicedesign" => Some(ModelVariant::VoiceDesign),
             _ => None,
         })
+}
+
+/// The variant the server runs: `server-task-type` when set, else what the served name tells,
+/// else what its checkpoint (`root` in `GET /v1/models`) tells.
+pub(crate) fn server_variant(
+    task_type: Option<ModelVariant>,
+    served_model: Option<&str>,
+    root: Option<&str>,
+) -> Option<ModelVariant> {
+    task_type
+        .or_else(|| served_model.and_then(variant_of_name))
+        .or_else(|| root.and_then(variant_of_name))
+}
+
+/// vLLM-Omni's limits on a Qwen3-TTS speech request (serving_speech.py
+/// `_TTS_MAX_INSTRUCTIONS_LENGTH`, `_TTS_MAX_NEW_TOKENS_MAX`, `_REF_AUDIO_MIN_DURATION`,
+/// `_REF_AUDIO_MAX_DURATION`): a request past them is answered 400, so they are checked before.
+pub(crate) mod limits {
+    /// Most characters of `instructions`.
+    pub const MAX_INSTRUCTIONS_CHARS: usize = 500;
+    /// Largest `max_new_tokens`.
+    pub const MAX_NEW_TOKENS: u32 = 4096;
+    /// Shortest reference recording, seconds.
+    pub const MIN_REF_AUDIO_S: f64 = 1.0;
+    /// Longest reference recording, seconds.
+    pub const MAX_REF_AUDIO_S: f64 = 30.0;
+}
+
+/// Checks a reference recording of `samples` (24 kHz) from `location` against the server's
+/// bounds; the error names `ref-audio`, the recording and its length.
+pub(crate) fn check_server_reference(location: &str, samples: usize) -> Result<(), InputError> {
+    let secs = samples as f64 / crate::remote::SAMPLE_RATE as f64;
+    if (limits::MIN_REF_AUDIO_S..=limits::MAX_REF_AUDIO_S).contains(&secs) {
+        return Ok(());
+    }
+    Err(input_error(
+        "ref-audio",
+        location,
+        format!(
+            "is {secs:.2} s long; the speech server takes references of {:.0} to {:.0} s \
+             (vLLM-Omni refuses others), so trim or pick another recording",
+            limits::MIN_REF_AUDIO_S,
+            limits::MAX_REF_AUDIO_S
+        ),
+    ))
 }
 
 /// Why a synthesis property cannot apply with `server` set: vLLM-Omni's speech request has no
@@ -112,14 +160,11 @@ pub(crate) fn check_no_local_engine(s: &SynthesisSettings) -> Result<(), InputEr
 }
 
 /// Refuses, for each utterance, the synthesis properties that have no request field when
-/// `server` is set: `do-sample`, `temperature`, `top-k`, `top-p`, `repetition-penalty`,
-/// `chunk-frames` (the server's stage config decides them).
+/// `server` is set: `do-sample`, `repetition-penalty`, `chunk-frames` (the server's stage config
+/// decides them). `temperature`, `top-k` and `top-p` travel in `extra_params`.
 pub(crate) fn check_no_field(s: &SynthesisSettings) -> Result<(), InputError> {
     refuse_set(vec![
         ("do-sample", s.do_sample.map(|v| v.to_string())),
-        ("temperature", s.temperature.map(|v| v.to_string())),
-        ("top-k", s.top_k.map(|v| v.to_string())),
-        ("top-p", s.top_p.map(|v| v.to_string())),
         (
             "repetition-penalty",
             s.repetition_penalty.map(|v| v.to_string()),
@@ -213,11 +258,47 @@ pub(crate) fn build_speech_request(
         .map(str::trim)
         .filter(|v| !v.is_empty())
         .map(str::to_string);
+    if let Some(i) = &r.instructions
+        && i.chars().count() > limits::MAX_INSTRUCTIONS_CHARS
+    {
+        return Err(input_error(
+            "instruct",
+            i,
+            format!(
+                "has {} characters; the speech server takes at most {}",
+                i.chars().count(),
+                limits::MAX_INSTRUCTIONS_CHARS
+            ),
+        ));
+    }
+    let mut extra = serde_json::Map::new();
+    if let Some(t) = s.temperature {
+        extra.insert("temperature".into(), serde_json::json!(t));
+    }
+    if let Some(p) = s.top_p {
+        extra.insert("top_p".into(), serde_json::json!(p));
+    }
+    if let Some(k) = s.top_k {
+        extra.insert("top_k".into(), serde_json::json!(k));
+    }
+    r.extra_params = (!extra.is_empty()).then_some(extra);
     r.non_streaming_mode = match s.prompt_mode {
         PromptModeSetting::Auto => None,
         PromptModeSetting::Streaming => Some(false),
         PromptModeSetting::NonStreaming => Some(true),
     };
+    if let Some(m) = s.max_new_tokens
+        && m > limits::MAX_NEW_TOKENS
+    {
+        return Err(input_error(
+            "max-new-tokens",
+            &m.to_string(),
+            format!(
+                "the speech server takes at most {} (vLLM-Omni's limit)",
+                limits::MAX_NEW_TOKENS
+            ),
+        ));
+    }
     r.max_new_tokens = s.max_new_tokens;
     if let Some(seed) = s.seed {
         r.seed = Some(i64::try_from(seed).map_err(|_| {
@@ -234,18 +315,48 @@ pub(crate) fn build_speech_request(
         || s.x_vector_only;
     // An unknown variant: the voice-clone properties make it a Base request (as the server
     // infers it from ref_audio).
-    let variant = t.variant.unwrap_or(if has_clone {
+    let is_uploaded = r
+        .voice
+        .as_deref()
+        .is_some_and(|v| t.uploaded_voices.iter().any(|u| u.eq_ignore_ascii_case(v)));
+    let variant = t.variant.unwrap_or(if has_clone || is_uploaded {
         ModelVariant::Base
     } else {
         ModelVariant::CustomVoice
     });
-    let clone = clone_spec(
-        variant,
-        model,
-        s.ref_audio.as_deref(),
-        s.ref_text.as_deref(),
-        s.x_vector_only,
-    )?;
+    // A Base server speaks a voice uploaded to it (POST /v1/audio/voices) by name, without a
+    // reference; the name was checked against its voice list above.
+    let uploaded_voice = variant == ModelVariant::Base
+        && r.voice.is_some()
+        && s.ref_audio.as_deref().is_none_or(|a| a.trim().is_empty());
+    if uploaded_voice && s.ref_text.as_deref().is_some_and(|a| !a.trim().is_empty()) {
+        return Err(input_error(
+            "ref-text",
+            s.ref_text.as_deref().unwrap_or(""),
+            "needs ref-audio; a voice uploaded to the server (speaker) has its own transcript",
+        ));
+    }
+    let clone = if uploaded_voice {
+        None
+    } else {
+        clone_spec(
+            variant,
+            model,
+            s.ref_audio.as_deref(),
+            s.ref_text.as_deref(),
+            s.x_vector_only,
+        )?
+    };
+    if variant == ModelVariant::VoiceDesign && r.instructions.is_none() {
+        return Err(input_error(
+            "instruct",
+            s.instruct.as_deref().unwrap_or(""),
+            format!(
+                "model '{model}' is a VoiceDesign checkpoint, which speaks in the voice instruct \
+                 describes; the server refuses a request without one: set instruct"
+            ),
+        ));
+    }
     if let Some(spec) = &clone {
         if !spec.x_vector_only && spec.ref_text.is_none() {
             return Err(input_error(
@@ -260,6 +371,7 @@ pub(crate) fn build_speech_request(
     }
     r.task_type = match (t.variant, &clone) {
         (_, Some(_)) | (Some(ModelVariant::Base), _) => Some(TaskType::Base),
+        (None, None) if is_uploaded => Some(TaskType::Base),
         (Some(ModelVariant::VoiceDesign), None) => Some(TaskType::VoiceDesign),
         (Some(ModelVariant::CustomVoice), None) => Some(TaskType::CustomVoice),
         (None, None) => None,
@@ -277,6 +389,7 @@ mod tests {
             request_model: None,
             served_model: Some("Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice".into()),
             voices: Some(vec!["vivian".into(), "ryan".into()]),
+            uploaded_voices: Vec::new(),
             variant: Some(ModelVariant::CustomVoice),
             protocol: StreamProtocol::Pcm,
         }
@@ -376,9 +489,11 @@ mod tests {
         }
         let cases: Vec<Case> = vec![
             ("do-sample", Box::new(|s| s.do_sample = Some(false))),
-            ("temperature", Box::new(|s| s.temperature = Some(0.5))),
-            ("top-k", Box::new(|s| s.top_k = Some(5))),
-            ("top-p", Box::new(|s| s.top_p = Some(0.5))),
+            (
+                "max-new-tokens",
+                Box::new(|s| s.max_new_tokens = Some(4097)),
+            ),
+            ("instruct", Box::new(|s| s.instruct = Some("é".repeat(501)))),
             (
                 "repetition-penalty",
                 Box::new(|s| s.repetition_penalty = Some(1.1)),
@@ -405,6 +520,107 @@ mod tests {
         };
         let e = build_speech_request(&s, &t, "Hi").unwrap_err();
         assert!(e.why.contains("vivian, ryan"), "{e}");
+    }
+
+    #[test]
+    fn sampling_goes_in_extra_params_within_the_server_limits() {
+        let s = SynthesisSettings {
+            temperature: Some(0.5),
+            top_p: Some(0.8),
+            top_k: Some(30),
+            max_new_tokens: Some(limits::MAX_NEW_TOKENS),
+            instruct: Some("é".repeat(500)),
+            ..SynthesisSettings::default()
+        };
+        let (r, _) = build_speech_request(&s, &target(), "Hi").unwrap();
+        let v = json(&r);
+        assert_eq!(
+            v["extra_params"],
+            serde_json::json!({"temperature": 0.5, "top_p": 0.8, "top_k": 30})
+        );
+        assert_eq!(v["max_new_tokens"], 4096);
+        let e = build_speech_request(
+            &SynthesisSettings {
+                max_new_tokens: Some(5000),
+                ..SynthesisSettings::default()
+            },
+            &target(),
+            "Hi",
+        )
+        .unwrap_err();
+        assert!(e.why.contains("4096"), "{e}");
+        assert!(
+            json(
+                &build_speech_request(&SynthesisSettings::default(), &target(), "Hi")
+                    .unwrap()
+                    .0
+            )
+            .get("extra_params")
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn the_variant_comes_from_the_property_the_name_or_the_root() {
+        let vd = Some(ModelVariant::VoiceDesign);
+        assert_eq!(
+            server_variant(
+                None,
+                Some("my-tts"),
+                Some("/m/Qwen3-TTS-12Hz-1.7B-VoiceDesign")
+            ),
+            vd
+        );
+        assert_eq!(
+            server_variant(None, Some("x-Base"), Some("/m/y-VoiceDesign")),
+            Some(ModelVariant::Base)
+        );
+        assert_eq!(server_variant(vd, Some("x-Base"), None), vd);
+        assert_eq!(server_variant(None, Some("my-tts"), Some("/m/ckpt")), None);
+        // VoiceDesign needs instruct.
+        let mut t = target();
+        t.variant = vd;
+        t.voices = Some(Vec::new());
+        let e = build_speech_request(&SynthesisSettings::default(), &t, "Hi").unwrap_err();
+        assert_eq!(e.property, "instruct");
+        let s = SynthesisSettings {
+            instruct: Some("A calm voice.".into()),
+            ..SynthesisSettings::default()
+        };
+        let (r, _) = build_speech_request(&s, &t, "Hi").unwrap();
+        assert_eq!(json(&r)["task_type"], "VoiceDesign");
+    }
+
+    #[test]
+    fn an_uploaded_voice_is_a_base_request_without_a_reference() {
+        let mut t = target();
+        t.variant = None;
+        t.voices = Some(vec!["narrator".into()]);
+        t.uploaded_voices = vec!["Narrator".into()];
+        let s = SynthesisSettings {
+            speaker: Some("NARRATOR".into()),
+            ..SynthesisSettings::default()
+        };
+        for variant in [None, Some(ModelVariant::Base)] {
+            t.variant = variant;
+            let (r, clone) = build_speech_request(&s, &t, "Hi").unwrap();
+            assert!(clone.is_none());
+            let v = json(&r);
+            assert_eq!(v["voice"], "narrator");
+            assert_eq!(v["task_type"], "Base");
+            assert!(v.get("ref_audio").is_none() && v.get("x_vector_only_mode").is_none());
+        }
+    }
+
+    #[test]
+    fn server_reference_bounds() {
+        assert!(check_server_reference("r.wav", 24_000).is_ok());
+        assert!(check_server_reference("r.wav", 30 * 24_000).is_ok());
+        for (n, len) in [(16_800, "0.70 s"), (40 * 24_000, "40.00 s")] {
+            let e = check_server_reference("r.wav", n).unwrap_err();
+            assert_eq!(e.property, "ref-audio");
+            assert!(e.why.contains(len) && e.why.contains("1 to 30 s"), "{e}");
+        }
     }
 
     #[test]

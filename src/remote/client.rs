@@ -33,10 +33,40 @@ const READ_BYTES: usize = 64 << 10;
 /// What the probe learnt.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServerInfo {
-    /// Model names from `GET /v1/models` (empty when the server has no such listing).
+    /// Model names (`id`) from `GET /v1/models`.
     pub models: Vec<String>,
-    /// Voices from `GET /v1/audio/voices`, when the server lists them.
+    /// The checkpoint each served name stands for (`root` in vLLM's model card: the path or hub
+    /// id given to `vllm serve`, also when `--served-model-name` gives it an alias), by `id`.
+    pub roots: Vec<(String, String)>,
+    /// Voices from `GET /v1/audio/voices` (`voices`, and the names in `uploaded_voices`), when the
+    /// server lists them.
     pub voices: Option<Vec<String>>,
+    /// The voices uploaded to the server (`POST /v1/audio/voices`; `uploaded_voices` of the
+    /// listing): on a Base checkpoint they speak by name, without a reference.
+    pub uploaded_voices: Vec<String>,
+}
+
+impl ServerInfo {
+    /// The checkpoint behind the served name `model` (its `root`), if the listing gave one.
+    pub fn root(&self, model: &str) -> Option<&str> {
+        self.roots
+            .iter()
+            .find(|(id, _)| id == model)
+            .map(|(_, root)| root.as_str())
+    }
+}
+
+/// The names in a voice listing's array: strings, or objects with a `name`.
+fn voice_names(list: Option<&serde_json::Value>) -> Option<Vec<String>> {
+    list.and_then(|l| l.as_array()).map(|l| {
+        l.iter()
+            .filter_map(|x| {
+                x.as_str()
+                    .or_else(|| x.get("name").and_then(|n| n.as_str()))
+                    .map(str::to_string)
+            })
+            .collect()
+    })
 }
 
 /// A client of one vLLM-Omni-compatible speech server. Cheap to clone; each request has its own
@@ -59,32 +89,43 @@ impl SpeechClient {
         &self.options
     }
 
-    /// Checks the server: `GET /v1/models` must answer (200, or 404 from a server without the
-    /// listing) and, with a `model` name, list it; `GET /v1/audio/voices` is read when it
-    /// answers. Blocks for up to the timeout per step. Errors: as for a request (DNS, connect,
-    /// TLS, HTTP status with the server's message, stall), or [`RemoteError::Model`].
+    /// Checks the server: `GET <base>/v1/models` must answer 200 and, with a `model` name, list
+    /// it; `GET /v1/audio/voices` is read when it answers. Blocks for up to the timeout per step.
+    /// Errors: as for a request (DNS, connect, TLS, HTTP status with the server's message — a
+    /// 404 names the URL tried —, stall), or [`RemoteError::Model`].
     pub fn probe(&self) -> Result<ServerInfo, RemoteError> {
         let o = &*self.options;
         let agent = agent(o);
         let url = o.url.join("/v1/models");
         let mut resp = get(&agent, o, &url).map_err(|e| classify(e, o, &url, SENDING))?;
         let status = resp.status().as_u16();
-        let mut info = ServerInfo::default();
-        match status {
-            200 => {
-                let v: serde_json::Value = read_json(&mut resp, o, &url)?;
-                info.models = v
-                    .get("data")
-                    .and_then(|d| d.as_array())
-                    .map(|d| {
-                        d.iter()
-                            .filter_map(|m| m.get("id")?.as_str().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+        if status != 200 {
+            let mut e = status_error(&mut resp, &url, 0);
+            if let RemoteError::Status { message, .. } = &mut e
+                && status == 404
+            {
+                message.push_str(
+                    " (no model list there: give server as the speech server's base URL, \
+                     http://host:port or http://host:port/v1)",
+                );
             }
-            404 | 405 => {}
-            _ => return Err(status_error(&mut resp, &url, 0)),
+            return Err(e);
+        }
+        let mut info = ServerInfo::default();
+        let v: serde_json::Value = read_json(&mut resp, o, &url)?;
+        for m in v
+            .get("data")
+            .and_then(|d| d.as_array())
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            let Some(id) = m.get("id").and_then(|i| i.as_str()) else {
+                continue;
+            };
+            info.models.push(id.to_string());
+            if let Some(root) = m.get("root").and_then(|r| r.as_str()) {
+                info.roots.push((id.to_string(), root.to_string()));
+            }
         }
         if let Some(model) = &o.model
             && !info.models.is_empty()
@@ -101,14 +142,14 @@ impl SpeechClient {
             && r.status().as_u16() == 200
             && let Ok(v) = read_json(&mut r, o, &voices_url)
         {
-            info.voices = v.get("voices").and_then(|l| l.as_array()).map(|l| {
-                l.iter()
-                    .filter_map(|x| {
-                        x.as_str()
-                            .or_else(|| x.get("name").and_then(|n| n.as_str()))
-                            .map(str::to_string)
-                    })
-                    .collect()
+            info.uploaded_voices = voice_names(v.get("uploaded_voices")).unwrap_or_default();
+            info.voices = voice_names(v.get("voices")).map(|mut all| {
+                for u in &info.uploaded_voices {
+                    if !all.iter().any(|n| n.eq_ignore_ascii_case(u)) {
+                        all.push(u.clone());
+                    }
+                }
+                all
             });
         }
         Ok(info)
@@ -353,6 +394,8 @@ impl Run {
                 FinishReason::Length
             }
             Ok(()) => FinishReason::Eos,
+            // vLLM-Omni fails a Base utterance at its token budget after sending the audio.
+            Err(e) if e.is_token_budget() && tally.samples > 0 => FinishReason::Length,
             Err(e) => FinishReason::Error(e.to_string()),
         };
         let metrics = tally.metrics(self.submitted, Instant::now());
@@ -364,7 +407,7 @@ impl Run {
     fn stream(&self, tally: &mut Tally) -> Result<(), RemoteError> {
         let o = &*self.options;
         let url = o.url.speech();
-        let resp = self.send(&url)?;
+        let resp = self.send(&url).map_err(no_first_audio)?;
         tally.started = Some(Instant::now());
         let _ = self.tx.send(EngineEvent::Started);
         let content_type = resp
@@ -385,6 +428,9 @@ impl Run {
                 Err(io) => {
                     let e = ureq::Error::from(io);
                     return Err(match classify(e, o, &url, "while streaming the audio") {
+                        stalled @ RemoteError::Stalled { .. } if tally.samples == 0 => {
+                            no_first_audio(stalled)
+                        }
                         stalled @ RemoteError::Stalled { .. } => stalled,
                         other => RemoteError::Protocol {
                             url: url.clone(),
@@ -397,10 +443,13 @@ impl Run {
                     });
                 }
             };
-            let complete = decoder.feed(&buf[..n], &mut samples)?;
+            // The audio decoded before an error in the same read (a `speech.audio.error` right
+            // after the last deltas) is delivered before the error.
+            let fed = decoder.feed(&buf[..n], &mut samples);
             if !samples.is_empty() {
                 self.emit(std::mem::take(&mut samples), tally);
             }
+            let complete = fed?;
             if complete {
                 return Ok(());
             }
@@ -469,6 +518,19 @@ impl Run {
         let _ = self
             .tx
             .send(EngineEvent::Audio(AudioChunk { samples, offset }));
+    }
+}
+
+/// A speech request's stall before any audio arrived, reported as such (the answer's head or
+/// its first chunk did not come within the timeout); other errors unchanged.
+fn no_first_audio(e: RemoteError) -> RemoteError {
+    match e {
+        RemoteError::Stalled { url, after, phase }
+            if phase == SENDING || phase == "while streaming the audio" =>
+        {
+            RemoteError::NoFirstAudio { url, after }
+        }
+        other => other,
     }
 }
 

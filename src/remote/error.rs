@@ -59,6 +59,19 @@ pub enum RemoteError {
         /// "before answering", "while streaming the audio", ...
         phase: &'static str,
     },
+    /// The server sent no audio for longer than the timeout after the request was sent (it may
+    /// be busy with other utterances, or still preparing this one's first chunk).
+    #[error(
+        "{url}: no first audio within {:.1} s (server-timeout); the server may be busy or the \
+         first chunk slow",
+        after.as_secs_f64()
+    )]
+    NoFirstAudio {
+        /// The server URL.
+        url: String,
+        /// The timeout.
+        after: Duration,
+    },
     /// The server answered with an error status.
     #[error("{url}: HTTP {status}: {message}{}", retried(*retries))]
     Status {
@@ -98,6 +111,24 @@ pub enum RemoteError {
         /// The names the server listed, comma-separated.
         served: String,
     },
+}
+
+/// The words of vLLM-Omni's error for a Base utterance that reached its token budget without an
+/// end (`Qwen3TTSCodecLimitError`: "… did not emit codec EOS before its token budget …").
+const TOKEN_BUDGET_WORDS: [&str; 2] = ["did not emit codec EOS", "token budget"];
+
+impl RemoteError {
+    /// Whether the server ended the utterance because it reached its token budget (vLLM-Omni
+    /// reports this for Base checkpoints as an error, after the audio): the utterance is then
+    /// complete up to `max-new-tokens`, a `length` finish rather than a failure.
+    pub fn is_token_budget(&self) -> bool {
+        match self {
+            RemoteError::Server { message, .. } => {
+                TOKEN_BUDGET_WORDS.iter().any(|w| message.contains(w))
+            }
+            _ => false,
+        }
+    }
 }
 
 fn retried(retries: u32) -> String {

@@ -52,12 +52,16 @@ impl fmt::Display for ApiKey {
 
 /// How the audio is to be streamed (the request's `stream_format`). Whatever was asked, the body
 /// is decoded by its content type.
+///
+/// SSE is the default: a failure after the audio started arrives as `speech.audio.error` with
+/// the server's reason (and vLLM-Omni's "token budget" end of a Base utterance can be told from a
+/// failure), where raw PCM has only a connection closed before the end of its chunked body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StreamProtocol {
     /// Raw 16-bit PCM in a chunked body (`stream_format: "audio"`, `response_format: "pcm"`).
-    #[default]
     Pcm,
     /// Server-sent events, `speech.audio.delta` with base64 PCM (`stream_format: "sse"`).
+    #[default]
     Sse,
 }
 
@@ -72,7 +76,8 @@ impl StreamProtocol {
 }
 
 /// The server's base URL: `http://` or `https://`, a host, an optional port and path prefix.
-/// Requests go to `<base>/v1/audio/speech`; a URL given with that path already is taken as its base.
+/// Requests go to `<base>/v1/audio/speech`; a URL given with that path already, or ending in
+/// `/v1` (the base URL as OpenAI clients and vLLM-Omni's docs write it), is taken as its base.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ServerUrl {
     /// Scheme, authority and path prefix, without a trailing slash.
@@ -81,6 +86,8 @@ pub struct ServerUrl {
 }
 
 const SPEECH_PATH: &str = "/v1/audio/speech";
+/// The API's own prefix: `http://host:port/v1` names the server at `http://host:port`.
+const API_PREFIX: &str = "/v1";
 
 impl ServerUrl {
     /// Parses `url`. Errors: no `http`/`https` scheme, no host, user credentials in the URL
@@ -123,6 +130,8 @@ impl ServerUrl {
         }
         let mut path = uri.path().trim_end_matches('/');
         if let Some(prefix) = path.strip_suffix(SPEECH_PATH) {
+            path = prefix;
+        } else if let Some(prefix) = path.strip_suffix(API_PREFIX) {
             path = prefix;
         }
         let scheme = if https { "https" } else { "http" };
@@ -213,14 +222,14 @@ pub struct ServerOptions {
 }
 
 impl ServerOptions {
-    /// Options for `url` with the defaults: no model name, the key from [`API_KEY_ENV`], PCM,
+    /// Options for `url` with the defaults: no model name, the key from [`API_KEY_ENV`], SSE,
     /// [`DEFAULT_RETRIES`], [`DEFAULT_TIMEOUT`].
     pub fn new(url: ServerUrl) -> ServerOptions {
         ServerOptions {
             url,
             model: None,
             api_key: ApiKey::from_env(),
-            protocol: StreamProtocol::Pcm,
+            protocol: StreamProtocol::Sse,
             retries: DEFAULT_RETRIES,
             timeout: DEFAULT_TIMEOUT,
         }
@@ -238,6 +247,10 @@ mod tests {
             ("http://gpu-host:8091/", "http://gpu-host:8091"),
             (" https://tts.example/api/ ", "https://tts.example/api"),
             ("http://h:1/v1/audio/speech", "http://h:1"),
+            ("http://h:1/v1", "http://h:1"),
+            ("http://h:1/v1/", "http://h:1"),
+            ("https://tts.example/api/v1", "https://tts.example/api"),
+            ("http://h:1/v10", "http://h:1/v10"),
             ("http://[::1]:8091", "http://[::1]:8091"),
         ] {
             let u = ServerUrl::parse(given).unwrap();

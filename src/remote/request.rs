@@ -16,6 +16,7 @@
 //! | `seed` | random seed (int64) |
 //! | `initial_codec_chunk_frames` | frames in the first Code2Wav chunk |
 //! | `non_streaming_mode` | the prompt mode: all of the text in the prompt (true) or one token per frame |
+//! | `extra_params` | stage-0 sampling overrides (`temperature`, `top_p`, `top_k`), merged into the talker's `extra_args` |
 //! | `stream`, `stream_format`, `response_format`, `sample_rate` | always `true`, `"audio"`/`"sse"`, `"pcm"`, 24000 |
 
 use std::fmt;
@@ -79,6 +80,10 @@ pub struct SpeechRequest {
     /// Prompt mode: true = all of the text in the prompt.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub non_streaming_mode: Option<bool>,
+    /// Model-specific parameters (vLLM-Omni merges them into stage 0's `extra_args`): the
+    /// sampling overrides `temperature`, `top_p`, `top_k`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra_params: Option<serde_json::Map<String, serde_json::Value>>,
     /// Always true: the audio streams as it is decoded.
     stream: bool,
     /// `"audio"` (raw PCM) or `"sse"`.
@@ -106,6 +111,7 @@ impl SpeechRequest {
             seed: None,
             initial_codec_chunk_frames: None,
             non_streaming_mode: None,
+            extra_params: None,
             stream: true,
             stream_format: protocol.stream_format(),
             response_format: "pcm",

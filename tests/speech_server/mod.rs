@@ -1,13 +1,20 @@
 //! A loopback server that speaks vLLM-Omni's speech API (`POST /v1/audio/speech` with
-//! `stream: true`, raw `audio/pcm` or `text/event-stream`; `GET /v1/models`, `GET /v1/audio/voices`)
-//! and synthesises with omnitts' own engine, so that what a client gets can be compared with the
-//! engine's own output. Faults are injected per request ([`Fault`]).
+//! `stream: true`, raw `audio/pcm` or `text/event-stream`; `GET /v1/models` with each model's
+//! `root`, `GET /v1/audio/voices` with `voices` and `uploaded_voices`; errors as vLLM's JSON
+//! `{"error": {"message", "type", "param", "code"}}`) and synthesises with omnitts' own engine, so
+//! that what a client gets can be compared with the engine's own output. Requests are validated
+//! as vLLM-Omni's Qwen3-TTS adapter does (task type against the checkpoint variant, instructions
+//! up to 500 characters, `max_new_tokens` up to 4096, references of 1 to 30 s, VoiceDesign needs
+//! instructions), and a Base utterance that reaches its token budget ends in an error after its
+//! audio (SSE: `speech.audio.error`; raw PCM: the connection closes). Faults are injected per
+//! request ([`Fault`]).
 //!
 //! The request fields are mapped the way vLLM-Omni's Qwen3-TTS builder maps them
 //! (serving_speech.py `_build_tts_params`): `voice` → speaker, `language` (`Auto` = none),
 //! `instructions` → instruct, `non_streaming_mode` → prompt mode, `max_new_tokens`, `seed`,
 //! `initial_codec_chunk_frames`, `ref_audio` (a WAV data URL) / `ref_text` / `x_vector_only_mode` →
-//! the engine's voice-clone prompt; sampling otherwise the engine's defaults. Samples go out as
+//! the engine's voice-clone prompt; `extra_params` `temperature` / `top_p` / `top_k` override the
+//! sampling, otherwise the engine's defaults. Samples go out as
 //! libsndfile writes PCM_16: `x * 32767` rounded (here after clamping to [-1, 1]).
 #![allow(dead_code)]
 
@@ -19,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use gstomnitts::engine::{Engine, EngineEvent, EngineRequest};
+use gstomnitts::engine::{Engine, EngineEvent, EngineRequest, FinishReason};
 use gstomnitts::models::qwen3_tts::{PromptMode, VoiceClonePrompt, VoiceRequest};
 
 /// What the server does with the next speech request.
@@ -68,7 +75,41 @@ struct State {
     closed: Mutex<Vec<Instant>>,
     /// Answer 401 to requests without `Authorization: Bearer <key>`.
     key: Mutex<Option<String>>,
+    /// Voices uploaded (as by `POST /v1/audio/voices`).
+    uploaded: Mutex<Vec<String>>,
     stop: AtomicBool,
+}
+
+/// What the server serves: the name it answers to, the checkpoint behind it (`root`) and the
+/// variant vLLM-Omni derives from the checkpoint's path (`_get_model_variant`).
+#[derive(Clone)]
+struct Served {
+    model: String,
+    root: String,
+    variant: Option<&'static str>,
+}
+
+/// The variant a checkpoint path ends in, as vLLM-Omni infers it from path components.
+pub fn variant_of_path(path: &str) -> Option<&'static str> {
+    for component in path.trim_end_matches(['/', '\\']).rsplit(['/', '\\']) {
+        let c = component.to_lowercase();
+        for (marker, variant) in [
+            ("customvoice", "CustomVoice"),
+            ("custom_voice", "CustomVoice"),
+            ("custom-voice", "CustomVoice"),
+            ("voicedesign", "VoiceDesign"),
+            ("voice_design", "VoiceDesign"),
+            ("voice-design", "VoiceDesign"),
+            ("base", "Base"),
+        ] {
+            if let Some(head) = c.strip_suffix(marker)
+                && (head.is_empty() || head.ends_with(['-', '_', '.']))
+            {
+                return Some(variant);
+            }
+        }
+    }
+    None
 }
 
 /// The running server; stops on drop.
@@ -80,12 +121,24 @@ pub struct SpeechServer {
 }
 
 impl SpeechServer {
-    /// Serves `engine` (its speakers are the voices) as model `served_model`.
+    /// Serves `engine` (its speakers are the voices) as model `served_model`, the checkpoint of
+    /// the same name.
     pub fn start(engine: Arc<Engine>, served_model: &str) -> SpeechServer {
+        SpeechServer::start_as(engine, served_model, served_model)
+    }
+
+    /// Serves `engine` under the name `served_model` (`--served-model-name`) as the checkpoint
+    /// `root` (whose path tells the variant).
+    pub fn start_as(engine: Arc<Engine>, served_model: &str, root: &str) -> SpeechServer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         let port = listener.local_addr().expect("addr").port();
         let state = Arc::new(State::default());
-        let (st, model) = (state.clone(), served_model.to_string());
+        let model = Served {
+            model: served_model.to_string(),
+            root: root.to_string(),
+            variant: variant_of_path(root),
+        };
+        let st = state.clone();
         let thread = std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if st.stop.load(Ordering::SeqCst) {
@@ -109,6 +162,11 @@ impl SpeechServer {
     /// Queues `f` for the next speech request (faults are used in order, one per request).
     pub fn fault(&self, f: Fault) {
         self.state.faults.lock().unwrap().push_back(f);
+    }
+
+    /// Registers an uploaded voice `name` (as `POST /v1/audio/voices` does).
+    pub fn upload_voice(&self, name: &str) {
+        self.state.uploaded.lock().unwrap().push(name.to_string());
     }
 
     /// Requires `Authorization: Bearer <key>` from now on.
@@ -230,7 +288,7 @@ fn error_body(status: u16, message: &str) -> String {
         .to_string()
 }
 
-fn serve(mut conn: TcpStream, st: &State, engine: &Engine, model: &str) -> std::io::Result<()> {
+fn serve(mut conn: TcpStream, st: &State, engine: &Engine, served: &Served) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     let Some(req) = read_request(&mut conn)? else {
         return Ok(());
@@ -250,17 +308,37 @@ fn serve(mut conn: TcpStream, st: &State, engine: &Engine, model: &str) -> std::
     let json = [("Content-Type", "application/json")];
     match (req.method.as_str(), req.path.as_str()) {
         ("GET", "/v1/models") => {
-            let body =
-                serde_json::json!({"object": "list", "data": [{"id": model, "object": "model"}]});
+            let body = serde_json::json!({"object": "list", "data": [{
+                "id": served.model, "object": "model", "created": 0, "owned_by": "vllm-omni",
+                "root": served.root, "parent": null, "max_model_len": 32768, "permission": []}]});
             respond(&mut conn, 200, &json, body.to_string().as_bytes());
         }
         ("GET", "/v1/audio/voices") => {
-            let body = serde_json::json!({"voices": engine.speakers()});
+            let uploaded = st.uploaded.lock().unwrap().clone();
+            let mut voices: Vec<String> = match served.variant {
+                Some("CustomVoice") | None => engine.speakers().to_vec(),
+                _ => Vec::new(),
+            };
+            voices.extend(uploaded.iter().map(|n| n.to_lowercase()));
+            let body = serde_json::json!({
+                "voices": voices,
+                "uploaded_voices": uploaded.iter().map(|n| serde_json::json!({
+                    "name": n, "consent": "consent-1", "created_at": 1, "mime_type": "audio/wav",
+                    "file_size": 1000, "ref_text": "A reference recording.",
+                    "embedding_source": "audio"})).collect::<Vec<_>>(),
+            });
             respond(&mut conn, 200, &json, body.to_string().as_bytes());
         }
         ("POST", "/v1/audio/speech") => {
             let fault = st.faults.lock().unwrap().pop_front();
-            speech(&mut conn, st, engine, req.body.unwrap_or_default(), fault);
+            speech(
+                &mut conn,
+                st,
+                engine,
+                served,
+                req.body.unwrap_or_default(),
+                fault,
+            );
         }
         _ => respond(
             &mut conn,
@@ -272,11 +350,81 @@ fn serve(mut conn: TcpStream, st: &State, engine: &Engine, model: &str) -> std::
     Ok(())
 }
 
+/// The task type vLLM-Omni settles on for `body` (the Qwen3-TTS adapter's `validate`): the one
+/// asked for, `Base` with a reference or an uploaded voice, else `CustomVoice`.
+fn task_type(body: &serde_json::Value, uploaded: &[String]) -> String {
+    let s = |k: &str| body.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let mut task = s("task_type");
+    if task.is_none() && (s("ref_audio").is_some() || s("ref_text").is_some()) {
+        task = Some("Base".into());
+    }
+    if let Some(v) = s("voice")
+        && uploaded.iter().any(|u| u.eq_ignore_ascii_case(&v))
+    {
+        task = Some("Base".into());
+    }
+    task.unwrap_or_else(|| "CustomVoice".into())
+}
+
+/// vLLM-Omni's checks of a Qwen3-TTS request; Err is its 400 message.
+fn validate(
+    body: &serde_json::Value,
+    served: &Served,
+    uploaded: &[String],
+) -> Result<String, String> {
+    let s = |k: &str| body.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let task = task_type(body, uploaded);
+    if let Some(variant) = served.variant
+        && task != variant
+    {
+        return Err(format!(
+            "Qwen3-TTS {variant} checkpoint does not support task_type='{task}'. Use \
+             task_type='{variant}' or load the matching {task} checkpoint."
+        ));
+    }
+    let voice = s("voice");
+    let is_uploaded = voice
+        .as_deref()
+        .is_some_and(|v| uploaded.iter().any(|u| u.eq_ignore_ascii_case(v)));
+    if task == "Base" && !is_uploaded && s("ref_audio").is_none() {
+        return Err(
+            "Base task requires 'ref_audio' or 'speaker_embedding' for voice cloning".into(),
+        );
+    }
+    if task == "VoiceDesign" && s("instructions").is_none_or(|i| i.is_empty()) {
+        return Err("VoiceDesign task requires 'instructions' to describe the voice".into());
+    }
+    if s("instructions").is_some_and(|i| i.chars().count() > 500) {
+        return Err("Instructions too long (max 500 characters)".into());
+    }
+    if body
+        .get("max_new_tokens")
+        .and_then(|v| v.as_u64())
+        .is_some_and(|m| m > 4096)
+    {
+        return Err("max_new_tokens cannot exceed 4096".into());
+    }
+    Ok(task)
+}
+
 /// The engine request vLLM-Omni would build from `body`; Err is the server's 400 message.
 pub fn engine_request(engine: &Engine, body: &serde_json::Value) -> Result<EngineRequest, String> {
+    engine_request_with(engine, body, &[])
+}
+
+/// [`engine_request`] on a server with `uploaded` voices (spoken here by the engine's first
+/// speaker).
+fn engine_request_with(
+    engine: &Engine,
+    body: &serde_json::Value,
+    uploaded: &[String],
+) -> Result<EngineRequest, String> {
     let s = |k: &str| body.get(k).and_then(|v| v.as_str()).map(str::to_string);
     let input = s("input").ok_or("Field 'input' required")?;
-    let speaker = s("voice").or_else(|| engine.speakers().first().cloned());
+    let uploaded_voice = s("voice").filter(|v| uploaded.iter().any(|u| u.eq_ignore_ascii_case(v)));
+    let speaker = s("voice")
+        .filter(|_| uploaded_voice.is_none())
+        .or_else(|| engine.speakers().first().cloned());
     let language = s("language")
         .filter(|l| !l.eq_ignore_ascii_case("auto"))
         .map(|l| l.to_lowercase());
@@ -286,6 +434,17 @@ pub fn engine_request(engine: &Engine, body: &serde_json::Value) -> Result<Engin
     }
     if let Some(seed) = body.get("seed").and_then(|v| v.as_i64()) {
         sampling.seed = seed as u64;
+    }
+    if let Some(extra) = body.get("extra_params") {
+        if let Some(t) = extra.get("temperature").and_then(|v| v.as_f64()) {
+            sampling.temperature = t;
+        }
+        if let Some(p) = extra.get("top_p").and_then(|v| v.as_f64()) {
+            sampling.top_p = p;
+        }
+        if let Some(k) = extra.get("top_k").and_then(|v| v.as_u64()) {
+            sampling.top_k = k as usize;
+        }
     }
     if !sampling.do_sample || sampling.temperature <= 0.0 {
         sampling = sampling.greedy();
@@ -315,6 +474,14 @@ pub fn engine_request(engine: &Engine, body: &serde_json::Value) -> Result<Engin
         .get("initial_codec_chunk_frames")
         .and_then(|v| v.as_u64())
         .map(|v| v as usize);
+    if uploaded_voice.is_some() && s("ref_audio").is_none() {
+        // An uploaded voice: its stored recording, cloned from the speaker embedding alone.
+        let prompt = engine
+            .voice_clone_prompt(&uploaded_reference(), None, true)
+            .map_err(|e| e.to_string())?;
+        req.voice.voice_clone = Some(VoiceClonePrompt::clone(&prompt));
+        req.voice.speaker = None;
+    }
     if let Some(url) = s("ref_audio") {
         let samples = data_url_samples(&url).map_err(|e| format!("ref_audio: {e}"))?;
         let x_vector_only = body
@@ -330,8 +497,40 @@ pub fn engine_request(engine: &Engine, body: &serde_json::Value) -> Result<Engin
     Ok(req)
 }
 
-/// The 24 kHz samples of a `data:audio/wav;base64,…` reference (as vLLM-Omni decodes it).
+/// The recording every uploaded voice stands for here: 1.5 s of a swelling 140 Hz tone and its
+/// harmonics.
+pub fn uploaded_reference() -> Vec<f32> {
+    (0..36_000)
+        .map(|i| {
+            let t = i as f32 / 24_000.0;
+            let env = (std::f32::consts::PI * t / 1.5).sin();
+            let x: f32 = (1..=4)
+                .map(|k| (2.0 * std::f32::consts::PI * 140.0 * k as f32 * t).sin() / k as f32)
+                .sum();
+            0.3 * env * x
+        })
+        .collect()
+}
+
+/// The 24 kHz samples of a `data:audio/wav;base64,…` reference (as vLLM-Omni decodes it, 16-bit
+/// samples as `v / 32768`), 1 to 30 s long.
 fn data_url_samples(url: &str) -> Result<Vec<f32>, String> {
+    let samples = decode_data_url(url)?;
+    let secs = samples.len() as f64 / 24_000.0;
+    if secs < 1.0 {
+        return Err(format!(
+            "Reference audio too short ({secs:.1}s). At least 1s of clear speech is required."
+        ));
+    }
+    if secs > 30.0 {
+        return Err(format!(
+            "Reference audio too long ({secs:.1}s). Maximum 30s supported — use a shorter clip."
+        ));
+    }
+    Ok(samples)
+}
+
+fn decode_data_url(url: &str) -> Result<Vec<f32>, String> {
     let b64 = url
         .strip_prefix("data:audio/wav;base64,")
         .ok_or("expected a base64 WAV data URL")?;
@@ -346,9 +545,18 @@ fn data_url_samples(url: &str) -> Result<Vec<f32>, String> {
             spec.sample_rate, spec.channels
         ));
     }
-    r.samples::<f32>()
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())
+    match spec.sample_format {
+        hound::SampleFormat::Float => r
+            .samples::<f32>()
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string()),
+        hound::SampleFormat::Int if spec.bits_per_sample == 16 => r
+            .samples::<i16>()
+            .map(|v| v.map(|v| v as f32 / 32768.0))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string()),
+        _ => Err(format!("{}-bit integer WAV", spec.bits_per_sample)),
+    }
 }
 
 /// The server's PCM_16 bytes of `samples`.
@@ -398,6 +606,7 @@ fn speech(
     conn: &mut TcpStream,
     st: &State,
     engine: &Engine,
+    served: &Served,
     body: serde_json::Value,
     fault: Option<Fault>,
 ) {
@@ -419,10 +628,16 @@ fn speech(
         }
         _ => {}
     }
-    let req = match engine_request(engine, &body) {
+    let uploaded = st.uploaded.lock().unwrap().clone();
+    let task = match validate(&body, served, &uploaded) {
+        Ok(t) => t,
+        Err(m) => return respond(conn, 400, &json, error_body(400, &m).as_bytes()),
+    };
+    let req = match engine_request_with(engine, &body, &uploaded) {
         Ok(r) => r,
         Err(m) => return respond(conn, 400, &json, error_body(400, &m).as_bytes()),
     };
+    let max_tokens = req.sampling.max_new_tokens;
     let handle = match engine.submit(req) {
         Ok(h) => h,
         Err(e) => return respond(conn, 400, &json, error_body(400, &e.to_string()).as_bytes()),
@@ -449,6 +664,8 @@ fn speech(
         _ => None,
     };
     let mut sent = 0;
+    let mut frames = 0;
+    let mut budget_hit = false;
     while let Some(ev) = handle.recv() {
         match ev {
             EngineEvent::Audio(c) => {
@@ -463,11 +680,37 @@ fn speech(
                 }
                 sent += 1;
             }
-            EngineEvent::Finished { .. } => break,
+            EngineEvent::Finished { reason, metrics } => {
+                frames = metrics.frames;
+                budget_hit = reason == FinishReason::Length;
+                break;
+            }
             _ => {}
         }
     }
     handle.cancel();
+    // Qwen3TTSCodecLimitError: a Base utterance that used its whole budget is reported as
+    // incomplete, after its audio.
+    if task == "Base" && budget_hit && fault.is_none() {
+        let message = format!(
+            "Qwen3-TTS Base did not emit codec EOS before its token budget ({}/{max_tokens} codec \
+             tokens); the generated audio is incomplete.",
+            frames + 1
+        );
+        if sse {
+            let payload = serde_json::json!({"type": "speech.audio.error", "error": {
+                "message": message, "type": "server_error", "param": null, "code": 500}});
+            let _ = write_chunk(
+                conn,
+                format!("event: speech.audio.error\ndata: {payload}\n\n").as_bytes(),
+            );
+            let _ = conn.write_all(b"0\r\n\r\n");
+        } else {
+            // The raw stream's generator raises: the connection is dropped mid-body.
+            let _ = conn.shutdown(Shutdown::Both);
+        }
+        return;
+    }
     match fault {
         Some(Fault::CutOff { .. }) => {
             let _ = conn.shutdown(Shutdown::Both);
@@ -487,7 +730,8 @@ fn speech(
             if sse {
                 let _ = write_chunk(
                     conn,
-                    b"event: speech.audio.done\ndata: {\"type\":\"speech.audio.done\"}\n\n",
+                    b"event: speech.audio.done\ndata: {\"type\":\"speech.audio.done\",\"usage\":\
+                      {\"input_tokens\":4,\"output_tokens\":8,\"total_tokens\":12}}\n\n",
                 );
             }
             let _ = conn.write_all(b"0\r\n\r\n");
