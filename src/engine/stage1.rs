@@ -285,15 +285,11 @@ impl<'c> DecStage<'c> {
             .into_iter()
             .map(|k| rows[k])
             .collect();
-        let pass_frames: usize = pass
-            .iter()
-            .filter_map(|&i| active[i].pending.as_ref())
-            .map(|r| r.frames.len())
-            .sum();
         let ready: Vec<(usize, Ready)> = pass
             .iter()
             .filter_map(|&i| active[i].pending.take().map(|r| (i, r)))
             .collect();
+        let pass_frames: usize = ready.iter().map(|(_, r)| r.frames.len()).sum();
         let decoded = self.decode_ready(active, &ready);
         for ((i, r), (result, elapsed)) in ready.iter().zip(decoded) {
             let a = &mut active[*i];
