@@ -404,10 +404,17 @@ fn property_round_trip() {
             let t = glib::Type::from_name("GstOmniTtsServerProtocol").unwrap();
             glib::EnumClass::with_type(t)
                 .unwrap()
-                .to_value_by_nick("sse")
+                .to_value_by_nick("pcm")
                 .unwrap()
         }),
         ("server-retries", 5u32.to_value()),
+        ("server-task-type", {
+            let t = glib::Type::from_name("GstOmniTtsServerTaskType").unwrap();
+            glib::EnumClass::with_type(t)
+                .unwrap()
+                .to_value_by_nick("voice-design")
+                .unwrap()
+        }),
         ("server-timeout", 7u32.to_value()),
     ];
     // Write-only: the API key is set, never read back.

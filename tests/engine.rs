@@ -46,42 +46,55 @@ fn streamed_equals_whole_decode_for_every_schedule() {
     assert!(whole.audio.iter().any(|x| x.abs() > 1e-3), "silent output");
     drop(batch);
 
-    let streaming = load("tiny-customvoice", config(|_| {}));
-    for chunk in [1usize, 2, 10, 25] {
-        for initial in [1usize, 2] {
-            let mut req = greedy(&streaming, voice(TEXT, Some("vivian")), 40);
-            req.chunk_frames = Some(chunk);
-            req.initial_chunk_frames = Some(initial);
-            let r = run(&streaming, req);
-            assert_eq!(r.reason, FinishReason::Length);
-            assert_eq!(r.metrics.frames, frames);
-            assert_eq!(
-                r.audio.len(),
-                frames * spf,
-                "chunk {chunk} initial {initial}"
-            );
-            // The schedule: `initial`, then `chunk` at a time, then the remainder.
-            let mut want = vec![initial];
-            let mut left = frames - initial;
-            while left > 0 {
-                want.push(left.min(chunk));
-                left -= left.min(chunk);
+    // vLLM-Omni's schedule (`initial`, then `chunk` at a time) and omnitts' ramp (`initial`, then
+    // doubling up to `chunk`), each then the remainder.
+    for ramp in [false, true] {
+        let streaming = load(
+            "tiny-customvoice",
+            config(|c| c.decoder.codec_chunk_ramp = ramp),
+        );
+        for chunk in [1usize, 2, 10, 25] {
+            for initial in [1usize, 2] {
+                let mut req = greedy(&streaming, voice(TEXT, Some("vivian")), 40);
+                req.chunk_frames = Some(chunk);
+                req.initial_chunk_frames = Some(initial);
+                let r = run(&streaming, req);
+                assert_eq!(r.reason, FinishReason::Length);
+                assert_eq!(r.metrics.frames, frames);
+                assert_eq!(
+                    r.audio.len(),
+                    frames * spf,
+                    "chunk {chunk} initial {initial}"
+                );
+                let mut want = vec![initial];
+                let mut left = frames - initial;
+                let mut size = initial;
+                while left > 0 {
+                    size = if ramp && size * 2 < chunk {
+                        size * 2
+                    } else {
+                        chunk
+                    };
+                    want.push(left.min(size));
+                    left -= left.min(size);
+                }
+                let label = format!("chunk {chunk} initial {initial} ramp {ramp}");
+                assert_eq!(r.chunk_frames(spf), want, "{label}");
+                let d = max_abs(&r.audio, &whole.audio);
+                assert!(d <= TOL, "{label}: max abs diff {d}");
             }
-            assert_eq!(r.chunk_frames(spf), want, "chunk {chunk} initial {initial}");
-            let d = max_abs(&r.audio, &whole.audio);
-            assert!(
-                d <= TOL,
-                "chunk {chunk} initial {initial}: max abs diff {d}"
-            );
         }
     }
 }
 
 #[test]
 fn batch_equals_async_on_every_greedy_fixture() {
-    for (name, speaker) in [
-        ("tiny-customvoice", Some("ryan")),
-        ("tiny-voicedesign", None),
+    // tiny-voicedesign's f32 rounding noise between decodes cut into different passes reaches
+    // 1.02e-4 (tests/code2wav.rs, where its streaming is checked exactly in f64); the shipped
+    // schedule's ramped chunks (1, 2, 4, 8, 16, 25) cut it at more places than one chunk size.
+    for (name, speaker, tol) in [
+        ("tiny-customvoice", Some("ryan"), TOL),
+        ("tiny-voicedesign", None, 2.0 * TOL),
     ] {
         let texts = ["Short one.", "The quick brown fox jumps over the lazy dog."];
         let batch = load(name, config(|c| c.async_chunk = false));
@@ -99,7 +112,7 @@ fn batch_equals_async_on_every_greedy_fixture() {
             assert!(s.metrics.frames >= 2);
             assert_eq!(s.audio.len(), s.metrics.frames * spf);
             let d = max_abs(&s.audio, &w.audio);
-            assert!(d <= TOL, "{name} {t:?}: max abs diff {d}");
+            assert!(d <= tol, "{name} {t:?}: max abs diff {d}");
         }
     }
 }
@@ -121,7 +134,8 @@ fn windowed_mode_counts_exactly_and_matches_with_full_context() {
     );
     let r = run(&wide, greedy(&wide, voice(TEXT, Some("vivian")), 30));
     assert_eq!(r.audio.len(), whole.audio.len());
-    assert_eq!(r.chunk_frames(spf), vec![1, 4, 4, 4, 4, 4, 4, 4]);
+    // The ramp of the shipped stage config: 1, 2, then chunks of 4 (29 frames).
+    assert_eq!(r.chunk_frames(spf), vec![1, 2, 4, 4, 4, 4, 4, 4, 2]);
     let d = max_abs(&r.audio, &whole.audio);
     assert!(d <= TOL, "windowed with full context: max abs diff {d}");
     drop(wide);
