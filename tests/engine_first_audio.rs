@@ -104,7 +104,10 @@ fn a_new_request_starts_within_a_step_and_its_first_chunk_goes_first() {
         steps <= 2,
         "the new request's first frame came {steps} stage-0 steps after its arrival"
     );
-    assert!(m.first_frame_ms.is_some_and(|ms| ms <= m.ttfa_ms.unwrap_or(f64::MAX)));
+    assert!(
+        m.first_frame_ms
+            .is_some_and(|ms| ms <= m.ttfa_ms.unwrap_or(f64::MAX))
+    );
     // Its first chunk (one frame) went alone: the running streams' 25-frame chunks waited.
     assert_eq!(
         m.first_pass_frames,
@@ -131,7 +134,10 @@ fn the_chunk_ramp_doubles_the_chunks_up_to_the_chunk_size() {
     let e = reference_util::rel_l2(&ramped.audio, &plain.audio);
     assert!(e <= 1e-4, "ramped vs plain chunks: rel L2 {e:e}");
     let frames = ramped.metrics.frames;
-    assert!(frames >= 8, "only {frames} frames: the ramp is not exercised");
+    assert!(
+        frames >= 8,
+        "only {frames} frames: the ramp is not exercised"
+    );
     // 1, 2, 4, 8, 16, then 25 frames, the last chunk cut at the utterance's end.
     let mut want = Vec::new();
     let mut left = frames;

@@ -121,8 +121,9 @@ fn decode_entities(s: &str) -> String {
     out
 }
 
-/// The character an entity name (between `&` and `;`) stands for.
-fn entity(name: &str) -> Option<char> {
+/// The character an entity name (between `&` and `;`) stands for (named XML/HTML entities and
+/// numeric references).
+pub(crate) fn entity(name: &str) -> Option<char> {
     match name {
         "amp" => Some('&'),
         "lt" => Some('<'),

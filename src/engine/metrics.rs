@@ -168,7 +168,10 @@ mod tests {
         assert!((m.queue_ms - 10.0).abs() < 1e-9);
         assert!((m.ttfa_ms.unwrap() - 30.0).abs() < 1e-9);
         assert!((m.first_frame_ms.unwrap() - 20.0).abs() < 1e-9);
-        assert_eq!((m.first_frame_steps, m.first_pass_frames), (Some(2), Some(4)));
+        assert_eq!(
+            (m.first_frame_steps, m.first_pass_frames),
+            (Some(2), Some(4))
+        );
         let empty = Metrics::build(
             t0,
             t0,
@@ -179,7 +182,11 @@ mod tests {
         assert_eq!(empty.rtf, 0.0);
         assert_eq!(empty.ttfa_ms, None);
         assert_eq!(
-            (empty.first_frame_ms, empty.first_frame_steps, empty.first_pass_frames),
+            (
+                empty.first_frame_ms,
+                empty.first_frame_steps,
+                empty.first_pass_frames
+            ),
             (None, None, None)
         );
     }

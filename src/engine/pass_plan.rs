@@ -34,8 +34,7 @@ pub struct Waiting {
 impl Waiting {
     /// No audio yet, or less than [`URGENT_SLACK`] ahead of the listener.
     pub fn is_urgent(&self) -> bool {
-        self.slack
-            .is_none_or(|s| s < URGENT_SLACK.as_secs_f64())
+        self.slack.is_none_or(|s| s < URGENT_SLACK.as_secs_f64())
     }
 }
 

@@ -457,7 +457,11 @@ impl<'m> ArStage<'m> {
                             let _ = tap.send(codes);
                         }
                         if a.frames == 0 {
-                            let steps = self.batches.get().steps.saturating_sub(a.timing.arrival_step);
+                            let steps = self
+                                .batches
+                                .get()
+                                .steps
+                                .saturating_sub(a.timing.arrival_step);
                             a.timing.first_frame = Some((Instant::now(), steps));
                         }
                         a.frames += 1;

@@ -304,7 +304,9 @@ impl<'c> DecStage<'c> {
         progress |= !ready.is_empty() || !done.is_empty();
         done.sort_by_key(|(i, _)| std::cmp::Reverse(*i));
         for (i, reason) in done {
-            let DecActive { req, state, timing, .. } = active.remove(i);
+            let DecActive {
+                req, state, timing, ..
+            } = active.remove(i);
             drop(state);
             Self::finish(&req, reason, &timing, self.sample_rate());
         }

@@ -6,6 +6,8 @@
 //! `{\pos(…)}` blocks dropped, `\N`, `\n` and `\h` spoken as spaces, drawings dropped). Lines
 //! are joined with a space, as the cue is spoken as one utterance.
 
+use crate::element_common::text_checks::entity;
+
 /// The sink caps' `format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TextFormat {
@@ -130,26 +132,6 @@ fn drawing_scale(codes: &str) -> Option<u32> {
         .filter_map(|code| code.strip_prefix('p'))
         .filter_map(|n| n.trim().parse::<u32>().ok())
         .next_back()
-}
-
-/// The character an entity name (between `&` and `;`) stands for.
-fn entity(name: &str) -> Option<char> {
-    match name {
-        "amp" => Some('&'),
-        "lt" => Some('<'),
-        "gt" => Some('>'),
-        "quot" => Some('"'),
-        "apos" => Some('\''),
-        "nbsp" => Some('\u{a0}'),
-        _ => {
-            let code = if let Some(hex) = name.strip_prefix("#x").or(name.strip_prefix("#X")) {
-                u32::from_str_radix(hex, 16).ok()?
-            } else {
-                name.strip_prefix('#')?.parse().ok()?
-            };
-            char::from_u32(code)
-        }
-    }
 }
 
 #[cfg(test)]

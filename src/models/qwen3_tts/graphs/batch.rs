@@ -31,9 +31,9 @@ use crate::models::qwen3_tts::device_sampler::{PARAM_HEADER, greedy_row_params};
 #[cfg(feature = "cuda")]
 use crate::nn::LayerCaches;
 #[cfg(feature = "cuda")]
-use crate::nn::readback;
-#[cfg(feature = "cuda")]
 use crate::nn::cuda_kernels::{embed_sum, pick_rows};
+#[cfg(feature = "cuda")]
+use crate::nn::readback;
 #[cfg(feature = "cuda")]
 use crate::nn::rows_decode::{RowTables, rows_fused_ok, run_rows_fused};
 
