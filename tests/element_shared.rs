@@ -1,6 +1,6 @@
 //! Sixteen omnittssrc elements in one process on one checkpoint share one engine: one model load,
 //! every element's audio equal to its solo run (an engine of its own, `shared-engine=false`), and
-//! peak resident memory below 1.5× that of one element. Memory is measured in child processes
+//! peak resident memory below 1.75× that of one element. Memory is measured in child processes
 //! (this test binary run again for the `scenario` test), so each figure starts from a fresh heap.
 
 mod element_util;
@@ -187,7 +187,7 @@ fn child_peak_kib(n: usize) -> usize {
 }
 
 #[test]
-fn sixteen_shared_elements_take_less_than_1_5x_the_memory_of_one() {
+fn sixteen_shared_elements_take_less_than_1_75x_the_memory_of_one() {
     // The least of three runs each: the peak moves with how many streams decode in the same
     // batched Code2Wav pass (the 16 start together, their prefills share a step), which the
     // decoder bounds by its frames per pass (`DEFAULT_MAX_BATCH_FRAMES`), not by the stream count.
@@ -197,17 +197,20 @@ fn sixteen_shared_elements_take_less_than_1_5x_the_memory_of_one() {
             .min()
             .unwrap_or(usize::MAX)
     };
+    // The bound is 1.75×: with the shipped ramped chunks (1, 2, 4, … frames) one element's peak
+    // is lower than with 25-frame chunks (about 123,000 against 147,000 KiB over the baseline), while
+    // sixteen peak at about 179,000-212,000 KiB either way; a model loaded per element would be 16×.
     let one = least(1);
     let sixteen = least(16);
     assert!(
-        (sixteen as f64) < 1.5 * one as f64,
+        (sixteen as f64) < 1.75 * one as f64,
         "16 shared elements: {sixteen} KiB over the baseline, one element: {one} KiB"
     );
 }
 
 /// Entry point of [`child_peak_kib`]: plays `OMNITTS_SCENARIO_ELEMENTS` elements at once.
 #[test]
-#[ignore = "run by sixteen_shared_elements_take_less_than_1_5x_the_memory_of_one in a child process"]
+#[ignore = "run by sixteen_shared_elements_take_less_than_1_75x_the_memory_of_one in a child process"]
 fn scenario() {
     let n: usize = std::env::var("OMNITTS_SCENARIO_ELEMENTS")
         .expect("OMNITTS_SCENARIO_ELEMENTS")
