@@ -102,28 +102,26 @@ fn decode_entities(s: &str) -> String {
     while let Some(at) = rest.find('&') {
         out.push_str(&rest[..at]);
         let from = &rest[at..];
-        let decoded = from
-            .find(';')
-            .filter(|&end| end <= 10)
-            .and_then(|end| entity(&from[1..end]).map(|c| (c, end)));
-        match decoded {
-            Some((c, end)) => {
-                out.push(c);
-                rest = &from[end + 1..];
-            }
-            None => {
-                out.push('&');
-                rest = &from[1..];
-            }
-        }
+        let (c, len) = leading_entity(from);
+        out.push(c);
+        rest = &from[len..];
     }
     out.push_str(rest);
     out
 }
 
+/// The entity or character reference at the start of `s` (which starts with `&`): its character
+/// and its length in bytes; `('&', 1)` when none starts there.
+pub(crate) fn leading_entity(s: &str) -> (char, usize) {
+    s.find(';')
+        .filter(|&end| end <= 10)
+        .and_then(|end| entity(&s[1..end]).map(|c| (c, end + 1)))
+        .unwrap_or(('&', 1))
+}
+
 /// The character an entity name (between `&` and `;`) stands for (named XML/HTML entities and
 /// numeric references).
-pub(crate) fn entity(name: &str) -> Option<char> {
+fn entity(name: &str) -> Option<char> {
     match name {
         "amp" => Some('&'),
         "lt" => Some('<'),

@@ -6,7 +6,7 @@
 //! `{\pos(…)}` blocks dropped, `\N`, `\n` and `\h` spoken as spaces, drawings dropped). Lines
 //! are joined with a space, as the cue is spoken as one utterance.
 
-use crate::element_common::text_checks::entity;
+use crate::element_common::text_checks::leading_entity;
 
 /// The sink caps' `format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,20 +64,9 @@ pub fn strip_markup(markup: &str) -> String {
                 }
             },
             '&' => {
-                let decoded = rest
-                    .find(';')
-                    .filter(|&end| end <= 10)
-                    .and_then(|end| entity(&rest[1..end]).map(|c| (c, end)));
-                match decoded {
-                    Some((c, end)) => {
-                        out.push(c);
-                        rest = &rest[end + 1..];
-                    }
-                    None => {
-                        out.push('&');
-                        rest = &rest[1..];
-                    }
-                }
+                let (c, len) = leading_entity(rest);
+                out.push(c);
+                rest = &rest[len..];
             }
             _ => {
                 out.push(c);
