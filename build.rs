@@ -27,6 +27,7 @@ const KERNELS: &[&str] = &[
     "decode_stack",
     "pick_rows",
     "rows_attention",
+    "snake_beta",
 ];
 /// Device functions shared between kernels (`#include`d by the .cu files above).
 const HEADERS: &[&str] = &[

@@ -2,7 +2,8 @@
 //! key path and the value.
 
 use gstomnitts::engine::{
-    DecoderStreamingMode, DeviceSpec, EngineError, GuardConfig, SamplingOverrides, StageConfig,
+    DTypeSpec, DecoderStreamingMode, DeviceSpec, EngineError, GuardConfig, SamplingOverrides,
+    StageConfig,
 };
 
 const BASE: &str = r#"
@@ -61,6 +62,15 @@ fn minimal_config_takes_defaults() {
     assert_eq!(c.decoder.initial_codec_chunk_frames, 1);
     assert_eq!(c.decoder.streaming_mode, DecoderStreamingMode::Exact);
     assert_eq!(c.ar.max_num_seqs, 1);
+    assert_eq!(c.decoder.dtype, DTypeSpec::F32);
+    assert!(!c.decoder.allow_tf32);
+    let reduced = edit(
+        "codec_chunk_frames: 10",
+        "codec_chunk_frames: 10\n      dtype: bfloat16\n      allow_tf32: true",
+    );
+    let (r, _) = StageConfig::from_yaml_str(&reduced).unwrap();
+    assert_eq!(r.decoder.dtype, DTypeSpec::Bf16);
+    assert!(r.decoder.allow_tf32);
     // Stage order in the list does not matter.
     let swapped = r#"
 stage_args:
@@ -133,8 +143,12 @@ fn errors_name_key_path_and_value() {
             "stage_args[1].engine_args.decoder_streaming_mode: expected \"exact\" or \"windowed\", got \"sloppy\"",
         ),
         (
-            edit("codec_chunk_frames: 10", "dtype: bfloat16"),
-            "stage_args[1].engine_args.dtype: expected float32",
+            edit("codec_chunk_frames: 10", "dtype: float16"),
+            "stage_args[1].engine_args.dtype: expected float32 (exact) or bfloat16",
+        ),
+        (
+            edit("codec_chunk_frames: 10", "allow_tf32: maybe"),
+            "stage_args[1].engine_args.allow_tf32: expected",
         ),
         (
             edit("codec_chunk_frames: 10", "codec_buffer_frames: 0"),

@@ -34,7 +34,8 @@
 //!       model_arch: Qwen3TTSCode2Wav
 //!       engine_output_type: audio
 //!       max_num_seqs: 1
-//!       dtype: float32               # the decoder runs in f32 only
+//!       dtype: float32               # float32 (exact) | bfloat16 (CUDA, tensor cores; docs/cuda.md)
+//!       allow_tf32: false            # CUDA: f32 matrix products on TF32 tensor cores (process-wide)
 //!       codec_chunk_frames: 25
 //!       initial_codec_chunk_frames: 1
 //!       codec_chunk_ramp: true          # omnitts: chunks 1, 2, 4, … up to codec_chunk_frames
@@ -341,12 +342,26 @@ pub struct DecoderStageConfig {
         deserialize_with = "checked::<StreamingMode, _>"
     )]
     pub streaming_mode: DecoderStreamingMode,
+    /// `engine_args.dtype`: `F32` (exact, the default) or `Bf16` (bf16 weights and activations on
+    /// CUDA, within the bound docs/cuda.md measures). Checked by the reader, not serde.
+    #[serde(skip, default = "default_decoder_dtype")]
+    pub dtype: DTypeSpec,
+    /// `engine_args.allow_tf32` (as PyTorch's `torch.backends.cuda.matmul.allow_tf32`; default
+    /// false): on CUDA, f32 matrix products (Code2Wav's convolutions) run on TF32 tensor cores.
+    /// candle's switch is process-wide, so it then holds for every f32 product on CUDA in the
+    /// process (the Base speaker encoder's too).
+    #[serde(default, deserialize_with = "checked::<Bool, _>")]
+    pub allow_tf32: bool,
     /// `engine_args.codec_buffer_frames`: frames stage 0 may run ahead of stage 1 before it blocks.
     #[serde(
         default = "default_usize::<50>",
         deserialize_with = "checked::<Positive, _>"
     )]
     pub codec_buffer_frames: usize,
+}
+
+fn default_decoder_dtype() -> DTypeSpec {
+    DTypeSpec::F32
 }
 
 /// The parsed stage configuration; see the module docs for the YAML layout.
@@ -631,18 +646,28 @@ impl Reader<'_> {
             let key = join(path, "default_sampling_params");
             self.warn(&key, "ignored (the decoder is deterministic)");
         }
+        let mut dtype = default_decoder_dtype();
         if let Some(args) = m.get_mut("engine_args").and_then(Value::as_mapping_mut)
             && let Some(v) = args.remove("dtype")
-            && string(&v).ok().and_then(DTypeSpec::parse) != Some(DTypeSpec::F32)
         {
-            return Err(self.err(
-                &join(path, "engine_args.dtype"),
-                expected("float32 (the codec decoder runs in f32 only)", &v),
-            ));
+            dtype = match string(&v).ok().and_then(DTypeSpec::parse) {
+                Some(DTypeSpec::F32 | DTypeSpec::Auto) => DTypeSpec::F32,
+                Some(DTypeSpec::Bf16) => DTypeSpec::Bf16,
+                _ => {
+                    return Err(self.err(
+                        &join(path, "engine_args.dtype"),
+                        expected(
+                            "float32 (exact) or bfloat16 (CUDA; the codec decoder runs in no other)",
+                            &v,
+                        ),
+                    ));
+                }
+            };
         }
         let st: DecoderStage = self.read(&Value::Mapping(m), path)?;
         Ok(DecoderStageConfig {
             device: st.runtime.devices,
+            dtype,
             ..st.engine_args
         })
     }

@@ -14,8 +14,9 @@ use super::pass_plan::{Waiting, next_pass};
 use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
 use super::stages::{guarded, panic_message};
-use super::{AudioChunk, DeviceSpec, EngineError, EngineEvent, FinishReason, Metrics};
+use super::{AudioChunk, DTypeSpec, DeviceSpec, EngineError, EngineEvent, FinishReason, Metrics};
 use crate::models::qwen3_tts::code2wav::{Code2Wav, Code2WavStream};
+use candle_core::DType;
 
 /// A chunk's decode result: its samples or the error text, and the decode time charged to it.
 type Decoded = (Result<Vec<f32>, String>, Duration);
@@ -39,7 +40,10 @@ pub(crate) fn dec_thread(
     let _dead_on_exit = DeadOnExit(queue.clone());
     let loaded = (|| {
         let dev = device.open()?;
-        match catch_unwind(AssertUnwindSafe(|| Code2Wav::load(&dir, &dev))) {
+        let dtype = decoder_dtype(&cfg, &dev)?;
+        match catch_unwind(AssertUnwindSafe(|| {
+            Code2Wav::load_with_dtype(&dir, &dev, dtype)
+        })) {
             Ok(r) => r.map_err(|e| EngineError::Load {
                 stage: 1,
                 name: "code2wav",
@@ -74,6 +78,30 @@ pub(crate) fn dec_thread(
         batches: &batches,
     }
     .run(&queue);
+}
+
+/// The compute dtype of Code2Wav for `cfg` on `dev` (`dtype: bfloat16` needs CUDA); with
+/// `allow_tf32` on CUDA, turns on candle's process-wide TF32 switch for f32 matrix products.
+///
+/// Errors: [`EngineError::Stage`] for bfloat16 on a CPU device (candle's CPU bf16 convolutions
+/// are many times slower than f32 there).
+fn decoder_dtype(
+    cfg: &DecoderStageConfig,
+    dev: &candle_core::Device,
+) -> Result<DType, EngineError> {
+    if cfg.allow_tf32 && dev.is_cuda() {
+        #[cfg(feature = "cuda")]
+        candle_core::cuda::set_gemm_reduced_precision_f32(true);
+    }
+    match cfg.dtype {
+        DTypeSpec::Bf16 if dev.is_cuda() => Ok(DType::BF16),
+        DTypeSpec::Bf16 => Err(EngineError::Stage {
+            stage: 1,
+            msg: "engine_args.dtype bfloat16 needs a CUDA device for Code2Wav (use float32 on the CPU)"
+                .into(),
+        }),
+        _ => Ok(DType::F32),
+    }
 }
 
 struct DecStage<'c> {

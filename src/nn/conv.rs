@@ -275,6 +275,9 @@ impl StreamingCausalConv1d {
 #[derive(Debug, Clone)]
 pub struct StreamingCausalConvTranspose1d {
     weight: Tensor,
+    /// On CUDA: the weight zero-padded to `⌈k / s⌉ · s` taps and viewed as one matrix,
+    /// `[c_in, c_out · ⌈k / s⌉ · s]`, for [`Self::full_output_gemm`].
+    weight_gemm: Option<Tensor>,
     /// `[1, c_out, 1]`.
     bias: Option<Tensor>,
     in_channels: usize,
@@ -341,14 +344,74 @@ impl StreamingCausalConvTranspose1d {
             }
             None => None,
         };
+        let weight_gemm = if weight.device().is_cuda() {
+            Some(gemm_weight(&weight, stride)?)
+        } else {
+            None
+        };
         Ok(Self {
             weight: weight.contiguous()?,
+            weight_gemm,
             bias,
             in_channels,
             out_channels,
             kernel_size,
             stride,
         })
+    }
+
+    /// The whole transposed convolution of `x` `[b, c_in, n]` (contiguous), without bias:
+    /// `[b, c_out, (n - 1) · s + k]`.
+    fn full_output(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.weight_gemm {
+            Some(w) if crate::nn::switches::Switches::get().decoder_kernels => {
+                self.full_output_gemm(x, w)
+            }
+            _ => row_by_row(x, |x| {
+                x.conv_transpose1d(&self.weight, 0, 0, self.stride, 1, 1)
+            }),
+        }
+    }
+
+    /// [`Self::full_output`] as one product for all rows, then an overlap-add (CUDA): with
+    /// `q = ⌈k / s⌉`, `Z = xᵀ · W` (`[b · n, c_in] × [c_in, c_out · q · s]`) holds, for each input
+    /// frame `t`, the `q` blocks of `s` output samples it contributes; block `m` of frame `t` is
+    /// added into output block `t + m`. Candle's own CUDA transposed convolution does the same
+    /// product and overlap-add, but one batch row per call here (its batched product is folded
+    /// wrongly, see [`row_by_row`]): at 64 streams that is 64 small products a layer instead of
+    /// one. A row is within float rounding of its stream alone (the product's blocking depends
+    /// on the row count).
+    fn full_output_gemm(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        let (b, c_in, n) = x.dims3()?;
+        let (s, k, c_out) = (self.stride, self.kernel_size, self.out_channels);
+        let q = k.div_ceil(s);
+        let z = x
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b * n, c_in))?
+            .matmul(w)?
+            .reshape((b, n, c_out, q, s))?;
+        let mut blocks: Option<Tensor> = None; // [b, n + q - 1, c_out, s]
+        for m in 0..q {
+            let part = z.narrow(3, m, 1)?.squeeze(3)?;
+            let part = if q > 1 {
+                part.pad_with_zeros(1, m, q - 1 - m)?
+            } else {
+                part
+            };
+            blocks = Some(match blocks {
+                None => part,
+                Some(acc) => (acc + part)?,
+            });
+        }
+        let Some(blocks) = blocks else {
+            bail!("causal transposed conv: kernel size 0")
+        };
+        blocks
+            .permute((0, 2, 1, 3))?
+            .contiguous()?
+            .reshape((b, c_out, (n + q - 1) * s))?
+            .narrow(2, 0, (n * s + k).saturating_sub(s))
     }
 
     /// Upsampling factor (output samples per input frame).
@@ -373,9 +436,7 @@ impl StreamingCausalConvTranspose1d {
         let s = self.stride;
         let overlap = self.kernel_size - s;
         // [b, c_out, (n - 1) * s + k] = [b, c_out, n * s + overlap]
-        let mut y = row_by_row(&x.contiguous()?, |x| {
-            x.conv_transpose1d(&self.weight, 0, 0, s, 1, 1)
-        })?;
+        let mut y = self.full_output(&x.contiguous()?)?;
         if overlap > 0 {
             if let Some(tail) = state.tail.take() {
                 if tail.dims3()? != (b, self.out_channels, overlap) {
@@ -397,6 +458,18 @@ impl StreamingCausalConvTranspose1d {
             None => y.contiguous(),
         }
     }
+}
+
+/// A transposed convolution's `[c_in, c_out, k]` weight zero-padded to `⌈k / s⌉ · s` taps and
+/// viewed as one matrix `[c_in, c_out · ⌈k / s⌉ · s]` (for
+/// [`StreamingCausalConvTranspose1d::full_output_gemm`]).
+fn gemm_weight(weight: &Tensor, stride: usize) -> Result<Tensor> {
+    let (c_in, c_out, k) = weight.dims3()?;
+    let padded_taps = k.div_ceil(stride) * stride;
+    weight
+        .pad_with_zeros(2, 0, padded_taps - k)?
+        .reshape((c_in, c_out * padded_taps))?
+        .contiguous()
 }
 
 #[cfg(test)]
@@ -575,6 +648,41 @@ mod tests {
                 let got = streamed(&x, chunk, |c, s| conv.forward(c, s));
                 let d = max_diff(&got, &whole);
                 assert!(d < TOL, "{label}, chunk {chunk}: streamed differs by {d}");
+            }
+        }
+    }
+
+    /// The one-product form of the transposed conv (CUDA's, forced here on the CPU), including
+    /// kernels that are not a multiple of the stride, streamed and stacked like the default form.
+    #[test]
+    fn causal_conv_transpose_as_one_product_matches_the_formula() {
+        let len = 13;
+        for (kernel, stride) in [(1, 1), (2, 2), (3, 1), (5, 2), (10, 5), (16, 8), (7, 3)] {
+            let (c_in, c_out) = (3, 2);
+            let seed = (kernel * 10 + stride) as u64 + 500;
+            let w = tensor(&[c_in, c_out, kernel], seed);
+            let b = tensor(&[c_out], seed + 1);
+            let mut conv =
+                StreamingCausalConvTranspose1d::new(w.clone(), Some(b.clone()), stride).unwrap();
+            conv.weight_gemm = Some(gemm_weight(&w, stride).unwrap());
+            let x = tensor(&[3, c_in, len], seed + 2);
+            let want = causal_conv_transpose_direct(&x, &w, &b, stride);
+            let label = format!("kernel {kernel}, stride {stride}");
+            let full = conv
+                .full_output_gemm(&x, conv.weight_gemm.as_ref().unwrap())
+                .unwrap();
+            assert_eq!(
+                full.dims(),
+                &[3, c_out, (len - 1) * stride + kernel],
+                "{label}"
+            );
+            for chunk in [1, 4, len] {
+                let got = streamed(&x, chunk, |c, s| conv.forward(c, s));
+                let d = max_diff(&got, &want);
+                assert!(
+                    d < TOL,
+                    "{label}, chunk {chunk}: one-product form differs by {d}"
+                );
             }
         }
     }

@@ -8,7 +8,8 @@
 //! vectorised sine (the `wide` crate), instead of five tensor passes around the scalar libm
 //! sine: it is the Code2Wav decoder's most frequent operation (about 460,000 evaluations per
 //! 80 ms frame in the bundled voice's decoder, more in the released ones). Elsewhere (f64, the
-//! verification mode, and CUDA) it runs as tensor operations.
+//! verification mode) it runs as tensor operations, and on CUDA as one kernel
+//! ([`crate::nn::cuda_kernels::snake_beta`]; `OMNITTS_DECODER_KERNELS=0` selects the tensor operations).
 
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, bail};
 use wide::f32x8;
@@ -24,7 +25,9 @@ const PARALLEL_MIN_ELEMENTS: usize = 64 * 1024;
 /// precomputed as `[1, channels, 1]`.
 #[derive(Debug, Clone)]
 pub struct SnakeBeta {
+    /// `exp(alpha)`, `[1, channels, 1]`, in the parameters' dtype (f32, or f64 in verification).
     frequency: Tensor,
+    /// `1 / (exp(beta) + 1e-9)`, `[1, channels, 1]`, same dtype.
     inv_magnitude: Tensor,
     /// The same parameters as host vectors, `[channels]` each, when they are f32 on the CPU.
     fused: Option<FusedSnakeBeta>,
@@ -32,15 +35,21 @@ pub struct SnakeBeta {
 
 impl SnakeBeta {
     /// Builds the activation from the checkpoint's log-space `alpha` and `beta`, each `[channels]`.
+    /// The parameters are computed in f32 (f64 if they are f64), whatever the activations' dtype.
     pub fn from_log_params(alpha: &Tensor, beta: &Tensor) -> Result<Self> {
         let c = alpha.dims1()?;
         let cb = beta.dims1()?;
         if c != cb {
             bail!("SnakeBeta: alpha has {c} channels, beta has {cb}")
         }
-        let frequency = alpha.exp()?;
-        let inv_magnitude = (beta.exp()? + NO_DIV_BY_ZERO)?.recip()?;
-        let fused = if frequency.device().is_cpu() && frequency.dtype() == DType::F32 {
+        let dtype = if alpha.dtype() == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let frequency = alpha.to_dtype(dtype)?.exp()?;
+        let inv_magnitude = (beta.to_dtype(dtype)?.exp()? + NO_DIV_BY_ZERO)?.recip()?;
+        let fused = if frequency.device().is_cpu() && dtype == DType::F32 {
             Some(FusedSnakeBeta {
                 frequency: frequency.to_vec1()?,
                 inv_magnitude: inv_magnitude.to_vec1()?,
@@ -60,20 +69,40 @@ impl SnakeBeta {
         self.frequency.dims()[1]
     }
 
-    /// Applies the activation to `x` `[b, channels, t]`.
+    /// Applies the activation to `x` `[b, channels, t]` (f32, bf16 on CUDA, or f64); the result
+    /// has `x`'s dtype.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match &self.fused {
             Some(op) if x.device().is_cpu() && x.dtype() == DType::F32 => {
                 x.contiguous()?.apply_op1_no_bwd(op)
             }
-            _ => self.forward_tensor_ops(x),
+            _ => {
+                #[cfg(feature = "cuda")]
+                if x.device().is_cuda()
+                    && matches!(x.dtype(), DType::F32 | DType::BF16)
+                    && self.frequency.dtype() == DType::F32
+                    && crate::nn::switches::Switches::get().decoder_kernels
+                {
+                    return crate::nn::cuda_kernels::snake_beta::snake_beta(
+                        x,
+                        &self.frequency.flatten_all()?,
+                        &self.inv_magnitude.flatten_all()?,
+                    );
+                }
+                self.forward_tensor_ops(x)
+            }
         }
     }
 
-    /// The activation as tensor operations (any device and dtype).
+    /// The activation as tensor operations (any device and dtype; the parameters are cast to
+    /// `x`'s dtype).
     fn forward_tensor_ops(&self, x: &Tensor) -> Result<Tensor> {
-        let periodic = x.broadcast_mul(&self.frequency)?.sin()?.sqr()?;
-        x + periodic.broadcast_mul(&self.inv_magnitude)?
+        let (f, m) = (
+            self.frequency.to_dtype(x.dtype())?,
+            self.inv_magnitude.to_dtype(x.dtype())?,
+        );
+        let periodic = x.broadcast_mul(&f)?.sin()?.sqr()?;
+        x + periodic.broadcast_mul(&m)?
     }
 }
 

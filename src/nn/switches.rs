@@ -10,6 +10,7 @@
 //! | `OMNITTS_FUSED_SAMPLER` | `0` the code predictor's sampled codes without the fused sampler kernel | on |
 //! | `OMNITTS_CP_FRAME_GRAPH` | `0` one code-predictor CUDA graph per step instead of one per frame | one per frame |
 //! | `OMNITTS_BATCH_GRAPHS` | `0` batched frames of several streams eager instead of on the batched frame graphs | graphs |
+//! | `OMNITTS_DECODER_KERNELS` | `0` Code2Wav's SnakeBeta as five tensor operations and its transposed convolutions as candle's, row by row | one kernel; one product for all rows |
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -46,6 +47,9 @@ pub struct Switches {
     /// `OMNITTS_PINNED_READBACK`: small device → host reads through a pinned buffer
     /// ([`crate::nn::readback`]).
     pub pinned_readback: bool,
+    /// `OMNITTS_DECODER_KERNELS`: Code2Wav's SnakeBeta as one kernel and its transposed
+    /// convolutions as one product for all rows ([`crate::nn::conv`]).
+    pub decoder_kernels: bool,
 }
 
 impl Default for Switches {
@@ -80,6 +84,7 @@ impl Switches {
             cp_frame_graph: !is("OMNITTS_CP_FRAME_GRAPH", "0"),
             batch_graphs: !is("OMNITTS_BATCH_GRAPHS", "0"),
             pinned_readback: !is("OMNITTS_PINNED_READBACK", "0"),
+            decoder_kernels: !is("OMNITTS_DECODER_KERNELS", "0"),
         }
     }
 }
@@ -107,6 +112,7 @@ mod tests {
         assert!(s.cp_frame_graph);
         assert!(s.batch_graphs);
         assert!(s.pinned_readback);
+        assert!(s.decoder_kernels);
     }
 
     #[test]
@@ -119,8 +125,10 @@ mod tests {
             ("OMNITTS_CP_FRAME_GRAPH", "0"),
             ("OMNITTS_BATCH_GRAPHS", "0"),
             ("OMNITTS_PINNED_READBACK", "0"),
+            ("OMNITTS_DECODER_KERNELS", "0"),
         ]);
         assert!(!s.pinned_readback);
+        assert!(!s.decoder_kernels);
         assert_eq!(s.fused_kernels, FusedKernels::PerLayer);
         assert!(s.decode_stack);
         assert_eq!(s.stack_blocks_per_sm, 3);

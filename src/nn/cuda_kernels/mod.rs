@@ -18,6 +18,7 @@
 //! | [`pick_rows::pick_rows`] | a batched frame's code-predictor picks: every row greedy or sampled with its own parameters, plus its next embedding |
 //! | [`rows_attention::rows_attention`] | a batched talker step's attention: `rope_attention` per row over the row's own KV cache at its own position, read from device tables |
 //! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (with `rope_attention`: 5 launches a layer) |
+//! | [`snake_beta::snake_beta`] | the Code2Wav decoder's SnakeBeta (mul, sin, square, mul, add) |
 //! | [`decode_stack::decode_stack`] | a whole stack's decode step (every layer's kernels) in one persistent launch (opt-in: `OMNITTS_DECODE_STACK=1`) |
 //!
 //! Numerics as docs/cuda.md states: norms and softmax accumulate in f32, RoPE tables are f32
@@ -44,6 +45,7 @@ pub mod rope_attention;
 pub mod rows_attention;
 pub mod sample_embed;
 pub mod silu_mul;
+pub mod snake_beta;
 
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};

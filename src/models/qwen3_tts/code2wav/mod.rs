@@ -90,16 +90,20 @@ impl Code2Wav {
     }
 
     /// [`Code2Wav::load`] with an explicit compute dtype: `F32` (the default and the production
-    /// setting, docs/field-lessons.md §2) or `F64` (for verification: it removes the f32 rounding
-    /// noise that the vocoder amplifies, so exactness of streaming can be tested tightly).
+    /// setting, docs/field-lessons.md §2), `BF16` (weights and activations in bfloat16 for
+    /// tensor-core convolutions on CUDA; SnakeBeta, the norms and the softmax compute in f32 inside
+    /// and round once; within a measured bound of f32, docs/cuda.md "Code2Wav in reduced
+    /// precision"), or `F64` (for verification: it removes the f32 rounding noise that the vocoder
+    /// amplifies, so exactness of streaming can be tested tightly). The samples are f32 in every
+    /// case.
     ///
     /// Errors as [`Code2Wav::load`], plus [`ModelError::InvalidRequest`] for any other dtype.
     pub fn load_with_dtype(dir: &Path, device: &Device, dtype: DType) -> Result<Self, ModelError> {
-        if !matches!(dtype, DType::F32 | DType::F64) {
+        if !matches!(dtype, DType::F32 | DType::F64 | DType::BF16) {
             return Err(ModelError::InvalidRequest {
                 field: "dtype".into(),
                 value: format!("{dtype:?}"),
-                msg: "the codec decoder runs in F32 (or F64 for verification)".into(),
+                msg: "the codec decoder runs in F32 (BF16 on CUDA, F64 for verification)".into(),
             });
         }
         let st_dir = dir.join("speech_tokenizer");

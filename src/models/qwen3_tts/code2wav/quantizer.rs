@@ -10,7 +10,7 @@
 //! load: the decode is a single gather from a `[num_quantizers * codebook_size, codebook_dim]`
 //! table followed by a sum over quantizers.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::ModelError;
 use super::config::DecoderConfig;
@@ -66,8 +66,11 @@ impl ResidualVectorQuantizer {
 
 /// `decoder.quantizer` (`SplitResidualVectorQuantizer`, decode only).
 pub(crate) struct SplitResidualVectorQuantizer {
-    /// `[num_quantizers * codebook_size, codebook_dim]`; row `q * codebook_size + id`.
+    /// `[num_quantizers * codebook_size, codebook_dim]`; row `q * codebook_size + id`; f32 (f64
+    /// in the verification mode).
     table: Tensor,
+    /// The decoder's activation dtype: the output of [`Self::decode`].
+    out_dtype: DType,
     num_quantizers: usize,
     codebook_size: usize,
     device: Device,
@@ -75,12 +78,22 @@ pub(crate) struct SplitResidualVectorQuantizer {
 
 impl SplitResidualVectorQuantizer {
     /// Loads `rvq_first` (1 codebook) and `rvq_rest` (`num_quantizers - 1`) at `w` = `decoder.quantizer`.
+    /// The codebooks at `w`, folded with their projections in f32 (f64 if `w` is f64), whatever the
+    /// decoder's dtype (`w.dtype()`, the dtype [`Self::decode`] returns): a bf16 division by the
+    /// cluster usage and a bf16 sum over 16 codebooks would each cost precision for nothing.
     pub(crate) fn new(cfg: &DecoderConfig, w: &Weights) -> Result<Self, ModelError> {
+        let out_dtype = w.dtype();
+        let w = &w.with_dtype(if out_dtype == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        });
         let first = ResidualVectorQuantizer::new(1, cfg, &w.pp("rvq_first"))?;
         let rest = ResidualVectorQuantizer::new(cfg.num_quantizers - 1, cfg, &w.pp("rvq_rest"))?;
         let all: Vec<&Tensor> = first.projected.iter().chain(&rest.projected).collect();
         Ok(Self {
             table: Tensor::cat(&all, 0)?,
+            out_dtype,
             num_quantizers: cfg.num_quantizers,
             codebook_size: cfg.codebook_size,
             device: w.device().clone(),
@@ -115,7 +128,8 @@ impl SplitResidualVectorQuantizer {
             .table
             .index_select(&ids, 0)?
             .reshape((rows.len(), n, self.num_quantizers, dim))?
-            .sum(2)?; // [rows, n, dim]
+            .sum(2)? // [rows, n, dim]
+            .to_dtype(self.out_dtype)?;
         Ok(x.transpose(1, 2)?.contiguous()?)
     }
 }
