@@ -95,7 +95,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use clap::{Parser, ValueEnum};
 use gstomnitts::engine::{
-    DeviceSpec, Engine, EngineOptions, EngineRequest, Metrics, SharedEngine, StageConfig,
+    DTypeSpec, DeviceSpec, Engine, EngineOptions, EngineRequest, Metrics, SharedEngine, StageConfig,
 };
 use gstomnitts::models::qwen3_tts::VoiceRequest;
 use serde_json::{Value, json};
@@ -159,6 +159,12 @@ struct Args {
     /// Open loop: the engine's `max_waiting` (default: the built-in stage config's).
     #[arg(long)]
     max_waiting: Option<usize>,
+    /// Code2Wav's dtype (stage 1 `engine_args.dtype`): float32 (exact) or bfloat16 (CUDA).
+    #[arg(long, default_value = "float32")]
+    decoder_dtype: String,
+    /// Stage 1 `engine_args.allow_tf32`: f32 matrix products on TF32 tensor cores (CUDA).
+    #[arg(long)]
+    allow_tf32: bool,
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -207,8 +213,10 @@ fn request(engine: &Engine, i: usize, frames: usize) -> EngineRequest {
 /// The stage config of an engine batching up to `max_seqs` streams; `guard`: the runaway guard
 /// on (else only `max_new_tokens` ends a request that EOS does not); `max_waiting`: the queue
 /// beyond them (default: the built-in config's).
-fn config(max_seqs: usize, guard: bool, max_waiting: Option<usize>) -> StageConfig {
+fn config(args: &Args, max_seqs: usize, guard: bool, max_waiting: Option<usize>) -> StageConfig {
     let mut c = StageConfig::default_async();
+    c.decoder.dtype = DTypeSpec::parse(&args.decoder_dtype).unwrap_or(DTypeSpec::F32);
+    c.decoder.allow_tf32 = args.allow_tf32;
     c.ar.guard.enabled = guard;
     c.ar.max_num_seqs = max_seqs.max(1);
     c.decoder.max_num_seqs = max_seqs.max(1);
@@ -340,7 +348,7 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
         "ratio"
     );
     for &n in counts {
-        let shared = SharedEngine::unshared(load(args, config(n, false, None))?);
+        let shared = SharedEngine::unshared(load(args, config(args, n, false, None))?);
         // Warm-up: one short stream (first-touch allocations, thread pools).
         run_streams(std::slice::from_ref(&shared), 1, 4)?;
         let before = shared.batch_stats()[0];
@@ -354,7 +362,7 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
             None
         } else {
             let engines: Vec<SharedEngine> = (0..n)
-                .map(|_| load(args, config(1, false, None)).map(SharedEngine::unshared))
+                .map(|_| load(args, config(args, 1, false, None)).map(SharedEngine::unshared))
                 .collect::<Result<_>>()?;
             run_streams(&engines[..1], 1, 4)?;
             let streams = run_streams(&engines, n, args.frames)?;
@@ -412,7 +420,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
     let fixed = fixed_length(args);
     let shared = SharedEngine::unshared(load(
         args,
-        config(args.max_batch, !fixed, args.max_waiting),
+        config(args, args.max_batch, !fixed, args.max_waiting),
     )?);
     // First-touch allocations and thread pools before any timing.
     run_streams(std::slice::from_ref(&shared), 1, 4)?;
@@ -493,6 +501,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
             .unwrap_or(shared.stage_config().decoder.initial_codec_chunk_frames),
         "chunk_frames": args.chunk_frames.unwrap_or(shared.stage_config().decoder.codec_chunk_frames),
         "sample_rate": shared.sample_rate(),
+        "decoder_dtype": args.decoder_dtype, "allow_tf32": args.allow_tf32,
         "rates": per_rate, "highest_rate_without_underruns": highest_clean,
     }))
 }
