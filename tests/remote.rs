@@ -595,6 +595,92 @@ fn reference_wav(dir: &element_util::TempDir) -> String {
     path.to_str().unwrap().to_string()
 }
 
+/// The 16-bit samples of the `ref_audio` WAV data URL of the last speech request, checked to be
+/// 24 kHz mono 16-bit PCM of 2 bytes a sample.
+fn sent_reference(s: &SpeechServer) -> Vec<i16> {
+    use base64::Engine as _;
+    let body = s.speech_requests().last().unwrap().body.clone().unwrap();
+    let url = body["ref_audio"].as_str().unwrap_or_default().to_string();
+    let b64 = url
+        .strip_prefix("data:audio/wav;base64,")
+        .unwrap_or_else(|| panic!("not a WAV data URL: {:.80}", url));
+    let wav = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap();
+    let len = wav.len();
+    let mut r = hound::WavReader::new(std::io::Cursor::new(wav)).unwrap();
+    let spec = r.spec();
+    assert_eq!(
+        (
+            spec.sample_rate,
+            spec.channels,
+            spec.bits_per_sample,
+            spec.sample_format
+        ),
+        (24_000, 1, 16, hound::SampleFormat::Int),
+        "{spec:?}"
+    );
+    let samples: Vec<i16> = r.samples::<i16>().map(Result::unwrap).collect();
+    assert_eq!(
+        len,
+        44 + 2 * samples.len(),
+        "a 44-byte header, 2 bytes a sample"
+    );
+    samples
+}
+
+/// A local `ref-audio` travels as a 16-bit PCM WAV (half a float WAV's size): a float recording
+/// within half a 16-bit step of its samples, a 16-bit one sample for sample.
+#[test]
+fn a_local_reference_is_sent_as_a_16_bit_pcm_wav() {
+    let _serial = serial();
+    let s = SpeechServer::start(BASE_ENGINE.clone(), BASE_MODEL);
+    let dir = element_util::TempDir::new("remote-ref16");
+    let reference = speech_server::uploaded_reference();
+    let float_wav = reference_wav(&dir);
+    let ints: Vec<i16> = reference
+        .iter()
+        .map(|x| (x * 32768.0).round() as i16)
+        .collect();
+    let int_wav = dir.path().join("ref16.wav");
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 24_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut w = hound::WavWriter::create(&int_wav, spec).unwrap();
+    for &v in &ints {
+        w.write_sample(v).unwrap();
+    }
+    w.finalize().unwrap();
+    for (wav, sixteen) in [(float_wav, false), (int_wav.to_str().unwrap().into(), true)] {
+        let props = [
+            ("server", s.url.to_value()),
+            ("ref-audio", wav.to_value()),
+            ("ref-text", "A reference recording.".to_value()),
+            ("seed", 7u64.to_value()),
+            ("max-new-tokens", 8u32.to_value()),
+            ("text", "Hello.".to_value()),
+        ];
+        let (data, done, errs) = run_element(&props, None, 4);
+        assert!(errs.is_empty(), "{wav}: {errs:?}");
+        assert!(!data.is_empty() && done.len() == 1, "{wav}");
+        let sent = sent_reference(&s);
+        assert_eq!(sent.len(), reference.len(), "{wav}: 1.5 s at 24 kHz");
+        if sixteen {
+            assert!(sent == ints, "{wav}: the recording's own 16-bit samples");
+        } else {
+            for (i, (v, x)) in sent.iter().zip(&reference).enumerate() {
+                assert!(
+                    (*v as f32 / 32768.0 - x).abs() <= 0.5 / 32768.0 + 1e-7,
+                    "{wav}: sample {i}: {v} for {x}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn voice_cloning_through_the_server_speaks_as_the_local_element() {
     let _serial = serial();
