@@ -146,6 +146,7 @@ fn load_engine(
     let loaded = if s.shared_engine {
         registry::acquire(opts)
     } else {
+        registry::bound_allocator_retention();
         Engine::load(opts).map(SharedEngine::unshared)
     };
     let engine = loaded.map_err(|e| {

@@ -142,13 +142,17 @@ impl UtteranceDone {
         }
     }
 
-    /// The error message of an utterance whose synthesis failed (`reason` is `error`).
-    pub fn error_message(&self, src: &gst::Element) -> Option<gst::Message> {
+    /// The warning of an utterance whose synthesis failed (`reason` is `error`): STREAM/FAILED,
+    /// "synthesis of utterance N failed: why". A warning, not an error: the stream goes on with
+    /// the next utterance, and GStreamer treats an error message as fatal (a bin fails its
+    /// pending state change on one, so an error before the first buffer reached the sink would
+    /// leave the pipeline short of PLAYING for good, every later utterance's audio held back).
+    pub fn failure_warning(&self, src: &gst::Element) -> Option<gst::Message> {
         let FinishReason::Error(e) = &self.reason else {
             return None;
         };
         Some(
-            gst::message::Error::builder(
+            gst::message::Warning::builder(
                 gst::StreamError::Failed,
                 &format!("synthesis of utterance {} failed: {e}", self.id),
             )

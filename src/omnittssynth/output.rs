@@ -314,8 +314,8 @@ impl Output {
                             duration: pts_of(report.end) - pts_of(first),
                         };
                         msgs.push(done.message(element));
-                        if let Some(e) = done.error_message(element) {
-                            msgs.push(e);
+                        if let Some(w) = done.failure_warning(element) {
+                            msgs.push(w);
                         }
                     }
                     gst::info!(

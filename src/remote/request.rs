@@ -151,21 +151,33 @@ impl fmt::Debug for SpeechRequest {
     }
 }
 
-/// The reference recording as the `ref_audio` data URL: a 32-bit float WAV of `samples_24k`
-/// (mono, 24 kHz, the samples the local engine would clone from), base64 in
-/// `data:audio/wav;base64,...`.
+/// Scale of the reference's float → 16-bit conversion: a sample `x` is sent as
+/// `round(x × 32768)` (clamped to the 16-bit range), the inverse of the `v / 32768` that readers of
+/// 16-bit PCM apply (libsndfile and so Python's soundfile and librosa; GStreamer's audioconvert,
+/// which decodes `ref-audio` for the element). A 16-bit recording thus reaches the server sample
+/// for sample as it was; a float one within half a step (1 / 65536).
+const REFERENCE_S16_SCALE: f32 = 32768.0;
+
+/// The reference recording as the `ref_audio` data URL: a 16-bit PCM WAV of `samples_24k`
+/// (mono, 24 kHz, the samples the local engine would clone from; see [`REFERENCE_S16_SCALE`]),
+/// base64 in `data:audio/wav;base64,...`: 64 kB of base64 per second of reference, half a float
+/// WAV's.
 pub fn reference_data_url(samples_24k: &[f32]) -> String {
     let spec = hound::WavSpec {
         channels: 1,
         sample_rate: SAMPLE_RATE,
-        bits_per_sample: 32,
-        sample_format: hound::SampleFormat::Float,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
     };
-    let mut wav = Cursor::new(Vec::with_capacity(64 + samples_24k.len() * 4));
-    // Writing to memory cannot fail, and a float WAV holds any number of samples under 4 GiB.
+    let mut wav = Cursor::new(Vec::with_capacity(64 + samples_24k.len() * 2));
+    // Writing to memory cannot fail, and a 16-bit WAV holds any number of samples under 2 GiB.
     if let Ok(mut w) = hound::WavWriter::new(&mut wav, spec) {
-        for &s in samples_24k {
-            let _ = w.write_sample(s);
+        for &x in samples_24k {
+            let x = if x.is_finite() { x } else { 0.0 };
+            let v = (x * REFERENCE_S16_SCALE)
+                .round()
+                .clamp(i16::MIN as f32, i16::MAX as f32) as i16;
+            let _ = w.write_sample(v);
         }
         let _ = w.finalize();
     }
@@ -205,18 +217,40 @@ mod tests {
     }
 
     #[test]
-    fn the_reference_is_a_float_wav_data_url() {
-        let samples: Vec<f32> = (0..2400).map(|i| (i as f32 * 0.01).sin() * 0.5).collect();
+    fn the_reference_is_a_16_bit_pcm_wav_data_url() {
+        // A float recording: within half a 16-bit step; full scale and beyond clamp.
+        let mut samples: Vec<f32> = (0..2400).map(|i| (i as f32 * 0.01).sin() * 0.5).collect();
+        samples.extend([1.0, -1.0, 1.5, -1.5, f32::NAN]);
         let url = reference_data_url(&samples);
         let b64 = url.strip_prefix("data:audio/wav;base64,").unwrap();
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(b64)
             .unwrap();
+        // A 44-byte header, then 2 bytes a sample.
+        assert_eq!(bytes.len(), 44 + 2 * samples.len());
         let mut r = hound::WavReader::new(Cursor::new(bytes)).unwrap();
-        assert_eq!(r.spec().sample_rate, 24000);
-        assert_eq!(r.spec().channels, 1);
-        let back: Vec<f32> = r.samples::<f32>().map(Result::unwrap).collect();
-        assert_eq!(back, samples);
+        let spec = r.spec();
+        assert_eq!((spec.sample_rate, spec.channels), (24000, 1));
+        assert_eq!(
+            (spec.bits_per_sample, spec.sample_format),
+            (16, hound::SampleFormat::Int)
+        );
+        let back: Vec<i16> = r.samples::<i16>().map(Result::unwrap).collect();
+        assert_eq!(back.len(), samples.len());
+        for (v, x) in back.iter().zip(&samples[..2400]) {
+            assert!((*v as f32 / 32768.0 - x).abs() <= 0.5 / 32768.0, "{v} {x}");
+        }
+        assert_eq!(back[2400..], [32767, -32768, 32767, -32768, 0]);
+        // A 16-bit recording (read as v / 32768) goes out sample for sample.
+        let ints: Vec<i16> = vec![i16::MIN, -12345, -1, 0, 1, 16385, 32767];
+        let read: Vec<f32> = ints.iter().map(|&v| v as f32 / 32768.0).collect();
+        let url = reference_data_url(&read);
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(url.strip_prefix("data:audio/wav;base64,").unwrap())
+            .unwrap();
+        let mut r = hound::WavReader::new(Cursor::new(bytes)).unwrap();
+        let back: Vec<i16> = r.samples::<i16>().map(Result::unwrap).collect();
+        assert_eq!(back, ints);
         let mut req = SpeechRequest::new("x", StreamProtocol::Pcm);
         req.ref_audio = Some(url);
         let shown = format!("{req:?}");
