@@ -230,7 +230,6 @@ impl TextTokenizer {
         }
         let splits = pts.get_splits(OffsetReferential::Original, OffsetType::Byte);
         let non_ws = |c: Option<char>| c.is_some_and(|c| !c.is_whitespace());
-        let _ = OffsetType::Char;
         let mut best = None;
         let mut prev_added = false;
         for (_, (start, _), tokens) in &splits {
