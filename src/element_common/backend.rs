@@ -8,7 +8,10 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::engine::{Canceller, EngineEvent, EngineRequest, RequestHandle, SharedEngine};
+use crate::engine::{
+    Canceller, EngineEvent, EngineRequest, RequestHandle, SharedEngine, TextSender,
+};
+use crate::models::qwen3_tts::PromptMode;
 use crate::remote::{
     RemoteCanceller, RemoteHandle, SpeechClient, SpeechRequest, reference_data_url,
 };
@@ -27,6 +30,70 @@ use super::voice_clone::VoiceCloner;
 pub(crate) enum Request {
     Local(EngineRequest),
     Remote(SpeechRequest),
+    /// An utterance whose text is still arriving (`append-text`): the voice and sampling of
+    /// the request, and where its text comes from.
+    LocalOpen(EngineRequest, Arc<OpenText>),
+}
+
+/// The text of an open utterance (`append-text` … `end-text`): fragments are kept here until
+/// the worker submits the utterance, then go straight to the engine's [`TextSender`].
+#[derive(Default)]
+pub(crate) struct OpenText {
+    state: Mutex<OpenTextState>,
+}
+
+#[derive(Default)]
+struct OpenTextState {
+    buffered: String,
+    ended: bool,
+    sender: Option<TextSender>,
+}
+
+impl std::fmt::Debug for OpenText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpenText")
+    }
+}
+
+impl OpenText {
+    /// Appends a fragment; false once the text has ended.
+    pub fn append(&self, fragment: &str) -> bool {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if g.ended {
+            return false;
+        }
+        match &g.sender {
+            Some(s) => s.append(fragment).is_ok(),
+            None => {
+                g.buffered.push_str(fragment);
+                true
+            }
+        }
+    }
+
+    /// Ends the text; returns whether this call ended it.
+    pub fn end(&self) -> bool {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if std::mem::replace(&mut g.ended, true) {
+            return false;
+        }
+        if let Some(s) = &g.sender {
+            s.end();
+        }
+        true
+    }
+
+    /// The engine took the utterance: what was appended goes to it, and what comes later.
+    fn attach(&self, sender: TextSender) -> Result<(), String> {
+        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let buffered = std::mem::take(&mut g.buffered);
+        sender.append(&buffered).map_err(|e| e.to_string())?;
+        if g.ended {
+            sender.end();
+        }
+        g.sender = Some(sender);
+        Ok(())
+    }
 }
 
 /// The events of one submitted utterance.
@@ -93,6 +160,11 @@ impl Backend {
                 .submit(r)
                 .map(Handle::Local)
                 .map_err(|e| e.to_string()),
+            (Backend::Local(engine), Request::LocalOpen(r, open)) => {
+                let (handle, sender) = engine.submit_open(r).map_err(|e| e.to_string())?;
+                open.attach(sender)?;
+                Ok(Handle::Local(handle))
+            }
             (Backend::Remote(client), Request::Remote(r)) => client
                 .submit(r)
                 .map(Handle::Remote)
@@ -143,6 +215,51 @@ pub(crate) enum Requests {
 }
 
 impl Requests {
+    /// The request of an open utterance (`append-text`) with the property values `s`: the
+    /// voice and sampling checked as for a text (errors name the property and value), the
+    /// streaming prompt mode (`prompt-mode=auto` takes it; `non-streaming` is refused, as is a
+    /// speech server, which takes whole texts only).
+    pub fn checked_open(
+        &self,
+        s: &SynthesisSettings,
+        info: &ModelInfo,
+        open: Arc<OpenText>,
+    ) -> Result<Request, InputError> {
+        match self {
+            Requests::Local { engine, cloner } => {
+                let mut r = checked_request(s, info, engine, cloner, "x")?;
+                match r.voice.prompt_mode {
+                    Some(PromptMode::NonStreaming) => {
+                        return Err(super::input_error::input_error(
+                            "prompt-mode",
+                            "non-streaming",
+                            "append-text streams text into the utterance one token per codec \
+                             frame: it needs prompt-mode=streaming (or auto)",
+                        ));
+                    }
+                    _ => r.voice.prompt_mode = Some(PromptMode::Streaming),
+                }
+                if r.voice.voice_clone.as_ref().is_some_and(|v| v.icl) {
+                    return Err(super::input_error::input_error(
+                        "x-vector-only",
+                        "false",
+                        "append-text cannot clone a voice in ICL mode (the reference text would \
+                         share the streamed text's frames): set x-vector-only=true",
+                    ));
+                }
+                r.voice.text.clear();
+                Ok(Request::LocalOpen(r, open))
+            }
+            Requests::Remote { target, .. } => Err(super::input_error::input_error(
+                "server",
+                &target.url,
+                "append-text is not supported with a speech server: its /v1/audio/speech \
+                 takes a whole text per request (and vLLM-Omni's streaming-input websocket \
+                 starts a new request per sentence); send whole sentences with push-text",
+            )),
+        }
+    }
+
     /// The complete request for `text` with the property values `s`; errors name the property
     /// and its value.
     pub fn checked(

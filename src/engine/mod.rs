@@ -36,6 +36,7 @@ mod request;
 mod stage0;
 mod stage1;
 mod stages;
+mod text_feed;
 mod voice_clone;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,6 +53,7 @@ pub use config::{
 pub use device::{DTypeSpec, DeviceSpec};
 pub use error::EngineError;
 pub use metrics::{BatchStats, Metrics};
+pub use text_feed::TextSender;
 pub use voice_clone::{VOICE_CLONE_CACHE_ENTRIES, VoiceCloneStats};
 
 use crate::models::qwen3_tts::{
@@ -646,12 +648,95 @@ impl Engine {
         [self.info.batches[0].get(), self.info.batches[1].get()]
     }
 
+    /// Queues a request whose text is still arriving (an LLM's reply streamed into speech):
+    /// `req.voice.text` is the text so far (may be empty), the rest comes through the returned
+    /// [`TextSender`] (`append`, then `end`; dropping it ends the text). Streaming prompt mode
+    /// only: the talker takes one text id per codec frame, so the utterance starts once the
+    /// prefill's first text id is final (the incremental tokenizer of `text_stream.rs` holds back
+    /// what later text could change) and a frame whose text id has not arrived waits out stage
+    /// 0's steps while the other requests go on; the codes (greedy, or sampled with the seed)
+    /// are those of the whole text given to [`Engine::submit`] in streaming prompt mode, however
+    /// the text was cut and whenever it came.
+    ///
+    /// Checked here: speaker, language, sampling and chunk values as [`Engine::submit`], and
+    /// the prompt mode (it must resolve to `streaming`: field `voice.prompt_mode`) and voice
+    /// clone (no ICL: `voice.voice_clone`). Checked when the text ends, failing the request with
+    /// `Finished { reason: Error(..) }`: the whole text (nothing to speak, no letter or digit,
+    /// too long for the talker's positions) and its bytes (not UTF-8, naming the offset).
+    pub fn submit_open(
+        &self,
+        req: EngineRequest,
+    ) -> Result<(RequestHandle, TextSender), EngineError> {
+        self.submit_open_inner(req, None)
+    }
+
+    /// [`Engine::submit_open`] with every frame's codes delivered as [`Engine::submit_tapped`]
+    /// does.
+    pub fn submit_open_tapped(
+        &self,
+        req: EngineRequest,
+    ) -> Result<(RequestHandle, TextSender, Receiver<Vec<u32>>), EngineError> {
+        let (tx, rx) = mpsc::channel();
+        let (h, s) = self.submit_open_inner(req, Some(tx))?;
+        Ok((h, s, rx))
+    }
+
+    fn submit_open_inner(
+        &self,
+        mut req: EngineRequest,
+        codes_tap: Option<mpsc::Sender<Vec<u32>>>,
+    ) -> Result<(RequestHandle, TextSender), EngineError> {
+        let first = std::mem::take(&mut req.voice.text);
+        // The text is checked when it ends; a speakable stand-in passes the other checks.
+        req.voice.text = "x".into();
+        self.validate(&req)?;
+        let r = prompt::resolve(&self.model_config, &req.voice).map_err(|e| {
+            EngineError::InvalidRequest {
+                field: "voice".into(),
+                value: String::new(),
+                msg: e.to_string(),
+            }
+        })?;
+        if r.mode != crate::models::qwen3_tts::PromptMode::Streaming {
+            return Err(EngineError::InvalidRequest {
+                field: "voice.prompt_mode".into(),
+                value: "non-streaming".into(),
+                msg: "text that is still arriving needs the streaming prompt mode (one text \
+                      token per codec frame)"
+                    .into(),
+            });
+        }
+        if r.ref_text.is_some() {
+            return Err(EngineError::InvalidRequest {
+                field: "voice.voice_clone".into(),
+                value: "icl".into(),
+                msg: "text that is still arriving cannot use an ICL voice clone (use an \
+                      x-vector-only clone)"
+                    .into(),
+            });
+        }
+        let feed = text_feed::TextFeed::new(self.ar_queue.signal.clone());
+        let sender = TextSender::new(feed.clone());
+        sender.append(&first)?;
+        let handle = self.submit_checked(req, codes_tap, Some(feed))?;
+        Ok((handle, sender))
+    }
+
     fn submit_inner(
         &self,
         req: EngineRequest,
         codes_tap: Option<mpsc::Sender<Vec<u32>>>,
     ) -> Result<RequestHandle, EngineError> {
         self.validate(&req)?;
+        self.submit_checked(req, codes_tap, None)
+    }
+
+    fn submit_checked(
+        &self,
+        req: EngineRequest,
+        codes_tap: Option<mpsc::Sender<Vec<u32>>>,
+        text: Option<Arc<text_feed::TextFeed>>,
+    ) -> Result<RequestHandle, EngineError> {
         let ar = &self.config.ar;
         let admission = self.admission.admit().map_err(|held| EngineError::Busy {
             held,
@@ -674,6 +759,7 @@ impl Engine {
             Instant::now(),
             admission,
             codes_tap,
+            text,
         ));
         let core = shared.core.clone();
         // Stage 1 first, so it is watching the buffer before stage 0 fills it.

@@ -50,6 +50,8 @@ pub(crate) struct RequestShared {
     pub codes_tap: Option<Sender<Vec<u32>>>,
     /// The place the request holds on stage 0 (waiting or running) until stage 0 lets go.
     admission: Mutex<Option<Admission>>,
+    /// Open text ([`super::Engine::submit_open`]): where its fragments arrive.
+    pub text: Option<Arc<super::text_feed::TextFeed>>,
 }
 
 /// Stage 0's admission control: how many requests it holds (running + waiting) against its limit
@@ -115,6 +117,7 @@ impl RequestShared {
         submitted: Instant,
         admission: Admission,
         codes_tap: Option<Sender<Vec<u32>>>,
+        text: Option<Arc<super::text_feed::TextFeed>>,
     ) -> Self {
         RequestShared {
             core: Arc::new(RequestCore {
@@ -128,6 +131,7 @@ impl RequestShared {
             ar_outcome: Mutex::new(None),
             admission: Mutex::new(Some(admission)),
             codes_tap,
+            text,
         }
     }
 

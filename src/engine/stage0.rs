@@ -13,6 +13,8 @@ use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
 use super::stages::{BatchGraphs, CudaGraphs, guarded, panic_message};
 use super::{DeviceSpec, EngineError, EngineEvent, EngineRequest, FinishReason};
+use crate::models::qwen3_tts::prompt;
+use crate::models::qwen3_tts::text_stream::IncrementalTokenizer;
 use crate::models::qwen3_tts::{
     self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, ModelVariant,
     PendingSession, WeightForm,
@@ -132,6 +134,61 @@ struct Prefilling<'m> {
     req: Arc<RequestShared>,
     pending: PendingSession<'m>,
     timing: ArTiming,
+    open: Option<OpenText<'m>>,
+}
+
+/// The text of an open request ([`super::Engine::submit_open`]) as stage 0 tokenizes it.
+struct OpenText<'m> {
+    tok: IncrementalTokenizer<'m>,
+    /// The ids the session has been given.
+    given: usize,
+}
+
+impl<'m> OpenText<'m> {
+    fn new(model: &'m ArModel) -> Self {
+        OpenText {
+            tok: IncrementalTokenizer::new(model.tokenizer(), prompt::ASSISTANT_HEAD),
+            given: 0,
+        }
+    }
+
+    /// Takes what arrived on `req`'s feed into the tokenizer. Returns whether anything changed.
+    fn poll(&mut self, req: &RequestShared) -> Result<bool, String> {
+        let Some(feed) = &req.text else {
+            return Ok(false);
+        };
+        if self.tok.is_finished() {
+            return Ok(false);
+        }
+        let (bytes, ended) = feed.take();
+        let mut changed = false;
+        if !bytes.is_empty() {
+            self.tok.push_bytes(&bytes).map_err(|e| e.to_string())?;
+            changed = true;
+        }
+        if ended {
+            self.tok
+                .finish(prompt::ASSISTANT_TAIL)
+                .map_err(|e| e.to_string())?;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// The whole text, once ended.
+    fn text(&self) -> Option<&str> {
+        self.tok.is_finished().then(|| {
+            let t = self.tok.text();
+            &t[prompt::ASSISTANT_HEAD.len()..t.len() - prompt::ASSISTANT_TAIL.len()]
+        })
+    }
+}
+
+/// An open request taken from the queue, waiting for its prefill's first text id.
+struct Opening<'m> {
+    req: Arc<RequestShared>,
+    open: OpenText<'m>,
+    timing: ArTiming,
 }
 
 /// One request in the decode batch.
@@ -143,6 +200,8 @@ struct ArActive<'m> {
     frames: usize,
     /// The runaway guard's budget for this request.
     budget: Option<usize>,
+    /// Open text still arriving.
+    open: Option<OpenText<'m>>,
 }
 
 /// Text tokens of the request (the model's tokenizer on the user text), for the runaway guard.
@@ -176,6 +235,8 @@ impl<'m> ArStage<'m> {
         let mut waiting: VecDeque<(Arc<RequestShared>, u64)> = VecDeque::new();
         let mut prefilling: VecDeque<Prefilling<'m>> = VecDeque::new();
         let mut active: Vec<ArActive<'m>> = Vec::new();
+        // Open requests waiting for their first text id (they hold a slot).
+        let mut opening: Vec<Opening<'m>> = Vec::new();
         loop {
             let seen = queue.signal.epoch();
             let (new, shutdown) = queue.drain();
@@ -191,6 +252,10 @@ impl<'m> ArStage<'m> {
                 for p in prefilling.drain(..) {
                     p.req.cancel();
                     p.req.release_from_ar(FinishReason::Cancelled, p.timing);
+                }
+                for o in opening.drain(..) {
+                    o.req.cancel();
+                    o.req.release_from_ar(FinishReason::Cancelled, o.timing);
                 }
                 for (r, _) in waiting.drain(..) {
                     r.cancel();
@@ -212,13 +277,45 @@ impl<'m> ArStage<'m> {
                     true
                 }
             });
-            while active.len() + prefilling.len() < self.cfg.max_num_seqs {
+            while active.len() + prefilling.len() + opening.len() < self.cfg.max_num_seqs {
                 let Some((r, arrival)) = waiting.pop_front() else {
                     break;
                 };
                 progress = true;
-                if let Some(p) = self.begin(r, arrival) {
+                if r.text.is_some() {
+                    let started = Instant::now();
+                    r.send(EngineEvent::Started);
+                    opening.push(Opening {
+                        req: r,
+                        open: OpenText::new(self.model),
+                        timing: ArTiming {
+                            started: Some(started),
+                            arrival_step: arrival,
+                            ..ArTiming::default()
+                        },
+                    });
+                } else if let Some(p) = self.begin(r, arrival) {
                     prefilling.push_back(p);
+                }
+            }
+            // Open requests: start those whose prefill's text has arrived.
+            let mut i = 0;
+            while i < opening.len() {
+                match self.open_step(&mut opening[i]) {
+                    OpenStep::Wait => i += 1,
+                    step => {
+                        progress = true;
+                        let o = opening.remove(i);
+                        match step {
+                            OpenStep::Begin => {
+                                if let Some(p) = self.begin_open(o) {
+                                    prefilling.push_back(p);
+                                }
+                            }
+                            OpenStep::Release(reason) => o.req.release_from_ar(reason, o.timing),
+                            OpenStep::Wait => {}
+                        }
+                    }
                 }
             }
             let mut budget = PREFILL_CHUNK;
@@ -232,6 +329,21 @@ impl<'m> ArStage<'m> {
                     Prefill::More(p) => prefilling.push_front(p),
                     Prefill::Done(a) => active.push(a),
                     Prefill::Released => {}
+                }
+            }
+            // Open requests in the batch: the text that arrived becomes their next text rows.
+            let mut i = 0;
+            while i < active.len() {
+                match self.extend_open(&mut active[i]) {
+                    Ok(changed) => {
+                        progress |= changed;
+                        i += 1;
+                    }
+                    Err(reason) => {
+                        progress = true;
+                        let a = active.remove(i);
+                        self.release(a, reason);
+                    }
                 }
             }
             progress |= self.decode_step(&mut active);
@@ -291,6 +403,7 @@ impl<'m> ArStage<'m> {
                 req,
                 pending,
                 timing,
+                open: None,
             }),
             Err(msg) => {
                 req.release_from_ar(
@@ -300,6 +413,109 @@ impl<'m> ArStage<'m> {
                 None
             }
         }
+    }
+
+    /// Polls an open request still waiting for its first text id: begin once the prefill's id
+    /// is final (or the text has ended), release on a text error or cancel.
+    fn open_step(&self, o: &mut Opening<'m>) -> OpenStep {
+        if o.req.is_cancelled() {
+            return OpenStep::Release(FinishReason::Cancelled);
+        }
+        if let Err(msg) = o.open.poll(&o.req) {
+            return OpenStep::Release(FinishReason::Error(format!(
+                "stage 0 (qwen3_tts) text: {msg}"
+            )));
+        }
+        if o.open.tok.is_finished() || o.open.tok.ids().len() >= 4 {
+            OpenStep::Begin
+        } else {
+            OpenStep::Wait
+        }
+    }
+
+    /// Starts an open request's prefill: the whole-text path when its text has already ended
+    /// (the same prompt exactly), else the open one over the ids committed so far.
+    fn begin_open(&self, o: Opening<'m>) -> Option<Prefilling<'m>> {
+        let Opening {
+            req,
+            open,
+            mut timing,
+        } = o;
+        let t = Instant::now();
+        let r = &req.request;
+        let result = match open.text() {
+            Some(text) => {
+                let mut voice = r.voice.clone();
+                voice.text = text.to_string();
+                guarded(|| self.model.begin(&voice, &r.sampling)).map(|p| (p, None))
+            }
+            None => guarded(|| self.model.begin_open(&r.voice, &r.sampling, open.tok.ids()))
+                .map(|p| (p, Some(open))),
+        };
+        timing.prefill += t.elapsed();
+        match result {
+            Ok((pending, open)) => Some(Prefilling {
+                req,
+                pending,
+                timing,
+                open: open.map(|mut o| {
+                    o.given = o.tok.ids().len();
+                    o
+                }),
+            }),
+            Err(msg) => {
+                req.release_from_ar(
+                    FinishReason::Error(format!("stage 0 (qwen3_tts) prefill: {msg}")),
+                    timing,
+                );
+                None
+            }
+        }
+    }
+
+    /// An open request in the batch: takes what arrived on its feed and gives the session the
+    /// new ids; at the end, checks the whole text and sets the runaway guard's budget. Returns
+    /// whether anything changed; `Err` ends the request.
+    fn extend_open(&self, a: &mut ArActive<'m>) -> Result<bool, FinishReason> {
+        let Some(open) = &mut a.open else {
+            return Ok(false);
+        };
+        let text_err =
+            |msg: String| FinishReason::Error(format!("stage 0 (qwen3_tts) text: {msg}"));
+        let mut changed = open.poll(&a.req).map_err(text_err)?;
+        let ended = open.tok.is_finished();
+        if open.given < open.tok.ids().len() || (ended && a.session.text_open()) {
+            let ids = open.tok.ids();
+            if ended {
+                let text = open.text().unwrap_or("");
+                if let Some(why) = prompt::unspeakable(text) {
+                    return Err(text_err(format!("text {text:?}: {why}")));
+                }
+            }
+            guarded(|| a.session.extend_text(ids, ended)).map_err(text_err)?;
+            open.given = ids.len();
+            changed = true;
+            if ended {
+                let text = open.text().unwrap_or("").to_string();
+                let p = a.session.prompt_ids();
+                if let Err(e) = p.check_position_budget(
+                    self.model.config(),
+                    &text,
+                    a.req.request.sampling.max_new_tokens,
+                ) {
+                    return Err(text_err(e.to_string()));
+                }
+                let tokens = self
+                    .model
+                    .tokenizer()
+                    .encode(&text)
+                    .map(|ids| ids.len())
+                    .unwrap_or_else(|_| text.chars().count());
+                a.budget = self.cfg.guard.budget(tokens);
+                a.open = None;
+            }
+        }
+        Ok(changed)
     }
 
     /// Runs the next `positions` prompt positions of a request's prefill (fewer at its end).
@@ -325,16 +541,22 @@ impl<'m> ArStage<'m> {
                     req,
                     pending,
                     timing,
+                    open,
                 } = p;
                 match guarded(|| pending.into_session()) {
                     Ok(session) => {
-                        let budget = self.cfg.guard.budget(text_tokens(self.model, &req.request));
+                        // An open text's budget is set when the text ends.
+                        let budget = match &open {
+                            None => self.cfg.guard.budget(text_tokens(self.model, &req.request)),
+                            Some(_) => None,
+                        };
                         Prefill::Done(ArActive {
                             req,
                             session,
                             timing,
                             frames: 0,
                             budget,
+                            open,
                         })
                     }
                     Err(msg) => failed(req, timing, msg),
@@ -364,8 +586,9 @@ impl<'m> ArStage<'m> {
                 i += 1;
             }
         }
+        // Rows whose next text id has not arrived wait too (no padding is fed, no RNG drawn).
         let ready: Vec<usize> = (0..active.len())
-            .filter(|&i| active[i].req.buffer.has_space())
+            .filter(|&i| active[i].req.buffer.has_space() && !active[i].session.waits_for_text())
             .collect();
         if ready.is_empty() {
             return progress;
@@ -485,6 +708,13 @@ impl<'m> ArStage<'m> {
             ))),
         }
     }
+}
+
+/// What an open request waiting for its first text id does next.
+enum OpenStep {
+    Wait,
+    Begin,
+    Release(FinishReason),
 }
 
 /// What one prefill chunk left.

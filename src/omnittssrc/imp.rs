@@ -13,7 +13,7 @@ use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 
 use crate::element_common::audio::{self, RATE, SampleFormat, pts_of};
-use crate::element_common::backend::{Ready, Requests, prepare};
+use crate::element_common::backend::{OpenText, Ready, Requests, prepare};
 use crate::element_common::input_error::{InputError, input_error};
 use crate::element_common::load::sharing;
 use crate::element_common::properties::{
@@ -96,6 +96,8 @@ struct State {
     format: Option<SampleFormat>,
     /// Text pushed with `push-text` before start(); queued at start().
     early_texts: Vec<String>,
+    /// The open utterance `append-text` adds to, until `end-text`, EOS or a flush.
+    open: Option<Arc<OpenText>>,
 }
 
 /// The element's instance data: property values and stream state, each behind its own lock
@@ -238,9 +240,77 @@ impl OmniTtsSrc {
         accepted
     }
 
+    /// `append-text`: adds `fragment` to the open utterance, opening one (queued behind the
+    /// utterances before it, in order) when none is open. Checked now: the element has started,
+    /// the voice and sampling properties (as for `push-text`; an error names the property), the
+    /// prompt mode (streaming or auto) and the backend (no `server=`). Checked when the text
+    /// ends, as an error in stream order: the whole text (nothing to speak, too long) and the
+    /// engine's own refusals.
+    fn append_text(&self, fragment: &str) -> bool {
+        let settings = self.settings();
+        let state = lock(&self.state);
+        if let Some(open) = &state.open
+            && open.append(fragment)
+        {
+            return true;
+        }
+        let Some(rt) = state.runtime.as_ref() else {
+            drop(state);
+            gst::warning!(CAT, imp = self, "append-text before start: refused");
+            return false;
+        };
+        let (shared, info, requests, warned) = (
+            rt.shared.clone(),
+            rt.info.clone(),
+            rt.requests.clone(),
+            rt.warned.clone(),
+        );
+        let now = rt.live_latency.map(|_| self.running_time(rt.started));
+        drop(state);
+        let open = Arc::new(OpenText::default());
+        let request = match requests.checked_open(&settings.synthesis, &info, open.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                self.post_input_error(&e);
+                return false;
+            }
+        };
+        self.warn_voice(&warned, &settings.synthesis, &info);
+        open.append(fragment);
+        let mut inner = shared.lock();
+        if inner.ended() {
+            drop(inner);
+            gst::warning!(CAT, imp = self, "append-text after EOS, refused");
+            return false;
+        }
+        let start_pos = inner.arrival_pos(now);
+        let u = inner.queue(String::new(), Ok(request), start_pos);
+        gst::info!(
+            CAT,
+            imp = self,
+            "queued open utterance {} at sample {start_pos}",
+            u.id
+        );
+        shared.notify();
+        drop(inner);
+        if let Some(old) = lock(&self.state).open.replace(open) {
+            old.end();
+        }
+        true
+    }
+
+    /// `end-text`: ends the open utterance's text; false when none is open.
+    fn end_text(&self) -> bool {
+        match lock(&self.state).open.take() {
+            Some(open) => open.end(),
+            None => false,
+        }
+    }
+
     /// Drops queued text and audio and stops the utterance in flight (flush, `cancel`).
     /// Returns whether anything was dropped.
     fn discard(&self, why: &str) -> bool {
+        self.end_text();
         let (shared, spf) = {
             let state = lock(&self.state);
             match state.runtime.as_ref() {
@@ -378,6 +448,25 @@ impl ObjectImpl for OmniTtsSrc {
                         let text = args[1].get::<Option<String>>().ok().flatten();
                         let ok = element.imp().push_text(text.as_deref().unwrap_or(""));
                         Some(ok.to_value())
+                    })
+                    .build(),
+                glib::subclass::Signal::builder("append-text")
+                    .param_types([String::static_type()])
+                    .return_type::<bool>()
+                    .action()
+                    .class_handler(|args| {
+                        let element = args[0].get::<super::OmniTtsSrc>().ok()?;
+                        let text = args[1].get::<Option<String>>().ok().flatten();
+                        let ok = element.imp().append_text(text.as_deref().unwrap_or(""));
+                        Some(ok.to_value())
+                    })
+                    .build(),
+                glib::subclass::Signal::builder("end-text")
+                    .return_type::<bool>()
+                    .action()
+                    .class_handler(|args| {
+                        let element = args[0].get::<super::OmniTtsSrc>().ok()?;
+                        Some(element.imp().end_text().to_value())
                     })
                     .build(),
                 glib::subclass::Signal::builder("cancel")
@@ -551,6 +640,8 @@ impl OmniTtsSrc {
     /// An EOS event ends the stream: the refusals queued behind it, which the output will not
     /// reach, are posted now (in stream order).
     fn end_stream(&self) {
+        // EOS ends an open utterance's text: it is spoken to its end.
+        self.end_text();
         let shared = match lock(&self.state).runtime.as_ref() {
             Some(rt) => rt.shared.clone(),
             None => return,

@@ -59,6 +59,10 @@ impl ArModel {
                 }));
                 continue;
             }
+            if s.waits_for_text() {
+                results[i] = Some(Err(ModelError::TextPending));
+                continue;
+            }
             match s.choose_code0() {
                 Ok(a0) => rows.push((i, a0)),
                 Err(reason) => results[i] = Some(Ok(ArStep::Finished(reason))),

@@ -41,6 +41,10 @@ pub enum ModelError {
     Stopped,
     /// [`PendingSession::into_session`](super::PendingSession::into_session) before the prefill
     /// was complete.
+    /// An open-text session's next frame needs a text id that has not arrived
+    /// ([`ArSession::waits_for_text`](super::ArSession::waits_for_text)): wait for it.
+    #[error("the next frame's text has not arrived yet")]
+    TextPending,
     #[error("prefill incomplete: {remaining} prompt positions still to run")]
     PrefillIncomplete { remaining: usize },
     #[error(transparent)]

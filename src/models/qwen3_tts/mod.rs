@@ -42,6 +42,7 @@ pub mod speaker_encoder;
 pub mod talker;
 #[cfg(test)]
 mod testing;
+pub mod text_stream;
 pub mod tokenizer;
 mod voice_clone;
 

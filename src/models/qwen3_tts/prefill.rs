@@ -29,6 +29,10 @@ pub struct PendingSession<'a> {
     prefill: Tensor,
     /// `[trailing.len(), hidden]`.
     trailing: Tensor,
+    /// Rows of `trailing` that are text.
+    trailing_rows: usize,
+    /// Open text: more arrives after the start ([`ArModel::begin_open`]).
+    text_open: bool,
     cache: TalkerCache<'a>,
     /// Prompt positions run so far.
     done: usize,
@@ -69,6 +73,96 @@ impl ArModel {
         Ok(PendingSession {
             model: self,
             decoding: Decoding::new(sampling, self.config.talker_config.codec_eos_token_id),
+            trailing_rows: prompt.trailing.len(),
+            text_open: false,
+            prompt,
+            prefill,
+            trailing,
+            cache,
+            done: 0,
+            last: None,
+        })
+    }
+
+    /// [`Self::begin`] for a text still arriving (streaming prompt mode only, no ICL): `ids` are
+    /// the assistant text's ids committed so far by an
+    /// [`IncrementalTokenizer`](super::text_stream::IncrementalTokenizer) (the 3-id role header
+    /// and at least one body id, the one the prefill holds); `req.text` only passes the request's
+    /// checks (any speakable text). The rest comes through [`ArSession::extend_text`]. The
+    /// position budget is checked with `max_new_tokens` and the text so far (the caller checks
+    /// the whole text at its end). Errors as [`Self::begin`], and [`ModelError::InvalidRequest`]
+    /// for a non-streaming prompt mode (`prompt_mode`), an ICL voice clone (`voice_clone`), or
+    /// fewer than 4 ids (`text`).
+    pub fn begin_open(
+        &self,
+        req: &VoiceRequest,
+        sampling: &SamplingParams,
+        ids: &[u32],
+    ) -> Result<PendingSession<'_>, ModelError> {
+        let bad = |field: &str, value: String, msg: &str| ModelError::InvalidRequest {
+            field: field.into(),
+            value,
+            msg: msg.into(),
+        };
+        sampling.validate()?;
+        let r = super::prompt::resolve(&self.config, req)?;
+        if r.mode != super::PromptMode::Streaming {
+            return Err(bad(
+                "prompt_mode",
+                format!("{:?}", r.mode),
+                "text that is still arriving needs the streaming prompt mode",
+            ));
+        }
+        if r.ref_text.is_some() {
+            return Err(bad(
+                "voice_clone",
+                "icl".into(),
+                "text that is still arriving cannot use an ICL voice clone (use x-vector-only)",
+            ));
+        }
+        if ids.len() < 4 {
+            return Err(bad(
+                "text",
+                format!("{} ids", ids.len()),
+                "the prefill needs the role header and the first text id",
+            ));
+        }
+        let instruct_ids = match &r.instruct_text {
+            Some(t) => Some(self.tokenizer().encode(t)?),
+            None => None,
+        };
+        // A provisional tail so that `build` slices the body as it will at the end.
+        let tail = [self.config.tts_pad_token_id; 5];
+        let mut prompt = Prompt::build(
+            &self.config,
+            &r,
+            ids.iter().chain(&tail).copied().collect(),
+            instruct_ids,
+        )?;
+        prompt.voice_clone = req.voice_clone.clone();
+        prompt.input_ids = ids.to_vec();
+        // `build` ended the trailing text with tts_eos: it comes when the text ends.
+        prompt.trailing.pop();
+        prompt.check_position_budget(&self.config, &req.text, sampling.max_new_tokens)?;
+        let prefill = self.prompt_embeds(&prompt)?;
+        let trailing_rows = prompt.trailing.len();
+        let trailing = if trailing_rows > 0 {
+            self.talker.text_embed(&prompt.trailing)?
+        } else {
+            self.tts_pad_embed.clone()
+        };
+        let rows = prompt.rows.len();
+        let cache = TalkerCache::for_utterance(
+            &self.graphs,
+            &self.talker,
+            rows,
+            rows + sampling.max_new_tokens.min(DECODE_CAPACITY_HINT) + 1,
+        );
+        Ok(PendingSession {
+            model: self,
+            decoding: Decoding::new(sampling, self.config.talker_config.codec_eos_token_id),
+            trailing_rows,
+            text_open: true,
             prompt,
             prefill,
             trailing,
@@ -157,6 +251,8 @@ impl<'a> PendingSession<'a> {
             prompt: self.prompt,
             prefill: self.prefill,
             trailing: self.trailing,
+            trailing_rows: self.trailing_rows,
+            text_open: self.text_open,
             cache: self.cache,
             hidden,
             logits,

@@ -113,6 +113,12 @@ pub struct ResolvedRequest {
     pub ref_frames: usize,
 }
 
+/// What the assistant text starts with before the text ([`ResolvedRequest::assistant_text`]).
+pub const ASSISTANT_HEAD: &str = "<|im_start|>assistant\n";
+
+/// What the assistant text ends with after the text ([`ResolvedRequest::assistant_text`]).
+pub const ASSISTANT_TAIL: &str = "<|im_end|>\n<|im_start|>assistant\n";
+
 /// Longest value, in characters, an [`ModelError::InvalidRequest`] quotes (a longer one is cut
 /// with "…", so that a refused megabyte of text does not become a megabyte of error message).
 const QUOTED_VALUE_CHARS: usize = 80;

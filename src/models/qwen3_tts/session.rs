@@ -82,6 +82,15 @@ pub struct ArSession<'a> {
     prefill: Tensor,
     /// `[trailing.len(), hidden]`.
     trailing: Tensor,
+    /// Rows of `trailing` that are text (0 when an open text had none yet).
+    trailing_rows: usize,
+    /// Open text ([`ArSession::extend_text`]): the text rows that arrived after the start, each
+    /// `[k, hidden]`, in order.
+    more_text: Vec<Tensor>,
+    /// Text rows in `more_text`.
+    more_rows: usize,
+    /// The text is still open: a frame whose text row has not arrived waits.
+    text_open: bool,
     pub(super) cache: TalkerCache<'a>,
     cp_cache: LayerCaches,
     /// Final-normed talker hidden state of the last position, `[1, 1, hidden]`.
@@ -103,6 +112,10 @@ pub(super) struct Prefilled<'a> {
     pub(super) prompt: Prompt,
     pub(super) prefill: Tensor,
     pub(super) trailing: Tensor,
+    /// Rows of `trailing` that are text.
+    pub(super) trailing_rows: usize,
+    /// Whether the text is still open ([`ArSession::extend_text`]).
+    pub(super) text_open: bool,
     pub(super) cache: TalkerCache<'a>,
     pub(super) hidden: Tensor,
     pub(super) logits: Vec<f32>,
@@ -188,6 +201,9 @@ impl ArSession<'_> {
     /// residual codes and is dropped (frames = tokens − 1), as in the reference. After an error
     /// the session cannot go on (drop it).
     pub fn next_frame(&mut self) -> Result<ArStep, ModelError> {
+        if self.waits_for_text() {
+            return Err(ModelError::TextPending);
+        }
         match self.choose_code0() {
             Ok(a0) => self.finish_frame(a0).map(ArStep::Frame),
             Err(reason) => Ok(ArStep::Finished(reason)),
@@ -197,6 +213,72 @@ impl ArSession<'_> {
     /// Whether the talker's decode steps run on the leased decode graphs.
     pub fn uses_talker_graphs(&self) -> bool {
         self.cache.is_leased()
+    }
+
+    /// Open text (streaming prompt mode, text still arriving): whether the next frame's text
+    /// row has not arrived yet, so the session must sit out the step (no sampling, no RNG draw:
+    /// its codes do not depend on when the text comes). Always false once the text has ended.
+    pub fn waits_for_text(&self) -> bool {
+        self.text_open
+            && self.finished.is_none()
+            && self.frames >= self.trailing_rows + self.more_rows
+    }
+
+    /// Whether the session's text is still open ([`Self::extend_text`]).
+    pub fn text_open(&self) -> bool {
+        self.text_open
+    }
+
+    /// Open text: the assistant text's ids committed so far (`ids`: the role header, then the
+    /// body; once `ended`, the whole tokenization with its 5-id tail, as
+    /// [`ArModel::plan`] tokenizes the whole text). Appends the new body ids (and `tts_eos` at
+    /// the end) as decode-time text rows; the plan's `trailing` grows alike, so at the end the
+    /// session holds exactly the whole text's streaming prompt. Errors: not an open session
+    /// ([`ModelError::InvalidRequest`], field `text`), ids that do not extend what came before,
+    /// a whole text with no body id; a failed embedding.
+    pub fn extend_text(&mut self, ids: &[u32], ended: bool) -> Result<(), ModelError> {
+        let bad = |msg: &str| ModelError::InvalidRequest {
+            field: "text".into(),
+            value: format!("{} ids", ids.len()),
+            msg: msg.into(),
+        };
+        if !self.text_open {
+            return Err(bad("the session's text has already ended"));
+        }
+        let n = ids.len();
+        let body = if ended {
+            if n < 9 {
+                return Err(bad("the text has no token to speak"));
+            }
+            &ids[3..n - 5]
+        } else {
+            ids.get(3..).unwrap_or(&[])
+        };
+        let cfg = &self.model.config;
+        // Trailing text = body[1..] (+ tts_eos once ended); the prefill holds body[0].
+        let fed = self.trailing_rows + self.more_rows;
+        let have = self.prompt.trailing.len().min(fed);
+        if body.len() < have + 1 || body[1..have + 1] != self.prompt.trailing[..have] {
+            return Err(bad("streamed text ids do not extend the ids before them"));
+        }
+        let mut new: Vec<u32> = body[1 + fed..].to_vec();
+        if ended {
+            new.push(cfg.tts_eos_token_id);
+        }
+        if !new.is_empty() {
+            let rows = self.model.talker.text_embed(&new)?;
+            self.more_rows += new.len();
+            self.more_text.push(rows);
+            self.prompt.trailing.truncate(fed);
+            self.prompt.trailing.extend_from_slice(&new);
+        }
+        if ended {
+            self.prompt.input_ids = ids.to_vec();
+            self.text_open = false;
+        } else {
+            self.prompt.input_ids = ids.to_vec();
+        }
+        Ok(())
     }
 
     /// Whether the utterance has ended (every later frame is [`ArStep::Finished`]).
@@ -225,6 +307,10 @@ impl<'a> ArSession<'a> {
             prompt: p.prompt,
             prefill: p.prefill,
             trailing: p.trailing,
+            trailing_rows: p.trailing_rows,
+            more_text: Vec::new(),
+            more_rows: 0,
+            text_open: p.text_open,
             cache: p.cache,
             hidden: p.hidden,
             logits: p.logits,
@@ -298,11 +384,24 @@ impl<'a> ArSession<'a> {
     /// The text vector `[1, hidden]` added to the talker input of the frame being made: the next
     /// trailing text row, or `T(tts_pad)` after the text.
     pub(super) fn text_row(&self) -> candle_core::Result<Tensor> {
-        if self.frames < self.trailing.dim(0)? {
-            self.trailing.narrow(0, self.frames, 1)
-        } else {
-            Ok(self.model.tts_pad_embed.clone())
+        if self.frames < self.trailing_rows {
+            return self.trailing.narrow(0, self.frames, 1);
         }
+        let mut i = self.frames - self.trailing_rows;
+        for block in &self.more_text {
+            let n = block.dim(0)?;
+            if i < n {
+                return block.narrow(0, i, 1);
+            }
+            i -= n;
+        }
+        if self.text_open {
+            return Err(candle_core::Error::Msg(format!(
+                "frame {}: its text has not arrived (the row should have waited)",
+                self.frames
+            )));
+        }
+        Ok(self.model.tts_pad_embed.clone())
     }
 
     /// A frame's last part: the talker step's hidden state `[1, 1, hidden]` and logits become the

@@ -28,7 +28,7 @@ pub const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]
 
 /// Text tokenizer of a checkpoint.
 pub struct TextTokenizer {
-    inner: Tokenizer,
+    pub(super) inner: Tokenizer,
 }
 
 fn tok_err(file: &Path, e: impl std::fmt::Display) -> ModelError {
