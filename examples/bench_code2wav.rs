@@ -49,9 +49,37 @@ struct Args {
     /// Frames of each accuracy stream.
     #[arg(long, default_value_t = 100)]
     accuracy_frames: usize,
+    /// Mark the timed rounds as the profiled range (cuProfilerStart / cuProfilerStop), for
+    /// `ncu --profile-from-start off`: the warm-up and accuracy decodes stay out of the profile.
+    #[arg(long)]
+    profile: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+}
+
+/// Starts (`true`) or stops the CUDA profiler's range when `--profile` is given (CUDA builds).
+fn profiler(args: &Args, on: bool) {
+    if !args.profile {
+        return;
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        // SAFETY: plain driver calls without arguments; the context is current on this thread.
+        let r = unsafe {
+            if on {
+                sys::cuProfilerStart()
+            } else {
+                sys::cuProfilerStop()
+            }
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            eprintln!("profiler range call returned {r:?}");
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = on;
 }
 
 /// Deterministic pseudo-random codes (xorshift): `frames × quantizers` ids below `size`.
@@ -107,13 +135,15 @@ fn throughput(c2w: &Code2Wav, args: &Args) -> Result<Vec<serde_json::Value>> {
         let refs: Vec<&[Vec<u32>]> = chunks.iter().map(Vec::as_slice).collect();
         let mut streams: Vec<_> = (0..rows).map(|_| c2w.stream()).collect();
         let mut times = Vec::new();
-        for _ in 0..=args.rounds {
+        for round in 0..=args.rounds {
             let mut s: Vec<_> = streams.iter_mut().collect();
+            profiler(args, round == 1);
             let t = Instant::now();
             for r in c2w.decode_chunks(&mut s, &refs) {
                 r.context("decode_chunks")?;
             }
             times.push(t.elapsed().as_secs_f64() * 1e3);
+            profiler(args, false);
         }
         let best = times[1..].iter().copied().fold(f64::INFINITY, f64::min);
         let frames = (rows * args.frames) as f64;

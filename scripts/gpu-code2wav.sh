@@ -12,13 +12,17 @@
 #  voice    bench_code2wav on the bundled voice: deviation of tf32 / bf16 from f32;
 #  ncu      Nsight Compute: time per kernel of the f32 decoder's passes (64 streams);
 #  closed   bench_streams closed loop (STREAMS, 100 frames, greedy) for each PRECISIONS entry;
-#  open     bench_streams open loop (RATES, SEEDS, WARMUP_S + DURATION_S) with OPEN_PRECISION.
+#  open     bench_streams open loop (RATES, SEEDS, WARMUP_S + DURATION_S) with OPEN_PRECISION;
+#  fqb      faster-qwen3-tts-batch 0.2.0 on the same shapes (1.7B, B = 1, 16, 64, 250 frames) for the
+#           aggregate side by side: needs FQB_DIR, a folder with bench/ (the anchors' benchmark scripts)
+#           and .whl/fast/ (its wheels); pair it with closed at CLOSED_FRAMES=250.
 set -uo pipefail
 bin=$1 template=$2 voice=$3 out=$4
 mkdir -p "$out"
 STEPS=${STEPS:-"c2w voice ncu closed"} STREAMS=${STREAMS:-1,16,64} PRECISIONS=${PRECISIONS:-"f32 tf32 bf16"}
 RATES=${RATES:-1,10,20,40} SEEDS=${SEEDS:-1} WARMUP_S=${WARMUP_S:-10} DURATION_S=${DURATION_S:-30}
-OPEN_PRECISION=${OPEN_PRECISION:-bf16} BUDGET_S=${BUDGET_S:-560}
+OPEN_PRECISION=${OPEN_PRECISION:-bf16} BUDGET_S=${BUDGET_S:-560} CLOSED_FRAMES=${CLOSED_FRAMES:-100}
+FQB_DIR=${FQB_DIR:-}
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
@@ -47,14 +51,18 @@ if has voice; then
 fi
 if has ncu; then
     # Two passes of 64 streams (the first is the warm-up); the accuracy part kept tiny.
-    run ncu-f32 120 ncu --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
-        "$bin/bench_code2wav" --model-dir /tmp/ckpt/1.7b --precisions f32 --rows 64 --rounds 1 --accuracy-frames 2
+    # One timed pass of 64 streams (bench_code2wav --profile marks it), per precision in PRECISIONS.
+    for p in $PRECISIONS; do
+        run "ncu-$p" 120 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+            --print-summary per-kernel "$bin/bench_code2wav" --model-dir /tmp/ckpt/1.7b --precisions "$p" \
+            --rows 64 --rounds 1 --accuracy-frames 2 --profile
+    done
 fi
 if has closed; then
     for p in $PRECISIONS; do
         # shellcheck disable=SC2046
         run "closed-$p" 120 "$bin/bench_streams" --model-dir /tmp/ckpt/1.7b --device cuda:0 --shared-only \
-            --streams "$STREAMS" --frames 100 $(flags "$p") --json "$out/closed-$p.json"
+            --streams "$STREAMS" --frames "$CLOSED_FRAMES" $(flags "$p") --json "$out/closed-$p.json"
     done
 fi
 if has open; then
@@ -62,5 +70,17 @@ if has open; then
     run "open-$OPEN_PRECISION" 400 "$bin/bench_streams" --model-dir /tmp/ckpt/1.7b --device cuda:0 --shared-only \
         --rates "$RATES" --seeds "$SEEDS" --warmup-s "$WARMUP_S" --duration "$DURATION_S" --drain-s 20 \
         $(flags "$OPEN_PRECISION") --json "$out/open-$OPEN_PRECISION.json"
+fi
+if has fqb && [ -n "$FQB_DIR" ]; then
+    l=$(left)
+    if [ "$l" -gt 60 ]; then
+        stamp fqb
+        (cd "$FQB_DIR" && OUT="$out/fqb" SIZES=1.7b BATCHES=1,16,64 INSTALL_REF=0 SIZE_TIMEOUT=$((l - 10)) \
+            timeout "$l" bash bench/run_batch_gpu.sh >/dev/null 2>&1)
+        echo "exit $?"; sed -n '/== summary/,$p' "$out/fqb/batch.log" | head -12
+        rm -rf "$out/fqb/codes"
+    else
+        echo "skipped fqb: budget spent"
+    fi
 fi
 stamp done
