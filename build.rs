@@ -28,6 +28,7 @@ const KERNELS: &[&str] = &[
     "pick_rows",
     "rows_attention",
     "snake_beta",
+    "bias_epilogue",
 ];
 /// Device functions shared between kernels (`#include`d by the .cu files above).
 const HEADERS: &[&str] = &[

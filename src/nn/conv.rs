@@ -20,6 +20,61 @@
 
 use candle_core::{Result, Tensor, bail};
 
+use super::snake_beta::SnakeBeta;
+
+/// What follows a convolution's bias add; on CUDA the two run as one kernel
+/// ([`crate::nn::cuda_kernels::bias_epilogue`]), elsewhere as the tensor operations.
+#[derive(Debug, Clone, Copy)]
+pub enum Then<'a> {
+    /// Nothing: `conv(x) + bias`.
+    Nothing,
+    /// SnakeBeta: `snake(conv(x) + bias)`.
+    Snake(&'a SnakeBeta),
+    /// A residual add: `residual + (conv(x) + bias)`, `residual` of the output's shape.
+    Residual(&'a Tensor),
+}
+
+/// `y` `[b, c, t]` plus `bias` (`[1, c, 1]`, if any), then `then`.
+fn bias_then(y: Tensor, bias: Option<&Tensor>, then: Then<'_>) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if let Some(b) = bias
+        && y.device().is_cuda()
+        && matches!(
+            y.dtype(),
+            candle_core::DType::F32 | candle_core::DType::BF16
+        )
+        && crate::nn::switches::Switches::get().decoder_kernels
+    {
+        use crate::nn::cuda_kernels::bias_epilogue::{Then as K, bias_epilogue};
+        let b = b.flatten_all()?;
+        match then {
+            Then::Nothing => return bias_epilogue(&y, &b, K::Nothing),
+            Then::Residual(r) if r.dtype() == y.dtype() => {
+                return bias_epilogue(&y, &b, K::Residual(&r.contiguous()?));
+            }
+            Then::Snake(s) => {
+                if let Some((frequency, inv_magnitude)) = s.kernel_params() {
+                    let k = K::Snake {
+                        frequency: &frequency,
+                        inv_magnitude: &inv_magnitude,
+                    };
+                    return bias_epilogue(&y, &b, k);
+                }
+            }
+            Then::Residual(_) => {}
+        }
+    }
+    let y = match bias {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
+    match then {
+        Then::Nothing => Ok(y),
+        Then::Snake(s) => s.forward(&y),
+        Then::Residual(r) => r + y,
+    }
+}
+
 /// How the convolution is computed; chosen once at construction.
 #[derive(Debug, Clone)]
 enum ConvKernel {
@@ -223,6 +278,16 @@ impl StreamingCausalConv1d {
 
     /// Convolves the next chunk `x` `[b, c_in, n]` → `[b, c_out, n]`, updating `state`.
     pub fn forward(&self, x: &Tensor, state: &mut CausalConvState) -> Result<Tensor> {
+        self.forward_then(x, state, Then::Nothing)
+    }
+
+    /// [`Self::forward`] followed by `then` (fused with the bias add on CUDA).
+    pub fn forward_then(
+        &self,
+        x: &Tensor,
+        state: &mut CausalConvState,
+        then: Then<'_>,
+    ) -> Result<Tensor> {
         let (b, c, n) = x.dims3()?;
         if c != self.in_channels {
             bail!(
@@ -260,10 +325,7 @@ impl StreamingCausalConv1d {
                 acc
             }
         };
-        match &self.bias {
-            Some(bias) => y.broadcast_add(bias),
-            None => Ok(y),
-        }
+        bias_then(y, self.bias.as_ref(), then)
     }
 }
 
@@ -454,7 +516,7 @@ impl StreamingCausalConvTranspose1d {
         }
         let y = y.narrow(2, 0, n * s)?;
         match &self.bias {
-            Some(bias) => y.broadcast_add(bias),
+            Some(_) => bias_then(y, self.bias.as_ref(), Then::Nothing),
             None => y.contiguous(),
         }
     }

@@ -64,6 +64,18 @@ impl SnakeBeta {
         })
     }
 
+    /// The f32 parameters as the CUDA kernels take them, `exp(alpha)` and
+    /// `1 / (exp(beta) + 1e-9)`, each `[channels]`; `None` when they are f64 (verification).
+    pub fn kernel_params(&self) -> Option<(Tensor, Tensor)> {
+        if self.frequency.dtype() != DType::F32 {
+            return None;
+        }
+        Some((
+            self.frequency.flatten_all().ok()?,
+            self.inv_magnitude.flatten_all().ok()?,
+        ))
+    }
+
     /// Number of channels.
     pub fn channels(&self) -> usize {
         self.frequency.dims()[1]
@@ -80,14 +92,10 @@ impl SnakeBeta {
                 #[cfg(feature = "cuda")]
                 if x.device().is_cuda()
                     && matches!(x.dtype(), DType::F32 | DType::BF16)
-                    && self.frequency.dtype() == DType::F32
                     && crate::nn::switches::Switches::get().decoder_kernels
+                    && let Some((f, m)) = self.kernel_params()
                 {
-                    return crate::nn::cuda_kernels::snake_beta::snake_beta(
-                        x,
-                        &self.frequency.flatten_all()?,
-                        &self.inv_magnitude.flatten_all()?,
-                    );
+                    return crate::nn::cuda_kernels::snake_beta::snake_beta(x, &f, &m);
                 }
                 self.forward_tensor_ops(x)
             }

@@ -18,6 +18,7 @@
 //! | [`pick_rows::pick_rows`] | a batched frame's code-predictor picks: every row greedy or sampled with its own parameters, plus its next embedding |
 //! | [`rows_attention::rows_attention`] | a batched talker step's attention: `rope_attention` per row over the row's own KV cache at its own position, read from device tables |
 //! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (with `rope_attention`: 5 launches a layer) |
+//! | [`bias_epilogue::bias_epilogue`] | a Code2Wav convolution's bias add, with the SnakeBeta or residual add after it |
 //! | [`snake_beta::snake_beta`] | the Code2Wav decoder's SnakeBeta (mul, sin, square, mul, add) |
 //! | [`decode_stack::decode_stack`] | a whole stack's decode step (every layer's kernels) in one persistent launch (opt-in: `OMNITTS_DECODE_STACK=1`) |
 //!
@@ -34,6 +35,7 @@
 
 pub mod add_rms_norm;
 pub mod argmax_embed;
+pub mod bias_epilogue;
 pub mod decode_attention;
 pub mod decode_stack;
 pub mod embed_sum;
@@ -295,6 +297,7 @@ enum ArgValue {
     Ptr(u64),
     Ptrs(Box<PtrArray>),
     I32(i32),
+    I64(i64),
     U32(u32),
     F32(f32),
 }
@@ -320,6 +323,12 @@ impl Args {
         let v = i32::try_from(v)
             .map_err(|_| candle_core::Error::Msg(format!("kernel argument {v} exceeds i32")))?;
         self.values.push(ArgValue::I32(v));
+        Ok(self)
+    }
+    fn i64(mut self, v: usize) -> Result<Self> {
+        let v = i64::try_from(v)
+            .map_err(|_| candle_core::Error::Msg(format!("kernel argument {v} exceeds i64")))?;
+        self.values.push(ArgValue::I64(v));
         Ok(self)
     }
     fn u32(mut self, v: usize) -> Result<Self> {
@@ -349,6 +358,7 @@ impl Args {
                 ArgValue::Ptr(p) => builder.arg(p),
                 ArgValue::Ptrs(p) => builder.arg(p.as_ref()),
                 ArgValue::I32(x) => builder.arg(x),
+                ArgValue::I64(x) => builder.arg(x),
                 ArgValue::U32(x) => builder.arg(x),
                 ArgValue::F32(x) => builder.arg(x),
             };

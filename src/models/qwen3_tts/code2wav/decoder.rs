@@ -15,6 +15,7 @@ use super::config::DecoderConfig;
 use crate::nn::Weights;
 use crate::nn::conv::{
     CausalConvState, ConvTransposeState, StreamingCausalConv1d, StreamingCausalConvTranspose1d,
+    Then,
 };
 use crate::nn::snake_beta::SnakeBeta;
 
@@ -188,12 +189,13 @@ impl ResidualUnit {
     }
 
     fn forward(&self, x: &Tensor, state: &mut CausalConvState) -> candle_core::Result<Tensor> {
-        let h = self.conv1.forward(&self.act1.forward(x)?, state)?;
-        // conv2 has kernel 1: no past context, so no state.
+        // act2 follows conv1's bias add, and the residual add conv2's (fused on CUDA).
         let h = self
-            .conv2
-            .forward(&self.act2.forward(&h)?, &mut CausalConvState::default())?;
-        x + h
+            .conv1
+            .forward_then(&self.act1.forward(x)?, state, Then::Snake(&self.act2))?;
+        // conv2 has kernel 1: no past context, so no state.
+        self.conv2
+            .forward_then(&h, &mut CausalConvState::default(), Then::Residual(x))
     }
 }
 

@@ -1,0 +1,60 @@
+// A convolution's bias add with what follows it in the Code2Wav decoder, in one pass over a
+// [batch, channels, time] activation (reference: the tensor operations of
+// `StreamingCausalConv1d::forward` / `StreamingCausalConvTranspose1d::forward` then
+// `SnakeBeta::forward` or the residual add, src/nn/conv.rs):
+//   mode 0: out = y + bias[c]
+//   mode 1: out = snake(y + bias[c])        (SnakeBeta, as snake_beta.cu)
+//   mode 2: out = residual + (y + bias[c])
+// Each intermediate is rounded to T as the unfused tensors are, without fused multiply-adds.
+//
+// Replaces candle's broadcast add (an index computation per element for the [1, C, 1] bias) and the
+// separate SnakeBeta / residual passes.
+//
+// Inputs: y rows at y + r * y_stride (r = b * channels + c; each `time` wide), bias [channels] (T),
+// frequency and inv_magnitude [channels] f32 (mode 1), residual [rows, time] contiguous (mode 2).
+// Output out [rows, time] contiguous.
+// Launch: grid (rows, ceil(time / EPILOGUE_THREADS)), block EPILOGUE_THREADS threads.
+#include "common.cuh"
+
+using namespace omnitts;
+
+#define EPILOGUE_THREADS 256
+
+template <typename T, int MODE>
+__device__ void bias_epilogue(const T* __restrict__ y, long y_stride, const T* __restrict__ bias,
+                              const float* __restrict__ frequency,
+                              const float* __restrict__ inv_magnitude,
+                              const T* __restrict__ residual, T* __restrict__ out, int channels,
+                              int time) {
+    const long row = blockIdx.x;
+    const int t = blockIdx.y * blockDim.x + threadIdx.x;
+    if (t >= time) return;
+    const int c = (int)(row % channels);
+    const long i = row * time + t;
+    const float h = round_to<T>(__fadd_rn(to_f(y[row * y_stride + t]), to_f(bias[c])));
+    float v;
+    if (MODE == 1) {
+        const float s = sinf(__fmul_rn(h, frequency[c]));
+        v = __fadd_rn(h, __fmul_rn(__fmul_rn(s, s), inv_magnitude[c]));
+    } else if (MODE == 2) {
+        v = __fadd_rn(to_f(residual[i]), h);
+    } else {
+        v = h;
+    }
+    out[i] = from_f<T>(v);
+}
+
+#define BIAS_EPILOGUE_OP(T, MODE, NAME)                                                          \
+    extern "C" __global__ void __launch_bounds__(EPILOGUE_THREADS)                              \
+        NAME(const T* y, long y_stride, const T* bias, const float* frequency,                  \
+             const float* inv_magnitude, const T* residual, T* out, int channels, int time) {   \
+        bias_epilogue<T, MODE>(y, y_stride, bias, frequency, inv_magnitude, residual, out,      \
+                               channels, time);                                                 \
+    }
+
+BIAS_EPILOGUE_OP(__nv_bfloat16, 0, bias_add_bf16)
+BIAS_EPILOGUE_OP(float, 0, bias_add_f32)
+BIAS_EPILOGUE_OP(__nv_bfloat16, 1, bias_snake_bf16)
+BIAS_EPILOGUE_OP(float, 1, bias_snake_f32)
+BIAS_EPILOGUE_OP(__nv_bfloat16, 2, bias_residual_bf16)
+BIAS_EPILOGUE_OP(float, 2, bias_residual_f32)
