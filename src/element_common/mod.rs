@@ -36,6 +36,7 @@
 pub mod audio;
 pub(crate) mod backend;
 pub(crate) mod bundled_voice;
+pub(crate) mod clauses;
 pub mod hub;
 pub(crate) mod input_error;
 pub(crate) mod load;
