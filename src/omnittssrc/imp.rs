@@ -13,7 +13,7 @@ use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 
 use crate::element_common::audio::{self, RATE, SampleFormat, pts_of};
-use crate::element_common::backend::{OpenText, Ready, Requests, prepare};
+use crate::element_common::backend::{OpenText, Ready, Requests, prepare, text_stream_mode};
 use crate::element_common::input_error::{InputError, input_error};
 use crate::element_common::load::sharing;
 use crate::element_common::properties::{
@@ -22,7 +22,9 @@ use crate::element_common::properties::{
 use crate::element_common::request::ModelInfo;
 use crate::element_common::server::{ServerSettings, server_param_specs};
 use crate::element_common::settings::SynthesisSettings;
-use crate::element_common::split_policy::{AutoSplit, SplitSentences, split_sentences_param_spec};
+use crate::element_common::split_policy::{
+    AutoSplit, SplitSentences, split_sentences_param_spec, streaming_prompt_hint,
+};
 use crate::element_common::text_checks::{language_warning, markup_warning, strip_markup_tags};
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::element_common::{messages, progress};
@@ -81,6 +83,9 @@ struct Runtime {
     info: ModelInfo,
     /// When `split-sentences=auto` splits a text, for the loaded checkpoint.
     auto_split: AutoSplit,
+    /// What the loaded checkpoint says of its streaming prompt mode (`streaming_prompt` in its
+    /// `omnitts.json`; `None`: not said, or a speech server).
+    streaming_prompt: Option<bool>,
     /// The voice warnings posted since start.
     warned: Arc<WarnOnce>,
     /// Live mode: the latency reported downstream (the first chunk's duration, at least one
@@ -241,11 +246,12 @@ impl OmniTtsSrc {
     }
 
     /// `append-text`: adds `fragment` to the open utterance, opening one (queued behind the
-    /// utterances before it, in order) when none is open. Checked now: the element has started,
-    /// the voice and sampling properties (as for `push-text`; an error names the property), the
-    /// prompt mode (streaming or auto) and the backend (no `server=`). Checked when the text
-    /// ends, as an error in stream order: the whole text (nothing to speak, too long) and the
-    /// engine's own refusals.
+    /// utterances before it, in order) when none is open. Opening one posts its
+    /// `omnitts/text-stream-mode` message (token or clause mode, and why). Checked now: the
+    /// element has started, the voice and sampling properties (as for `push-text`; an error
+    /// names the property), the backend (no `server=`) and, in token mode, no ICL voice clone.
+    /// Checked when the text ends (token mode) or each clause completes (clause mode), as an
+    /// error in stream order: the text (nothing to speak, too long) and the engine's refusals.
     fn append_text(&self, fragment: &str) -> bool {
         let settings = self.settings();
         let state = lock(&self.state);
@@ -259,16 +265,17 @@ impl OmniTtsSrc {
             gst::warning!(CAT, imp = self, "append-text before start: refused");
             return false;
         };
-        let (shared, info, requests, warned) = (
+        let (shared, info, requests, warned, hint) = (
             rt.shared.clone(),
             rt.info.clone(),
             rt.requests.clone(),
             rt.warned.clone(),
+            rt.streaming_prompt,
         );
         let now = rt.live_latency.map(|_| self.running_time(rt.started));
         drop(state);
-        let open = Arc::new(OpenText::default());
-        let request = match requests.checked_open(&settings.synthesis, &info, open.clone()) {
+        let (mode, why) = text_stream_mode(settings.synthesis.prompt_mode.prompt_mode(), hint);
+        let (request, open) = match requests.checked_open(&settings.synthesis, &info, mode) {
             Ok(r) => r,
             Err(e) => {
                 self.post_input_error(&e);
@@ -284,18 +291,30 @@ impl OmniTtsSrc {
             return false;
         }
         let start_pos = inner.arrival_pos(now);
-        let u = inner.queue(String::new(), Ok(request), start_pos);
+        let id = inner.queue(String::new(), Ok(request), start_pos).id;
         gst::info!(
             CAT,
             imp = self,
-            "queued open utterance {} at sample {start_pos}",
-            u.id
+            "queued open utterance {id} at sample {start_pos} in {} mode: {why}",
+            mode.name()
         );
         shared.notify();
         drop(inner);
         if let Some(old) = lock(&self.state).open.replace(open) {
             old.end();
         }
+        let element = self.obj();
+        let _ = element.post_message(
+            gst::message::Element::builder(
+                gst::Structure::builder(messages::TEXT_STREAM_MODE)
+                    .field("id", id)
+                    .field("mode", mode.name())
+                    .field("reason", why)
+                    .build(),
+            )
+            .src(&*element)
+            .build(),
+        );
         true
     }
 
@@ -705,6 +724,12 @@ impl OmniTtsSrc {
                 gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
             })?,
         };
+        let streaming_prompt = match requests.server() {
+            Some(_) => None,
+            None => streaming_prompt_hint(&info.dir).map_err(|e| {
+                gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
+            })?,
+        };
         let first_chunk = pts_of((info.first_chunk_frames * info.samples_per_frame) as u64);
         let latency = first_chunk.max(pts_of(settings.samples_per_buffer as u64));
         let live_latency = live.then_some(latency);
@@ -767,6 +792,7 @@ impl OmniTtsSrc {
             worker: Some(worker),
             info,
             auto_split,
+            streaming_prompt,
             warned,
             live_latency,
             started: Instant::now(),

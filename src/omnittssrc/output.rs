@@ -42,11 +42,13 @@ pub(super) enum Item {
     Audio { samples: Vec<f32>, pos: usize },
     /// The engine reported its time to first audio.
     FirstAudio { id: u64, ttfa_ms: f64 },
-    /// The engine finished the utterance.
+    /// The engine finished the utterance. `text`: its whole text when it was not known at its
+    /// start (an open utterance's, `append-text`), for the done message.
     Done {
         id: u64,
         reason: FinishReason,
         metrics: Metrics,
+        text: Option<String>,
     },
     /// The utterance was refused (when queued, or by the engine), nothing was started.
     Refused(Refusal),
@@ -406,11 +408,15 @@ impl Output {
                 id,
                 reason,
                 metrics,
+                text,
             } => {
-                let cur = self
+                let mut cur = self
                     .current
                     .take()
                     .unwrap_or_else(|| Current::new(id, String::new(), n));
+                if let Some(text) = text {
+                    cur.text = text;
+                }
                 notices.push(Notice::Done(self.done(cur, reason, metrics)));
             }
             Item::Refused(r) => notices.push(Notice::Refused(r)),
@@ -514,6 +520,7 @@ mod tests {
         Item::Done {
             id,
             reason: FinishReason::Eos,
+            text: None,
             metrics: Metrics {
                 frames: 7,
                 ..Metrics::default()
