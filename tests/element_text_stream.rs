@@ -100,24 +100,62 @@ fn appended_text_is_spoken_in_order_with_the_queued_texts() {
     );
 }
 
-/// An EOS event ends the open text (`end-text` finds nothing open after it).
+/// Live, an EOS event ends the open text (`end-text` finds nothing open after it) and the rest
+/// is spoken before the stream ends, in token mode (tiny fixture) and clause mode (the bundled
+/// voice); the done message carries the whole text.
 #[test]
-fn eos_ends_the_open_text() {
-    let (mut h, _bus) = harness(&[
-        ("is-live", v(true)),
-        ("speaker", v("vivian")),
-        ("max-new-tokens", v(40u32)),
-    ]);
-    h.play();
-    let e = h.element().expect("element");
-    assert!(e.emit_by_name::<bool>("append-text", &[&"Spoken until the end of the st"]));
-    assert!(e.emit_by_name::<bool>("append-text", &[&"ream"]));
-    let _ = h.pull().expect("a buffer");
-    e.send_event(gst::event::Eos::new());
-    assert!(
-        !e.emit_by_name::<bool>("end-text", &[]),
-        "EOS ended the open text"
-    );
+fn live_eos_speaks_the_rest_of_the_open_text() {
+    let voice = bundled_voice();
+    for (props, text_parts, mode) in [
+        (
+            vec![("speaker", v("vivian")), ("max-new-tokens", v(40u32))],
+            ["Spoken until the end of the st", "ream"],
+            "token",
+        ),
+        (
+            vec![("model", v(voice.as_str()))],
+            [
+                "It was a fine morning, and the rain had st",
+                "opped at last",
+            ],
+            "clause",
+        ),
+    ] {
+        let mut props = props;
+        props.push(("is-live", v(true)));
+        let (mut h, bus) = harness(&props);
+        h.use_systemclock();
+        h.play();
+        let e = h.element().expect("element");
+        for part in text_parts {
+            assert!(e.emit_by_name::<bool>("append-text", &[&part]));
+        }
+        let _ = h.pull().expect("a buffer");
+        e.send_event(gst::event::Eos::new());
+        assert!(
+            !e.emit_by_name::<bool>("end-text", &[]),
+            "EOS ended the open text"
+        );
+        let n = pull_samples(&mut h);
+        let msgs = drain(&bus);
+        assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+        let modes = element_messages(&msgs, messages::TEXT_STREAM_MODE);
+        assert_eq!(modes[0].get::<String>("mode").unwrap(), mode);
+        let d = element_messages(&msgs, messages::DONE);
+        assert_eq!(d.len(), 1, "{mode}: {d:?}");
+        let whole = text_parts.concat();
+        assert_eq!(d[0].get::<String>("text").unwrap(), whole, "{mode}");
+        let reason = d[0].get::<String>("reason").unwrap();
+        assert!(reason == "eos" || reason == "length", "{mode}: {reason}");
+        let samples = d[0].get::<u64>("samples").unwrap();
+        assert!(samples > 24_000 / 2, "{mode}: {samples} samples");
+        assert!(n as u64 >= samples, "{mode}: the audio came out before EOS");
+        let started = element_messages(&msgs, messages::STARTED);
+        assert!(
+            !started[0].get::<String>("text").unwrap().is_empty(),
+            "{mode}: started message without its text"
+        );
+    }
 }
 
 #[test]

@@ -103,6 +103,8 @@ struct State {
     early_texts: Vec<String>,
     /// The open utterance `append-text` adds to, until `end-text`, EOS or a flush.
     open: Option<Arc<OpenText>>,
+    /// The id of the last utterance `append-text` opened (live, an EOS event waits for it).
+    last_open: Option<u64>,
 }
 
 /// The element's instance data: property values and stream state, each behind its own lock
@@ -300,7 +302,12 @@ impl OmniTtsSrc {
         );
         shared.notify();
         drop(inner);
-        if let Some(old) = lock(&self.state).open.replace(open) {
+        let old = {
+            let mut state = lock(&self.state);
+            state.last_open = Some(id);
+            state.open.replace(open)
+        };
+        if let Some(old) = old {
             old.end();
         }
         let element = self.obj();
@@ -648,7 +655,13 @@ impl ElementImpl for OmniTtsSrc {
             gst::EventView::FlushStart(_) => {
                 self.discard("flush-start");
             }
-            gst::EventView::Eos(_) => self.end_stream(),
+            gst::EventView::Eos(_) => {
+                if self.end_stream() {
+                    // Live, a streamed utterance is unfinished: create() returns EOS once it
+                    // has been spoken.
+                    return true;
+                }
+            }
             _ => {}
         }
         self.parent_send_event(event)
@@ -657,19 +670,30 @@ impl ElementImpl for OmniTtsSrc {
 
 impl OmniTtsSrc {
     /// An EOS event ends the stream: the refusals queued behind it, which the output will not
-    /// reach, are posted now (in stream order).
-    fn end_stream(&self) {
-        // EOS ends an open utterance's text: it is spoken to its end.
+    /// reach, are posted now (in stream order). It ends the open utterance's text. Live, when
+    /// the last utterance `append-text` opened is unfinished, the stream ends once it (and what
+    /// was queued before it) has been spoken, and the utterances queued behind it are dropped:
+    /// returns true then (the EOS is the output's to send, not BaseSrc's at once).
+    fn end_stream(&self) -> bool {
         self.end_text();
-        let shared = match lock(&self.state).runtime.as_ref() {
-            Some(rt) => rt.shared.clone(),
-            None => return,
+        let (shared, live, last_open) = match lock(&self.state) {
+            s => match s.runtime.as_ref() {
+                Some(rt) => (rt.shared.clone(), rt.live_latency.is_some(), s.last_open),
+                None => return false,
+            },
         };
-        let refusals = shared.lock().end_stream();
+        let mut inner = shared.lock();
+        let (refusals, drain) = match last_open {
+            Some(id) if live && inner.unfinished(id) => (inner.drain_then_end(id), true),
+            _ => (inner.end_stream(), false),
+        };
+        drop(inner);
+        shared.notify();
         let src = self.element();
         for r in refusals {
             let _ = src.post_message(r.message(&src));
         }
+        drain
     }
 }
 

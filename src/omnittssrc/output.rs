@@ -228,6 +228,15 @@ impl Output {
         self.eos
     }
 
+    /// Whether utterance `id` is being output or has items queued here.
+    pub fn holds(&self, id: u64) -> bool {
+        self.current.as_ref().is_some_and(|c| c.id == id)
+            || self.items.iter().any(|i| match i {
+                Item::Started { id: u, .. } | Item::Done { id: u, .. } => *u == id,
+                _ => false,
+            })
+    }
+
     /// Whether anything is queued or being output.
     pub fn busy(&self) -> bool {
         self.current.is_some() || !self.items.is_empty()

@@ -55,6 +55,11 @@ pub(super) struct Inner {
     pending: VecDeque<Utterance>,
     /// The worker has taken an utterance and not yet queued its Done/Refused item.
     worker_busy: bool,
+    /// The id of the utterance the worker has taken.
+    busy_id: Option<u64>,
+    /// Live: an EOS event came while a streamed utterance was unfinished; the stream ends
+    /// (`create()` returns EOS) once everything queued up to it has been spoken.
+    drain_to_eos: bool,
     /// Live mode: the `start_pos` of the utterance the worker is submitting (its Started item
     /// is not queued yet).
     busy_start: Option<u64>,
@@ -90,6 +95,8 @@ impl Shared {
             inner: Mutex::new(Inner {
                 pending: VecDeque::new(),
                 worker_busy: false,
+                busy_id: None,
+                drain_to_eos: false,
                 busy_start: None,
                 canceller: None,
                 epoch: 0,
@@ -152,9 +159,39 @@ impl Inner {
         &self.pending[self.pending.len() - 1]
     }
 
-    /// Non-live: the stream has ended; no more text is accepted.
+    /// The stream has ended (non-live), or ends once what is queued is spoken (live, EOS
+    /// with a streamed utterance unfinished): no more text is accepted.
     pub fn ended(&self) -> bool {
-        self.output.ended()
+        self.output.ended() || self.drain_to_eos
+    }
+
+    /// Whether utterance `id` is queued, being synthesised or being output.
+    pub fn unfinished(&self, id: u64) -> bool {
+        self.pending.iter().any(|u| u.id == id)
+            || (self.worker_busy && self.busy_id == Some(id))
+            || self.output.holds(id)
+    }
+
+    /// Live EOS with the streamed utterance `id` unfinished: the stream ends once it and what
+    /// was queued before it are spoken. The utterances queued behind it are dropped; their
+    /// refusals are returned (to be posted now), as are those the worker finds from now on.
+    pub fn drain_then_end(&mut self, id: u64) -> Vec<Refusal> {
+        self.drain_to_eos = true;
+        self.ending = true;
+        let mut out = Vec::new();
+        let pending = std::mem::take(&mut self.pending);
+        for u in pending {
+            match u.request {
+                Err(error) if u.id > id => out.push(Refusal {
+                    id: u.id,
+                    text: u.text,
+                    error,
+                }),
+                _ if u.id > id => {}
+                _ => self.pending.push_back(u),
+            }
+        }
+        out
     }
 
     /// Live: the sample position that text arriving at running time `now` is due at.
@@ -172,6 +209,7 @@ impl Inner {
     pub fn discard_all(&mut self, samples_per_frame: usize) -> Option<UtteranceDone> {
         self.epoch += 1;
         self.ending = false;
+        self.drain_to_eos = false;
         self.pending.clear();
         self.busy_start = None;
         if let Some(c) = &self.canceller {
@@ -230,6 +268,9 @@ impl Inner {
         if let Some(what) = self.worker_failure.take() {
             return Step::Failed(what);
         }
+        if self.drain_to_eos && !self.has_work() {
+            return Step::Eos;
+        }
         let up = Upstream {
             idle: self.pending.is_empty() && !self.worker_busy,
             submitting: self.busy_start.is_some(),
@@ -250,6 +291,7 @@ impl Inner {
     fn take_utterance(&mut self) -> Option<(Utterance, u64)> {
         let u = self.pending.pop_front()?;
         self.worker_busy = true;
+        self.busy_id = Some(u.id);
         self.busy_start = Some(u.start_pos);
         Some((u, self.epoch))
     }
@@ -295,6 +337,7 @@ impl Inner {
     /// The worker is done with its utterance.
     fn worker_done(&mut self) {
         self.canceller = None;
+        self.busy_id = None;
         self.worker_busy = false;
     }
 }
