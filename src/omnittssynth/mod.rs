@@ -37,6 +37,7 @@ use std::sync::LazyLock;
 mod compress;
 pub mod cue_message;
 mod cue_text;
+pub mod fragments;
 mod imp;
 mod output;
 mod overflow;
