@@ -655,13 +655,9 @@ impl ElementImpl for OmniTtsSrc {
             gst::EventView::FlushStart(_) => {
                 self.discard("flush-start");
             }
-            gst::EventView::Eos(_) => {
-                if self.end_stream() {
-                    // Live, a streamed utterance is unfinished: create() returns EOS once it
-                    // has been spoken.
-                    return true;
-                }
-            }
+            // Live, a streamed utterance is unfinished: create() returns EOS once it has been
+            // spoken.
+            gst::EventView::Eos(_) if self.end_stream() => return true,
             _ => {}
         }
         self.parent_send_event(event)
