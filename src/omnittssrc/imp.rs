@@ -672,11 +672,12 @@ impl OmniTtsSrc {
     /// returns true then (the EOS is the output's to send, not BaseSrc's at once).
     fn end_stream(&self) -> bool {
         self.end_text();
-        let (shared, live, last_open) = match lock(&self.state) {
-            s => match s.runtime.as_ref() {
+        let (shared, live, last_open) = {
+            let s = lock(&self.state);
+            match s.runtime.as_ref() {
                 Some(rt) => (rt.shared.clone(), rt.live_latency.is_some(), s.last_open),
                 None => return false,
-            },
+            }
         };
         let mut inner = shared.lock();
         let (refusals, drain) = match last_open {
