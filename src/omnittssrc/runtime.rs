@@ -539,6 +539,11 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
     }
 }
 
+/// Clause mode: clauses synthesised at once (the one being played and the next), so that the next
+/// clause's audio is ready when the one before it ends, while the clauses further on do not
+/// slow the current one down by sharing its stage-0 steps.
+const CLAUSES_IN_FLIGHT: usize = 2;
+
 /// Frame-weighted mean of a per-frame figure over the clauses' metrics.
 fn per_frame(sum: &mut (f64, usize), value: f64, frames: usize) {
     sum.0 += value * frames as f64;
@@ -547,8 +552,9 @@ fn per_frame(sum: &mut (f64, usize), value: f64, frames: usize) {
 
 /// Speaks a clause-mode utterance (`append-text` in clause mode): each clause, as soon as
 /// [`OpenText`](crate::element_common::backend::OpenText) hands it out, is submitted as a
-/// request of its own (while the clauses before it are still being synthesised, so that their
-/// audio follows without a gap when synthesis is faster than real time), and the clauses' audio
+/// request of its own while the clause before it is still being synthesised (at most
+/// [`CLAUSES_IN_FLIGHT`] at once), so that its audio follows without a gap when synthesis is
+/// faster than real time, and the clauses' audio
 /// is forwarded in order as one utterance: one Started (when the first clause is submitted),
 /// one FirstAudio, one Done with the whole text and the clauses' metrics summed. A clause the
 /// backend refuses or that fails ends the utterance with that error; a discard (flush,
@@ -580,7 +586,7 @@ fn speak_clauses(
             return;
         }
         // Submit the clauses complete so far (waiting for one only when nothing is in flight).
-        while failure.is_none() && !text_done {
+        while failure.is_none() && !text_done && handles.len() < CLAUSES_IN_FLIGHT {
             let wait = if handles.is_empty() {
                 POLL
             } else {
