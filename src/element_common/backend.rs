@@ -539,3 +539,63 @@ pub(crate) fn prepare(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mode_follows_prompt_mode_then_the_checkpoint() {
+        use TextStreamMode::{Clause, Token};
+        let cases = [
+            (
+                Some(PromptMode::Streaming),
+                Some(false),
+                Token,
+                "prompt-mode=streaming",
+            ),
+            (
+                Some(PromptMode::NonStreaming),
+                None,
+                Clause,
+                "prompt-mode=non-streaming",
+            ),
+            (None, Some(false), Clause, "streaming_prompt=false"),
+            (None, Some(true), Token, "prompt-mode=auto"),
+            (None, None, Token, "prompt-mode=auto"),
+        ];
+        for (prompt, hint, want, why) in cases {
+            let (mode, reason) = text_stream_mode(prompt, hint);
+            assert_eq!(mode, want, "{prompt:?} {hint:?}");
+            assert!(reason.contains(why), "{reason}");
+        }
+    }
+
+    #[test]
+    fn clause_mode_hands_out_clauses_as_they_complete() {
+        let t = OpenText::new(TextStreamMode::Clause);
+        let wait = Duration::from_millis(1);
+        assert!(t.append("It was a fine morning, and the"));
+        assert_eq!(t.next_clause(wait), NextClause::Waiting);
+        assert!(t.append(" rain had st"));
+        assert_eq!(
+            t.next_clause(wait),
+            NextClause::Clause("It was a fine morning,".into())
+        );
+        assert_eq!(t.next_clause(wait), NextClause::Waiting);
+        assert!(t.append("opped"));
+        assert!(t.end());
+        assert!(!t.end(), "ended once");
+        assert!(!t.append(" more"), "nothing after the end");
+        assert_eq!(
+            t.next_clause(wait),
+            NextClause::Clause("and the rain had stopped".into())
+        );
+        assert_eq!(t.next_clause(wait), NextClause::Ended);
+        assert_eq!(t.text(), "It was a fine morning, and the rain had stopped");
+        // Token mode has no clauses.
+        let t = OpenText::new(TextStreamMode::Token);
+        assert!(t.append("Hello"));
+        assert_eq!(t.next_clause(wait), NextClause::Ended);
+    }
+}
