@@ -70,6 +70,16 @@ fn appended_text_is_spoken_in_order_with_the_queued_texts() {
         !e.emit_by_name::<bool>("end-text", &[]),
         "nothing open any more"
     );
+    let modes = element_messages(&drain(&bus), messages::TEXT_STREAM_MODE);
+    assert_eq!(modes.len(), 1, "{modes:?}");
+    assert_eq!(modes[0].get::<u64>("id").unwrap(), 2);
+    assert_eq!(modes[0].get::<String>("mode").unwrap(), "token");
+    assert!(
+        modes[0]
+            .get::<String>("reason")
+            .unwrap()
+            .contains("prompt-mode=auto")
+    );
     pad.remove_probe(probe);
     pull_samples(&mut h);
     let d = dones(&bus);
@@ -77,6 +87,10 @@ fn appended_text_is_spoken_in_order_with_the_queued_texts() {
     assert_eq!(ids, [1, 2, 3]);
     let texts: Vec<String> = d.iter().map(|s| s.get::<String>("text").unwrap()).collect();
     assert_eq!(texts[2], "After it.");
+    assert_eq!(
+        texts[1], STREAMED,
+        "the open utterance's done message has its whole text"
+    );
     let reason = d[1].get::<String>("reason").unwrap();
     assert!(reason == "eos" || reason == "length", "{reason}");
     assert_eq!(
@@ -86,39 +100,225 @@ fn appended_text_is_spoken_in_order_with_the_queued_texts() {
     );
 }
 
-/// An EOS event ends the open text (`end-text` finds nothing open after it).
+/// Live, an EOS event ends the open text (`end-text` finds nothing open after it) and the rest
+/// is spoken before the stream ends, in token mode (tiny fixture) and clause mode (the bundled
+/// voice); the done message carries the whole text.
 #[test]
-fn eos_ends_the_open_text() {
-    let (mut h, _bus) = harness(&[
-        ("is-live", v(true)),
-        ("speaker", v("vivian")),
-        ("max-new-tokens", v(40u32)),
-    ]);
-    h.play();
-    let e = h.element().expect("element");
-    assert!(e.emit_by_name::<bool>("append-text", &[&"Spoken until the end of the st"]));
-    assert!(e.emit_by_name::<bool>("append-text", &[&"ream"]));
-    let _ = h.pull().expect("a buffer");
-    e.send_event(gst::event::Eos::new());
-    assert!(
-        !e.emit_by_name::<bool>("end-text", &[]),
-        "EOS ended the open text"
-    );
+fn live_eos_speaks_the_rest_of_the_open_text() {
+    let voice = bundled_voice();
+    for (props, text_parts, mode) in [
+        (
+            vec![("speaker", v("vivian")), ("max-new-tokens", v(40u32))],
+            ["Spoken until the end of the st", "ream"],
+            "token",
+        ),
+        (
+            vec![("model", v(voice.as_str()))],
+            [
+                "It was a fine morning, and the rain had st",
+                "opped at last",
+            ],
+            "clause",
+        ),
+    ] {
+        let mut props = props;
+        props.push(("is-live", v(true)));
+        let (mut h, bus) = harness(&props);
+        h.use_systemclock();
+        h.play();
+        let e = h.element().expect("element");
+        for part in text_parts {
+            assert!(e.emit_by_name::<bool>("append-text", &[&part]));
+        }
+        let _ = h.pull().expect("a buffer");
+        e.send_event(gst::event::Eos::new());
+        assert!(
+            !e.emit_by_name::<bool>("end-text", &[]),
+            "EOS ended the open text"
+        );
+        let n = pull_samples(&mut h);
+        let msgs = drain(&bus);
+        assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+        let modes = element_messages(&msgs, messages::TEXT_STREAM_MODE);
+        assert_eq!(modes[0].get::<String>("mode").unwrap(), mode);
+        let d = element_messages(&msgs, messages::DONE);
+        assert_eq!(d.len(), 1, "{mode}: {d:?}");
+        let whole = text_parts.concat();
+        assert_eq!(d[0].get::<String>("text").unwrap(), whole, "{mode}");
+        let reason = d[0].get::<String>("reason").unwrap();
+        assert!(reason == "eos" || reason == "length", "{mode}: {reason}");
+        let samples = d[0].get::<u64>("samples").unwrap();
+        assert!(samples > 24_000 / 2, "{mode}: {samples} samples");
+        assert!(n as u64 >= samples, "{mode}: the audio came out before EOS");
+        let started = element_messages(&msgs, messages::STARTED);
+        assert!(
+            !started[0].get::<String>("text").unwrap().is_empty(),
+            "{mode}: started message without its text"
+        );
+    }
 }
 
 #[test]
 fn append_text_refusals_name_the_property() {
-    let (mut h, bus) = harness(&[
-        ("text", v("First.")),
-        ("speaker", v("vivian")),
-        ("prompt-mode", v("non-streaming")),
-    ]);
+    let (mut h, bus) = harness(&[("text", v("First.")), ("speaker", v("vivian"))]);
     let (pad, probe) = play_holding_first_buffer(&mut h);
     let e = h.element().expect("element");
+    e.set_property("speaker", "nobody");
     assert!(!e.emit_by_name::<bool>("append-text", &[&"Never spoken."]));
+    assert!(
+        !e.emit_by_name::<bool>("end-text", &[]),
+        "a refused text opens nothing"
+    );
     pad.remove_probe(probe);
     pull_samples(&mut h);
     let msgs = drain(&bus);
     let errs = errors(&msgs);
-    assert_names(&errs, &["prompt-mode", "non-streaming", "append-text"]);
+    assert_names(&errs, &["speaker", "nobody"]);
+    assert!(element_messages(&msgs, messages::TEXT_STREAM_MODE).is_empty());
+}
+
+/// The bundled voice, its streaming prompt mode poor (`streaming_prompt: false` in its
+/// `omnitts.json`), speaks streamed text clause by clause.
+fn bundled_voice() -> String {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/omnitts-en")
+        .display()
+        .to_string()
+}
+
+/// All the samples `h` outputs until EOS.
+fn pull_all_samples(h: &mut Harness) -> Vec<f32> {
+    let mut out = Vec::new();
+    while let Some(b) = h.pull_until_eos().expect("pull") {
+        let map = b.map_readable().expect("readable");
+        out.extend(
+            map.as_slice()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        );
+    }
+    out
+}
+
+const CLAUSES: [&str; 3] = [
+    "It was a fine morning,",
+    "and the rain had stopped at last.",
+    "She walked down to the river.",
+];
+
+/// Clause mode: text streamed in random fragments (seeded) is spoken as its clauses each spoken
+/// whole, back to back in one utterance: the same samples as the clauses queued one by one with
+/// `push-text`, nothing between them; one utterance, its done message with the whole text.
+#[test]
+fn clause_mode_speaks_each_clause_whole_without_gaps() {
+    let voice = bundled_voice();
+    let props = |extra: Option<(&'static str, &'static str)>| {
+        let mut p = vec![
+            ("model", v(voice.as_str())),
+            ("text", v("First.")),
+            ("split-sentences", v("false")),
+        ];
+        if let Some((k, x)) = extra {
+            p.push((k, v(x)));
+        }
+        p
+    };
+    // The clauses one by one.
+    let (mut h, bus) = harness(&props(None));
+    let (pad, probe) = play_holding_first_buffer(&mut h);
+    let e = h.element().expect("element");
+    for c in CLAUSES {
+        assert!(e.emit_by_name::<bool>("push-text", &[&c]));
+    }
+    pad.remove_probe(probe);
+    let want = pull_all_samples(&mut h);
+    let d = dones(&bus);
+    assert_eq!(d.len(), 4);
+    let first: u64 = d[0].get("samples").unwrap();
+    let clause_samples: u64 = d[1..]
+        .iter()
+        .map(|s| s.get::<u64>("samples").unwrap())
+        .sum();
+    assert!(clause_samples > 0);
+
+    // The same text streamed in seeded random fragments.
+    let whole = CLAUSES.join(" ");
+    let mut seed = 0x36_c1a5e_u64;
+    let mut cuts = vec![0];
+    while *cuts.last().unwrap() < whole.len() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let next = (cuts.last().unwrap() + 1 + (seed % 9) as usize).min(whole.len());
+        cuts.push(next);
+    }
+    let (mut h, bus) = harness(&props(None));
+    let (pad, probe) = play_holding_first_buffer(&mut h);
+    let e = h.element().expect("element");
+    for w in cuts.windows(2) {
+        assert!(e.emit_by_name::<bool>("append-text", &[&&whole[w[0]..w[1]]]));
+    }
+    assert!(e.emit_by_name::<bool>("end-text", &[]));
+    pad.remove_probe(probe);
+    let got = pull_all_samples(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let modes = element_messages(&msgs, messages::TEXT_STREAM_MODE);
+    assert_eq!(modes.len(), 1, "{modes:?}");
+    assert_eq!(modes[0].get::<String>("mode").unwrap(), "clause");
+    let why = modes[0].get::<String>("reason").unwrap();
+    assert!(why.contains("streaming_prompt=false"), "{why}");
+    let d = element_messages(&msgs, messages::DONE);
+    assert_eq!(d.len(), 2, "one utterance for the streamed text");
+    assert_eq!(d[1].get::<String>("text").unwrap(), whole);
+    assert_eq!(d[1].get::<String>("reason").unwrap(), "eos");
+    assert_eq!(d[1].get::<u64>("samples").unwrap(), clause_samples);
+    assert_eq!(d[0].get::<u64>("samples").unwrap(), first);
+    assert_eq!(got.len(), want.len());
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst < 1e-4,
+        "clause mode differs from the clauses spoken one by one: {worst}"
+    );
+}
+
+/// `prompt-mode` forces the mode: `streaming` gives token mode on the bundled voice,
+/// `non-streaming` clause mode on the tiny fixture.
+#[test]
+fn prompt_mode_forces_the_text_stream_mode() {
+    let voice = bundled_voice();
+    for (props, want, why) in [
+        (
+            vec![
+                ("model", v(voice.as_str())),
+                ("prompt-mode", v("streaming")),
+            ],
+            "token",
+            "prompt-mode=streaming",
+        ),
+        (
+            vec![
+                ("speaker", v("vivian")),
+                ("prompt-mode", v("non-streaming")),
+            ],
+            "clause",
+            "prompt-mode=non-streaming",
+        ),
+    ] {
+        let mut props = props;
+        props.push(("is-live", v(true)));
+        let (mut h, bus) = harness(&props);
+        h.play();
+        let e = h.element().expect("element");
+        assert!(e.emit_by_name::<bool>("append-text", &[&"Hello there, "]));
+        let modes = element_messages(&drain(&bus), messages::TEXT_STREAM_MODE);
+        assert_eq!(modes.len(), 1, "{modes:?}");
+        assert_eq!(modes[0].get::<String>("mode").unwrap(), want);
+        assert!(modes[0].get::<String>("reason").unwrap().contains(why));
+        assert!(e.emit_by_name::<bool>("cancel", &[]));
+    }
 }

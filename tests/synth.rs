@@ -1101,3 +1101,72 @@ fn ass_codes_ssml_and_uncovered_scripts() {
     assert_eq!(script.len(), 1, "{w:?}");
     assert!(script[0].starts_with("cue 3:"), "{}", script[0]);
 }
+
+/// `input-mode=fragments`, fed as appsrc would with fragments and PTS: one utterance per end (a
+/// sentence end followed by a pause of `fragment-pause` ms, a MARKER buffer, the
+/// `omnitts/end-text` event, EOS), each spoken from its first fragment's PTS as its text whole
+/// (a UTF-8 character split between fragments included).
+#[test]
+fn fragments_join_into_one_utterance_per_end_at_the_first_fragment_pts() {
+    use gstomnitts::omnittssynth::fragments::END_TEXT_EVENT;
+    let (e, bus) = synth(&[("input-mode", "fragments"), ("fragment-pause", "400")]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    let push = |h: &mut Harness, bytes: &[u8], pts: u64, marker: bool| {
+        let mut b = text_buffer(bytes, Some(pts), Some(20));
+        if marker {
+            b.get_mut().unwrap().set_flags(gst::BufferFlags::MARKER);
+        }
+        h.push(b).unwrap();
+    };
+    // 1: a sentence end, then 450 ms without a fragment; a sentence end with a short pause
+    // (300 ms) does not end it.
+    push(&mut h, b"Hello wor", 300, false);
+    push(&mut h, b"ld. It", 350, false);
+    push(&mut h, b" rains.", 380, false);
+    push(&mut h, b" Go", 680, false);
+    push(&mut h, b"od.", 700, false);
+    // 2: the MARKER flag.
+    push(&mut h, b"Second one", 1_150, false);
+    push(&mut h, b" here", 1_200, true);
+    // 3: the end-text event; a character cut between two fragments.
+    push(&mut h, b"Caf\xc3", 3_000, false);
+    push(&mut h, b"\xa9 au lait", 3_050, false);
+    h.push_event(gst::event::CustomDownstream::new(
+        gst::Structure::new_empty(END_TEXT_EVENT),
+    ));
+    // 4: EOS.
+    push(&mut h, b"The end", 5_000, false);
+    h.push_event(gst::event::Eos::new());
+    let (got, _) = pull_to_eos(&mut h, Duration::from_secs(60));
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let cues = element_messages(&msgs, CUE);
+    let seen: Vec<(String, Option<gst::ClockTime>)> = cues
+        .iter()
+        .map(|c| {
+            (
+                c.get::<String>("text").unwrap(),
+                c.get::<Option<gst::ClockTime>>("pts").unwrap(),
+            )
+        })
+        .collect();
+    let want_cues = [
+        ("Hello world. It rains. Good.", 300u64),
+        ("Second one here", 1_150),
+        ("Café au lait", 3_000),
+        ("The end", 5_000),
+    ];
+    assert_eq!(
+        seen,
+        want_cues
+            .iter()
+            .map(|(t, ms)| (t.to_string(), Some(gst::ClockTime::from_mseconds(*ms))))
+            .collect::<Vec<_>>()
+    );
+    let mut want = Vec::new();
+    for (text, ms) in want_cues {
+        place(&mut want, at_ms(ms), &reference(text, &[]));
+    }
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "each utterance at its first fragment's PTS");
+}

@@ -4,8 +4,9 @@
 //! the same events ([`EngineEvent`]) for an utterance, so the worker, the output and the messages
 //! do not depend on which it is.
 
+use std::collections::VecDeque;
 use std::sync::mpsc::RecvTimeoutError;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::engine::{
@@ -16,13 +17,14 @@ use crate::remote::{
     RemoteCanceller, RemoteHandle, SpeechClient, SpeechRequest, reference_data_url,
 };
 
+use super::clauses::ClauseSplitter;
 use super::input_error::InputError;
 use super::load::{Loaded, load};
 use super::request::{ModelInfo, checked_request};
 use super::server::ServerSettings;
 use super::server_load::{Connected, connect};
 use super::server_request::{ServerTarget, build_speech_request, check_server_reference};
-use super::settings::SynthesisSettings;
+use super::settings::{PromptModeSetting, SynthesisSettings};
 use super::voice_clone::VoiceCloner;
 
 /// One utterance's request, for the backend it was built for.
@@ -33,13 +35,76 @@ pub(crate) enum Request {
     /// An utterance whose text is still arriving (`append-text`): the voice and sampling of
     /// the request, and where its text comes from.
     LocalOpen(EngineRequest, Arc<OpenText>),
+    /// An utterance whose text is still arriving, spoken clause by clause (clause mode): the
+    /// worker submits one request per clause ([`Backend::submit`] refuses this one itself).
+    Clauses(ClauseRequests),
 }
 
-/// The text of an open utterance (`append-text` … `end-text`): fragments are kept here until
-/// the worker submits the utterance, then go straight to the engine's [`TextSender`].
+/// How text streamed into an open utterance is spoken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TextStreamMode {
+    /// One engine request in the streaming prompt mode: the talker takes each text token as it
+    /// becomes final (one per codec frame).
+    Token,
+    /// Each clause is one engine request with the utterance's settings (prompt mode included),
+    /// submitted as soon as the clause is complete ([`super::clauses`]), the clauses' audio
+    /// played back to back as one utterance.
+    Clause,
+}
+
+impl TextStreamMode {
+    /// The name in the `omnitts/text-stream-mode` message: `token` or `clause`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TextStreamMode::Token => "token",
+            TextStreamMode::Clause => "clause",
+        }
+    }
+}
+
+/// The mode an open utterance gets, and why: from `prompt-mode` (`streaming` forces token mode,
+/// `non-streaming` clause mode) and, under `auto`, what the checkpoint says of its streaming
+/// prompt mode (`streaming_prompt` in its `omnitts.json`, [`streaming_prompt_hint`]).
+///
+/// [`streaming_prompt_hint`]: super::split_policy::streaming_prompt_hint
+pub(crate) fn text_stream_mode(
+    prompt_mode: Option<PromptMode>,
+    streaming_prompt: Option<bool>,
+) -> (TextStreamMode, String) {
+    match (prompt_mode, streaming_prompt) {
+        (Some(PromptMode::Streaming), _) => (
+            TextStreamMode::Token,
+            "prompt-mode=streaming: one text token per codec frame as the text arrives".into(),
+        ),
+        (Some(PromptMode::NonStreaming), _) => (
+            TextStreamMode::Clause,
+            "prompt-mode=non-streaming: each clause is spoken whole once it is complete".into(),
+        ),
+        (None, Some(false)) => (
+            TextStreamMode::Clause,
+            "the checkpoint speaks poorly in the streaming prompt mode (streaming_prompt=false \
+             in its omnitts.json): each clause is spoken whole once it is complete \
+             (prompt-mode=streaming forces token mode)"
+                .into(),
+        ),
+        (None, _) => (
+            TextStreamMode::Token,
+            "prompt-mode=auto takes the streaming prompt mode for streamed text: one text token \
+             per codec frame as the text arrives (prompt-mode=non-streaming gives clause mode)"
+                .into(),
+        ),
+    }
+}
+
+/// The text of an open utterance (`append-text` … `end-text`). Token mode: fragments are kept
+/// here until the worker submits the utterance, then go straight to the engine's
+/// [`TextSender`]. Clause mode: fragments are cut into clauses here, which the worker takes
+/// ([`OpenText::next_clause`]).
 #[derive(Default)]
 pub(crate) struct OpenText {
     state: Mutex<OpenTextState>,
+    /// Wakes the worker waiting for a clause.
+    cond: Condvar,
 }
 
 #[derive(Default)]
@@ -47,6 +112,10 @@ struct OpenTextState {
     buffered: String,
     ended: bool,
     sender: Option<TextSender>,
+    /// Clause mode: the splitter, and the clauses complete and not yet taken.
+    clauses: Option<(ClauseSplitter, VecDeque<String>)>,
+    /// All the text appended (for the bus messages).
+    all: String,
 }
 
 impl std::fmt::Debug for OpenText {
@@ -55,12 +124,45 @@ impl std::fmt::Debug for OpenText {
     }
 }
 
+/// What [`OpenText::next_clause`] found.
+#[derive(Debug, PartialEq)]
+pub(crate) enum NextClause {
+    /// A complete clause.
+    Clause(String),
+    /// None yet; the text goes on.
+    Waiting,
+    /// The text has ended and every clause was taken.
+    Ended,
+}
+
 impl OpenText {
+    /// The open text of an utterance in `mode`.
+    pub fn new(mode: TextStreamMode) -> Self {
+        let t = OpenText::default();
+        if mode == TextStreamMode::Clause {
+            t.lock().clauses = Some(Default::default());
+        }
+        t
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, OpenTextState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Appends a fragment; false once the text has ended.
     pub fn append(&self, fragment: &str) -> bool {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lock();
         if g.ended {
             return false;
+        }
+        g.all.push_str(fragment);
+        if let Some((splitter, ready)) = &mut g.clauses {
+            let done = splitter.push(fragment);
+            if !done.is_empty() {
+                ready.extend(done);
+                self.cond.notify_all();
+            }
+            return true;
         }
         match &g.sender {
             Some(s) => s.append(fragment).is_ok(),
@@ -73,19 +175,56 @@ impl OpenText {
 
     /// Ends the text; returns whether this call ended it.
     pub fn end(&self) -> bool {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lock();
         if std::mem::replace(&mut g.ended, true) {
             return false;
+        }
+        if let Some((splitter, ready)) = &mut g.clauses {
+            let rest = splitter.finish();
+            ready.extend(rest);
         }
         if let Some(s) = &g.sender {
             s.end();
         }
+        self.cond.notify_all();
         true
+    }
+
+    /// All the text appended so far.
+    pub fn text(&self) -> String {
+        self.lock().all.clone()
+    }
+
+    /// Clause mode: the next complete clause, waiting up to `timeout` for one.
+    pub fn next_clause(&self, timeout: Duration) -> NextClause {
+        let mut g = self.lock();
+        for waited in [false, true] {
+            let ended = g.ended;
+            match &mut g.clauses {
+                Some((_, ready)) => {
+                    if let Some(c) = ready.pop_front() {
+                        return NextClause::Clause(c);
+                    }
+                    if ended {
+                        return NextClause::Ended;
+                    }
+                }
+                None => return NextClause::Ended,
+            }
+            if !waited {
+                g = self
+                    .cond
+                    .wait_timeout(g, timeout)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            }
+        }
+        NextClause::Waiting
     }
 
     /// The engine took the utterance: what was appended goes to it, and what comes later.
     fn attach(&self, sender: TextSender) -> Result<(), String> {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.lock();
         let buffered = std::mem::take(&mut g.buffered);
         sender.append(&buffered).map_err(|e| e.to_string())?;
         if g.ended {
@@ -93,6 +232,39 @@ impl OpenText {
         }
         g.sender = Some(sender);
         Ok(())
+    }
+}
+
+/// Builds the request of one clause (errors: the message of the refusal).
+type BuildClause = dyn Fn(&str) -> Result<Request, String> + Send + Sync;
+
+/// A clause-mode utterance: its open text, and how each clause's request is built (the
+/// utterance's settings as they were when it opened, checked then).
+pub(crate) struct ClauseRequests {
+    /// The text the clauses come from.
+    pub open: Arc<OpenText>,
+    build: Arc<BuildClause>,
+}
+
+impl ClauseRequests {
+    /// The request of one clause.
+    pub fn build(&self, clause: &str) -> Result<Request, String> {
+        (self.build)(clause)
+    }
+}
+
+impl Clone for ClauseRequests {
+    fn clone(&self) -> Self {
+        ClauseRequests {
+            open: self.open.clone(),
+            build: self.build.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ClauseRequests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClauseRequests")
     }
 }
 
@@ -215,40 +387,53 @@ pub(crate) enum Requests {
 }
 
 impl Requests {
-    /// The request of an open utterance (`append-text`) with the property values `s`: the
-    /// voice and sampling checked as for a text (errors name the property and value), the
-    /// streaming prompt mode (`prompt-mode=auto` takes it; `non-streaming` is refused, as is a
-    /// speech server, which takes whole texts only).
+    /// The request of an open utterance (`append-text`) in `mode` ([`text_stream_mode`]) with
+    /// the property values `s`, and its open text: the voice and sampling checked now as for a
+    /// text (errors name the property and value). Token mode takes the streaming prompt mode and
+    /// refuses an ICL voice clone; clause mode builds each clause's request with `s` (checked
+    /// again for each clause). A speech server is refused: it takes whole texts only.
     pub fn checked_open(
-        &self,
+        self: &Arc<Self>,
         s: &SynthesisSettings,
         info: &ModelInfo,
-        open: Arc<OpenText>,
-    ) -> Result<Request, InputError> {
-        match self {
+        mode: TextStreamMode,
+    ) -> Result<(Request, Arc<OpenText>), InputError> {
+        match &**self {
             Requests::Local { engine, cloner } => {
                 let mut r = checked_request(s, info, engine, cloner, "x")?;
-                match r.voice.prompt_mode {
-                    Some(PromptMode::NonStreaming) => {
-                        return Err(super::input_error::input_error(
-                            "prompt-mode",
-                            "non-streaming",
-                            "append-text streams text into the utterance one token per codec \
-                             frame: it needs prompt-mode=streaming (or auto)",
-                        ));
+                let open = Arc::new(OpenText::new(mode));
+                if mode == TextStreamMode::Clause {
+                    // Each clause is a whole text: the non-streaming prompt unless set.
+                    let mut s = s.clone();
+                    if s.prompt_mode == PromptModeSetting::Auto {
+                        s.prompt_mode = PromptModeSetting::NonStreaming;
                     }
-                    _ => r.voice.prompt_mode = Some(PromptMode::Streaming),
+                    let (requests, info) = (self.clone(), info.clone());
+                    let build = Arc::new(move |clause: &str| {
+                        requests
+                            .checked(&s, &info, clause)
+                            .map_err(|e| e.to_string())
+                    });
+                    return Ok((
+                        Request::Clauses(ClauseRequests {
+                            open: open.clone(),
+                            build,
+                        }),
+                        open,
+                    ));
                 }
+                r.voice.prompt_mode = Some(PromptMode::Streaming);
                 if r.voice.voice_clone.as_ref().is_some_and(|v| v.icl) {
                     return Err(super::input_error::input_error(
                         "x-vector-only",
                         "false",
-                        "append-text cannot clone a voice in ICL mode (the reference text would \
-                         share the streamed text's frames): set x-vector-only=true",
+                        "append-text in token mode cannot clone a voice in ICL mode (the \
+                         reference text would share the streamed text's frames): set \
+                         x-vector-only=true, or prompt-mode=non-streaming for clause mode",
                     ));
                 }
                 r.voice.text.clear();
-                Ok(Request::LocalOpen(r, open))
+                Ok((Request::LocalOpen(r, open.clone()), open))
             }
             Requests::Remote { target, .. } => Err(super::input_error::input_error(
                 "server",
@@ -352,5 +537,65 @@ pub(crate) fn prepare(
                 info,
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mode_follows_prompt_mode_then_the_checkpoint() {
+        use TextStreamMode::{Clause, Token};
+        let cases = [
+            (
+                Some(PromptMode::Streaming),
+                Some(false),
+                Token,
+                "prompt-mode=streaming",
+            ),
+            (
+                Some(PromptMode::NonStreaming),
+                None,
+                Clause,
+                "prompt-mode=non-streaming",
+            ),
+            (None, Some(false), Clause, "streaming_prompt=false"),
+            (None, Some(true), Token, "prompt-mode=auto"),
+            (None, None, Token, "prompt-mode=auto"),
+        ];
+        for (prompt, hint, want, why) in cases {
+            let (mode, reason) = text_stream_mode(prompt, hint);
+            assert_eq!(mode, want, "{prompt:?} {hint:?}");
+            assert!(reason.contains(why), "{reason}");
+        }
+    }
+
+    #[test]
+    fn clause_mode_hands_out_clauses_as_they_complete() {
+        let t = OpenText::new(TextStreamMode::Clause);
+        let wait = Duration::from_millis(1);
+        assert!(t.append("It was a fine morning, and the"));
+        assert_eq!(t.next_clause(wait), NextClause::Waiting);
+        assert!(t.append(" rain had st"));
+        assert_eq!(
+            t.next_clause(wait),
+            NextClause::Clause("It was a fine morning,".into())
+        );
+        assert_eq!(t.next_clause(wait), NextClause::Waiting);
+        assert!(t.append("opped"));
+        assert!(t.end());
+        assert!(!t.end(), "ended once");
+        assert!(!t.append(" more"), "nothing after the end");
+        assert_eq!(
+            t.next_clause(wait),
+            NextClause::Clause("and the rain had stopped".into())
+        );
+        assert_eq!(t.next_clause(wait), NextClause::Ended);
+        assert_eq!(t.text(), "It was a fine morning, and the rain had stopped");
+        // Token mode has no clauses.
+        let t = OpenText::new(TextStreamMode::Token);
+        assert!(t.append("Hello"));
+        assert_eq!(t.next_clause(wait), NextClause::Ended);
     }
 }

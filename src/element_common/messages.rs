@@ -23,6 +23,12 @@ pub const FIRST_AUDIO: &str = "omnitts/utterance-first-audio";
 /// `duration`; 0 otherwise), `pts` (start), `duration` (u64 ns from the first to past the last
 /// output sample).
 pub const DONE: &str = "omnitts/utterance-done";
+/// `omnittssrc`'s `append-text` opened an utterance (posted from the signal, before the
+/// utterance's other messages). Fields: `id` (u64, the utterance's), `mode` (string: `token`,
+/// one text token per codec frame in the streaming prompt mode, or `clause`, each clause spoken
+/// whole once complete), `reason` (string: why this mode, e.g. the checkpoint's `omnitts.json`
+/// saying `streaming_prompt=false`, or `prompt-mode` set).
+pub const TEXT_STREAM_MODE: &str = "omnitts/text-stream-mode";
 
 fn element_message(src: &gst::Element, s: gst::Structure) -> gst::Message {
     gst::message::Element::builder(s).src(src).build()

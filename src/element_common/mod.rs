@@ -25,6 +25,7 @@
 //! - [`input_error`]: how a rejected property value is reported;
 //! - [`sentences`], [`split_policy`]: the `split-sentences` property: where a text splits into
 //!   sentences, and when;
+//! - [`clauses`]: text streamed with `append-text` in clause mode, cut into clauses as it arrives;
 //! - [`text_checks`]: markup the elements do not interpret (SSML) removed, and text in a script
 //!   the checkpoint's languages do not cover, each with a warning;
 //! - [`server`], [`server_load`], [`server_request`]: the same through a speech server
@@ -36,6 +37,7 @@
 pub mod audio;
 pub(crate) mod backend;
 pub(crate) mod bundled_voice;
+pub(crate) mod clauses;
 pub mod hub;
 pub(crate) mod input_error;
 pub(crate) mod load;

@@ -62,8 +62,9 @@ pub(crate) fn split_sentences_param_spec(blurb_what: &str) -> glib::ParamSpec {
         .build()
 }
 
-/// The checkpoint file in which a voice states how omnitts should treat it (JSON object; only
-/// `split_sentences_above_chars`, a non-negative integer, is read).
+/// The checkpoint file in which a voice states how omnitts should treat it (JSON object; read:
+/// `split_sentences_above_chars`, a non-negative integer, and `streaming_prompt`, a boolean,
+/// [`streaming_prompt_hint`]).
 pub const HINTS_FILE: &str = "omnitts.json";
 
 /// Codec frames per character that [`AutoSplit`] allows one utterance: 4 frames (320 ms) a
@@ -138,9 +139,10 @@ impl AutoSplit {
     }
 }
 
-/// `split_sentences_above_chars` of the hints file `file`, `None` if there is no such file or
-/// field.
-fn read_hint(file: &Path) -> Result<Option<usize>, HintsError> {
+/// The hints file `file` as a JSON object, `None` if there is no such file.
+fn read_hints(
+    file: &Path,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, HintsError> {
     let err = |msg: String| HintsError {
         file: file.to_path_buf(),
         msg,
@@ -152,8 +154,17 @@ fn read_hint(file: &Path) -> Result<Option<usize>, HintsError> {
     };
     let v: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| err(format!("invalid JSON: {e}")))?;
-    let Some(obj) = v.as_object() else {
-        return Err(err("expected a JSON object".into()));
+    match v {
+        serde_json::Value::Object(obj) => Ok(Some(obj)),
+        _ => Err(err("expected a JSON object".into())),
+    }
+}
+
+/// `split_sentences_above_chars` of the hints file `file`, `None` if there is no such file or
+/// field.
+fn read_hint(file: &Path) -> Result<Option<usize>, HintsError> {
+    let Some(obj) = read_hints(file)? else {
+        return Ok(None);
     };
     match obj.get("split_sentences_above_chars") {
         None => Ok(None),
@@ -161,11 +172,31 @@ fn read_hint(file: &Path) -> Result<Option<usize>, HintsError> {
             .as_u64()
             .and_then(|n| usize::try_from(n).ok())
             .map(Some)
-            .ok_or_else(|| {
-                err(format!(
+            .ok_or_else(|| HintsError {
+                file: file.to_path_buf(),
+                msg: format!(
                     "split_sentences_above_chars: expected a non-negative integer, got {n}"
-                ))
+                ),
             }),
+    }
+}
+
+/// What the checkpoint in `dir` says of its streaming prompt mode: `streaming_prompt` in its
+/// [`HINTS_FILE`] (`false`: it speaks poorly in it, e.g. the bundled voice, trained on the
+/// non-streaming prompt only, which stops after about a second; text streamed into it is then
+/// spoken clause by clause). `None` when the file or the field is absent. Errs on an unreadable
+/// or malformed file, or a value that is not a boolean.
+pub(crate) fn streaming_prompt_hint(dir: &Path) -> Result<Option<bool>, HintsError> {
+    let file = dir.join(HINTS_FILE);
+    let Some(obj) = read_hints(&file)? else {
+        return Ok(None);
+    };
+    match obj.get("streaming_prompt") {
+        None => Ok(None),
+        Some(v) => v.as_bool().map(Some).ok_or_else(|| HintsError {
+            file,
+            msg: format!("streaming_prompt: expected true or false, got {v}"),
+        }),
     }
 }
 
@@ -244,6 +275,24 @@ mod tests {
         std::fs::write(d.join(HINTS_FILE), "{\"split_sentences_above_chars\": 0}").unwrap();
         let always = AutoSplit::for_checkpoint(&d, 4096).unwrap();
         assert!(always.splits(SplitSentences::Auto, "Hi."));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_bundled_voice_says_its_streaming_prompt_is_poor() {
+        let voice = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/omnitts-en");
+        assert_eq!(streaming_prompt_hint(&voice).unwrap(), Some(false));
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-customvoice");
+        assert_eq!(streaming_prompt_hint(&fixture).unwrap(), None);
+        let d = scratch("stream");
+        std::fs::write(d.join(HINTS_FILE), "{\"streaming_prompt\": true}").unwrap();
+        assert_eq!(streaming_prompt_hint(&d).unwrap(), Some(true));
+        std::fs::write(d.join(HINTS_FILE), "{\"streaming_prompt\": \"no\"}").unwrap();
+        let e = streaming_prompt_hint(&d).unwrap_err().to_string();
+        assert!(
+            e.contains(HINTS_FILE) && e.contains("true or false, got \"no\""),
+            "{e}"
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 

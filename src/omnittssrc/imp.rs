@@ -13,7 +13,7 @@ use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 
 use crate::element_common::audio::{self, RATE, SampleFormat, pts_of};
-use crate::element_common::backend::{OpenText, Ready, Requests, prepare};
+use crate::element_common::backend::{OpenText, Ready, Requests, prepare, text_stream_mode};
 use crate::element_common::input_error::{InputError, input_error};
 use crate::element_common::load::sharing;
 use crate::element_common::properties::{
@@ -22,7 +22,9 @@ use crate::element_common::properties::{
 use crate::element_common::request::ModelInfo;
 use crate::element_common::server::{ServerSettings, server_param_specs};
 use crate::element_common::settings::SynthesisSettings;
-use crate::element_common::split_policy::{AutoSplit, SplitSentences, split_sentences_param_spec};
+use crate::element_common::split_policy::{
+    AutoSplit, SplitSentences, split_sentences_param_spec, streaming_prompt_hint,
+};
 use crate::element_common::text_checks::{language_warning, markup_warning, strip_markup_tags};
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::element_common::{messages, progress};
@@ -81,6 +83,9 @@ struct Runtime {
     info: ModelInfo,
     /// When `split-sentences=auto` splits a text, for the loaded checkpoint.
     auto_split: AutoSplit,
+    /// What the loaded checkpoint says of its streaming prompt mode (`streaming_prompt` in its
+    /// `omnitts.json`; `None`: not said, or a speech server).
+    streaming_prompt: Option<bool>,
     /// The voice warnings posted since start.
     warned: Arc<WarnOnce>,
     /// Live mode: the latency reported downstream (the first chunk's duration, at least one
@@ -98,6 +103,8 @@ struct State {
     early_texts: Vec<String>,
     /// The open utterance `append-text` adds to, until `end-text`, EOS or a flush.
     open: Option<Arc<OpenText>>,
+    /// The id of the last utterance `append-text` opened (live, an EOS event waits for it).
+    last_open: Option<u64>,
 }
 
 /// The element's instance data: property values and stream state, each behind its own lock
@@ -241,11 +248,12 @@ impl OmniTtsSrc {
     }
 
     /// `append-text`: adds `fragment` to the open utterance, opening one (queued behind the
-    /// utterances before it, in order) when none is open. Checked now: the element has started,
-    /// the voice and sampling properties (as for `push-text`; an error names the property), the
-    /// prompt mode (streaming or auto) and the backend (no `server=`). Checked when the text
-    /// ends, as an error in stream order: the whole text (nothing to speak, too long) and the
-    /// engine's own refusals.
+    /// utterances before it, in order) when none is open. Opening one posts its
+    /// `omnitts/text-stream-mode` message (token or clause mode, and why). Checked now: the
+    /// element has started, the voice and sampling properties (as for `push-text`; an error
+    /// names the property), the backend (no `server=`) and, in token mode, no ICL voice clone.
+    /// Checked when the text ends (token mode) or each clause completes (clause mode), as an
+    /// error in stream order: the text (nothing to speak, too long) and the engine's refusals.
     fn append_text(&self, fragment: &str) -> bool {
         let settings = self.settings();
         let state = lock(&self.state);
@@ -259,16 +267,17 @@ impl OmniTtsSrc {
             gst::warning!(CAT, imp = self, "append-text before start: refused");
             return false;
         };
-        let (shared, info, requests, warned) = (
+        let (shared, info, requests, warned, hint) = (
             rt.shared.clone(),
             rt.info.clone(),
             rt.requests.clone(),
             rt.warned.clone(),
+            rt.streaming_prompt,
         );
         let now = rt.live_latency.map(|_| self.running_time(rt.started));
         drop(state);
-        let open = Arc::new(OpenText::default());
-        let request = match requests.checked_open(&settings.synthesis, &info, open.clone()) {
+        let (mode, why) = text_stream_mode(settings.synthesis.prompt_mode.prompt_mode(), hint);
+        let (request, open) = match requests.checked_open(&settings.synthesis, &info, mode) {
             Ok(r) => r,
             Err(e) => {
                 self.post_input_error(&e);
@@ -284,18 +293,35 @@ impl OmniTtsSrc {
             return false;
         }
         let start_pos = inner.arrival_pos(now);
-        let u = inner.queue(String::new(), Ok(request), start_pos);
+        let id = inner.queue(String::new(), Ok(request), start_pos).id;
         gst::info!(
             CAT,
             imp = self,
-            "queued open utterance {} at sample {start_pos}",
-            u.id
+            "queued open utterance {id} at sample {start_pos} in {} mode: {why}",
+            mode.name()
         );
         shared.notify();
         drop(inner);
-        if let Some(old) = lock(&self.state).open.replace(open) {
+        let old = {
+            let mut state = lock(&self.state);
+            state.last_open = Some(id);
+            state.open.replace(open)
+        };
+        if let Some(old) = old {
             old.end();
         }
+        let element = self.obj();
+        let _ = element.post_message(
+            gst::message::Element::builder(
+                gst::Structure::builder(messages::TEXT_STREAM_MODE)
+                    .field("id", id)
+                    .field("mode", mode.name())
+                    .field("reason", why)
+                    .build(),
+            )
+            .src(&*element)
+            .build(),
+        );
         true
     }
 
@@ -629,7 +655,9 @@ impl ElementImpl for OmniTtsSrc {
             gst::EventView::FlushStart(_) => {
                 self.discard("flush-start");
             }
-            gst::EventView::Eos(_) => self.end_stream(),
+            // Live, a streamed utterance is unfinished: create() returns EOS once it has been
+            // spoken.
+            gst::EventView::Eos(_) if self.end_stream() => return true,
             _ => {}
         }
         self.parent_send_event(event)
@@ -638,19 +666,31 @@ impl ElementImpl for OmniTtsSrc {
 
 impl OmniTtsSrc {
     /// An EOS event ends the stream: the refusals queued behind it, which the output will not
-    /// reach, are posted now (in stream order).
-    fn end_stream(&self) {
-        // EOS ends an open utterance's text: it is spoken to its end.
+    /// reach, are posted now (in stream order). It ends the open utterance's text. Live, when
+    /// the last utterance `append-text` opened is unfinished, the stream ends once it (and what
+    /// was queued before it) has been spoken, and the utterances queued behind it are dropped:
+    /// returns true then (the EOS is the output's to send, not BaseSrc's at once).
+    fn end_stream(&self) -> bool {
         self.end_text();
-        let shared = match lock(&self.state).runtime.as_ref() {
-            Some(rt) => rt.shared.clone(),
-            None => return,
+        let (shared, live, last_open) = {
+            let s = lock(&self.state);
+            match s.runtime.as_ref() {
+                Some(rt) => (rt.shared.clone(), rt.live_latency.is_some(), s.last_open),
+                None => return false,
+            }
         };
-        let refusals = shared.lock().end_stream();
+        let mut inner = shared.lock();
+        let (refusals, drain) = match last_open {
+            Some(id) if live && inner.unfinished(id) => (inner.drain_then_end(id), true),
+            _ => (inner.end_stream(), false),
+        };
+        drop(inner);
+        shared.notify();
         let src = self.element();
         for r in refusals {
             let _ = src.post_message(r.message(&src));
         }
+        drain
     }
 }
 
@@ -702,6 +742,12 @@ impl OmniTtsSrc {
             // No checkpoint directory here: the threshold by frames.
             Some(_) => AutoSplit::by_frames(max_new_tokens),
             None => AutoSplit::for_checkpoint(&info.dir, max_new_tokens).map_err(|e| {
+                gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
+            })?,
+        };
+        let streaming_prompt = match requests.server() {
+            Some(_) => None,
+            None => streaming_prompt_hint(&info.dir).map_err(|e| {
                 gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
             })?,
         };
@@ -767,6 +813,7 @@ impl OmniTtsSrc {
             worker: Some(worker),
             info,
             auto_split,
+            streaming_prompt,
             warned,
             live_latency,
             started: Instant::now(),

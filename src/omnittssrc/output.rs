@@ -42,11 +42,13 @@ pub(super) enum Item {
     Audio { samples: Vec<f32>, pos: usize },
     /// The engine reported its time to first audio.
     FirstAudio { id: u64, ttfa_ms: f64 },
-    /// The engine finished the utterance.
+    /// The engine finished the utterance. `text`: its whole text when it was not known at its
+    /// start (an open utterance's, `append-text`), for the done message.
     Done {
         id: u64,
         reason: FinishReason,
         metrics: Metrics,
+        text: Option<String>,
     },
     /// The utterance was refused (when queued, or by the engine), nothing was started.
     Refused(Refusal),
@@ -224,6 +226,15 @@ impl Output {
     /// Non-live: the stream has ended (EOS returned); no more text is accepted.
     pub fn ended(&self) -> bool {
         self.eos
+    }
+
+    /// Whether utterance `id` is being output or has items queued here.
+    pub fn holds(&self, id: u64) -> bool {
+        self.current.as_ref().is_some_and(|c| c.id == id)
+            || self.items.iter().any(|i| match i {
+                Item::Started { id: u, .. } | Item::Done { id: u, .. } => *u == id,
+                _ => false,
+            })
     }
 
     /// Whether anything is queued or being output.
@@ -406,11 +417,15 @@ impl Output {
                 id,
                 reason,
                 metrics,
+                text,
             } => {
-                let cur = self
+                let mut cur = self
                     .current
                     .take()
                     .unwrap_or_else(|| Current::new(id, String::new(), n));
+                if let Some(text) = text {
+                    cur.text = text;
+                }
                 notices.push(Notice::Done(self.done(cur, reason, metrics)));
             }
             Item::Refused(r) => notices.push(Notice::Refused(r)),
@@ -514,6 +529,7 @@ mod tests {
         Item::Done {
             id,
             reason: FinishReason::Eos,
+            text: None,
             metrics: Metrics {
                 frames: 7,
                 ..Metrics::default()

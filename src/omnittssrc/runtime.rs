@@ -55,6 +55,11 @@ pub(super) struct Inner {
     pending: VecDeque<Utterance>,
     /// The worker has taken an utterance and not yet queued its Done/Refused item.
     worker_busy: bool,
+    /// The id of the utterance the worker has taken.
+    busy_id: Option<u64>,
+    /// Live: an EOS event came while a streamed utterance was unfinished; the stream ends
+    /// (`create()` returns EOS) once everything queued up to it has been spoken.
+    drain_to_eos: bool,
     /// Live mode: the `start_pos` of the utterance the worker is submitting (its Started item
     /// is not queued yet).
     busy_start: Option<u64>,
@@ -90,6 +95,8 @@ impl Shared {
             inner: Mutex::new(Inner {
                 pending: VecDeque::new(),
                 worker_busy: false,
+                busy_id: None,
+                drain_to_eos: false,
                 busy_start: None,
                 canceller: None,
                 epoch: 0,
@@ -152,9 +159,39 @@ impl Inner {
         &self.pending[self.pending.len() - 1]
     }
 
-    /// Non-live: the stream has ended; no more text is accepted.
+    /// The stream has ended (non-live), or ends once what is queued is spoken (live, EOS
+    /// with a streamed utterance unfinished): no more text is accepted.
     pub fn ended(&self) -> bool {
-        self.output.ended()
+        self.output.ended() || self.drain_to_eos
+    }
+
+    /// Whether utterance `id` is queued, being synthesised or being output.
+    pub fn unfinished(&self, id: u64) -> bool {
+        self.pending.iter().any(|u| u.id == id)
+            || (self.worker_busy && self.busy_id == Some(id))
+            || self.output.holds(id)
+    }
+
+    /// Live EOS with the streamed utterance `id` unfinished: the stream ends once it and what
+    /// was queued before it are spoken. The utterances queued behind it are dropped; their
+    /// refusals are returned (to be posted now), as are those the worker finds from now on.
+    pub fn drain_then_end(&mut self, id: u64) -> Vec<Refusal> {
+        self.drain_to_eos = true;
+        self.ending = true;
+        let mut out = Vec::new();
+        let pending = std::mem::take(&mut self.pending);
+        for u in pending {
+            match u.request {
+                Err(error) if u.id > id => out.push(Refusal {
+                    id: u.id,
+                    text: u.text,
+                    error,
+                }),
+                _ if u.id > id => {}
+                _ => self.pending.push_back(u),
+            }
+        }
+        out
     }
 
     /// Live: the sample position that text arriving at running time `now` is due at.
@@ -172,6 +209,7 @@ impl Inner {
     pub fn discard_all(&mut self, samples_per_frame: usize) -> Option<UtteranceDone> {
         self.epoch += 1;
         self.ending = false;
+        self.drain_to_eos = false;
         self.pending.clear();
         self.busy_start = None;
         if let Some(c) = &self.canceller {
@@ -230,6 +268,9 @@ impl Inner {
         if let Some(what) = self.worker_failure.take() {
             return Step::Failed(what);
         }
+        if self.drain_to_eos && !self.has_work() {
+            return Step::Eos;
+        }
         let up = Upstream {
             idle: self.pending.is_empty() && !self.worker_busy,
             submitting: self.busy_start.is_some(),
@@ -250,6 +291,7 @@ impl Inner {
     fn take_utterance(&mut self) -> Option<(Utterance, u64)> {
         let u = self.pending.pop_front()?;
         self.worker_busy = true;
+        self.busy_id = Some(u.id);
         self.busy_start = Some(u.start_pos);
         Some((u, self.epoch))
     }
@@ -295,6 +337,7 @@ impl Inner {
     /// The worker is done with its utterance.
     fn worker_done(&mut self) {
         self.canceller = None;
+        self.busy_id = None;
         self.worker_busy = false;
     }
 }
@@ -352,6 +395,24 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
             start_pos,
         } = utt;
         gst::debug!(CAT, "worker: submitting utterance {id}: {text:?}");
+        let request = match request {
+            Ok(Request::Clauses(clauses)) => {
+                speak_clauses(backend, shared, element, id, start_pos, epoch, clauses);
+                shared.lock().worker_done();
+                shared.notify();
+                if element.upgrade().is_none() {
+                    return;
+                }
+                continue;
+            }
+            other => other,
+        };
+        // An open utterance's text: what has arrived when it starts, all of it when it is done.
+        let open = match &request {
+            Ok(Request::LocalOpen(_, open)) => Some(open.clone()),
+            _ => None,
+        };
+        let full_text = || open.as_ref().map(|o| o.text());
         let submitted = request.and_then(|r| backend.submit(r));
         let handle = match submitted {
             Ok(h) => h,
@@ -367,7 +428,7 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
         {
             let started = Item::Started {
                 id,
-                text,
+                text: full_text().unwrap_or(text),
                 start_pos,
             };
             if !shared.lock().start(epoch, handle.canceller(), started) {
@@ -408,6 +469,7 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
                             id,
                             reason,
                             metrics: Metrics::default(),
+                            text: full_text(),
                         },
                     );
                     shared.notify();
@@ -461,6 +523,7 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
                             id,
                             reason,
                             metrics,
+                            text: full_text(),
                         },
                     );
                     shared.notify();
@@ -474,6 +537,216 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
             return;
         }
     }
+}
+
+/// Clause mode: clauses synthesised at once (the one being played and the next), so that the next
+/// clause's audio is ready when the one before it ends, while the clauses further on do not
+/// slow the current one down by sharing its stage-0 steps.
+const CLAUSES_IN_FLIGHT: usize = 2;
+
+/// Frame-weighted mean of a per-frame figure over the clauses' metrics.
+fn per_frame(sum: &mut (f64, usize), value: f64, frames: usize) {
+    sum.0 += value * frames as f64;
+    sum.1 += frames;
+}
+
+/// Speaks a clause-mode utterance (`append-text` in clause mode): each clause, as soon as
+/// [`OpenText`](crate::element_common::backend::OpenText) hands it out, is submitted as a
+/// request of its own while the clause before it is still being synthesised (at most
+/// [`CLAUSES_IN_FLIGHT`] at once), so that its audio follows without a gap when synthesis is
+/// faster than real time, and the clauses' audio
+/// is forwarded in order as one utterance: one Started (when the first clause is submitted),
+/// one FirstAudio, one Done with the whole text and the clauses' metrics summed. A clause the
+/// backend refuses or that fails ends the utterance with that error; a discard (flush,
+/// `cancel`) cancels every clause.
+fn speak_clauses(
+    backend: &Backend,
+    shared: &Shared,
+    element: &glib::WeakRef<gst::Element>,
+    id: u64,
+    start_pos: u64,
+    epoch: u64,
+    clauses: crate::element_common::backend::ClauseRequests,
+) {
+    use crate::element_common::backend::NextClause;
+    let t0 = Instant::now();
+    let mut handles: VecDeque<crate::element_common::backend::Handle> = VecDeque::new();
+    let (mut started, mut text_done, mut first_audio) = (false, false, false);
+    let mut failure: Option<FinishReason> = None;
+    let mut last_reason = FinishReason::Eos;
+    let mut total = Metrics::default();
+    let (mut ar, mut dec, mut rtf) = ((0.0, 0), (0.0, 0), (0.0, 0.0));
+    let mut n_clauses = 0usize;
+    loop {
+        if !shared.lock().is_current(epoch) {
+            // Discarded: the output retires the utterance itself.
+            for h in &handles {
+                h.cancel();
+            }
+            return;
+        }
+        // Submit the clauses complete so far (waiting for one only when nothing is in flight).
+        while failure.is_none() && !text_done && handles.len() < CLAUSES_IN_FLIGHT {
+            let wait = if handles.is_empty() {
+                POLL
+            } else {
+                Duration::ZERO
+            };
+            let clause = match clauses.open.next_clause(wait) {
+                NextClause::Clause(c) => c,
+                NextClause::Waiting => break,
+                NextClause::Ended => {
+                    text_done = true;
+                    break;
+                }
+            };
+            if crate::models::qwen3_tts::prompt::unspeakable(&clause).is_some() {
+                gst::debug!(
+                    CAT,
+                    "worker: utterance {id}: nothing to speak in {clause:?}"
+                );
+                continue;
+            }
+            n_clauses += 1;
+            gst::debug!(
+                CAT,
+                "worker: utterance {id}: clause {n_clauses}: {clause:?}"
+            );
+            match clauses.build(&clause).and_then(|r| backend.submit(r)) {
+                Ok(h) => {
+                    if !started {
+                        started = true;
+                        let item = Item::Started {
+                            id,
+                            text: clauses.open.text(),
+                            start_pos,
+                        };
+                        if !shared.lock().start(epoch, h.canceller(), item) {
+                            h.cancel();
+                        }
+                        shared.notify();
+                    }
+                    handles.push_back(h);
+                }
+                Err(e) => {
+                    failure = Some(FinishReason::Error(format!(
+                        "clause {n_clauses} of the streamed text ({clause:?}): {e}"
+                    )));
+                }
+            }
+        }
+        let Some(h) = handles.front() else {
+            if failure.is_some() || text_done {
+                break;
+            }
+            continue;
+        };
+        let ev = match h.recv_timeout(POLL) {
+            Ok(ev) => ev,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => {
+                handles.pop_front();
+                failure.get_or_insert(FinishReason::Error(
+                    "the engine stopped without finishing a clause of the utterance".into(),
+                ));
+                break;
+            }
+        };
+        match ev {
+            EngineEvent::Started => {}
+            EngineEvent::FirstAudio { .. } => {
+                if !std::mem::replace(&mut first_audio, true) {
+                    let ttfa_ms = t0.elapsed().as_secs_f64() * 1000.0;
+                    total.ttfa_ms = Some(ttfa_ms);
+                    shared.lock().push(epoch, Item::FirstAudio { id, ttfa_ms });
+                    shared.notify();
+                }
+            }
+            EngineEvent::Audio(chunk) => {
+                let len = chunk.samples.len();
+                if len == 0 {
+                    continue;
+                }
+                let mut inner = shared.lock();
+                while inner.is_current(epoch) && !inner.output.has_room(len) {
+                    inner = shared.wait(inner, None);
+                }
+                if inner.is_current(epoch) {
+                    inner.output.push(Item::Audio {
+                        samples: chunk.samples,
+                        pos: 0,
+                    });
+                    shared.notify();
+                }
+            }
+            EngineEvent::Finished { reason, metrics } => {
+                handles.pop_front();
+                total.frames += metrics.frames;
+                total.audio_ms += metrics.audio_ms;
+                per_frame(&mut ar, metrics.ar_ms_per_frame, metrics.frames);
+                per_frame(&mut dec, metrics.decoder_ms_per_frame, metrics.frames);
+                rtf.0 += metrics.rtf * metrics.audio_ms;
+                rtf.1 += metrics.audio_ms;
+                match reason {
+                    FinishReason::Cancelled | FinishReason::Error(_) => {
+                        failure.get_or_insert(reason);
+                        break;
+                    }
+                    r => last_reason = r,
+                }
+                // The next clause's request is already in flight; its events come next.
+                if let Some(next) = handles.front() {
+                    shared.lock().canceller = Some(next.canceller());
+                }
+            }
+        }
+    }
+    for h in &handles {
+        h.cancel();
+    }
+    let mean = |(sum, n): (f64, usize)| if n == 0 { 0.0 } else { sum / n as f64 };
+    total.ar_ms_per_frame = mean(ar);
+    total.decoder_ms_per_frame = mean(dec);
+    total.rtf = if rtf.1 > 0.0 { rtf.0 / rtf.1 } else { 0.0 };
+    total.wall_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let text = clauses.open.text();
+    let reason = match failure {
+        Some(f) => f,
+        None if n_clauses == 0 => FinishReason::Error(format!(
+            "text {}: {}",
+            crate::element_common::input_error::quoted(&text),
+            crate::models::qwen3_tts::prompt::NOTHING_TO_SPEAK
+        )),
+        None => last_reason,
+    };
+    gst::debug!(
+        CAT,
+        "worker: utterance {id} ({n_clauses} clauses) finished: {reason:?}, {} frames",
+        total.frames
+    );
+    if !started {
+        // Nothing was submitted: the error keeps its place in the stream.
+        let error = match reason {
+            FinishReason::Error(e) => e,
+            other => format!("{other:?}"),
+        };
+        let late = shared.lock().refuse(epoch, id, text, error);
+        shared.notify();
+        if let (Some(r), Some(element)) = (late, element.upgrade()) {
+            let _ = element.post_message(r.message(&element));
+        }
+        return;
+    }
+    shared.lock().push(
+        epoch,
+        Item::Done {
+            id,
+            reason,
+            metrics: total,
+            text: Some(text),
+        },
+    );
+    shared.notify();
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use crate::models::qwen3_tts::prompt::unspeakable;
 use super::CAT;
 use super::compress::{self, Squeeze};
 use super::cue_text::{TextFormat, cue_text};
+use super::fragments::{DEFAULT_PAUSE_MS, END_TEXT_EVENT, Fragments, InputMode};
 use super::output::Output;
 use super::overflow::Overflow;
 use super::shared::{CueInfo, Inner, Job, Shared};
@@ -48,6 +49,8 @@ struct Settings {
     latency_ms: u32,
     speaker_map: Option<gst::Structure>,
     split_sentences: SplitSentences,
+    input_mode: InputMode,
+    fragment_pause_ms: u32,
 }
 
 impl Default for Settings {
@@ -59,6 +62,8 @@ impl Default for Settings {
             latency_ms: DEFAULT_LATENCY_MS,
             speaker_map: None,
             split_sentences: SplitSentences::default(),
+            input_mode: InputMode::default(),
+            fragment_pause_ms: DEFAULT_PAUSE_MS,
         }
     }
 }
@@ -83,6 +88,9 @@ pub struct OmniTtsSynth {
     settings: Mutex<Settings>,
     runtime: Mutex<Option<Runtime>>,
     shared: Arc<Shared>,
+    /// `input-mode=fragments`: the fragments of the utterance in progress (streaming thread;
+    /// a flush empties it).
+    fragments: Mutex<Fragments>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -151,6 +159,7 @@ impl ObjectSubclass for OmniTtsSynth {
             settings: Mutex::new(Settings::default()),
             runtime: Mutex::new(None),
             shared: Arc::new(Shared::new(DEFAULT_OVERFLOW)),
+            fragments: Mutex::new(Fragments::default()),
         }
     }
 }
@@ -237,6 +246,7 @@ impl OmniTtsSynth {
     /// Stops the workers (cancelling what they synthesise) and lets go of the engine.
     fn stop(&self) {
         let policy = self.policy();
+        *lock(&self.fragments) = Fragments::default();
         {
             let mut inner = self.shared.lock();
             inner.shutdown = true;
@@ -580,6 +590,77 @@ impl OmniTtsSynth {
         _pad: &gst::Pad,
         buffer: gst::Buffer,
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let (input_mode, pause) = {
+            let s = lock(&self.settings);
+            (
+                s.input_mode,
+                gst::ClockTime::from_mseconds(s.fragment_pause_ms.into()),
+            )
+        };
+        if input_mode == InputMode::Fragments {
+            {
+                let inner = self.shared.lock();
+                inner.flow?;
+                if inner.flushing {
+                    return Err(gst::FlowError::Flushing);
+                }
+            }
+            let map = buffer.map_readable().map_err(|_| {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Decode,
+                    ("a text fragment could not be read")
+                );
+                gst::FlowError::Error
+            })?;
+            let mut f = lock(&self.fragments);
+            if f.paused_at(buffer.pts(), pause) {
+                let done = std::mem::take(&mut *f);
+                drop(f);
+                self.end_fragments(done, "a sentence end and a pause")?;
+                f = lock(&self.fragments);
+            }
+            f.push(map.as_slice(), buffer.pts());
+            if buffer.flags().contains(gst::BufferFlags::MARKER) {
+                let done = std::mem::take(&mut *f);
+                drop(f);
+                return self.end_fragments(done, "a fragment with the MARKER flag");
+            }
+            return Ok(gst::FlowSuccess::Ok);
+        }
+        self.push_cue(
+            |format| match buffer.map_readable() {
+                Ok(map) => cue_text(map.as_slice(), format),
+                Err(_) => Err("the buffer could not be read".to_string()),
+            },
+            buffer.pts(),
+            buffer.duration(),
+        )
+    }
+
+    /// `input-mode=fragments`: the utterance of fragments `f` ends (`why`, for the debug log):
+    /// its text becomes one cue at the first fragment's PTS, with no duration.
+    fn end_fragments(&self, f: Fragments, why: &str) -> Result<gst::FlowSuccess, gst::FlowError> {
+        if f.is_empty() {
+            return self.shared.lock().flow;
+        }
+        gst::debug!(
+            CAT,
+            imp = self,
+            "fragments end ({why}): {} bytes from PTS {}",
+            f.bytes.len(),
+            f.pts.display()
+        );
+        self.push_cue(|format| cue_text(&f.bytes, format), f.pts, None)
+    }
+
+    /// Queues a cue: its text (from `read`, given the negotiated text format), PTS and duration.
+    fn push_cue(
+        &self,
+        read: impl FnOnce(TextFormat) -> Result<String, String>,
+        pts: Option<gst::ClockTime>,
+        duration: Option<gst::ClockTime>,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
         let (id, format, voice, live, epoch) = {
             let mut inner = self.shared.lock();
             inner.flow?;
@@ -601,10 +682,7 @@ impl OmniTtsSynth {
             let live = inner.upstream_latency.is_some_and(|(l, _, _)| l);
             (id, format, inner.voice.clone(), live, inner.epoch)
         };
-        let text = match buffer.map_readable() {
-            Ok(map) => cue_text(map.as_slice(), format),
-            Err(_) => Err("the buffer could not be read".to_string()),
-        };
+        let text = read(format);
         // Plain text with markup the element does not interpret (SSML): the tags go, with a
         // warning (pango markup is stripped by cue_text, as its caps say).
         let text = text.map(|t| match strip_markup_tags(&t) {
@@ -618,13 +696,13 @@ impl OmniTtsSynth {
             }
             _ => t,
         });
-        let slot = buffer.duration().map(pos_of);
-        let (kind, job) = self.cue_kind(id, &text, buffer.pts(), slot, &voice, live)?;
+        let slot = duration.map(pos_of);
+        let (kind, job) = self.cue_kind(id, &text, pts, slot, &voice, live)?;
         let mut inner = self.shared.lock();
         if inner.epoch != epoch || inner.flushing {
             return Err(gst::FlowError::Flushing);
         }
-        let start = self.cue_start(&inner, buffer.pts());
+        let start = self.cue_start(&inner, pts);
         gst::debug!(
             CAT,
             imp = self,
@@ -635,8 +713,8 @@ impl OmniTtsSynth {
             id,
             CueInfo {
                 text: text.unwrap_or_default(),
-                pts: buffer.pts(),
-                duration: buffer.duration(),
+                pts,
+                duration,
                 ttfa_ms: None,
                 finish: None,
                 since: Instant::now(),
@@ -731,6 +809,16 @@ impl OmniTtsSynth {
             EventView::Segment(s) => self.set_segment(&event, s.segment()),
             EventView::Gap(g) => {
                 let (pts, duration) = g.get();
+                let pause = lock(&self.settings).fragment_pause_ms;
+                let end = pts + duration.unwrap_or(gst::ClockTime::ZERO);
+                let paused = {
+                    let mut f = lock(&self.fragments);
+                    f.paused_at(Some(end), gst::ClockTime::from_mseconds(pause.into()))
+                        .then(|| std::mem::take(&mut *f))
+                };
+                if let Some(done) = paused {
+                    let _ = self.end_fragments(done, "a sentence end and a pause (GAP)");
+                }
                 let mut inner = self.shared.lock();
                 let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
                 let end = (pts + duration.unwrap_or(gst::ClockTime::ZERO)).saturating_sub(start);
@@ -739,6 +827,9 @@ impl OmniTtsSynth {
                 true
             }
             EventView::Eos(_) => {
+                // Fragments: the text so far is spoken before the end.
+                let done = std::mem::take(&mut *lock(&self.fragments));
+                let _ = self.end_fragments(done, "EOS");
                 let mut inner = self.shared.lock();
                 if !inner.have_segment {
                     drop(inner);
@@ -757,6 +848,8 @@ impl OmniTtsSynth {
                     }
                     self.shared.cond.notify_all();
                 }
+                // A flush drops the fragments, as it drops the cues.
+                *lock(&self.fragments) = Fragments::default();
                 let ret = self.srcpad.push_event(event);
                 let _ = self.srcpad.pause_task();
                 ret
@@ -773,6 +866,10 @@ impl OmniTtsSynth {
             }
             EventView::CustomDownstream(c) => {
                 if let Some(s) = c.structure() {
+                    if s.name() == END_TEXT_EVENT {
+                        let done = std::mem::take(&mut *lock(&self.fragments));
+                        let _ = self.end_fragments(done, END_TEXT_EVENT);
+                    }
                     self.custom_event(s);
                 }
                 self.queue_event(event);
@@ -849,6 +946,29 @@ impl ObjectImpl for OmniTtsSynth {
                     "a synthesis of its own, the sentences of one cue spoken back to back as \
                      that cue's audio (within its slot and overflow policy, one cue message)",
                 ),
+                glib::ParamSpecEnum::builder_with_default("input-mode", InputMode::default())
+                    .nick("Input mode")
+                    .blurb(
+                        "What a text buffer is: cues (each buffer a cue at its PTS, within its \
+                         duration), or fragments of a running utterance (an LLM's reply) that \
+                         join until an end: a buffer with the MARKER flag, an omnitts/end-text \
+                         custom downstream event, a sentence end followed by fragment-pause ms \
+                         without a fragment (by PTS, or a GAP event), or EOS; the utterance is \
+                         one cue at its first fragment's PTS, with no duration",
+                    )
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("fragment-pause")
+                    .nick("Fragment pause")
+                    .blurb(
+                        "input-mode=fragments: milliseconds of stream time (PTS) without a new \
+                         fragment after a sentence end that end the utterance",
+                    )
+                    .minimum(1)
+                    .maximum(600_000)
+                    .default_value(DEFAULT_PAUSE_MS)
+                    .mutable_playing()
+                    .build(),
             ]);
             props.extend(model_info_param_specs());
             props
@@ -870,6 +990,8 @@ impl ObjectImpl for OmniTtsSynth {
             "latency" => s.latency_ms = value.get().expect("type checked upstream"),
             "speaker-map" => s.speaker_map = value.get().expect("type checked upstream"),
             "split-sentences" => s.split_sentences = value.get().expect("type checked upstream"),
+            "input-mode" => s.input_mode = value.get().expect("type checked upstream"),
+            "fragment-pause" => s.fragment_pause_ms = value.get().expect("type checked upstream"),
             other => {
                 if !s.synthesis.set_property(other, value) {
                     gst::warning!(CAT, imp = self, "unknown property {other}");
@@ -886,6 +1008,8 @@ impl ObjectImpl for OmniTtsSynth {
             "latency" => s.latency_ms.to_value(),
             "speaker-map" => s.speaker_map.to_value(),
             "split-sentences" => s.split_sentences.to_value(),
+            "input-mode" => s.input_mode.to_value(),
+            "fragment-pause" => s.fragment_pause_ms.to_value(),
             other => {
                 if let Some(v) = s.synthesis.property(other) {
                     return v;
