@@ -148,23 +148,30 @@ impl UtteranceDone {
         }
     }
 
-    /// The warning of an utterance whose synthesis failed (`reason` is `error`): STREAM/FAILED,
-    /// "synthesis of utterance N failed: why". A warning, not an error: the stream goes on with
-    /// the next utterance, and GStreamer treats an error message as fatal (a bin fails its
-    /// pending state change on one, so an error before the first buffer reached the sink would
-    /// leave the pipeline short of PLAYING for good, every later utterance's audio held back).
-    pub fn failure_warning(&self, src: &gst::Element) -> Option<gst::Message> {
+    /// The bus message of an utterance whose synthesis failed (`reason` is `error`),
+    /// "synthesis of utterance N failed: why".
+    ///
+    /// A failure of the synthesis itself (a server's error, a stage error) is a STREAM/FAILED
+    /// warning: the stream goes on with the next utterance, and GStreamer treats an error message
+    /// as fatal (a bin fails its pending state change on one, so an error before the first buffer
+    /// reached the sink would leave the pipeline short of PLAYING for good, every later
+    /// utterance's audio held back). Bad input that the engine only finds once the utterance runs
+    /// (the engine's "invalid request", naming the property and value: a text too long for one
+    /// utterance, say) stays a STREAM/FAILED error, as every other refusal of bad input is.
+    pub fn failure_message(&self, src: &gst::Element) -> Option<gst::Message> {
         let FinishReason::Error(e) = &self.reason else {
             return None;
         };
-        Some(
-            gst::message::Warning::builder(
-                gst::StreamError::Failed,
-                &format!("synthesis of utterance {} failed: {e}", self.id),
-            )
-            .src(src)
-            .build(),
-        )
+        let text = format!("synthesis of utterance {} failed: {e}", self.id);
+        Some(if e.contains("invalid request:") {
+            gst::message::Error::builder(gst::StreamError::Failed, &text)
+                .src(src)
+                .build()
+        } else {
+            gst::message::Warning::builder(gst::StreamError::Failed, &text)
+                .src(src)
+                .build()
+        })
     }
 }
 

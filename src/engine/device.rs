@@ -163,7 +163,7 @@ fn default_cpu_threads(threads: usize) -> [(&'static str, usize); 2] {
     ]
 }
 
-/// Weight/activation dtype of the AR stage (`engine_args.dtype`). The decoder always runs in f32
+/// Weight/activation dtype of a stage (`engine_args.dtype`). The decoder runs in f32 unless its config asks for bf16
 /// (docs/field-lessons.md §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DTypeSpec {

@@ -384,8 +384,8 @@ impl OmniTtsSrc {
                         done.metrics.rtf
                     );
                     let _ = src.post_message(done.message(&src));
-                    if let Some(warning) = done.failure_warning(&src) {
-                        let _ = src.post_message(warning);
+                    if let Some(failure) = done.failure_message(&src) {
+                        let _ = src.post_message(failure);
                     }
                     if let Some(w) = done.limit_warning() {
                         gst::element_imp_warning!(self, gst::StreamError::Failed, ("{}", w));

@@ -314,8 +314,8 @@ impl Output {
                             duration: pts_of(report.end) - pts_of(first),
                         };
                         msgs.push(done.message(element));
-                        if let Some(w) = done.failure_warning(element) {
-                            msgs.push(w);
+                        if let Some(m) = done.failure_message(element) {
+                            msgs.push(m);
                         }
                     }
                     gst::info!(
