@@ -89,6 +89,23 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// Queues a chunk of the utterance of `epoch` for output, waiting for room first
+    /// (back-pressure; an empty queue always takes it). Returns false, queuing nothing, when the
+    /// utterance stopped being current (flush, cancel, NULL) meanwhile.
+    fn push_audio(&self, epoch: u64, samples: Vec<f32>) -> bool {
+        let len = samples.len();
+        let mut inner = self.lock();
+        while inner.is_current(epoch) && !inner.output.has_room(len) {
+            inner = self.wait(inner, None);
+        }
+        if !inner.is_current(epoch) {
+            return false;
+        }
+        inner.output.push(Item::Audio { samples, pos: 0 });
+        self.notify();
+        true
+    }
+
     /// The queue of a stream whose buffers `output` decides.
     pub fn new(output: Output) -> Arc<Shared> {
         Arc::new(Shared {
@@ -483,19 +500,7 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
                     if len == 0 {
                         continue;
                     }
-                    let mut inner = shared.lock();
-                    // Back-pressure: wait for room (always accept into an empty queue).
-                    while inner.is_current(epoch) && !inner.output.has_room(len) {
-                        inner = shared.wait(inner, None);
-                    }
-                    if inner.is_current(epoch) {
-                        inner.output.push(Item::Audio {
-                            samples: chunk.samples,
-                            pos: 0,
-                        });
-                        shared.notify();
-                    } else {
-                        drop(inner);
+                    if !shared.push_audio(epoch, chunk.samples) {
                         handle.cancel();
                         cancelled_at.get_or_insert_with(Instant::now);
                     }
@@ -667,17 +672,7 @@ fn speak_clauses(
                 if len == 0 {
                     continue;
                 }
-                let mut inner = shared.lock();
-                while inner.is_current(epoch) && !inner.output.has_room(len) {
-                    inner = shared.wait(inner, None);
-                }
-                if inner.is_current(epoch) {
-                    inner.output.push(Item::Audio {
-                        samples: chunk.samples,
-                        pos: 0,
-                    });
-                    shared.notify();
-                }
+                shared.push_audio(epoch, chunk.samples);
             }
             EngineEvent::Finished { reason, metrics } => {
                 handles.pop_front();
