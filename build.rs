@@ -29,6 +29,7 @@ const KERNELS: &[&str] = &[
     "rows_attention",
     "snake_beta",
     "bias_epilogue",
+    "kv_prefix",
 ];
 /// Device functions shared between kernels (`#include`d by the .cu files above).
 const HEADERS: &[&str] = &[

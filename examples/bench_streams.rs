@@ -165,6 +165,10 @@ struct Args {
     /// Stage 1 `engine_args.allow_tf32`: f32 matrix products on TF32 tensor cores (CUDA).
     #[arg(long)]
     allow_tf32: bool,
+    /// Stage 1 `engine_args.max_num_batched_tokens`: most frames a Code2Wav pass takes (0: the
+    /// decoder's own, 512 on CUDA).
+    #[arg(long, default_value_t = 0)]
+    decoder_pass_frames: usize,
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -217,6 +221,7 @@ fn config(args: &Args, max_seqs: usize, guard: bool, max_waiting: Option<usize>)
     let mut c = StageConfig::default_async();
     c.decoder.dtype = DTypeSpec::parse(&args.decoder_dtype).unwrap_or(DTypeSpec::F32);
     c.decoder.allow_tf32 = args.allow_tf32;
+    c.decoder.max_num_batched_tokens = args.decoder_pass_frames;
     c.ar.guard.enabled = guard;
     c.ar.max_num_seqs = max_seqs.max(1);
     c.decoder.max_num_seqs = max_seqs.max(1);
@@ -477,6 +482,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
             let run = open_loop::run(&shared, &spec, gpu)?;
             let s = open_loop::summarize(std::slice::from_ref(&run));
             println!("{}", open_loop::table_row(&s, &seed.to_string()));
+            println!("{}", s.first_audio_parts.line());
             per_seed.push(s);
             runs.push(run);
         }
@@ -502,6 +508,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
         "chunk_frames": args.chunk_frames.unwrap_or(shared.stage_config().decoder.codec_chunk_frames),
         "sample_rate": shared.sample_rate(),
         "decoder_dtype": args.decoder_dtype, "allow_tf32": args.allow_tf32,
+        "decoder_pass_frames": args.decoder_pass_frames,
         "rates": per_rate, "highest_rate_without_underruns": highest_clean,
     }))
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use gstomnitts::engine::{
-    EngineError, EngineEvent, EngineRequest, FinishReason, RequestHandle, SharedEngine,
+    EngineError, EngineEvent, EngineRequest, FinishReason, Metrics, RequestHandle, SharedEngine,
 };
 use gstomnitts::models::qwen3_tts::VoiceRequest;
 use rand::{Rng, SeedableRng};
@@ -176,6 +176,8 @@ struct Received {
     /// `Finished`, seconds since the scheduled arrival.
     end_s: f64,
     reason: FinishReason,
+    /// The engine's timing of the request (with `Finished`).
+    metrics: Option<Metrics>,
     /// Still running at the deadline, then cancelled.
     timed_out: bool,
 }
@@ -189,6 +191,7 @@ fn follow(h: RequestHandle, scheduled: Instant, deadline: Instant, n: &Counters)
         audio: Vec::new(),
         end_s: f64::NAN,
         reason: FinishReason::Cancelled,
+        metrics: None,
         timed_out: false,
     };
     let mut queued = true;
@@ -223,9 +226,10 @@ fn follow(h: RequestHandle, scheduled: Instant, deadline: Instant, n: &Counters)
                 r.audio.extend_from_slice(&c.samples);
             }
             Some(EngineEvent::FirstAudio { .. }) => {}
-            Some(EngineEvent::Finished { reason, .. }) => {
+            Some(EngineEvent::Finished { reason, metrics }) => {
                 r.end_s = since(now);
                 r.reason = reason;
+                r.metrics = Some(metrics);
                 break;
             }
             None => break,
@@ -258,6 +262,15 @@ pub struct Outcome {
     /// Late chunks on the playback timeline, and the time the player waited.
     pub underruns: usize,
     pub stalled_s: f64,
+    /// Where the first audio waited (the engine's timing, seconds since the scheduled arrival):
+    /// stage 0 took the request, its prefill ended, its first frame was made.
+    pub started_s: Option<f64>,
+    pub prefilled_s: Option<f64>,
+    pub first_frame_s: Option<f64>,
+    /// The prefill alone (tokens, prompt, talker), seconds.
+    pub prefill_s: Option<f64>,
+    /// Frames of the stage-1 pass that decoded the first chunk.
+    pub first_pass_frames: Option<usize>,
     /// Why it ended (`eos`, `length`, `guard`, `error`, …; `timeout` when cancelled at the drain
     /// deadline, `refused`).
     pub finish: &'static str,
@@ -276,6 +289,11 @@ impl Outcome {
             audio_s: 0.0,
             underruns: 0,
             stalled_s: 0.0,
+            started_s: None,
+            prefilled_s: None,
+            first_frame_s: None,
+            prefill_s: None,
+            first_pass_frames: None,
             finish: "refused",
         }
     }
@@ -284,6 +302,8 @@ impl Outcome {
     fn of(p: &Planned, lag_s: f64, r: &Received, sample_rate: u32) -> Outcome {
         let onset = playback::audible_onset(&r.audio, sample_rate);
         let play = playback::play(&r.chunks, sample_rate);
+        let m = r.metrics.as_ref();
+        let after_lag = |ms: f64| lag_s + ms / 1e3;
         Outcome {
             measured: p.measured,
             refused: false,
@@ -298,6 +318,11 @@ impl Outcome {
             audio_s: r.audio.len() as f64 / sample_rate as f64,
             underruns: play.underruns,
             stalled_s: play.stalled_s,
+            started_s: m.map(|m| after_lag(m.queue_ms)),
+            prefilled_s: m.map(|m| after_lag(m.queue_ms + m.ar_prefill_ms)),
+            first_frame_s: m.and_then(|m| m.first_frame_ms).map(after_lag),
+            prefill_s: m.map(|m| m.ar_prefill_ms / 1e3),
+            first_pass_frames: m.and_then(|m| m.first_pass_frames),
             finish: if r.timed_out {
                 "timeout"
             } else {
@@ -532,12 +557,67 @@ pub struct Pcts {
 
 impl Pcts {
     fn of(seconds: &[f64]) -> Pcts {
-        let ms = |p| Some(percentile(seconds, p) * 1e3).filter(|v| v.is_finite());
+        Self::of_values(&seconds.iter().map(|s| s * 1e3).collect::<Vec<f64>>())
+    }
+
+    /// The percentiles of `values` as they are (not seconds).
+    fn of_values(values: &[f64]) -> Pcts {
+        let at = |p| Some(percentile(values, p)).filter(|v| v.is_finite());
         Pcts {
-            p50: ms(50.0),
-            p95: ms(95.0),
-            p99: ms(99.0),
+            p50: at(50.0),
+            p95: at(95.0),
+            p99: at(99.0),
         }
+    }
+}
+
+/// The time to the first chunk in parts, ms (p50 / p95 / p99 of each part over the requests):
+/// `queue` scheduled arrival → stage 0 took it; `prefill` the prefill itself; `to_first_frame`
+/// prefill end → stage 0's first frame (the batch step it waited for and its own); `stage1`
+/// first frame → first chunk out of stage 1 (the pass it waited for and its own).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Parts {
+    pub queue: Pcts,
+    pub prefill: Pcts,
+    pub to_first_frame: Pcts,
+    pub stage1: Pcts,
+    /// Frames of the pass that decoded the first chunk.
+    pub first_pass_frames: Pcts,
+}
+
+impl Parts {
+    fn of(m: &[&Outcome]) -> Parts {
+        let part = |f: &dyn Fn(&Outcome) -> Option<f64>| -> Pcts {
+            Pcts::of(&m.iter().filter_map(|o| f(o)).collect::<Vec<f64>>())
+        };
+        let diff = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (a - b).max(0.0));
+        Parts {
+            queue: part(&|o| o.started_s),
+            prefill: part(&|o| o.prefill_s),
+            to_first_frame: part(&|o| diff(o.first_frame_s, o.prefilled_s)),
+            stage1: part(&|o| diff(o.first_chunk_s, o.first_frame_s)),
+            first_pass_frames: Pcts::of_values(
+                &m.iter()
+                    .filter_map(|o| o.first_pass_frames.map(|f| f as f64))
+                    .collect::<Vec<f64>>(),
+            ),
+        }
+    }
+
+    /// One line: p50 / p95 of each part.
+    pub fn line(&self) -> String {
+        let p = |x: &Pcts| {
+            let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+            format!("{} / {}", f(x.p50), f(x.p95))
+        };
+        format!(
+            "  first audio, p50 / p95 ms: queue {} | prefill {} | to first frame {} | stage 1 {} | first pass frames {}",
+            p(&self.queue),
+            p(&self.prefill),
+            p(&self.to_first_frame),
+            p(&self.stage1),
+            p(&self.first_pass_frames)
+        )
     }
 }
 
@@ -568,6 +648,8 @@ pub struct Summary {
     pub ttfa_audible_played_ms: Pcts,
     /// Scheduled arrival → `Finished`.
     pub e2e_ms: Pcts,
+    /// Where the first audio waited: the parts of the time to the first chunk.
+    pub first_audio_parts: Parts,
     pub underruns: usize,
     pub requests_with_underruns: usize,
     pub stalled_ms_max: f64,
@@ -621,6 +703,7 @@ pub fn summarize(runs: &[RunResult]) -> Summary {
         ttfa_first_chunk_ms: Pcts::of(&lat(|o| o.first_chunk_s)),
         ttfa_audible_played_ms: Pcts::of(&lat(|o| o.audible_played_s)),
         e2e_ms: Pcts::of(&lat(|o| o.end_s)),
+        first_audio_parts: Parts::of(&admitted),
         underruns: m.iter().map(|o| o.underruns).sum(),
         requests_with_underruns: count(|o| o.underruns > 0),
         stalled_ms_max: m.iter().map(|o| o.stalled_s * 1e3).fold(0.0, f64::max),

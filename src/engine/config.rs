@@ -42,6 +42,7 @@
 //!       codec_left_context_frames: 72   # windowed mode only
 //!       decoder_streaming_mode: exact   # exact (stateful) | windowed (stateless, approximate)
 //!       codec_buffer_frames: 50         # async-chunk buffer bound (raised to the largest chunk)
+//!       max_num_batched_tokens: 0       # frames a Code2Wav pass takes at most (0: 512 on CUDA)
 //!     engine_input_source: [0]
 //!     final_output: true
 //!     final_output_type: audio
@@ -352,6 +353,12 @@ pub struct DecoderStageConfig {
     /// process (the Base speaker encoder's too).
     #[serde(default, deserialize_with = "checked::<Bool, _>")]
     pub allow_tf32: bool,
+    /// `engine_args.max_num_batched_tokens`: most codec frames (rows × chunk frames) one Code2Wav
+    /// pass decodes (a chunk larger than that still goes whole); 0, the default, keeps the
+    /// decoder's own budget (512 frames on CUDA, `Code2Wav::max_batch_frames`). Smaller passes
+    /// bound how long a first chunk waits for the pass before it, at some cost in throughput.
+    #[serde(default, deserialize_with = "checked::<NonNegative, _>")]
+    pub max_num_batched_tokens: usize,
     /// `engine_args.codec_buffer_frames`: frames stage 0 may run ahead of stage 1 before it blocks.
     #[serde(
         default = "default_usize::<50>",

@@ -55,13 +55,16 @@ pub(crate) fn dec_thread(
             }),
         }
     })();
-    let c2w = match loaded {
+    let mut c2w = match loaded {
         Ok(m) => m,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
+    if cfg.max_num_batched_tokens > 0 {
+        c2w.set_max_batch_frames(cfg.max_num_batched_tokens);
+    }
     let info = DecInfo {
         sample_rate: c2w.sample_rate(),
         samples_per_frame: c2w.samples_per_frame(),

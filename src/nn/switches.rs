@@ -12,6 +12,7 @@
 //! | `OMNITTS_BATCH_GRAPHS` | `0` batched frames of several streams eager instead of on the batched frame graphs | graphs |
 //! | `OMNITTS_DECODER_KERNELS` | `0` Code2Wav's SnakeBeta as five tensor operations and its transposed convolutions as candle's, row by row | one kernel; one product for all rows |
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
+//! | `OMNITTS_PREFILL_GRAPHS` | `0` prompts through the talker eagerly instead of on the prefill graphs | graphs |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
 
@@ -50,6 +51,9 @@ pub struct Switches {
     /// `OMNITTS_DECODER_KERNELS`: Code2Wav's SnakeBeta as one kernel and its transposed
     /// convolutions as one product for all rows ([`crate::nn::conv`]).
     pub decoder_kernels: bool,
+    /// `OMNITTS_PREFILL_GRAPHS=0`: prompts run through the talker eagerly instead of replaying the
+    /// prefill graphs (`models/qwen3_tts/graphs/prefill.rs`).
+    pub prefill_graphs: bool,
 }
 
 impl Default for Switches {
@@ -85,6 +89,7 @@ impl Switches {
             batch_graphs: !is("OMNITTS_BATCH_GRAPHS", "0"),
             pinned_readback: !is("OMNITTS_PINNED_READBACK", "0"),
             decoder_kernels: !is("OMNITTS_DECODER_KERNELS", "0"),
+            prefill_graphs: !is("OMNITTS_PREFILL_GRAPHS", "0"),
         }
     }
 }
@@ -113,6 +118,7 @@ mod tests {
         assert!(s.batch_graphs);
         assert!(s.pinned_readback);
         assert!(s.decoder_kernels);
+        assert!(s.prefill_graphs);
     }
 
     #[test]
@@ -126,8 +132,10 @@ mod tests {
             ("OMNITTS_BATCH_GRAPHS", "0"),
             ("OMNITTS_PINNED_READBACK", "0"),
             ("OMNITTS_DECODER_KERNELS", "0"),
+            ("OMNITTS_PREFILL_GRAPHS", "0"),
         ]);
         assert!(!s.pinned_readback);
+        assert!(!s.prefill_graphs);
         assert!(!s.decoder_kernels);
         assert_eq!(s.fused_kernels, FusedKernels::PerLayer);
         assert!(s.decode_stack);

@@ -153,6 +153,60 @@ impl LayerCaches {
         self.caches.iter().map(KvCache::capacity).min().unwrap_or(0)
     }
 
+    /// Makes these caches hold positions `0..count` of `src`, a cache of a stack of the same depth
+    /// whose buffers hold at least `count` written positions (its `seq_len()` is not consulted: the
+    /// prefill graphs' scratch cache is written on the device). Grows the buffers as an append
+    /// would, copies (on CUDA with the fused kernels: one launch for every layer,
+    /// [`super::cuda_kernels::kv_prefix::kv_prefix_copy`]) and sets `seq_len()` to `count`.
+    /// Errors when the depths differ, these caches already hold positions, or `src` lacks buffers
+    /// or room for `count` positions.
+    pub fn fill_prefix_from(&mut self, src: &LayerCaches, count: usize) -> Result<()> {
+        if self.caches.len() != src.caches.len() {
+            candle_core::bail!(
+                "KV prefix: caches of {} layers from a stack of {}",
+                self.caches.len(),
+                src.caches.len()
+            );
+        }
+        if self.seq_len() != 0 {
+            candle_core::bail!(
+                "KV prefix: the caches already hold {} positions",
+                self.seq_len()
+            );
+        }
+        let mut pairs = Vec::with_capacity(src.caches.len());
+        for (d, s) in self.caches.iter_mut().zip(&src.caches) {
+            let (Some(k), Some(v)) = (&s.k, &s.v) else {
+                candle_core::bail!("KV prefix: the source has no buffers");
+            };
+            if k.dim(2)? < count {
+                candle_core::bail!("KV prefix: {count} positions from {} slots", k.dim(2)?);
+            }
+            d.ensure_capacity(k.dims(), k.dtype(), k.device(), count)?;
+            pairs.push((k, v));
+        }
+        let dst: Vec<(&Tensor, &Tensor)> = self
+            .caches
+            .iter()
+            .filter_map(|c| c.k.as_ref().zip(c.v.as_ref()))
+            .collect();
+        #[cfg(feature = "cuda")]
+        if dst.len() == pairs.len()
+            && pairs.first().is_some_and(|(k, _)| k.device().is_cuda())
+            && super::cuda_kernels::enabled()
+        {
+            let s: Vec<&Tensor> = pairs.iter().flat_map(|(k, v)| [*k, *v]).collect();
+            let d: Vec<&Tensor> = dst.iter().flat_map(|(k, v)| [*k, *v]).collect();
+            super::cuda_kernels::kv_prefix::kv_prefix_copy(&s, &d, count)?;
+            return self.advance(count);
+        }
+        for ((sk, sv), (dk, dv)) in pairs.iter().zip(&dst) {
+            dk.slice_set(&sk.narrow(2, 0, count)?.contiguous()?, 2, 0)?;
+            dv.slice_set(&sv.narrow(2, 0, count)?.contiguous()?, 2, 0)?;
+        }
+        self.advance(count)
+    }
+
     /// Counts `n` positions written on the device by [`Self::run_at_slot`].
     pub fn advance(&mut self, n: usize) -> Result<()> {
         self.caches.iter_mut().try_for_each(|c| c.advance(n))

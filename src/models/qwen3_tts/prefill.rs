@@ -223,10 +223,27 @@ impl<'a> PendingSession<'a> {
     /// piece of at most [`PREFILL_CHUNK`] positions at a time) and, after the last one, its final
     /// norm and codec head. Returns whether the prefill is complete; `max_positions` 0 runs
     /// nothing. The result depends on the steps' lengths only through float rounding: steps of
-    /// [`PREFILL_CHUNK`] positions give exactly [`ArModel::start`]'s session. After an error the
-    /// session cannot go on (drop it).
+    /// [`PREFILL_CHUNK`] positions give exactly [`ArModel::start`]'s session. A whole prompt in one
+    /// step replays the prefill graphs when the model has them and they hold its length
+    /// ([`super::graphs::PrefillGraphs`]: equal up to the products' summation order). After an
+    /// error the session cannot go on (drop it).
     pub fn prefill_step(&mut self, max_positions: usize) -> Result<bool, ModelError> {
         let n = max_positions.min(self.remaining());
+        if n > 0 && n == self.prefill_len() {
+            // The whole prompt at once: on the prefill graphs when they hold it.
+            if let Some(graphs) = self.model.graphs.prefill() {
+                let mut g = graphs
+                    .lock()
+                    .map_err(|_| candle_core::Error::Msg("prefill graphs: lock poisoned".into()))?;
+                if n <= g.max_len() {
+                    let talker = &self.model.talker;
+                    let last = g.prefill(talker, &self.prefill, &mut *self.cache.lock()?)?;
+                    self.done = n;
+                    self.last = Some(last);
+                    return Ok(true);
+                }
+            }
+        }
         if n > 0 {
             let talker = &self.model.talker;
             let x = self.prefill.narrow(1, self.done, n)?;

@@ -19,6 +19,7 @@
 //! | [`rows_attention::rows_attention`] | a batched talker step's attention: `rope_attention` per row over the row's own KV cache at its own position, read from device tables |
 //! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (with `rope_attention`: 5 launches a layer) |
 //! | [`bias_epilogue::bias_epilogue`] | a Code2Wav convolution's bias add, with the SnakeBeta or residual add after it |
+//! | [`kv_prefix::kv_prefix_copy`] | a prefill's keys/values copied from the prefill graphs' scratch cache into a stream's, layer by layer (56 copies for the 1.7B talker) |
 //! | [`snake_beta::snake_beta`] | the Code2Wav decoder's SnakeBeta (mul, sin, square, mul, add) |
 //! | [`decode_stack::decode_stack`] | a whole stack's decode step (every layer's kernels) in one persistent launch (opt-in: `OMNITTS_DECODE_STACK=1`) |
 //!
@@ -41,6 +42,7 @@ pub mod decode_stack;
 pub mod embed_sum;
 pub mod fused_linear;
 pub mod gemv;
+pub mod kv_prefix;
 pub mod pick_rows;
 pub mod qk_norm_rope;
 pub mod rope_attention;

@@ -8,6 +8,10 @@
 //!   ([`TalkerLease`], given back when it is dropped); a session that finds them leased, or a
 //!   prompt that does not fit them, keeps its own cache and steps eagerly ([`TalkerCache`]).
 //!
+//! - a prompt's prefill ([`PrefillGraphs`], one graph per prompt-length bucket): it runs into a
+//!   scratch KV cache and one kernel copies that into the session's cache, so any session replays
+//!   it, one at a time under a lock (`OMNITTS_PREFILL_GRAPHS=0` leaves prefills eager).
+//!
 //! And, by [`ArModel::enable_batch_graphs`], the batched frames of several sessions
 //! ([`batch::BatchGraphs`], one graph per batch bucket): the sessions keep their own caches, which
 //! the graphs reach through device tables, so any sessions may share a replay.
@@ -17,6 +21,7 @@
 
 pub mod batch;
 mod code_predictor;
+mod prefill;
 mod talker;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +30,7 @@ use std::sync::{Mutex, MutexGuard};
 use candle_core::Tensor;
 
 pub use code_predictor::CpGraphs;
+pub use prefill::PrefillGraphs;
 pub use talker::TalkerGraphs;
 
 use super::ar_model::ArModel;
@@ -41,6 +47,7 @@ pub const TALKER_GRAPH_POSITIONS: usize = 4096;
 pub(super) struct ArGraphs {
     code_predictor: Option<Mutex<CpGraphs>>,
     talker: Option<TalkerSlot>,
+    prefill: Option<Mutex<PrefillGraphs>>,
     /// Batched frames of 2..=`max_num_seqs` streams ([`batch::BatchGraphs`]).
     #[cfg(feature = "cuda")]
     batch: Option<Mutex<batch::BatchGraphs>>,
@@ -72,6 +79,11 @@ impl ArGraphs {
     /// The code predictor's frame graphs, when captured.
     pub(super) fn code_predictor(&self) -> Option<&Mutex<CpGraphs>> {
         self.code_predictor.as_ref()
+    }
+
+    /// The prefill graphs, when enabled.
+    pub(super) fn prefill(&self) -> Option<&Mutex<PrefillGraphs>> {
+        self.prefill.as_ref()
     }
 
     /// The batched frame graphs, when captured.
@@ -235,18 +247,27 @@ impl ArModel {
     /// device, a build without the `cuda` feature, or a failed capture (the message names the
     /// CUDA call).
     ///
-    /// Two sets are captured: the code predictor's frame, and the talker's decode step (one
+    /// Three sets are captured: the code predictor's frame, the talker's decode step (one
     /// graph per attention bucket over an owned KV cache of [`TALKER_GRAPH_POSITIONS`] positions;
-    /// see [`TalkerGraphs`]). One utterance at a time replays the talker graphs; others run
-    /// eagerly meanwhile. Batched frames ([`ArModel::next_frames`] with more than one row) run
+    /// see [`TalkerGraphs`]), and the prefill of prompts of up to 256 positions ([`PrefillGraphs`];
+    /// not with `OMNITTS_PREFILL_GRAPHS=0`). One utterance at a time replays the talker graphs;
+    /// others run eagerly meanwhile. Batched frames ([`ArModel::next_frames`] with more than one row) run
     /// eagerly unless [`Self::enable_batch_graphs`] captures their graphs too.
     pub fn enable_cuda_graphs(&mut self) -> Result<(), ModelError> {
         let cp = CpGraphs::capture(&self.code_predictor, self.dtype)?;
         let mut talker = TalkerGraphs::new(&self.talker, self.dtype, TALKER_GRAPH_POSITIONS)?;
         talker.capture(&self.talker)?;
+        let prefill = if crate::nn::switches::Switches::get().prefill_graphs {
+            let mut p = PrefillGraphs::new(&self.talker, self.dtype, usize::MAX)?;
+            p.capture(&self.talker)?;
+            Some(Mutex::new(p))
+        } else {
+            None
+        };
         self.graphs = ArGraphs {
             code_predictor: Some(Mutex::new(cp)),
             talker: Some(TalkerSlot::new(talker)),
+            prefill,
             #[cfg(feature = "cuda")]
             batch: None,
         };
@@ -296,6 +317,15 @@ impl ArModel {
     pub(super) fn enable_slot_decode(&mut self, positions: usize) -> Result<(), ModelError> {
         let g = TalkerGraphs::new(&self.talker, self.dtype, positions)?;
         self.graphs.talker = Some(TalkerSlot::new(g));
+        Ok(())
+    }
+
+    /// The prefill graphs' work for prompts of up to `max_len` positions without capturing
+    /// graphs (any device), so tests can compare it with the eager prefill.
+    #[cfg(test)]
+    pub(super) fn enable_slot_prefill(&mut self, max_len: usize) -> Result<(), ModelError> {
+        let g = PrefillGraphs::new(&self.talker, self.dtype, max_len)?;
+        self.graphs.prefill = Some(Mutex::new(g));
         Ok(())
     }
 
@@ -394,5 +424,80 @@ mod tests {
             }
         }
         assert!(fell_back, "no utterance outgrew the slot cache");
+    }
+
+    /// The prefill graphs' work (the prompt padded to a bucket, the last row picked on the device,
+    /// the scratch cache copied into the session's) gives the eager prefill's greedy codes and
+    /// logits: into an own cache and into the leased decode graphs' cache, for prompts shorter
+    /// than the bucket after a longer one (stale padding rows), and eagerly past the buckets.
+    #[test]
+    fn slot_prefill_equals_eager_prefill() {
+        // Buckets 16 and 32: the fixtures' prompts (16-57 positions) fill one exactly, leave
+        // padding rows (stale after a longer prompt) or are past them.
+        let (mut padded, mut stale, mut fell_back) = (false, false, false);
+        for (name, leased) in [("tiny-customvoice", false), ("tiny-voicedesign", true)] {
+            let (eager, gen_cfg) = fixture(name);
+            let (mut slot, _) = fixture(name);
+            slot.enable_slot_prefill(32).expect("slot prefill");
+            if leased {
+                slot.enable_slot_decode(150).expect("slot decode");
+            }
+            let speaker = eager.speakers().into_iter().next();
+            let instructs = if name == "tiny-voicedesign" {
+                vec![
+                    Some("A calm low voice.".to_string()),
+                    Some("An excited, fast and very high voice with a slight echo.".to_string()),
+                ]
+            } else {
+                vec![None]
+            };
+            let mut longest_in_bucket = 0;
+            for instruct in instructs {
+                for text in [
+                    "Hello world, this is a test.",
+                    "Hi there, friend.",
+                    "Short.",
+                ] {
+                    let req = VoiceRequest {
+                        text: text.into(),
+                        speaker: speaker.clone(),
+                        language: Some("english".into()),
+                        instruct: instruct.clone(),
+                        ..VoiceRequest::default()
+                    };
+                    let (codes_e, reason_e, logits_e, prompt, _) =
+                        generate(&eager, &gen_cfg, &req, 20);
+                    let (codes_s, reason_s, logits_s, _, on_graphs) =
+                        generate(&slot, &gen_cfg, &req, 20);
+                    match prompt {
+                        17..32 => {
+                            padded = true;
+                            stale |= prompt < longest_in_bucket;
+                            longest_in_bucket = longest_in_bucket.max(prompt);
+                        }
+                        16 | 32 => {}
+                        p if p < 16 => padded = true,
+                        _ => fell_back = true,
+                    }
+                    assert_eq!(on_graphs, leased, "{name}: decode graphs");
+                    assert_eq!(codes_s, codes_e, "{name} '{text}': codes differ");
+                    assert_eq!(reason_s, reason_e, "{name} '{text}'");
+                    for (i, (a, b)) in logits_s.iter().zip(&logits_e).enumerate() {
+                        let d = a
+                            .iter()
+                            .zip(b)
+                            .map(|(x, y)| (x - y).abs())
+                            .fold(0f32, f32::max);
+                        assert!(d <= 1e-4, "{name} '{text}' frame {i}: logits differ by {d}");
+                    }
+                }
+            }
+        }
+        assert!(padded, "no prompt left padding rows in its bucket");
+        assert!(
+            stale,
+            "no padded prompt followed a longer one in its bucket"
+        );
+        assert!(fell_back, "no prompt was past the prefill buckets");
     }
 }
