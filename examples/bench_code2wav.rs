@@ -162,7 +162,10 @@ fn throughput(c2w: &Code2Wav, args: &Args) -> Result<Vec<serde_json::Value>> {
 }
 
 /// The accuracy streams decoded whole, and streamed in ramped chunks batched together.
-fn decode_both(c2w: &Code2Wav, inputs: &[Vec<Vec<u32>>]) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+/// Per stream: its samples.
+type Waves = Vec<Vec<f32>>;
+
+fn decode_both(c2w: &Code2Wav, inputs: &[Vec<Vec<u32>>]) -> Result<(Waves, Waves)> {
     let whole = inputs
         .iter()
         .map(|c| c2w.decode(c).context("whole decode"))

@@ -67,7 +67,11 @@
 //! that keeps up holds (Little's law: rate × mean audio seconds). The window should be much
 //! longer than a request for the trend to mean something.
 //!
-//! Both modes print a table and, on stdout's last line, a JSON report (also `--json PATH`).
+//! A third mode, `--text-rates 20,50`, streams an LLM's reply into one running request through
+//! the engine (`bench_streams/text_stream.rs`): first audio after the first fragment and after the
+//! one that completes the first frame's text, last audio after the end, underruns.
+//!
+//! Each mode prints a table and, on stdout's last line, a JSON report (also `--json PATH`).
 //!
 //! ```sh
 //! # closed loop, CPU
@@ -79,14 +83,18 @@
 //!     --rates 1,10,20,40 --seeds 1 --warmup-s 10 --duration 30
 //! ```
 //!
-//! Without `--streams` the closed loop runs 1,2,4,8,16 streams unless `--rates` is given.
+//! Without `--streams` the closed loop runs 1,2,4,8,16 streams unless `--rates` or `--text-rates` is given.
 //! `cargo test --example bench_streams` runs the detector's, the player's and the scheduler's
 //! unit tests (also part of `cargo test`).
 
+#[path = "common/llm_reply.rs"]
+mod llm_reply;
 #[path = "bench_streams/open_loop.rs"]
 mod open_loop;
 #[path = "bench_streams/playback.rs"]
 mod playback;
+#[path = "bench_streams/text_stream.rs"]
+mod text_stream;
 
 use std::path::PathBuf;
 use std::thread;
@@ -169,6 +177,16 @@ struct Args {
     /// decoder's own, 512 on CUDA).
     #[arg(long, default_value_t = 0)]
     decoder_pass_frames: usize,
+    /// Text streamed into one running request: token rates of the simulated LLM reply, comma
+    /// separated; none by default (see `text_stream.rs`).
+    #[arg(long, value_delimiter = ',')]
+    text_rates: Vec<f64>,
+    /// Text streamed: rounds per rate (after one warm-up reply, not counted).
+    #[arg(long, default_value_t = 3)]
+    text_rounds: usize,
+    /// Text streamed: most frames of a reply (random weights never end by themselves; 300 = 24 s).
+    #[arg(long, default_value_t = 300)]
+    text_frames: usize,
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -399,6 +417,44 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
     Ok(rows)
 }
 
+/// The streamed-text runs (`--text-rates`): one warm-up reply, then `--text-rounds` replies per
+/// rate, one at a time on one engine; prints a line per reply, returns the JSON report of the mode.
+fn text_stream_runs(args: &Args) -> Result<Value> {
+    for &rate in &args.text_rates {
+        ensure!(
+            rate.is_finite() && rate > 0.0,
+            "--text-rates: {rate} is not a rate"
+        );
+    }
+    let shared = SharedEngine::unshared(load(args, config(args, 1, false, None))?);
+    text_stream::run(&shared, 50.0, args.greedy, 1, args.text_frames)?;
+    eprintln!(
+        "text streamed into one request: 80 tokens at each rate, {} decoding, at most {} frames",
+        if args.greedy {
+            "greedy"
+        } else {
+            "the checkpoint's"
+        },
+        args.text_frames
+    );
+    println!("{}", text_stream::header());
+    let mut runs = Vec::new();
+    for &rate in &args.text_rates {
+        for round in 0..args.text_rounds {
+            let r = text_stream::run(
+                &shared,
+                rate,
+                args.greedy,
+                round as u64 + 1,
+                args.text_frames,
+            )?;
+            println!("{}", text_stream::line(&r));
+            runs.push(r);
+        }
+    }
+    Ok(json!({ "greedy": args.greedy, "max_frames": args.text_frames, "runs": runs }))
+}
+
 /// Whether open-loop requests stop at their drawn length: `--fixed-length`, else off for a
 /// checkpoint with an `omnitts.json` (a trained omnitts voice) and on for any other.
 fn fixed_length(args: &Args) -> bool {
@@ -517,12 +573,12 @@ fn main() -> Result<()> {
     let args = Args::parse();
     let counts = match &args.streams {
         Some(c) => c.clone(),
-        None if args.rates.is_empty() => vec![1, 2, 4, 8, 16],
+        None if args.rates.is_empty() && args.text_rates.is_empty() => vec![1, 2, 4, 8, 16],
         None => Vec::new(),
     };
     ensure!(
-        !counts.is_empty() || !args.rates.is_empty(),
-        "--streams and --rates are both empty"
+        !counts.is_empty() || !args.rates.is_empty() || !args.text_rates.is_empty(),
+        "--streams, --rates and --text-rates are all empty"
     );
     let rows = if counts.is_empty() {
         Vec::new()
@@ -534,10 +590,15 @@ fn main() -> Result<()> {
     } else {
         open_loop_runs(&args)?
     };
+    let text = if args.text_rates.is_empty() {
+        Value::Null
+    } else {
+        text_stream_runs(&args)?
+    };
     let report = json!({
         "model_dir": args.model_dir, "device": args.device, "frames": args.frames,
         "threads": std::env::var("RAYON_NUM_THREADS").ok(), "rows": rows,
-        "open_loop": open,
+        "open_loop": open, "text_stream": text,
     });
     println!("{report}");
     if let Some(p) = &args.json {

@@ -29,32 +29,9 @@ use std::time::{Duration, Instant};
 use gst::prelude::*;
 use gstomnitts::element_common::messages;
 
-/// The reply: 60 words of plain sentences (no digits: the bundled voice reads none).
-const REPLY: &str = "It was a fine morning, and the rain \
-    had stopped at last. The river was high after the storm, so the path along the water was \
-    closed. She walked through the park instead and watched the children play near the old \
-    fountain. In the evening the sky cleared and the stars came out over the quiet little town at night.";
-
-/// The reply's tokens: each word with its leading space, long words in two.
-fn tokens() -> Vec<String> {
-    let mut out = Vec::new();
-    for (i, w) in REPLY.split_whitespace().enumerate() {
-        let w = if i == 0 {
-            w.to_string()
-        } else {
-            format!(" {w}")
-        };
-        let chars: Vec<char> = w.chars().collect();
-        if chars.len() > 6 {
-            let cut = chars.len() / 2;
-            out.push(chars[..cut].iter().collect());
-            out.push(chars[cut..].iter().collect());
-        } else {
-            out.push(w);
-        }
-    }
-    out
-}
+#[path = "common/llm_reply.rs"]
+mod llm_reply;
+use llm_reply::{REPLY, tokens};
 
 struct Args {
     model: String,

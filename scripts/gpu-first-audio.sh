@@ -1,56 +1,80 @@
 #!/usr/bin/env bash
-# First audio under load on a GPU machine (no Rust needed; docs/cuda.md, "First audio under load"):
-#   scripts/gpu-first-audio.sh BIN_DIR TEMPLATE_DIR OUT_DIR
-# BIN_DIR holds bench_streams and bench_gpu (scripts/build-cuda.sh --example bench_streams
-# --example bench_gpu); TEMPLATE_DIR is tests/fixtures/tiny-customvoice (random checkpoints of the
-# real shapes are made from it). Steps, each skipped once BUDGET_S (560) seconds have passed:
-#  1. 1.7B: closed loop (STREAMS 1,4,16,64; 100 frames) and open loop (RATES 1,10,20,40, sampled
-#     as the checkpoint says, seed SEEDS, WARMUP_S 10 + DURATION_S 30 s);
-#  2. the A/B of device → host reads: stage 0 alone (bench_gpu, batch 1, 1.7B) and the closed loop
-#     at N = 1 and 16, each through pageable memory (OMNITTS_PINNED_READBACK=0) and pinned (default);
-#  3. 0.6B open loop, sampled (SHORT_WARMUP_S 5 + SHORT_DURATION_S 15 s);
-#  4. 1.7B open loop, greedy (the same short windows).
+# First audio under load on a GPU machine (no Rust needed; docs/cuda.md, "First audio under load"
+# and "Prefill graphs"):
+#   scripts/gpu-first-audio.sh BIN_DIR TEMPLATE_DIR OUT_DIR [FIXTURES_DIR]
+# BIN_DIR holds bench_streams, bench_gpu and gpu_parity (scripts/build-cuda.sh --example bench_streams
+# --example bench_gpu --example gpu_parity); TEMPLATE_DIR is tests/fixtures/tiny-customvoice (random
+# checkpoints of the real shapes are made from it); FIXTURES_DIR holds the tiny fixtures and
+# reference/ (step parity). Steps (STEPS; each skipped once BUDGET_S, 560 s, have passed):
+#  parity   gpu_parity on the fixtures: f32 graphs (prefill graphs included) equal to eager;
+#  stage0   bench_gpu, stage 0 alone at batch 1 (1.7B): prefill and ms per frame, prefill graphs off
+#           (OMNITTS_PREFILL_GRAPHS=0) and on;
+#  closed   bench_streams closed loop (STREAMS 1,4,16,64; 100 frames; bf16 Code2Wav), prefill graphs
+#           off and on;
+#  text     bench_streams --text-rates 20,50: an LLM reply streamed into one request (token mode);
+#  open     bench_streams open loop (RATES 1,10,20,40, seed SEEDS, WARMUP_S 5 + DURATION_S 20 s,
+#           sampled as the checkpoint says, bf16 Code2Wav), with where the first audio waited;
+#  open-off the same at OFF_RATES (10,20) with the prefill graphs off;
+#  pass     the open loop at PASS_RATES (10,20) with Code2Wav passes of at most PASS_FRAMES (128) frames.
 set -uo pipefail
-bin=$1 template=$2 out=$3
+bin=$1 template=$2 out=$3 fx=${4:-}
 mkdir -p "$out"
-STREAMS=${STREAMS:-1,4,16,64} RATES=${RATES:-1,10,20,40} SEEDS=${SEEDS:-1}
-WARMUP_S=${WARMUP_S:-10} DURATION_S=${DURATION_S:-30} SHORT_WARMUP_S=${SHORT_WARMUP_S:-5}
-SHORT_DURATION_S=${SHORT_DURATION_S:-15} BUDGET_S=${BUDGET_S:-560}
+STEPS=${STEPS:-"parity stage0 closed text"} STREAMS=${STREAMS:-1,4,16,64} RATES=${RATES:-1,10,20,40}
+SEEDS=${SEEDS:-1} WARMUP_S=${WARMUP_S:-5} DURATION_S=${DURATION_S:-20} BUDGET_S=${BUDGET_S:-560}
+OFF_RATES=${OFF_RATES:-10,20} PASS_RATES=${PASS_RATES:-10,20} PASS_FRAMES=${PASS_FRAMES:-128}
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
 ckpt() { # SIZE: a random checkpoint of that size under /tmp/ckpt
     [ -d "/tmp/ckpt/$1" ] || "$bin/bench_gpu" --build-only /tmp/ckpt --sizes "$1" --template "$template" \
         >"$out/build-$1.log" 2>&1 || { echo "building $1 failed"; tail -5 "$out/build-$1.log"; }
 }
-streams() { # NAME SIZE [ENV=V ...] -- ARGS: bench_streams -> OUT/NAME.{log,json}
-    local name=$1 size=$2; shift 2
+limited() { # NAME LIMIT_S [ENV=V ...] -- CMD...: OUT/NAME.log, the last lines shown
+    local name=$1 limit=$2; shift 2
     local envs=()
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-    local limit; limit=$(left)
-    if [ "$limit" -le 20 ]; then echo "skipped $name: budget spent"; return; fi
+    local l; l=$(left); [ "$l" -lt "$limit" ] && limit=$l
+    if [ "$limit" -le 15 ]; then echo "skipped $name: budget spent"; return; fi
     stamp "$name"
-    env "${envs[@]}" timeout "$limit" "$bin/bench_streams" --model-dir "/tmp/ckpt/$size" --device cuda:0 \
-        --shared-only --json "$out/$name.json" "$@" >"$out/$name.log" 2>&1
-    echo "exit $?"; grep -v '^{' "$out/$name.log" | tail -14
+    env "${envs[@]}" timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    echo "exit $?"; grep -v '^{' "$out/$name.log" | tail -16
 }
-gpu() { # NAME [ENV=V ...]: bench_gpu, stage 0 alone at batch 1, 1.7B -> OUT/NAME.log
-    local name=$1; shift
-    stamp "$name"
-    env "$@" timeout 120 "$bin/bench_gpu" --template "$template" --sizes 1.7b --frames 200 --repeats 2 \
-        --graphs on --first-chunks 1 --workdir /tmp --json "$out/$name.json" >"$out/$name.log" 2>&1
-    echo "exit $?"; grep -v '^{' "$out/$name.log" | tail -6
+streams() { # NAME LIMIT_S [ENV=V ...] -- ARGS: bench_streams on 1.7B -> OUT/NAME.{log,json}
+    local name=$1 limit=$2; shift 2
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+    limited "$name" "$limit" "${envs[@]}" -- "$bin/bench_streams" --model-dir /tmp/ckpt/1.7b --device cuda:0 \
+        --shared-only --decoder-dtype bfloat16 --json "$out/$name.json" "$@"
 }
 ckpt 1.7b
-streams sampled-1.7b 1.7b -- --streams "$STREAMS" --frames 100 --rates "$RATES" --seeds "$SEEDS" \
-    --warmup-s "$WARMUP_S" --duration "$DURATION_S" --drain-s 20
-gpu stage0-pageable OMNITTS_PINNED_READBACK=0
-gpu stage0-pinned OMNITTS_PINNED_READBACK=1
-streams closed-pageable 1.7b OMNITTS_PINNED_READBACK=0 -- --streams 1,16 --frames 100
-streams closed-pinned 1.7b OMNITTS_PINNED_READBACK=1 -- --streams 1,16 --frames 100
-ckpt 0.6b
-streams sampled-0.6b 0.6b -- --rates "$RATES" --seeds "$SEEDS" --warmup-s "$SHORT_WARMUP_S" \
-    --duration "$SHORT_DURATION_S" --drain-s 10
-streams greedy-1.7b 1.7b -- --greedy --rates "$RATES" --seeds "$SEEDS" --warmup-s "$SHORT_WARMUP_S" \
-    --duration "$SHORT_DURATION_S" --drain-s 10
+if has parity && [ -n "$fx" ]; then
+    limited parity 150 -- "$bin/gpu_parity" --fixtures "$fx" --device cuda:0 --json "$out/parity.json"
+fi
+if has stage0; then
+    for g in 0 1; do
+        limited "stage0-prefill-graphs-$g" 100 OMNITTS_PREFILL_GRAPHS=$g -- "$bin/bench_gpu" \
+            --template "$template" --sizes 1.7b --frames 100 --repeats 3 --graphs on --first-chunks 1 \
+            --workdir /tmp --json "$out/stage0-prefill-graphs-$g.json"
+    done
+fi
+if has closed; then
+    for g in 0 1; do
+        streams "closed-prefill-graphs-$g" 100 OMNITTS_PREFILL_GRAPHS=$g -- --streams "$STREAMS" --frames 100
+    done
+fi
+if has text; then
+    streams text-stream 90 -- --text-rates 20,50 --text-rounds 3
+fi
+open_args=(--seeds "$SEEDS" --warmup-s "$WARMUP_S" --duration "$DURATION_S" --drain-s 10)
+if has open; then
+    streams open 300 -- --rates "$RATES" "${open_args[@]}"
+fi
+if has open-off; then
+    streams open-prefill-graphs-0 150 OMNITTS_PREFILL_GRAPHS=0 -- --rates "$OFF_RATES" "${open_args[@]}"
+fi
+if has pass; then
+    streams "open-pass-$PASS_FRAMES" 150 -- --rates "$PASS_RATES" --decoder-pass-frames "$PASS_FRAMES" \
+        "${open_args[@]}"
+fi
 stamp done
