@@ -161,10 +161,10 @@ fn throughput(c2w: &Code2Wav, args: &Args) -> Result<Vec<serde_json::Value>> {
     Ok(out)
 }
 
-/// The accuracy streams decoded whole, and streamed in ramped chunks batched together.
 /// Per stream: its samples.
 type Waves = Vec<Vec<f32>>;
 
+/// The accuracy streams decoded whole, and streamed in ramped chunks batched together.
 fn decode_both(c2w: &Code2Wav, inputs: &[Vec<Vec<u32>>]) -> Result<(Waves, Waves)> {
     let whole = inputs
         .iter()
