@@ -15,13 +15,16 @@
 #  open     bench_streams open loop (RATES 1,10,20,40, seed SEEDS, WARMUP_S 5 + DURATION_S 20 s,
 #           sampled as the checkpoint says, bf16 Code2Wav), with where the first audio waited;
 #  open-off the same at OFF_RATES (10,20) with the prefill graphs off;
-#  pass     the open loop at PASS_RATES (10,20) with Code2Wav passes of at most PASS_FRAMES (128) frames.
+#  pass     the open loop at PASS_RATES (10,20) with Code2Wav passes of at most PASS_FRAMES (128) frames;
+#  greedy   the open loop at SHORT_RATES (1,10,20), greedy, 1.7B;
+#  small    the open loop at SHORT_RATES, sampled, 0.6B.
 set -uo pipefail
 bin=$1 template=$2 out=$3 fx=${4:-}
 mkdir -p "$out"
 STEPS=${STEPS:-"parity stage0 closed text"} STREAMS=${STREAMS:-1,4,16,64} RATES=${RATES:-1,10,20,40}
 SEEDS=${SEEDS:-1} WARMUP_S=${WARMUP_S:-5} DURATION_S=${DURATION_S:-20} BUDGET_S=${BUDGET_S:-560}
 OFF_RATES=${OFF_RATES:-10,20} PASS_RATES=${PASS_RATES:-10,20} PASS_FRAMES=${PASS_FRAMES:-128}
+SHORT_RATES=${SHORT_RATES:-1,10,20}
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
@@ -40,12 +43,12 @@ limited() { # NAME LIMIT_S [ENV=V ...] -- CMD...: OUT/NAME.log, the last lines s
     env "${envs[@]}" timeout "$limit" "$@" >"$out/$name.log" 2>&1
     echo "exit $?"; grep -v '^{' "$out/$name.log" | tail -16
 }
-streams() { # NAME LIMIT_S [ENV=V ...] -- ARGS: bench_streams on 1.7B -> OUT/NAME.{log,json}
+streams() { # NAME LIMIT_S [ENV=V ...] -- ARGS: bench_streams on SIZE (1.7b) -> OUT/NAME.{log,json}
     local name=$1 limit=$2; shift 2
     local envs=()
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
-    limited "$name" "$limit" "${envs[@]}" -- "$bin/bench_streams" --model-dir /tmp/ckpt/1.7b --device cuda:0 \
-        --shared-only --decoder-dtype bfloat16 --json "$out/$name.json" "$@"
+    limited "$name" "$limit" "${envs[@]}" -- "$bin/bench_streams" --model-dir "/tmp/ckpt/${SIZE:-1.7b}" \
+        --device cuda:0 --shared-only --decoder-dtype bfloat16 --json "$out/$name.json" "$@"
 }
 ckpt 1.7b
 if has parity && [ -n "$fx" ]; then
@@ -76,5 +79,12 @@ fi
 if has pass; then
     streams "open-pass-$PASS_FRAMES" 150 -- --rates "$PASS_RATES" --decoder-pass-frames "$PASS_FRAMES" \
         "${open_args[@]}"
+fi
+if has greedy; then
+    streams open-greedy 120 -- --greedy --rates "$SHORT_RATES" "${open_args[@]}"
+fi
+if has small; then
+    ckpt 0.6b
+    SIZE=0.6b streams open-0.6b 120 -- --rates "$SHORT_RATES" "${open_args[@]}"
 fi
 stamp done
