@@ -137,7 +137,7 @@ impl KvCache {
 }
 
 /// Additive f32 mask `[t, past + t]`: 0 where query `past+i` may see key `j`, -inf elsewhere.
-fn causal_mask(
+pub fn causal_mask(
     t: usize,
     past: usize,
     sliding_window: Option<usize>,
@@ -219,7 +219,24 @@ impl Attention {
         cache: &mut KvCache,
     ) -> Result<Tensor> {
         let (q, k, v) = self.qkv(x, cos, sin)?;
-        self.o_proj.forward(&self.attend_cached(&q, &k, &v, cache)?)
+        self.o_proj
+            .forward(&self.attend_cached(&q, &k, &v, cache, None)?)
+    }
+
+    /// [`Self::forward`] with the additive f32 attention mask given (`[t, cache.seq_len() + t]`,
+    /// as [`causal_mask`] makes it) instead of built on the host for the call, so that the work
+    /// uploads nothing and can be captured in a CUDA graph (the prefill graphs).
+    pub fn forward_masked(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        cache: &mut KvCache,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let (q, k, v) = self.qkv(x, cos, sin)?;
+        self.o_proj
+            .forward(&self.attend_cached(&q, &k, &v, cache, Some(mask))?)
     }
 
     /// One decode position for each of `caches.len()` sequences, each at its own position with
@@ -247,31 +264,34 @@ impl Attention {
         let mut out = Vec::with_capacity(rows);
         for (i, cache) in caches.iter_mut().enumerate() {
             let row = |t: &Tensor| t.narrow(0, i, 1);
-            out.push(self.attend_cached(&row(&q)?, &row(&k)?, &row(&v)?, cache)?);
+            out.push(self.attend_cached(&row(&q)?, &row(&k)?, &row(&v)?, cache, None)?);
         }
         self.o_proj.forward(&Tensor::cat(&out, 0)?)
     }
 
     /// Appends `k`/`v` (`[b, kv_heads, t, hd]`) to `cache` and attends `q` (`[b, heads, t, hd]`,
     /// at positions `cache.seq_len()..`) over every cached position, causally (and within the
-    /// sliding window). Returns `[b, t, heads·hd]`, before `o_proj`.
+    /// sliding window), with `mask` when given (`[t, seq_len + t]`) or one built here. Returns
+    /// `[b, t, heads·hd]`, before `o_proj`.
     fn attend_cached(
         &self,
         q: &Tensor,
         k: &Tensor,
         v: &Tensor,
         cache: &mut KvCache,
+        mask: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (b, _, t, _) = q.dims4()?;
         let past = cache.seq_len();
         let (k, v) = cache.append(k, v)?;
         let s = k.dim(2)?;
-        let mask = if t > 1 || self.sliding_window.is_some_and(|w| w < s) {
-            Some(causal_mask(t, past, self.sliding_window, q.device())?)
-        } else {
-            None
+        let built = match mask {
+            None if t > 1 || self.sliding_window.is_some_and(|w| w < s) => {
+                Some(causal_mask(t, past, self.sliding_window, q.device())?)
+            }
+            _ => None,
         };
-        self.attend_heads(q, &k, &v, mask.as_ref(), b, t)
+        self.attend_heads(q, &k, &v, mask.or(built.as_ref()), b, t)
     }
 
     /// One decode position whose index lives on the device, for CUDA graphs (the same kernels at

@@ -72,6 +72,25 @@ impl DecoderLayer {
         self.add_mlp(x, &h)
     }
 
+    /// [`Self::forward`] with the attention mask given ([`Attention::forward_masked`]).
+    pub fn forward_masked(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        cache: &mut KvCache,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let h = self.self_attn.forward_masked(
+            &self.input_layernorm.forward(x)?,
+            cos,
+            sin,
+            cache,
+            mask,
+        )?;
+        self.add_mlp(x, &h)
+    }
+
     /// [`Self::forward`] for one position of each of several sequences with their own caches (see
     /// [`Attention::forward_rows`]): `x` `[rows, 1, hidden]`, `cos`/`sin` `[rows, 1, head_dim/2]`.
     pub fn forward_rows(
@@ -276,6 +295,27 @@ impl LayerCaches {
         let mut h = x.clone();
         for (layer, cache) in layers.iter().zip(self.caches.iter_mut()) {
             h = layer.forward(&h, &cos, &sin, cache)?;
+        }
+        Ok(h)
+    }
+
+    /// [`Self::run`] in one piece with the additive attention mask given (`[t, seq_len() + t]`
+    /// f32, [`super::attention::causal_mask`]): the eager ops without the fused decode path and
+    /// without uploading a mask, so the call can be captured in a CUDA graph (the prefill graphs).
+    /// No sliding window. Errors as [`Self::run`], or for a mask of another shape.
+    pub fn run_masked(
+        &mut self,
+        layers: &[DecoderLayer],
+        rope: &RotaryEmbedding,
+        x: &Tensor,
+        mask: &Tensor,
+    ) -> Result<Tensor> {
+        let t = x.dim(1)?;
+        let (cos, sin) = rope.cos_sin(self.seq_len(), t)?;
+        let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
+        let mut h = x.clone();
+        for (layer, cache) in layers.iter().zip(self.caches.iter_mut()) {
+            h = layer.forward_masked(&h, &cos, &sin, cache, mask)?;
         }
         Ok(h)
     }

@@ -30,9 +30,11 @@ pub const BUCKETS: [usize; 5] = [16, 32, 64, 128, 256];
 
 /// The static buffers, scratch cache and graphs of the prefill. Shapes: `input` `[1, L_max,
 /// hidden]` (model dtype), `last` u32 `[1]`, `hidden` `[1, 1, hidden]`, `logits` f32 `[1, 1,
-/// vocab_size]`; the scratch cache holds `L_max` positions per layer.
+/// vocab_size]`, `masks` f32 `[L, L]` per bucket (the causal masks, on the device before capture:
+/// a graph cannot upload them); the scratch cache holds `L_max` positions per layer.
 pub struct PrefillGraphs {
     buckets: Vec<usize>,
+    masks: Vec<Tensor>,
     input: Tensor,
     last: Tensor,
     hidden: Tensor,
@@ -71,8 +73,13 @@ impl PrefillGraphs {
         };
         let dev = talker.device().clone();
         let d = t.hidden_size;
+        let masks = buckets
+            .iter()
+            .map(|&b| crate::nn::attention::causal_mask(b, 0, None, &dev))
+            .collect::<Result<Vec<_>>>()?;
         let mut g = PrefillGraphs {
             buckets,
+            masks,
             input: Tensor::zeros((1, longest, d), dtype, &dev)?,
             last: Tensor::zeros(1, DType::U32, &dev)?,
             hidden: Tensor::zeros((1, 1, d), dtype, &dev)?,
@@ -83,7 +90,7 @@ impl PrefillGraphs {
             graphs: Vec::new(),
         };
         // The largest bucket allocates the scratch cache's buffers (`longest` slots a layer).
-        g.run(talker, longest)?;
+        g.run(talker, g.buckets.len() - 1)?;
         Ok(g)
     }
 
@@ -103,14 +110,13 @@ impl PrefillGraphs {
                 candle_core::bail!("CUDA graphs need a CUDA device, the talker is on {dev:?}");
             }
             let _htod = htod_cache(&dev)?;
-            let buckets = self.buckets.clone();
-            for &b in &buckets {
-                self.run(talker, b)?;
+            for bi in 0..self.buckets.len() {
+                self.run(talker, bi)?;
             }
             dev.synchronize()?;
-            let mut graphs = Vec::with_capacity(buckets.len());
-            for &b in &buckets {
-                graphs.push(Graph::capture(&dev, || self.run(talker, b))?);
+            let mut graphs = Vec::with_capacity(self.buckets.len());
+            for bi in 0..self.buckets.len() {
+                graphs.push(Graph::capture(&dev, || self.run(talker, bi))?);
             }
             dev.synchronize()?;
             self.graphs = graphs;
@@ -162,15 +168,21 @@ impl PrefillGraphs {
         if let Some(g) = self.graphs.get(bucket_index) {
             return g.launch();
         }
-        self.run(talker, self.buckets[bucket_index])
+        self.run(talker, bucket_index)
     }
 
-    /// The captured work: the talker's layers over the first `bucket` input rows from position 0
-    /// into the scratch cache, then the final norm and codec head of row `last`.
-    fn run(&mut self, talker: &Talker, bucket: usize) -> Result<()> {
+    /// The captured work: the talker's layers over the first `L` input rows of bucket
+    /// `bucket_index` from position 0 into the scratch cache (its mask, no upload), then the
+    /// final norm and codec head of row `last`.
+    fn run(&mut self, talker: &Talker, bucket_index: usize) -> Result<()> {
         self.scratch.reset();
-        let x = self.input.narrow(1, 0, bucket)?;
-        let h = talker.run(&x, &mut self.scratch)?;
+        let x = self.input.narrow(1, 0, self.buckets[bucket_index])?;
+        let h = self.scratch.run_masked(
+            &talker.model.layers,
+            talker.rope(),
+            &x,
+            &self.masks[bucket_index],
+        )?;
         let h = talker.model.norm.forward(&h.index_select(&self.last, 1)?)?;
         self.hidden.slice_set(&h, 1, 0)?;
         let logits = talker.codec_head.forward(&h)?.to_dtype(DType::F32)?;
