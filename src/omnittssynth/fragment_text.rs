@@ -105,8 +105,8 @@ impl FragmentText {
     /// The end of the text: everything held is final (an unterminated construct is text, an
     /// incomplete character is dropped). Returns the rest of the text, and the bad bytes.
     pub fn finish(&mut self) -> Pushed {
-        let invalid = (!self.partial.is_empty())
-            .then(|| (self.partial[0], self.offset - self.partial.len()));
+        let invalid =
+            (!self.partial.is_empty()).then(|| (self.partial[0], self.offset - self.partial.len()));
         self.partial.clear();
         let ready = std::mem::take(&mut self.held);
         self.space = false;

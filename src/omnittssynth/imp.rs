@@ -1,6 +1,7 @@
 //! GObject/GStreamer implementation of `omnittssynth` (see the module docs in `mod.rs`): the pads,
-//! the properties, the events and queries, and the start/stop of the engine, the synthesis
-//! workers and the output task.
+//! the properties, the events and queries (`input-mode=fragments`: the fragments fed to an open
+//! utterance as they arrive), and the start/stop of the engine, the synthesis workers and the
+//! output task.
 
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Instant;
@@ -13,18 +14,18 @@ use crate::element_common::audio::{self, SampleFormat, pos_of, pts_of};
 use crate::element_common::backend::{Requests, text_stream_mode};
 use crate::element_common::input_error::input_error;
 use crate::element_common::load::{Loaded, load, sharing};
+use crate::element_common::messages;
 use crate::element_common::progress;
 use crate::element_common::properties::{
     model_info_param_specs, model_info_property, refuse_ready_only, synthesis_param_specs,
 };
 use crate::element_common::request::{ModelInfo, build_request};
 use crate::element_common::settings::SynthesisSettings;
-use crate::element_common::messages;
 use crate::element_common::split_policy::{
     AutoSplit, SplitSentences, split_sentences_param_spec, streaming_prompt_hint,
 };
-use crate::element_common::voice_clone::VoiceCloner;
 use crate::element_common::text_checks::{language_warning, markup_warning, strip_markup_tags};
+use crate::element_common::voice_clone::VoiceCloner;
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::engine::SharedEngine;
 use crate::models::qwen3_tts::prompt::unspeakable;
@@ -901,7 +902,15 @@ impl OmniTtsSynth {
         });
         let slot = duration.map(pos_of);
         let (kind, job) = self.cue_kind(id, &text, pts, slot, &voice, live)?;
-        self.queue_cue(id, epoch, pts, duration, kind, job, text.unwrap_or_default())
+        self.queue_cue(
+            id,
+            epoch,
+            pts,
+            duration,
+            kind,
+            job,
+            text.unwrap_or_default(),
+        )
     }
 
     /// Puts cue `id` of `epoch` (its PTS and duration, what it holds, its synthesis job, its
@@ -1175,11 +1184,12 @@ impl ObjectImpl for OmniTtsSynth {
                     .nick("Input mode")
                     .blurb(
                         "What a text buffer is: cues (each buffer a cue at its PTS, within its \
-                         duration), or fragments of a running utterance (an LLM's reply) that \
-                         join until an end: a buffer with the MARKER flag, an omnitts/end-text \
-                         custom downstream event, a sentence end followed by fragment-pause ms \
-                         without a fragment (by PTS, or a GAP event), or EOS; the utterance is \
-                         one cue at its first fragment's PTS, with no duration",
+                         duration), or fragments of a running utterance (an LLM's reply), \
+                         spoken while they arrive (token or clause mode, as append-text) as one \
+                         cue at its first fragment's PTS, with no duration, until an end: a \
+                         buffer with the MARKER flag, an omnitts/end-text custom downstream \
+                         event, a sentence end followed by fragment-pause ms without a fragment \
+                         (by PTS, or a GAP event), or EOS",
                     )
                     .mutable_ready()
                     .build(),

@@ -359,7 +359,13 @@ fn synthesise_open(
             let handle = match backend.submit(request) {
                 Ok(h) => h,
                 Err(e) => {
-                    return finish(shared, id, epoch, FinishReason::Error(e), Metrics::default());
+                    return finish(
+                        shared,
+                        id,
+                        epoch,
+                        FinishReason::Error(e),
+                        Metrics::default(),
+                    );
                 }
             };
             match forward(shared, id, epoch, &handle, 0, None, &mut Vec::new()) {
