@@ -427,7 +427,7 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
         };
         // An open utterance's text: what has arrived when it starts, all of it when it is done.
         let open = match &request {
-            Ok(Request::LocalOpen(_, open)) => Some(open.clone()),
+            Ok(Request::LocalOpen(_, open) | Request::RemoteOpen(_, open)) => Some(open.clone()),
             _ => None,
         };
         let full_text = || open.as_ref().map(|o| o.text());
