@@ -121,11 +121,7 @@ fn serve(mut conn: TcpStream, mode: Mode, received: &Mutex<Vec<serde_json::Value
             };
             session(&mut ws, mode, received);
         }
-        _ => respond(
-            &mut conn,
-            "404 Not Found",
-            r#"{"detail":"Not Found"}"#,
-        ),
+        _ => respond(&mut conn, "404 Not Found", r#"{"detail":"Not Found"}"#),
     }
 }
 
@@ -283,7 +279,10 @@ fn fragments_go_as_they_come_and_audio_comes_back_before_the_end() {
     assert_eq!(c["stream_audio"], true);
     assert_eq!(c["split_granularity"], "sentence");
     assert!(c.get("input").is_none());
-    let texts: Vec<&str> = r[1..4].iter().map(|m| m["text"].as_str().unwrap()).collect();
+    let texts: Vec<&str> = r[1..4]
+        .iter()
+        .map(|m| m["text"].as_str().unwrap())
+        .collect();
     assert_eq!(texts, ["Hello wor", "ld. How a", "re you"]);
 }
 
@@ -298,7 +297,12 @@ fn a_server_without_the_endpoint_says_so_and_names_push_text() {
     let FinishReason::Error(e) = reason else {
         panic!("{reason:?}");
     };
-    for words in ["no streaming-input endpoint", "HTTP 404", STREAM_PATH, "push-text"] {
+    for words in [
+        "no streaming-input endpoint",
+        "HTTP 404",
+        STREAM_PATH,
+        "push-text",
+    ] {
         assert!(e.contains(words), "{words:?} not in: {e}");
     }
 }
@@ -374,7 +378,10 @@ fn the_element_streams_appended_text_to_the_server() {
         done.get::<String>("text").unwrap(),
         "First one here. And the second."
     );
-    assert_eq!(done.get::<u64>("samples").unwrap(), 2 * SENTENCE_SAMPLES as u64);
+    assert_eq!(
+        done.get::<u64>("samples").unwrap(),
+        2 * SENTENCE_SAMPLES as u64
+    );
     assert_eq!(done.get::<String>("reason").unwrap(), "eos");
     let texts: Vec<String> = s
         .received()

@@ -558,7 +558,13 @@ mod tests {
         assert_eq!(c["response_format"], "pcm");
         assert_eq!(c["stream_audio"], true);
         assert_eq!(c["split_granularity"], "sentence");
-        for absent in ["input", "stream", "stream_format", "sample_rate", "extra_params"] {
+        for absent in [
+            "input",
+            "stream",
+            "stream_format",
+            "sample_rate",
+            "extra_params",
+        ] {
             assert!(c.get(absent).is_none(), "{absent} in {c}");
         }
     }
