@@ -20,7 +20,7 @@ use reference_util::{fixture, fixture_model};
 
 const RATE: u64 = 24_000;
 /// How long a test waits for audio or EOS.
-const PATIENCE: Duration = Duration::from_secs(120);
+const PATIENCE: Duration = Duration::from_secs(30);
 
 fn at_ms(ms: u64) -> usize {
     (ms * RATE / 1000) as usize
