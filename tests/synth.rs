@@ -1163,9 +1163,15 @@ fn fragments_join_into_one_utterance_per_end_at_the_first_fragment_pts() {
             .map(|(t, ms)| (t.to_string(), Some(gst::ClockTime::from_mseconds(*ms))))
             .collect::<Vec<_>>()
     );
+    // Spoken while the fragments arrive: in token mode (the streaming prompt mode, one
+    // request however many sentences).
+    let streaming = [
+        ("prompt-mode", v("streaming")),
+        ("split-sentences", v("false")),
+    ];
     let mut want = Vec::new();
     for (text, ms) in want_cues {
-        place(&mut want, at_ms(ms), &reference(text, &[]));
+        place(&mut want, at_ms(ms), &reference(text, &streaming));
     }
     assert_eq!(got.len(), want.len());
     assert!(got == want, "each utterance at its first fragment's PTS");

@@ -14,7 +14,8 @@ use crate::engine::{
 };
 use crate::models::qwen3_tts::PromptMode;
 use crate::remote::{
-    RemoteCanceller, RemoteHandle, SpeechClient, SpeechRequest, reference_data_url,
+    RemoteCanceller, RemoteHandle, SpeechClient, SpeechRequest, StreamTextSender,
+    reference_data_url,
 };
 
 use super::clauses::ClauseSplitter;
@@ -38,6 +39,10 @@ pub(crate) enum Request {
     /// An utterance whose text is still arriving, spoken clause by clause (clause mode): the
     /// worker submits one request per clause ([`Backend::submit`] refuses this one itself).
     Clauses(ClauseRequests),
+    /// An utterance whose text is still arriving, spoken by the server through its
+    /// streaming-input websocket (sentence mode): the voice and settings of the session, and
+    /// where its text comes from.
+    RemoteOpen(SpeechRequest, Arc<OpenText>),
 }
 
 /// How text streamed into an open utterance is spoken.
@@ -50,6 +55,9 @@ pub(crate) enum TextStreamMode {
     /// submitted as soon as the clause is complete ([`super::clauses`]), the clauses' audio
     /// played back to back as one utterance.
     Clause,
+    /// `server=`: the server's streaming-input websocket takes the fragments as they come and
+    /// speaks each sentence once it is complete.
+    Sentence,
 }
 
 impl TextStreamMode {
@@ -58,6 +66,7 @@ impl TextStreamMode {
         match self {
             TextStreamMode::Token => "token",
             TextStreamMode::Clause => "clause",
+            TextStreamMode::Sentence => "sentence",
         }
     }
 }
@@ -107,11 +116,37 @@ pub(crate) struct OpenText {
     cond: Condvar,
 }
 
+/// Where an open utterance's text goes once its request is running.
+enum Feed {
+    /// The engine's open request (token mode).
+    Engine(TextSender),
+    /// The server's streaming-input session.
+    Server(StreamTextSender),
+}
+
+impl Feed {
+    fn append(&self, fragment: &str) -> Result<(), String> {
+        match self {
+            Feed::Engine(s) => s.append(fragment).map_err(|e| e.to_string()),
+            Feed::Server(s) => s.append(fragment),
+        }
+    }
+
+    fn end(&self) {
+        match self {
+            Feed::Engine(s) => {
+                s.end();
+            }
+            Feed::Server(s) => s.end(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct OpenTextState {
     buffered: String,
     ended: bool,
-    sender: Option<TextSender>,
+    sender: Option<Feed>,
     /// Clause mode: the splitter, and the clauses complete and not yet taken.
     clauses: Option<(ClauseSplitter, VecDeque<String>)>,
     /// All the text appended (for the bus messages).
@@ -222,11 +257,12 @@ impl OpenText {
         NextClause::Waiting
     }
 
-    /// The engine took the utterance: what was appended goes to it, and what comes later.
-    fn attach(&self, sender: TextSender) -> Result<(), String> {
+    /// The engine or the server took the utterance: what was appended goes to it, and what
+    /// comes later.
+    fn attach(&self, sender: Feed) -> Result<(), String> {
         let mut g = self.lock();
         let buffered = std::mem::take(&mut g.buffered);
-        sender.append(&buffered).map_err(|e| e.to_string())?;
+        sender.append(&buffered)?;
         if g.ended {
             sender.end();
         }
@@ -334,8 +370,15 @@ impl Backend {
                 .map_err(|e| e.to_string()),
             (Backend::Local(engine), Request::LocalOpen(r, open)) => {
                 let (handle, sender) = engine.submit_open(r).map_err(|e| e.to_string())?;
-                open.attach(sender)?;
+                open.attach(Feed::Engine(sender))?;
                 Ok(Handle::Local(handle))
+            }
+            (Backend::Remote(client), Request::RemoteOpen(r, open)) => {
+                let (handle, sender) = client
+                    .submit_stream(r)
+                    .map_err(|e| format!("could not start the server session: {e}"))?;
+                open.attach(Feed::Server(sender))?;
+                Ok(Handle::Remote(handle))
             }
             (Backend::Remote(client), Request::Remote(r)) => client
                 .submit(r)
@@ -391,7 +434,10 @@ impl Requests {
     /// the property values `s`, and its open text: the voice and sampling checked now as for a
     /// text (errors name the property and value). Token mode takes the streaming prompt mode and
     /// refuses an ICL voice clone; clause mode builds each clause's request with `s` (checked
-    /// again for each clause). A speech server is refused: it takes whole texts only.
+    /// again for each clause). With a speech server (`mode` is then
+    /// [`TextStreamMode::Sentence`]) the request is that of a text, its fragments go to the
+    /// server's streaming-input websocket (a server without one fails the utterance when it
+    /// starts, saying so).
     pub fn checked_open(
         self: &Arc<Self>,
         s: &SynthesisSettings,
@@ -435,13 +481,36 @@ impl Requests {
                 r.voice.text.clear();
                 Ok((Request::LocalOpen(r, open.clone()), open))
             }
-            Requests::Remote { target, .. } => Err(super::input_error::input_error(
-                "server",
-                &target.url,
-                "append-text is not supported with a speech server: its /v1/audio/speech \
-                 takes a whole text per request (and vLLM-Omni's streaming-input websocket \
-                 starts a new request per sentence); send whole sentences with push-text",
-            )),
+            Requests::Remote { .. } => {
+                let Request::Remote(r) = self.checked(s, info, "x")? else {
+                    return Err(super::input_error::input_error(
+                        "server",
+                        "",
+                        "the request was built for the local engine",
+                    ));
+                };
+                let open = Arc::new(OpenText::new(TextStreamMode::Sentence));
+                Ok((Request::RemoteOpen(r, open.clone()), open))
+            }
+        }
+    }
+
+    /// The mode an open utterance gets, and why: with a speech server sentence mode (its
+    /// streaming-input websocket speaks each sentence once it is complete), otherwise
+    /// [`text_stream_mode`].
+    pub fn stream_mode(
+        &self,
+        prompt_mode: Option<PromptMode>,
+        streaming_prompt: Option<bool>,
+    ) -> (TextStreamMode, String) {
+        match self {
+            Requests::Remote { .. } => (
+                TextStreamMode::Sentence,
+                "server=: the fragments go to the server's streaming-input websocket \
+                 (/v1/audio/speech/stream), which speaks each sentence once it is complete"
+                    .into(),
+            ),
+            Requests::Local { .. } => text_stream_mode(prompt_mode, streaming_prompt),
         }
     }
 

@@ -24,10 +24,12 @@ pub const FIRST_AUDIO: &str = "omnitts/utterance-first-audio";
 /// output sample).
 pub const DONE: &str = "omnitts/utterance-done";
 /// `omnittssrc`'s `append-text` opened an utterance (posted from the signal, before the
-/// utterance's other messages). Fields: `id` (u64, the utterance's), `mode` (string: `token`,
-/// one text token per codec frame in the streaming prompt mode, or `clause`, each clause spoken
-/// whole once complete), `reason` (string: why this mode, e.g. the checkpoint's `omnitts.json`
-/// saying `streaming_prompt=false`, or `prompt-mode` set).
+/// utterance's other messages), or `omnittssynth` opened the cue of its fragments
+/// (`input-mode=fragments`). Fields: `id` (u64, the utterance's or the cue's), `mode` (string:
+/// `token`, one text token per codec frame in the streaming prompt mode, `clause`, each clause
+/// spoken whole once complete, or `sentence`, with `server=`: the server's streaming-input
+/// websocket speaks each sentence once complete), `reason` (string: why this mode, e.g. the
+/// checkpoint's `omnitts.json` saying `streaming_prompt=false`, or `prompt-mode` set).
 pub const TEXT_STREAM_MODE: &str = "omnitts/text-stream-mode";
 
 fn element_message(src: &gst::Element, s: gst::Structure) -> gst::Message {

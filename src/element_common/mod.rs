@@ -26,6 +26,7 @@
 //! - [`sentences`], [`split_policy`]: the `split-sentences` property: where a text splits into
 //!   sentences, and when;
 //! - [`clauses`]: text streamed with `append-text` in clause mode, cut into clauses as it arrives;
+//!   [`clause_speech`]: those clauses spoken one request each, back to back as one utterance;
 //! - [`text_checks`]: markup the elements do not interpret (SSML) removed, and text in a script
 //!   the checkpoint's languages do not cover, each with a warning;
 //! - [`server`], [`server_load`], [`server_request`]: the same through a speech server
@@ -37,6 +38,7 @@
 pub mod audio;
 pub(crate) mod backend;
 pub(crate) mod bundled_voice;
+pub(crate) mod clause_speech;
 pub(crate) mod clauses;
 pub mod hub;
 pub(crate) mod input_error;

@@ -13,7 +13,7 @@ use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 
 use crate::element_common::audio::{self, RATE, SampleFormat, pts_of};
-use crate::element_common::backend::{OpenText, Ready, Requests, prepare, text_stream_mode};
+use crate::element_common::backend::{OpenText, Ready, Requests, prepare};
 use crate::element_common::input_error::{InputError, input_error};
 use crate::element_common::load::sharing;
 use crate::element_common::properties::{
@@ -251,7 +251,9 @@ impl OmniTtsSrc {
     /// utterances before it, in order) when none is open. Opening one posts its
     /// `omnitts/text-stream-mode` message (token or clause mode, and why). Checked now: the
     /// element has started, the voice and sampling properties (as for `push-text`; an error
-    /// names the property), the backend (no `server=`) and, in token mode, no ICL voice clone.
+    /// names the property) and, in token mode, no ICL voice clone. With `server=` the fragments
+    /// go to the server's streaming-input websocket; a server without one fails the utterance
+    /// (in stream order) with an error that says so.
     /// Checked when the text ends (token mode) or each clause completes (clause mode), as an
     /// error in stream order: the text (nothing to speak, too long) and the engine's refusals.
     fn append_text(&self, fragment: &str) -> bool {
@@ -276,7 +278,7 @@ impl OmniTtsSrc {
         );
         let now = rt.live_latency.map(|_| self.running_time(rt.started));
         drop(state);
-        let (mode, why) = text_stream_mode(settings.synthesis.prompt_mode.prompt_mode(), hint);
+        let (mode, why) = requests.stream_mode(settings.synthesis.prompt_mode.prompt_mode(), hint);
         let (request, open) = match requests.checked_open(&settings.synthesis, &info, mode) {
             Ok(r) => r,
             Err(e) => {

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use gst::glib;
 use gst::prelude::*;
 
-use crate::element_common::backend::{Backend, Cancel, Request};
+use crate::element_common::backend::{Backend, Cancel, ClauseRequests, Request};
+use crate::element_common::clause_speech::{ClauseSink, speak_clauses};
 use crate::element_common::messages::{Refusal, UtteranceDone};
 use crate::engine::{EngineEvent, FinishReason, Metrics};
 
@@ -414,7 +415,7 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
         gst::debug!(CAT, "worker: submitting utterance {id}: {text:?}");
         let request = match request {
             Ok(Request::Clauses(clauses)) => {
-                speak_clauses(backend, shared, element, id, start_pos, epoch, clauses);
+                speak_clause_utterance(backend, shared, element, id, start_pos, epoch, clauses);
                 shared.lock().worker_done();
                 shared.notify();
                 if element.upgrade().is_none() {
@@ -426,7 +427,7 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
         };
         // An open utterance's text: what has arrived when it starts, all of it when it is done.
         let open = match &request {
-            Ok(Request::LocalOpen(_, open)) => Some(open.clone()),
+            Ok(Request::LocalOpen(_, open) | Request::RemoteOpen(_, open)) => Some(open.clone()),
             _ => None,
         };
         let full_text = || open.as_ref().map(|o| o.text());
@@ -544,188 +545,83 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
     }
 }
 
-/// Clause mode: clauses synthesised at once (the one being played and the next), so that the next
-/// clause's audio is ready when the one before it ends, while the clauses further on do not
-/// slow the current one down by sharing its stage-0 steps.
-const CLAUSES_IN_FLIGHT: usize = 2;
-
-/// Frame-weighted mean of a per-frame figure over the clauses' metrics.
-fn per_frame(sum: &mut (f64, usize), value: f64, frames: usize) {
-    sum.0 += value * frames as f64;
-    sum.1 += frames;
+/// `omnittssrc`'s side of a clause-mode utterance: its items go to the output in stream order.
+struct ClauseOutput<'a> {
+    shared: &'a Shared,
+    id: u64,
+    start_pos: u64,
+    epoch: u64,
 }
 
-/// Speaks a clause-mode utterance (`append-text` in clause mode): each clause, as soon as
-/// [`OpenText`](crate::element_common::backend::OpenText) hands it out, is submitted as a
-/// request of its own while the clause before it is still being synthesised (at most
-/// [`CLAUSES_IN_FLIGHT`] at once), so that its audio follows without a gap when synthesis is
-/// faster than real time, and the clauses' audio
-/// is forwarded in order as one utterance: one Started (when the first clause is submitted),
-/// one FirstAudio, one Done with the whole text and the clauses' metrics summed. A clause the
-/// backend refuses or that fails ends the utterance with that error; a discard (flush,
-/// `cancel`) cancels every clause.
-fn speak_clauses(
+impl ClauseSink for ClauseOutput<'_> {
+    fn current(&self) -> bool {
+        self.shared.lock().is_current(self.epoch)
+    }
+
+    fn started(&self, cancel: Cancel, text: String) -> bool {
+        let item = Item::Started {
+            id: self.id,
+            text,
+            start_pos: self.start_pos,
+        };
+        let ok = self.shared.lock().start(self.epoch, cancel, item);
+        self.shared.notify();
+        ok
+    }
+
+    fn next_request(&self, cancel: Cancel) {
+        self.shared.lock().canceller = Some(cancel);
+    }
+
+    fn first_audio(&self, ttfa_ms: f64) {
+        let item = Item::FirstAudio {
+            id: self.id,
+            ttfa_ms,
+        };
+        self.shared.lock().push(self.epoch, item);
+        self.shared.notify();
+    }
+
+    fn audio(&self, samples: Vec<f32>) -> bool {
+        self.shared.push_audio(self.epoch, samples)
+    }
+
+    fn debug(&self, what: &str) {
+        gst::debug!(CAT, "worker: utterance {}: {what}", self.id);
+    }
+}
+
+/// Speaks a clause-mode utterance (`append-text` in clause mode) with the shared clause driver
+/// ([`speak_clauses`]): one Started (when the first clause is submitted), one FirstAudio, one
+/// Done with the whole text and the clauses' metrics summed. A clause the backend refuses or
+/// that fails ends the utterance with that error; when nothing was submitted the error keeps
+/// its place in the stream as a refusal; a discard (flush, `cancel`) cancels every clause.
+fn speak_clause_utterance(
     backend: &Backend,
     shared: &Shared,
     element: &glib::WeakRef<gst::Element>,
     id: u64,
     start_pos: u64,
     epoch: u64,
-    clauses: crate::element_common::backend::ClauseRequests,
+    clauses: ClauseRequests,
 ) {
-    use crate::element_common::backend::NextClause;
-    let t0 = Instant::now();
-    let mut handles: VecDeque<crate::element_common::backend::Handle> = VecDeque::new();
-    let (mut started, mut text_done, mut first_audio) = (false, false, false);
-    let mut failure: Option<FinishReason> = None;
-    let mut last_reason = FinishReason::Eos;
-    let mut total = Metrics::default();
-    let (mut ar, mut dec, mut rtf) = ((0.0, 0), (0.0, 0), (0.0, 0.0));
-    let mut n_clauses = 0usize;
-    loop {
-        if !shared.lock().is_current(epoch) {
-            // Discarded: the output retires the utterance itself.
-            for h in &handles {
-                h.cancel();
-            }
-            return;
-        }
-        // Submit the clauses complete so far (waiting for one only when nothing is in flight).
-        while failure.is_none() && !text_done && handles.len() < CLAUSES_IN_FLIGHT {
-            let wait = if handles.is_empty() {
-                POLL
-            } else {
-                Duration::ZERO
-            };
-            let clause = match clauses.open.next_clause(wait) {
-                NextClause::Clause(c) => c,
-                NextClause::Waiting => break,
-                NextClause::Ended => {
-                    text_done = true;
-                    break;
-                }
-            };
-            if crate::models::qwen3_tts::prompt::unspeakable(&clause).is_some() {
-                gst::debug!(
-                    CAT,
-                    "worker: utterance {id}: nothing to speak in {clause:?}"
-                );
-                continue;
-            }
-            n_clauses += 1;
-            gst::debug!(
-                CAT,
-                "worker: utterance {id}: clause {n_clauses}: {clause:?}"
-            );
-            match clauses.build(&clause).and_then(|r| backend.submit(r)) {
-                Ok(h) => {
-                    if !started {
-                        started = true;
-                        let item = Item::Started {
-                            id,
-                            text: clauses.open.text(),
-                            start_pos,
-                        };
-                        if !shared.lock().start(epoch, h.canceller(), item) {
-                            h.cancel();
-                        }
-                        shared.notify();
-                    }
-                    handles.push_back(h);
-                }
-                Err(e) => {
-                    failure = Some(FinishReason::Error(format!(
-                        "clause {n_clauses} of the streamed text ({clause:?}): {e}"
-                    )));
-                }
-            }
-        }
-        let Some(h) = handles.front() else {
-            if failure.is_some() || text_done {
-                break;
-            }
-            continue;
-        };
-        let ev = match h.recv_timeout(POLL) {
-            Ok(ev) => ev,
-            Err(RecvTimeoutError::Timeout) => continue,
-            Err(RecvTimeoutError::Disconnected) => {
-                handles.pop_front();
-                failure.get_or_insert(FinishReason::Error(
-                    "the engine stopped without finishing a clause of the utterance".into(),
-                ));
-                break;
-            }
-        };
-        match ev {
-            EngineEvent::Started => {}
-            EngineEvent::FirstAudio { .. } => {
-                if !std::mem::replace(&mut first_audio, true) {
-                    let ttfa_ms = t0.elapsed().as_secs_f64() * 1000.0;
-                    total.ttfa_ms = Some(ttfa_ms);
-                    shared.lock().push(epoch, Item::FirstAudio { id, ttfa_ms });
-                    shared.notify();
-                }
-            }
-            EngineEvent::Audio(chunk) => {
-                let len = chunk.samples.len();
-                if len == 0 {
-                    continue;
-                }
-                shared.push_audio(epoch, chunk.samples);
-            }
-            EngineEvent::Finished { reason, metrics } => {
-                handles.pop_front();
-                total.frames += metrics.frames;
-                total.audio_ms += metrics.audio_ms;
-                per_frame(&mut ar, metrics.ar_ms_per_frame, metrics.frames);
-                per_frame(&mut dec, metrics.decoder_ms_per_frame, metrics.frames);
-                rtf.0 += metrics.rtf * metrics.audio_ms;
-                rtf.1 += metrics.audio_ms;
-                match reason {
-                    FinishReason::Cancelled | FinishReason::Error(_) => {
-                        failure.get_or_insert(reason);
-                        break;
-                    }
-                    r => last_reason = r,
-                }
-                // The next clause's request is already in flight; its events come next.
-                if let Some(next) = handles.front() {
-                    shared.lock().canceller = Some(next.canceller());
-                }
-            }
-        }
-    }
-    for h in &handles {
-        h.cancel();
-    }
-    let mean = |(sum, n): (f64, usize)| if n == 0 { 0.0 } else { sum / n as f64 };
-    total.ar_ms_per_frame = mean(ar);
-    total.decoder_ms_per_frame = mean(dec);
-    total.rtf = if rtf.1 > 0.0 { rtf.0 / rtf.1 } else { 0.0 };
-    total.wall_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    let text = clauses.open.text();
-    let reason = match failure {
-        Some(f) => f,
-        None if n_clauses == 0 => FinishReason::Error(format!(
-            "text {}: {}",
-            crate::element_common::input_error::quoted(&text),
-            crate::models::qwen3_tts::prompt::NOTHING_TO_SPEAK
-        )),
-        None => last_reason,
+    let sink = ClauseOutput {
+        shared,
+        id,
+        start_pos,
+        epoch,
     };
-    gst::debug!(
-        CAT,
-        "worker: utterance {id} ({n_clauses} clauses) finished: {reason:?}, {} frames",
-        total.frames
-    );
-    if !started {
+    let Some(outcome) = speak_clauses(backend, &clauses, &sink) else {
+        // Discarded: the output retires the utterance itself.
+        return;
+    };
+    if !outcome.started {
         // Nothing was submitted: the error keeps its place in the stream.
-        let error = match reason {
+        let error = match outcome.reason {
             FinishReason::Error(e) => e,
             other => format!("{other:?}"),
         };
-        let late = shared.lock().refuse(epoch, id, text, error);
+        let late = shared.lock().refuse(epoch, id, outcome.text, error);
         shared.notify();
         if let (Some(r), Some(element)) = (late, element.upgrade()) {
             let _ = element.post_message(r.message(&element));
@@ -736,9 +632,9 @@ fn speak_clauses(
         epoch,
         Item::Done {
             id,
-            reason,
-            metrics: total,
-            text: Some(text),
+            reason: outcome.reason,
+            metrics: outcome.metrics,
+            text: Some(outcome.text),
         },
     );
     shared.notify();

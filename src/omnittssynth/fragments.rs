@@ -1,6 +1,21 @@
 //! `input-mode=fragments`: text buffers are fragments of a running utterance (an LLM's reply
-//! from appsrc or an LLM element upstream) rather than timed cues. Fragments join, as bytes (a
-//! fragment may end in the middle of a UTF-8 character), until an end:
+//! from appsrc or an LLM element upstream) rather than timed cues. The utterance is spoken while
+//! its text arrives, as `omnittssrc`'s `append-text` speaks it:
+//!
+//! - it opens at the first fragment whose text has something to speak (a letter or a digit):
+//!   one cue at the PTS of the utterance's first fragment, with no duration (its speech is as
+//!   long as it is), so its audio starts at the first fragment's running time;
+//! - each fragment's text goes to it as it comes ([`fragment_text`](super::fragment_text): as
+//!   bytes, so that a fragment may end in the middle of a UTF-8 character or of a markup tag);
+//! - in token mode (checkpoints whose streaming prompt mode is good) one engine request takes
+//!   the text token by token as it becomes final; in clause mode (`streaming_prompt: false` in
+//!   the checkpoint's `omnitts.json`, or `prompt-mode=non-streaming`) each clause is spoken once
+//!   it is complete ([`clause_speech`](crate::element_common::clause_speech)); the
+//!   `omnitts/text-stream-mode` message says which, and why.
+//!
+//! Its first audio thus comes one engine step after the text of its first codec frame (token
+//! mode) or after its first clause is complete and synthesised (clause mode), not after its end.
+//! It ends at:
 //!
 //! - a fragment with the `MARKER` buffer flag (it ends the utterance, itself included);
 //! - the custom downstream event [`END_TEXT_EVENT`] (`omnitts/end-text`);
@@ -8,13 +23,17 @@
 //!   brackets after it allowed) and the next fragment's PTS, or the end of a GAP event, is at
 //!   least `fragment-pause` ms of stream time after the last fragment's PTS (the utterance ends
 //!   before that fragment);
-//! - EOS (the text so far is spoken before it); a flush drops the text, as it drops the cues.
-//!
-//! The joined text becomes one cue with the PTS of its first fragment and no duration (its
-//! speech is as long as it is), so its audio starts at the first fragment's running time.
+//! - EOS (the text so far is spoken before it); a flush drops the text and stops its speech, as
+//!   it drops the cues.
+
+use std::sync::Arc;
 
 use gst::ClockTime;
 use gst::glib;
+
+use crate::element_common::backend::OpenText;
+
+use super::fragment_text::FragmentText;
 
 /// The `input-mode` property: what a text buffer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, glib::Enum)]
@@ -44,6 +63,15 @@ pub const END_TEXT_EVENT: &str = "omnitts/end-text";
 /// The default `fragment-pause`, ms.
 pub const DEFAULT_PAUSE_MS: u32 = 500;
 
+/// The utterance being spoken while its fragments arrive: its cue and its open text.
+#[derive(Debug, Clone)]
+pub(crate) struct OpenCue {
+    /// The cue's id.
+    pub id: u64,
+    /// Where its text goes (the synthesis worker takes it from there).
+    pub open: Arc<OpenText>,
+}
+
 /// The fragments of the utterance in progress.
 #[derive(Debug, Default)]
 pub(crate) struct Fragments {
@@ -53,6 +81,16 @@ pub(crate) struct Fragments {
     pub pts: Option<ClockTime>,
     /// PTS of the last fragment that had one.
     pub last_pts: Option<ClockTime>,
+    /// The spoken text made from the bytes as they come (created with the first fragment).
+    pub text: Option<FragmentText>,
+    /// Spoken text not yet given to the open utterance (before it opens: text with nothing to
+    /// speak yet).
+    pub pending: String,
+    /// The open utterance, once its text had something to speak.
+    pub open: Option<OpenCue>,
+    /// Opening the utterance was refused (its error is on the timeline): the rest of its text
+    /// is dropped.
+    pub refused: bool,
 }
 
 impl Fragments {

@@ -1,6 +1,7 @@
 //! GObject/GStreamer implementation of `omnittssynth` (see the module docs in `mod.rs`): the pads,
-//! the properties, the events and queries, and the start/stop of the engine, the synthesis
-//! workers and the output task.
+//! the properties, the events and queries (`input-mode=fragments`: the fragments fed to an open
+//! utterance as they arrive), and the start/stop of the engine, the synthesis workers and the
+//! output task.
 
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Instant;
@@ -10,16 +11,21 @@ use gst::prelude::*;
 use gst::subclass::prelude::*;
 
 use crate::element_common::audio::{self, SampleFormat, pos_of, pts_of};
+use crate::element_common::backend::{Requests, text_stream_mode};
 use crate::element_common::input_error::input_error;
 use crate::element_common::load::{Loaded, load, sharing};
+use crate::element_common::messages;
 use crate::element_common::progress;
 use crate::element_common::properties::{
     model_info_param_specs, model_info_property, refuse_ready_only, synthesis_param_specs,
 };
 use crate::element_common::request::{ModelInfo, build_request};
 use crate::element_common::settings::SynthesisSettings;
-use crate::element_common::split_policy::{AutoSplit, SplitSentences, split_sentences_param_spec};
+use crate::element_common::split_policy::{
+    AutoSplit, SplitSentences, split_sentences_param_spec, streaming_prompt_hint,
+};
 use crate::element_common::text_checks::{language_warning, markup_warning, strip_markup_tags};
+use crate::element_common::voice_clone::VoiceCloner;
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::engine::SharedEngine;
 use crate::models::qwen3_tts::prompt::unspeakable;
@@ -27,7 +33,8 @@ use crate::models::qwen3_tts::prompt::unspeakable;
 use super::CAT;
 use super::compress::{self, Squeeze};
 use super::cue_text::{TextFormat, cue_text};
-use super::fragments::{DEFAULT_PAUSE_MS, END_TEXT_EVENT, Fragments, InputMode};
+use super::fragment_text::{FragmentText, Pushed};
+use super::fragments::{DEFAULT_PAUSE_MS, END_TEXT_EVENT, Fragments, InputMode, OpenCue};
 use super::output::Output;
 use super::overflow::Overflow;
 use super::shared::{CueInfo, Inner, Job, Shared};
@@ -79,6 +86,11 @@ struct Runtime {
     auto_split: AutoSplit,
     /// The voice warnings posted since start (omnittssrc's: `instruct` ignored or missing).
     warned: WarnOnce,
+    /// `input-mode=fragments`: builds the open utterances' requests.
+    requests: Arc<Requests>,
+    /// What the checkpoint says of its streaming prompt mode (`streaming_prompt` in its
+    /// `omnitts.json`): clause mode for fragments when false.
+    streaming_prompt: Option<bool>,
 }
 
 /// The element's instance data (lock order: settings, runtime, then the shared state).
@@ -95,6 +107,15 @@ pub struct OmniTtsSynth {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Drops the fragments of the utterance in progress (flush, stop): its open text ends, so that
+/// nothing waits for more of it.
+fn drop_fragments(fragments: &Mutex<Fragments>) {
+    let f = std::mem::take(&mut *lock(fragments));
+    if let Some(cue) = f.open {
+        cue.open.end();
+    }
 }
 
 /// The sink pad's caps: timed UTF-8 text, plain or pango markup (what subparse emits).
@@ -209,6 +230,13 @@ impl OmniTtsSynth {
             .map_err(|e| {
                 gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
             })?;
+        let streaming_prompt = streaming_prompt_hint(&info.dir).map_err(|e| {
+            gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
+        })?;
+        let requests = Arc::new(Requests::Local {
+            engine: engine.clone(),
+            cloner: std::sync::Mutex::new(VoiceCloner::default()),
+        });
         let policy = settings.overflow;
         *self.shared.lock() = Inner::new(policy);
         let workers = spawn_workers(engine.clone(), cloner, self.shared.clone()).map_err(|e| {
@@ -238,6 +266,8 @@ impl OmniTtsSynth {
             policy,
             auto_split,
             warned: WarnOnce::default(),
+            requests,
+            streaming_prompt,
         });
         progress::post_complete(&element, "load", &ready);
         Ok(())
@@ -246,7 +276,7 @@ impl OmniTtsSynth {
     /// Stops the workers (cancelling what they synthesise) and lets go of the engine.
     fn stop(&self) {
         let policy = self.policy();
-        *lock(&self.fragments) = Fragments::default();
+        drop_fragments(&self.fragments);
         {
             let mut inner = self.shared.lock();
             inner.shutdown = true;
@@ -581,6 +611,7 @@ impl OmniTtsSynth {
             requests,
             clone,
             squeeze,
+            open: None,
         };
         Ok((CueKind::Speech, Some(job)))
     }
@@ -598,13 +629,7 @@ impl OmniTtsSynth {
             )
         };
         if input_mode == InputMode::Fragments {
-            {
-                let inner = self.shared.lock();
-                inner.flow?;
-                if inner.flushing {
-                    return Err(gst::FlowError::Flushing);
-                }
-            }
+            let format = self.text_format()?;
             let map = buffer.map_readable().map_err(|_| {
                 gst::element_imp_error!(
                     self,
@@ -616,14 +641,16 @@ impl OmniTtsSynth {
             let mut f = lock(&self.fragments);
             if f.paused_at(buffer.pts(), pause) {
                 let done = std::mem::take(&mut *f);
-                drop(f);
                 self.end_fragments(done, "a sentence end and a pause")?;
-                f = lock(&self.fragments);
             }
             f.push(map.as_slice(), buffer.pts());
+            let pushed = f
+                .text
+                .get_or_insert_with(|| FragmentText::new(format))
+                .push(map.as_slice());
+            self.feed_fragments(&mut f, pushed)?;
             if buffer.flags().contains(gst::BufferFlags::MARKER) {
                 let done = std::mem::take(&mut *f);
-                drop(f);
                 return self.end_fragments(done, "a fragment with the MARKER flag");
             }
             return Ok(gst::FlowSuccess::Ok);
@@ -638,9 +665,159 @@ impl OmniTtsSynth {
         )
     }
 
+    /// The sink caps' text format; without caps, an error (not negotiated).
+    fn text_format(&self) -> Result<TextFormat, gst::FlowError> {
+        let inner = self.shared.lock();
+        inner.flow?;
+        if inner.flushing {
+            return Err(gst::FlowError::Flushing);
+        }
+        match inner.text_format {
+            Some(format) => Ok(format),
+            None => {
+                drop(inner);
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    ("text buffer without caps: omnittssynth takes text/x-raw (put subparse \
+                      between a subtitle file and it)")
+                );
+                Err(gst::FlowError::NotNegotiated)
+            }
+        }
+    }
+
+    /// `input-mode=fragments`: the text that a fragment made final (`pushed`) goes to the
+    /// utterance of `f`, which opens once its text has something to speak; bytes that are not
+    /// UTF-8 are dropped with a warning.
+    fn feed_fragments(&self, f: &mut Fragments, pushed: Pushed) -> Result<(), gst::FlowError> {
+        if let Some((byte, at)) = pushed.invalid {
+            gst::element_imp_warning!(
+                self,
+                gst::StreamError::Format,
+                (
+                    "utterance from PTS {}: the text is not UTF-8: byte 0x{:02x} at offset {} \
+                     dropped (text/x-raw carries UTF-8)",
+                    f.pts.display(),
+                    byte,
+                    at
+                )
+            );
+        }
+        f.pending.push_str(&pushed.text);
+        if f.refused {
+            f.pending.clear();
+            return Ok(());
+        }
+        if f.pending.is_empty() || (f.open.is_none() && unspeakable(&f.pending).is_some()) {
+            return Ok(());
+        }
+        let text = std::mem::take(&mut f.pending);
+        match &f.open {
+            Some(cue) => {
+                cue.open.append(&text);
+                let mut inner = self.shared.lock();
+                if let Some(info) = inner.infos.get_mut(&cue.id) {
+                    info.text = cue.open.text();
+                }
+            }
+            None => match self.open_cue(f.pts, &text)? {
+                Some(cue) => f.open = Some(cue),
+                None => f.refused = true,
+            },
+        }
+        Ok(())
+    }
+
+    /// `input-mode=fragments`: opens the utterance that starts with `text` (the first with
+    /// something to speak) as a cue at `pts`, its synthesis started at once (token or clause
+    /// mode, posted in an `omnitts/text-stream-mode` message). `None`: its voice or sampling
+    /// was refused (the error is on the timeline, at its place).
+    fn open_cue(
+        &self,
+        pts: Option<gst::ClockTime>,
+        text: &str,
+    ) -> Result<Option<OpenCue>, gst::FlowError> {
+        let (id, voice, live, epoch) = {
+            let mut inner = self.shared.lock();
+            inner.flow?;
+            if inner.flushing {
+                return Err(gst::FlowError::Flushing);
+            }
+            let id = inner.next_id;
+            inner.next_id += 1;
+            let live = inner.upstream_latency.is_some_and(|(l, _, _)| l);
+            (id, inner.voice.clone(), live, inner.epoch)
+        };
+        let mut settings = voice.apply(&lock(&self.settings).synthesis);
+        let (requests, info, hint) = {
+            let rt = lock(&self.runtime);
+            let Some(rt) = rt.as_ref() else {
+                return Err(gst::FlowError::Flushing);
+            };
+            for w in rt.warned.new_warnings(&settings, &rt.info) {
+                gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
+            }
+            (rt.requests.clone(), rt.info.clone(), rt.streaming_prompt)
+        };
+        if live && settings.chunk_frames == 0 {
+            // Live: later chunks as small as the first, so audio keeps pace.
+            settings.chunk_frames = info.first_chunk_frames as u32;
+        }
+        let (mode, why) = text_stream_mode(settings.prompt_mode.prompt_mode(), hint);
+        let at = pts.display();
+        let (kind, job, cue) = match requests.checked_open(&settings, &info, mode) {
+            Ok((request, open)) => {
+                open.append(text);
+                let job = Job {
+                    id,
+                    epoch,
+                    requests: Vec::new(),
+                    clone: None,
+                    squeeze: None,
+                    open: Some(request),
+                };
+                (CueKind::Speech, Some(job), Some(OpenCue { id, open }))
+            }
+            Err(e) => (
+                CueKind::Refused(format!("utterance {id} (PTS {at}): {e}")),
+                None,
+                None,
+            ),
+        };
+        gst::info!(
+            CAT,
+            imp = self,
+            "utterance {id} opens at PTS {at} in {} mode: {why}",
+            mode.name()
+        );
+        self.queue_cue(id, epoch, pts, None, kind, job, text.to_string())?;
+        if cue.is_some() {
+            let element = self.obj();
+            let _ = element.post_message(
+                gst::message::Element::builder(
+                    gst::Structure::builder(messages::TEXT_STREAM_MODE)
+                        .field("id", id)
+                        .field("mode", mode.name())
+                        .field("reason", why)
+                        .build(),
+                )
+                .src(&*element)
+                .build(),
+            );
+        }
+        Ok(cue)
+    }
+
     /// `input-mode=fragments`: the utterance of fragments `f` ends (`why`, for the debug log):
-    /// its text becomes one cue at the first fragment's PTS, with no duration.
-    fn end_fragments(&self, f: Fragments, why: &str) -> Result<gst::FlowSuccess, gst::FlowError> {
+    /// the rest of its text goes to it and its text ends. One that never opened (nothing to
+    /// speak, or only the rest has some) becomes a cue as in cue mode, at its first fragment's
+    /// PTS.
+    fn end_fragments(
+        &self,
+        mut f: Fragments,
+        why: &str,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
         if f.is_empty() {
             return self.shared.lock().flow;
         }
@@ -651,7 +828,34 @@ impl OmniTtsSynth {
             f.bytes.len(),
             f.pts.display()
         );
-        self.push_cue(|format| cue_text(&f.bytes, format), f.pts, None)
+        if let Some(rest) = f.text.as_mut().map(FragmentText::finish) {
+            self.feed_fragments(&mut f, rest)?;
+        }
+        if let Some(cue) = &f.open {
+            cue.open.end();
+            let text = cue.open.text();
+            if let Some(w) = lock(&self.runtime)
+                .as_ref()
+                .and_then(|rt| language_warning(&text, &rt.info.languages))
+            {
+                gst::element_imp_warning!(
+                    self,
+                    gst::StreamError::Format,
+                    ("cue {}: {}", cue.id, w)
+                );
+            }
+            let mut inner = self.shared.lock();
+            if let Some(info) = inner.infos.get_mut(&cue.id) {
+                info.text = text;
+            }
+            return inner.flow;
+        }
+        if f.refused {
+            return self.shared.lock().flow;
+        }
+        // Never opened: nothing to speak in it (a silent cue, as in cue mode).
+        let text = std::mem::take(&mut f.pending);
+        self.push_cue(|_| Ok(text), f.pts, None)
     }
 
     /// Queues a cue: its text (from `read`, given the negotiated text format), PTS and duration.
@@ -698,6 +902,32 @@ impl OmniTtsSynth {
         });
         let slot = duration.map(pos_of);
         let (kind, job) = self.cue_kind(id, &text, pts, slot, &voice, live)?;
+        self.queue_cue(
+            id,
+            epoch,
+            pts,
+            duration,
+            kind,
+            job,
+            text.unwrap_or_default(),
+        )
+    }
+
+    /// Puts cue `id` of `epoch` (its PTS and duration, what it holds, its synthesis job, its
+    /// text) on the timeline and its job in the workers' queue; waits while too many cues are
+    /// queued ahead of the output.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_cue(
+        &self,
+        id: u64,
+        epoch: u64,
+        pts: Option<gst::ClockTime>,
+        duration: Option<gst::ClockTime>,
+        kind: CueKind,
+        job: Option<Job>,
+        text: String,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let slot = duration.map(pos_of);
         let mut inner = self.shared.lock();
         if inner.epoch != epoch || inner.flushing {
             return Err(gst::FlowError::Flushing);
@@ -712,7 +942,7 @@ impl OmniTtsSynth {
         inner.infos.insert(
             id,
             CueInfo {
-                text: text.unwrap_or_default(),
+                text,
                 pts,
                 duration,
                 ttfa_ms: None,
@@ -811,13 +1041,12 @@ impl OmniTtsSynth {
                 let (pts, duration) = g.get();
                 let pause = lock(&self.settings).fragment_pause_ms;
                 let end = pts + duration.unwrap_or(gst::ClockTime::ZERO);
-                let paused = {
+                {
                     let mut f = lock(&self.fragments);
-                    f.paused_at(Some(end), gst::ClockTime::from_mseconds(pause.into()))
-                        .then(|| std::mem::take(&mut *f))
-                };
-                if let Some(done) = paused {
-                    let _ = self.end_fragments(done, "a sentence end and a pause (GAP)");
+                    if f.paused_at(Some(end), gst::ClockTime::from_mseconds(pause.into())) {
+                        let done = std::mem::take(&mut *f);
+                        let _ = self.end_fragments(done, "a sentence end and a pause (GAP)");
+                    }
                 }
                 let mut inner = self.shared.lock();
                 let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
@@ -828,8 +1057,11 @@ impl OmniTtsSynth {
             }
             EventView::Eos(_) => {
                 // Fragments: the text so far is spoken before the end.
-                let done = std::mem::take(&mut *lock(&self.fragments));
-                let _ = self.end_fragments(done, "EOS");
+                {
+                    let mut f = lock(&self.fragments);
+                    let done = std::mem::take(&mut *f);
+                    let _ = self.end_fragments(done, "EOS");
+                }
                 let mut inner = self.shared.lock();
                 if !inner.have_segment {
                     drop(inner);
@@ -848,8 +1080,9 @@ impl OmniTtsSynth {
                     }
                     self.shared.cond.notify_all();
                 }
-                // A flush drops the fragments, as it drops the cues.
-                *lock(&self.fragments) = Fragments::default();
+                // A flush drops the fragments, as it drops the cues (the open utterance's
+                // synthesis was cancelled with them).
+                drop_fragments(&self.fragments);
                 let ret = self.srcpad.push_event(event);
                 let _ = self.srcpad.pause_task();
                 ret
@@ -867,7 +1100,8 @@ impl OmniTtsSynth {
             EventView::CustomDownstream(c) => {
                 if let Some(s) = c.structure() {
                     if s.name() == END_TEXT_EVENT {
-                        let done = std::mem::take(&mut *lock(&self.fragments));
+                        let mut f = lock(&self.fragments);
+                        let done = std::mem::take(&mut *f);
                         let _ = self.end_fragments(done, END_TEXT_EVENT);
                     }
                     self.custom_event(s);
@@ -950,11 +1184,12 @@ impl ObjectImpl for OmniTtsSynth {
                     .nick("Input mode")
                     .blurb(
                         "What a text buffer is: cues (each buffer a cue at its PTS, within its \
-                         duration), or fragments of a running utterance (an LLM's reply) that \
-                         join until an end: a buffer with the MARKER flag, an omnitts/end-text \
-                         custom downstream event, a sentence end followed by fragment-pause ms \
-                         without a fragment (by PTS, or a GAP event), or EOS; the utterance is \
-                         one cue at its first fragment's PTS, with no duration",
+                         duration), or fragments of a running utterance (an LLM's reply), \
+                         spoken while they arrive (token or clause mode, as append-text) as one \
+                         cue at its first fragment's PTS, with no duration, until an end: a \
+                         buffer with the MARKER flag, an omnitts/end-text custom downstream \
+                         event, a sentence end followed by fragment-pause ms without a fragment \
+                         (by PTS, or a GAP event), or EOS",
                     )
                     .mutable_ready()
                     .build(),

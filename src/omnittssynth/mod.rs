@@ -20,8 +20,9 @@
 //!   `rstranscribe/speaker-change` (through `speaker-map`) change it for the cues after them
 //!   (`voice.rs`).
 //! - `input-mode=fragments` ([`fragments`]): the buffers are fragments of a running utterance
-//!   (an LLM's reply) that join until an end (MARKER flag, `omnitts/end-text` event, a sentence
-//!   end followed by `fragment-pause`, EOS) into one cue at the first fragment's PTS.
+//!   (an LLM's reply), spoken while they arrive (as `omnittssrc`'s `append-text`: token or clause
+//!   mode) as one cue at the first fragment's PTS, until an end (MARKER flag, `omnitts/end-text`
+//!   event, a sentence end followed by `fragment-pause`, EOS).
 //! - Messages per cue: omnittssrc's utterance messages (started, first audio, done) and
 //!   [`cue_message::CUE`] (PTS, slot, speech duration, what the policy did).
 //!
@@ -40,6 +41,7 @@ use std::sync::LazyLock;
 mod compress;
 pub mod cue_message;
 mod cue_text;
+mod fragment_text;
 pub mod fragments;
 mod imp;
 mod output;

@@ -16,8 +16,9 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::element_common::audio::SampleFormat;
+use crate::element_common::backend::{Cancel, Request};
 use crate::element_common::voice_clone::CloneSpec;
-use crate::engine::{Canceller, EngineRequest, FinishReason, Metrics};
+use crate::engine::{EngineRequest, FinishReason, Metrics};
 
 use super::compress::Squeeze;
 use super::cue_text::TextFormat;
@@ -36,6 +37,9 @@ pub(super) struct Job {
     pub clone: Option<CloneSpec>,
     /// `overflow=compress` and a slot: the worker compresses the whole speech into it.
     pub squeeze: Option<Squeeze>,
+    /// `input-mode=fragments`: the utterance whose text is still arriving (token mode: one open
+    /// engine request; clause mode: a request per clause); `requests` is then empty.
+    pub open: Option<Request>,
 }
 
 /// What the element knows of one cue beyond its place on the timeline (for its messages).
@@ -70,7 +74,7 @@ pub(super) struct Inner {
     /// Cues waiting for a synthesis worker, in order.
     pub jobs: VecDeque<Job>,
     /// Cancels the requests in flight, by cue id.
-    pub cancellers: HashMap<u64, Canceller>,
+    pub cancellers: HashMap<u64, Cancel>,
     /// Bumped by a flush: work of an older epoch is dropped.
     pub epoch: u64,
     pub flushing: bool,

@@ -7,12 +7,19 @@
 //! due (playing, or its start reached) is always taken, so that any number of cues playing at
 //! the same time, of any length, cannot hold the output and the workers waiting for each other.
 //! A flush bumps the epoch: the work of older epochs is cancelled and dropped.
+//!
+//! `input-mode=fragments`: a job may be an utterance whose text is still arriving
+//! ([`Job::open`]): in token mode one open engine request that takes the text as the sink pad
+//! appends it, in clause mode one request per clause as each completes, through the driver
+//! `omnittssrc` uses too ([`speak_clauses`]). Its audio goes into the timeline as it streams.
 
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::element_common::audio::RATE;
+use crate::element_common::backend::{Backend, Cancel, Handle, Request};
+use crate::element_common::clause_speech::{ClauseSink, speak_clauses};
 use crate::element_common::voice_clone::VoiceCloner;
 use crate::engine::{Engine, EngineEvent, EngineRequest, FinishReason, Metrics, SharedEngine};
 
@@ -45,7 +52,7 @@ pub(super) fn spawn_workers(
         .collect()
 }
 
-fn worker_loop(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared) {
+fn worker_loop(engine: &Arc<SharedEngine>, cloner: &Mutex<VoiceCloner>, shared: &Shared) {
     loop {
         let job = {
             let mut inner = shared.lock();
@@ -64,8 +71,9 @@ fn worker_loop(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared) {
         };
         // A panic in one request must not take the element down: it ends that cue with an error.
         let (id, epoch) = (job.id, job.epoch);
-        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            synthesise(engine, cloner, shared, job)
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.open {
+            Some(open) => synthesise_open(engine, shared, id, epoch, open),
+            None => synthesise(engine, cloner, shared, job),
         }));
         if let Err(panic) = run {
             let what = crate::engine::panic_message(&*panic);
@@ -123,6 +131,7 @@ fn synthesise(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared, job
         requests,
         clone,
         squeeze,
+        open: _,
     } = job;
     // overflow=compress: the speech is held here until it is whole, then compressed.
     let mut held: Vec<f32> = Vec::new();
@@ -243,13 +252,29 @@ fn synthesise_one(
 ) -> Option<(FinishReason, Metrics)> {
     gst::debug!(CAT, "cue {id}: submitting {:?}", request.voice.text);
     let handle = match engine.submit(request) {
-        Ok(h) => h,
+        Ok(h) => Handle::Local(h),
         Err(e) => return Some((FinishReason::Error(e.to_string()), Metrics::default())),
     };
+    forward(shared, id, epoch, &handle, index, squeeze, held)
+}
+
+/// Forwards the events of cue `id`'s submitted request `handle` (its `index`th) until it
+/// finishes: see [`synthesise_one`].
+#[allow(clippy::too_many_arguments)]
+fn forward(
+    shared: &Shared,
+    id: u64,
+    epoch: u64,
+    handle: &Handle,
+    index: usize,
+    squeeze: Option<Squeeze>,
+    held: &mut Vec<f32>,
+) -> Option<(FinishReason, Metrics)> {
     {
         let mut inner = shared.lock();
         if inner.epoch != epoch || inner.shutdown {
-            // Flushed meanwhile: dropping the handle cancels the request.
+            // Flushed meanwhile.
+            handle.cancel();
             return None;
         }
         inner.cancellers.insert(id, handle.canceller());
@@ -260,6 +285,7 @@ fn synthesise_one(
             Err(RecvTimeoutError::Timeout) => {
                 let inner = shared.lock();
                 if inner.epoch != epoch || inner.shutdown {
+                    handle.cancel();
                     return None;
                 }
                 continue;
@@ -274,6 +300,7 @@ fn synthesise_one(
             EngineEvent::Audio(chunk) => {
                 if let Some(sq) = squeeze {
                     if shared.lock().epoch != epoch {
+                        handle.cancel();
                         return None;
                     }
                     held.extend_from_slice(&chunk.samples);
@@ -285,6 +312,7 @@ fn synthesise_one(
                 }
                 let mut inner = shared.lock();
                 if inner.epoch != epoch || inner.shutdown {
+                    handle.cancel();
                     return None;
                 }
                 if !inner.timeline.add_audio(id, &chunk.samples) {
@@ -304,6 +332,100 @@ fn synthesise_one(
             EngineEvent::FirstAudio { .. } => {}
             EngineEvent::Finished { reason, metrics } => return Some((reason, metrics)),
         }
+    }
+}
+
+/// `input-mode=fragments`: speaks cue `id`, an utterance whose text is still arriving, to its
+/// end: token mode (`Request::LocalOpen`) as one open engine request, clause mode
+/// (`Request::Clauses`) clause by clause; its audio into the timeline as it streams.
+fn synthesise_open(
+    engine: &Arc<SharedEngine>,
+    shared: &Shared,
+    id: u64,
+    epoch: u64,
+    request: Request,
+) {
+    let backend = Backend::Local(engine.clone());
+    let (reason, metrics) = match request {
+        Request::Clauses(clauses) => {
+            let sink = TimelineClauses { shared, id, epoch };
+            match speak_clauses(&backend, &clauses, &sink) {
+                Some(outcome) => (outcome.reason, outcome.metrics),
+                None => return,
+            }
+        }
+        request => {
+            gst::debug!(CAT, "cue {id}: submitting an open utterance");
+            let handle = match backend.submit(request) {
+                Ok(h) => h,
+                Err(e) => {
+                    return finish(
+                        shared,
+                        id,
+                        epoch,
+                        FinishReason::Error(e),
+                        Metrics::default(),
+                    );
+                }
+            };
+            match forward(shared, id, epoch, &handle, 0, None, &mut Vec::new()) {
+                Some(done) => done,
+                None => return,
+            }
+        }
+    };
+    gst::debug!(
+        CAT,
+        "cue {id}: open utterance finished ({reason}), {} frames",
+        metrics.frames
+    );
+    finish(shared, id, epoch, reason, metrics)
+}
+
+/// Clause mode's audio into cue `id` on the timeline.
+struct TimelineClauses<'a> {
+    shared: &'a Shared,
+    id: u64,
+    epoch: u64,
+}
+
+impl ClauseSink for TimelineClauses<'_> {
+    fn current(&self) -> bool {
+        let inner = self.shared.lock();
+        inner.epoch == self.epoch && !inner.shutdown
+    }
+
+    fn started(&self, cancel: Cancel, _text: String) -> bool {
+        self.next_request(cancel);
+        self.current()
+    }
+
+    fn next_request(&self, cancel: Cancel) {
+        let mut inner = self.shared.lock();
+        if inner.epoch == self.epoch {
+            inner.cancellers.insert(self.id, cancel);
+        }
+    }
+
+    fn first_audio(&self, ttfa_ms: f64) {
+        let mut inner = self.shared.lock();
+        if let Some(info) = inner.infos.get_mut(&self.id) {
+            info.ttfa_ms = Some(ttfa_ms);
+        }
+    }
+
+    fn audio(&self, samples: Vec<f32>) -> bool {
+        let mut inner = self.shared.lock();
+        if inner.epoch != self.epoch || inner.shutdown {
+            return false;
+        }
+        let go_on = inner.timeline.add_audio(self.id, &samples);
+        self.shared.cond.notify_all();
+        go_on
+    }
+
+    fn debug(&self, what: &str) {
+        gst::debug!(CAT, "cue {}: {what}", self.id);
     }
 }
 

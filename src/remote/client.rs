@@ -89,6 +89,11 @@ impl SpeechClient {
         &self.options
     }
 
+    /// The options, shared (for a request's thread).
+    pub(crate) fn options_arc(&self) -> Arc<ServerOptions> {
+        self.options.clone()
+    }
+
     /// Checks the server: `GET <base>/v1/models` must answer 200 and, with a `model` name, list
     /// it; `GET /v1/audio/voices` is read when it answers. Blocks for up to the timeout per step.
     /// Errors: as for a request (DNS, connect, TLS, HTTP status with the server's message — a

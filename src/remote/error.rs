@@ -101,6 +101,19 @@ pub enum RemoteError {
         /// What was wrong.
         detail: String,
     },
+    /// The server has no streaming-input websocket (`append-text` with `server=`): it refused
+    /// the upgrade at `/v1/audio/speech/stream`.
+    #[error(
+        "{url}: the server has no streaming-input endpoint (HTTP {status} on the websocket \
+         upgrade): append-text needs vLLM-Omni's /v1/audio/speech/stream websocket; push-text \
+         works with this server (whole texts through POST /v1/audio/speech)"
+    )]
+    NoStreamInput {
+        /// The websocket URL tried.
+        url: String,
+        /// The status of the refused upgrade (404, or 403).
+        status: u16,
+    },
     /// `server-model` names a model the server does not serve.
     #[error("{url}: server-model '{model}' is not served here; the server serves: {served}")]
     Model {

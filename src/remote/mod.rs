@@ -22,6 +22,11 @@
 //!   vllm_omni/entrypoints/openai/tts_adapters/qwen3_tts.py, commit
 //!   078de2d14c2fcc670c1e0dd492e1b84a69c69d15.
 //!
+//! Text that is still being written (`append-text`) goes through vLLM-Omni's streaming-input
+//! websocket, `/v1/audio/speech/stream` (`stream_input.rs`, [`SpeechClient::submit_stream`]; the
+//! protocol: `docs/vllm-omni-streaming-input.md`), one session per utterance, with
+//! [`tungstenite`].
+//!
 //! HTTP is [`ureq`] (blocking, streaming bodies, rustls). Each request has its own agent: a cancel
 //! shuts it down, which closes the socket and unblocks the read at once. The API key goes only in
 //! the `Authorization` header; no `Debug` or error shows it.
@@ -34,6 +39,7 @@ mod options;
 mod pcm;
 mod request;
 mod sse;
+mod stream_input;
 
 pub use body::{AudioDecoder, BodyKind, body_kind, error_message};
 pub use client::{FIRST_BACKOFF, MAX_BACKOFF, ServerInfo, SpeechClient};
@@ -45,6 +51,7 @@ pub use options::{
 pub use pcm::{S16_SCALE, S16Decoder, s16_to_f32};
 pub use request::{SpeechRequest, TaskType, reference_data_url};
 pub use sse::{SseEvent, SseParser};
+pub use stream_input::{STREAM_PATH, StreamTextSender, session_config};
 
 /// The rate the server is asked for and must send, Hz (Qwen3-TTS 12 Hz codec output).
 pub const SAMPLE_RATE: u32 = 24_000;
