@@ -1,0 +1,1 @@
+//! The modified DAC codec (filled in below).
