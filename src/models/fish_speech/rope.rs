@@ -17,15 +17,25 @@ pub struct RopeTable {
 /// `(cos, sin)` of pair `i` at position `p` as the reference computes them: `inv_freq[i] =
 /// 1 / base^(2i/head_dim)` and the angle `p · inv_freq[i]` in f32, rounded to bf16.
 pub fn rope_values(positions: usize, head_dim: usize, base: f64) -> (Vec<f32>, Vec<f32>) {
+    rope_values_from(0, positions, head_dim, base)
+}
+
+/// [`rope_values`] for positions `start..start + len`.
+pub fn rope_values_from(
+    start: usize,
+    len: usize,
+    head_dim: usize,
+    base: f64,
+) -> (Vec<f32>, Vec<f32>) {
     let half = head_dim / 2;
     let base = base as f32;
     let inv_freq: Vec<f32> = (0..half)
         .map(|i| 1.0f32 / base.powf((2 * i) as f32 / head_dim as f32))
         .collect();
     let round = |x: f32| half::bf16::from_f32(x).to_f32();
-    let mut cos = Vec::with_capacity(positions * half);
-    let mut sin = Vec::with_capacity(positions * half);
-    for p in 0..positions {
+    let mut cos = Vec::with_capacity(len * half);
+    let mut sin = Vec::with_capacity(len * half);
+    for p in start..start + len {
         for &f in &inv_freq {
             let a = p as f32 * f;
             cos.push(round(a.cos()));
@@ -62,6 +72,16 @@ impl RopeTable {
             )
         }
         Ok((self.cos.narrow(0, start, len)?, self.sin.narrow(0, start, len)?))
+    }
+
+    /// Rotates `x` `[batch, heads, t, head_dim]` at positions `start..start+t` with tables
+    /// computed for those positions only (for unbounded positions: the codec's streams).
+    pub fn apply_at(x: &Tensor, start: usize, base: f64) -> Result<Tensor> {
+        let (_, _, t, hd) = x.dims4()?;
+        let (cos, sin) = rope_values_from(start, t, hd, base);
+        let cos = Tensor::from_vec(cos, (t, hd / 2), x.device())?.to_dtype(x.dtype())?;
+        let sin = Tensor::from_vec(sin, (t, hd / 2), x.device())?.to_dtype(x.dtype())?;
+        candle_nn::rotary_emb::rope_i(&x.contiguous()?, &cos, &sin)
     }
 
     /// Rotates `x` `[batch, heads, t, head_dim]` (f32) at positions `start..start+t`.
