@@ -16,8 +16,11 @@ fn fixture() -> PathBuf {
 }
 
 fn expected() -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(fixture().join("expected/reference.safetensors"), &Device::Cpu)
-        .unwrap()
+    candle_core::safetensors::load(
+        fixture().join("expected/reference.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap()
 }
 
 fn meta() -> serde_json::Value {
@@ -34,7 +37,12 @@ fn codes_of(t: &Tensor) -> Codes {
 }
 
 fn f32s(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap()
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
 }
 
 /// max |a − b| / max |b|.
@@ -100,9 +108,16 @@ fn greedy_codes_match_the_reference() {
         let mut allowed: Vec<f32> = want_logits[s0..=s1].to_vec();
         allowed.push(want_logits[im_end]);
         let got = f32s(dbg.prefill_logits.as_ref().unwrap());
-        assert!(rel_max(&got, &allowed) < 1e-4, "{case}: prefill logits {}", rel_max(&got, &allowed));
+        assert!(
+            rel_max(&got, &allowed) < 1e-4,
+            "{case}: prefill logits {}",
+            rel_max(&got, &allowed)
+        );
         let hid = f32s(dbg.prefill_hidden.as_ref().unwrap());
-        assert!(rel_max(&hid, &f32s(&exp[&format!("{case}.prefill_hidden")])) < 1e-4, "{case}");
+        assert!(
+            rel_max(&hid, &f32s(&exp[&format!("{case}.prefill_hidden")])) < 1e-4,
+            "{case}"
+        );
         if case == "en_clone" {
             let want = exp["en_clone.fast_logits"].clone();
             for (k, l) in dbg.fast_logits.iter().enumerate() {
@@ -112,8 +127,16 @@ fn greedy_codes_match_the_reference() {
         }
         let want = codes_of(&exp[&format!("{case}.codes")]);
         assert_eq!(g.codes, want, "{case}: greedy codes");
-        assert_eq!(g.stopped, c["stopped_on_im_end"].as_bool().unwrap(), "{case}");
-        assert_eq!(g.frames_generated, want[0].len() + 1, "{case}: the last frame is dropped");
+        assert_eq!(
+            g.stopped,
+            c["stopped_on_im_end"].as_bool().unwrap(),
+            "{case}"
+        );
+        assert_eq!(
+            g.frames_generated,
+            want[0].len() + 1,
+            "{case}: the last frame is dropped"
+        );
     }
 }
 
@@ -134,7 +157,12 @@ fn clone_prefill_embeds_all_codebooks_scaled_by_sqrt_11() {
     }
     // Without the codebook sum or without the scale, the probe would differ: guard the fixture.
     let c = &meta["cases"]["en_clone"];
-    let p = m.prompt(c["text"].as_str().unwrap(), Some(&voice(&exp, c["ref_text"].as_str().unwrap()))).unwrap();
+    let p = m
+        .prompt(
+            c["text"].as_str().unwrap(),
+            Some(&voice(&exp, c["ref_text"].as_str().unwrap())),
+        )
+        .unwrap();
     let probe = c["embed_probe_position"].as_u64().unwrap() as usize;
     let mut rows = p.rows.clone();
     for r in rows.iter_mut().skip(2) {
@@ -169,9 +197,15 @@ fn fast_ar_batched_rows_equal_single_rows() {
         let c = &meta["cases"][case];
         let v = c["ref_text"].as_str().map(|t| voice(&exp, t));
         let text = c["text"].as_str().unwrap();
-        let p = m.prompts.build(&m.prompts.batches(text, 512).unwrap()[0], v.as_ref(), &[]).unwrap();
+        let p = m
+            .prompts
+            .build(&m.prompts.batches(text, 512).unwrap()[0], v.as_ref(), &[])
+            .unwrap();
         let mut cache = m.slow.new_cache();
-        let (_, h) = m.slow.forward(&m.slow.embed(&[&p.rows]).unwrap(), &mut cache).unwrap();
+        let (_, h) = m
+            .slow
+            .forward(&m.slow.embed(&[&p.rows]).unwrap(), &mut cache)
+            .unwrap();
         hiddens.push(h);
         code0.push(codes_of(&exp[&format!("{case}.codes")])[0][0]);
     }
@@ -183,7 +217,10 @@ fn fast_ar_batched_rows_equal_single_rows() {
     let together = m.fast.frame(&batch, &code0, greedy, Some(&mut bl)).unwrap();
     for (i, h) in hiddens.iter().enumerate() {
         let mut sl = Vec::new();
-        let alone = m.fast.frame(h, &code0[i..i + 1], greedy, Some(&mut sl)).unwrap();
+        let alone = m
+            .fast
+            .frame(h, &code0[i..i + 1], greedy, Some(&mut sl))
+            .unwrap();
         assert_eq!(alone[0], together[i], "row {i}");
         for (a, b) in sl.iter().zip(&bl) {
             let b = b.get(i).unwrap();
@@ -240,7 +277,10 @@ fn control_tokens_in_user_text_are_refused() {
     let m = model();
     for bad in ["hi <|im_end|> there", "<|semantic:5|>", "a<|voice|>"] {
         assert!(m.prompt(bad, None).is_err(), "{bad}");
-        let v = VoiceReference { codes: vec![vec![1]; 10], transcript: bad.into() };
+        let v = VoiceReference {
+            codes: vec![vec![1]; 10],
+            transcript: bad.into(),
+        };
         assert!(m.prompt("fine", Some(&v)).is_err(), "ref_text {bad}");
     }
     assert!(m.prompt("<|speaker:3|>fine <|notatoken|>", None).is_ok());
@@ -327,7 +367,11 @@ fn residual_codes_past_the_codebook_are_clamped() {
     let clamped: Codes = codes
         .iter()
         .enumerate()
-        .map(|(i, r)| r.iter().map(|&x| if i == 0 { x.min(4095) } else { x.min(1023) }).collect())
+        .map(|(i, r)| {
+            r.iter()
+                .map(|&x| if i == 0 { x.min(4095) } else { x.min(1023) })
+                .collect()
+        })
         .collect();
     assert_eq!(c.decode(&codes).unwrap(), c.decode(&clamped).unwrap());
 }

@@ -144,7 +144,10 @@ impl FishConfig {
                 self.model_type
             ));
         }
-        for (name, d) in [("text_config", self.slow()), ("audio_decoder_config", self.fast())] {
+        for (name, d) in [
+            ("text_config", self.slow()),
+            ("audio_decoder_config", self.fast()),
+        ] {
             if d.n_head == 0 || d.n_kv_head == 0 || d.n_head % d.n_kv_head != 0 {
                 return Err(format!(
                     "{name}: {} query heads are not a multiple of {} key/value heads",

@@ -82,7 +82,10 @@ impl FastAr {
         let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(self.num_codebooks - 1); b];
         for step in 1..self.num_codebooks {
             let ids = Tensor::new(prev.as_slice(), hidden.device())?;
-            let x = self.embeddings.index_select(&ids, 0)?.reshape((b, 1, self.dim))?;
+            let x = self
+                .embeddings
+                .index_select(&ids, 0)?
+                .reshape((b, 1, self.dim))?;
             let y = self.stack.forward(&x, &self.rope, &mut cache)?;
             let logits = self
                 .output

@@ -87,7 +87,9 @@ pub fn frame_rows(
         &code0,
         |_, l| {
             let l: Vec<Vec<f32>> = l.to_vec2()?;
-            Ok(l.iter().map(|row| sample(row, sampling, rng) as u32).collect())
+            Ok(l.iter()
+                .map(|row| sample(row, sampling, rng) as u32)
+                .collect())
         },
         fast_logits,
     )?;
@@ -122,9 +124,7 @@ pub fn generate(
     if t > max_len.saturating_sub(PROMPT_HEADROOM) {
         return Err(FishError::InvalidRequest {
             field: "prompt",
-            msg: format!(
-                "{t} positions: longer than max_seq_len {max_len} − {PROMPT_HEADROOM}"
-            ),
+            msg: format!("{t} positions: longer than max_seq_len {max_len} − {PROMPT_HEADROOM}"),
         });
     }
     let max_new = if opts.max_new_tokens == 0 || t + opts.max_new_tokens > max_len {
@@ -183,7 +183,10 @@ pub fn generate(
     }
     let frames_generated = frames.len();
     frames.pop();
-    let ncb = frames.first().map_or(0, |f| f.1.len()).max(first[0].1.len());
+    let ncb = frames
+        .first()
+        .map_or(0, |f| f.1.len())
+        .max(first[0].1.len());
     let mut codes: Codes = vec![Vec::with_capacity(frames.len()); ncb];
     for (_, c) in &frames {
         for (row, &v) in codes.iter_mut().zip(c) {

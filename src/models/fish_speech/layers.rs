@@ -87,7 +87,9 @@ impl Attention {
         let qkv = self.wqkv.forward(x)?;
         let q = qkv.narrow(2, 0, nh * hd)?.reshape((b, t, nh, hd))?;
         let k = qkv.narrow(2, nh * hd, nkv * hd)?.reshape((b, t, nkv, hd))?;
-        let v = qkv.narrow(2, (nh + nkv) * hd, nkv * hd)?.reshape((b, t, nkv, hd))?;
+        let v = qkv
+            .narrow(2, (nh + nkv) * hd, nkv * hd)?
+            .reshape((b, t, nkv, hd))?;
         let q = match &self.q_norm {
             Some(n) => n.forward(&q)?,
             None => q,
@@ -118,8 +120,8 @@ impl Attention {
         } else {
             scores
         };
-        let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
-            .to_dtype(x.dtype())?;
+        let probs =
+            candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(x.dtype())?;
         let y = probs.matmul(&v)?; // [b, nh, t, hd]
         let y = y.transpose(1, 2)?.reshape((b, t, nh * hd))?;
         self.wo.forward(&y)
@@ -131,7 +133,15 @@ impl Attention {
 fn causal_bias(t: usize, start: usize, device: &candle_core::Device) -> Result<Tensor> {
     let s = start + t;
     let data: Vec<f32> = (0..t)
-        .flat_map(|i| (0..s).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|i| {
+            (0..s).map(move |j| {
+                if j <= start + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
         .collect();
     Tensor::from_vec(data, (t, s), device)
 }
@@ -215,4 +225,3 @@ impl Stack {
         Ok(h)
     }
 }
-

@@ -27,7 +27,8 @@ use super::tokenizer::{FishTokenizer, IM_END, IM_START, VOICE, is_speaker_tag};
 /// The system text of a text-only prompt.
 pub const SYSTEM_TEXT: &str = "convert the provided text to speech";
 /// The system text before a reference transcript.
-pub const SYSTEM_CLONE: &str = "convert the provided text to speech reference to the following:\n\nText:\n";
+pub const SYSTEM_CLONE: &str =
+    "convert the provided text to speech reference to the following:\n\nText:\n";
 /// Between the transcript and the reference codes.
 pub const SPEECH_HEADER: &str = "\n\nSpeech:\n";
 /// The reference's default batch size in UTF-8 bytes.
@@ -136,7 +137,11 @@ impl PromptBuilder {
         if codes.len() != self.num_codebooks {
             return Err(FishError::InvalidRequest {
                 field: what,
-                msg: format!("{} codebooks, the model has {}", codes.len(), self.num_codebooks),
+                msg: format!(
+                    "{} codebooks, the model has {}",
+                    codes.len(),
+                    self.num_codebooks
+                ),
             });
         }
         let frames = codes[0].len();

@@ -71,7 +71,10 @@ impl RopeTable {
                 self.positions
             )
         }
-        Ok((self.cos.narrow(0, start, len)?, self.sin.narrow(0, start, len)?))
+        Ok((
+            self.cos.narrow(0, start, len)?,
+            self.sin.narrow(0, start, len)?,
+        ))
     }
 
     /// Rotates `x` `[batch, heads, t, head_dim]` at positions `start..start+t` with tables
@@ -110,7 +113,13 @@ mod tests {
         assert_eq!(s[0], [0.0, 0.0]);
         // position 3: pair 0 turns by 3 rad
         let x = Tensor::new(&[[[[1f32, 0.0, 0.0, 0.0]]]], &dev).unwrap();
-        let y: Vec<f32> = rope.apply(&x, 3).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let y: Vec<f32> = rope
+            .apply(&x, 3)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let (c, sn) = (
             half::bf16::from_f32(3f32.cos()).to_f32(),
             half::bf16::from_f32(3f32.sin()).to_f32(),

@@ -116,18 +116,43 @@ mod tests {
     fn crossing_token_is_dropped_and_first_kept() {
         // probabilities ≈ [0.5, 0.3, 0.2]: top_p 0.6 keeps only the first (0.8 > 0.6 drops the second)
         let l = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln()];
-        let p = logits_to_probs(&l, SamplingParams { temperature: 1.0, top_p: 0.6, top_k: 30 });
+        let p = logits_to_probs(
+            &l,
+            SamplingParams {
+                temperature: 1.0,
+                top_p: 0.6,
+                top_k: 30,
+            },
+        );
         assert_eq!(p, [1.0, 0.0, 0.0]);
-        let p = logits_to_probs(&l, SamplingParams { temperature: 1.0, top_p: 0.01, top_k: 30 });
+        let p = logits_to_probs(
+            &l,
+            SamplingParams {
+                temperature: 1.0,
+                top_p: 0.01,
+                top_k: 30,
+            },
+        );
         assert_eq!(p, [1.0, 0.0, 0.0]);
-        let p = logits_to_probs(&l, SamplingParams { temperature: 1.0, top_p: 0.9, top_k: 30 });
+        let p = logits_to_probs(
+            &l,
+            SamplingParams {
+                temperature: 1.0,
+                top_p: 0.9,
+                top_k: 30,
+            },
+        );
         assert!((p[0] - 0.625).abs() < 1e-6 && p[2] == 0.0);
     }
 
     #[test]
     fn seeded_draws_repeat_and_greedy_is_argmax() {
         let l: Vec<f32> = (0..50).map(|i| ((i * 7919) % 23) as f32 / 5.0).collect();
-        let p = SamplingParams { temperature: 0.8, top_p: 0.95, top_k: 20 };
+        let p = SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            top_k: 20,
+        };
         let draw = |seed| {
             let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
             (0..20).map(|_| sample(&l, p, &mut r)).collect::<Vec<_>>()

@@ -50,7 +50,10 @@ impl SlowAr {
         let m = vb.pp("text_model.model");
         let embeddings = m.get(&[t.vocab_size, d.dim], "embeddings.weight")?;
         let (ncb, cbs) = (cfg.num_codebooks(), cfg.codebook_size());
-        let codebook_embeddings = vb.get(&[ncb * cbs, d.dim], "audio_decoder.codebook_embeddings.weight")?;
+        let codebook_embeddings = vb.get(
+            &[ncb * cbs, d.dim],
+            "audio_decoder.codebook_embeddings.weight",
+        )?;
         let head_full = if t.tie_word_embeddings {
             embeddings.clone()
         } else {
@@ -142,7 +145,9 @@ impl SlowAr {
             for p in 0..t {
                 let tok = seq[0][p];
                 tokens.push(tok);
-                semantic.push(u8::from((self.semantic_begin..=self.semantic_end).contains(&tok)));
+                semantic.push(u8::from(
+                    (self.semantic_begin..=self.semantic_end).contains(&tok),
+                ));
                 for (i, c) in codes.iter_mut().enumerate() {
                     let code = seq[1 + i][p];
                     if code as usize >= self.codebook_size {
@@ -189,7 +194,11 @@ impl SlowAr {
         if start + t > self.max_seq_len {
             return Err(FishError::InvalidRequest {
                 field: "prompt",
-                msg: format!("{} positions exceed max_seq_len {}", start + t, self.max_seq_len),
+                msg: format!(
+                    "{} positions exceed max_seq_len {}",
+                    start + t,
+                    self.max_seq_len
+                ),
             });
         }
         let h = self.stack.forward(x, &self.rope, cache)?;
@@ -228,4 +237,3 @@ impl SlowAr {
         (self.semantic_begin..=self.semantic_end).contains(&token)
     }
 }
-

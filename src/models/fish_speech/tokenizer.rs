@@ -65,7 +65,11 @@ impl FishTokenizer {
         let (Some(&first), Some(&last)) = (semantic.first(), semantic.last()) else {
             return Err(FishError::Tokenizer("no <|semantic:i|> tokens".into()));
         };
-        if semantic.iter().enumerate().any(|(i, &t)| t != first + i as u32) {
+        if semantic
+            .iter()
+            .enumerate()
+            .any(|(i, &t)| t != first + i as u32)
+        {
             return Err(FishError::Tokenizer(
                 "the <|semantic:i|> tokens are not contiguous ids".into(),
             ));

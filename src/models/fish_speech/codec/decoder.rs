@@ -83,9 +83,11 @@ impl Decoder {
                 x = u.forward(&x, s)?;
             }
         }
-        let y = self
-            .conv_out
-            .forward_then(&self.snake.forward(&x)?, &mut state.conv_out, Then::Nothing)?;
+        let y = self.conv_out.forward_then(
+            &self.snake.forward(&x)?,
+            &mut state.conv_out,
+            Then::Nothing,
+        )?;
         Ok(y.tanh()?)
     }
 }

@@ -57,7 +57,13 @@ impl Encoder {
                     rope_base: g.rope_base,
                     norm_eps: g.norm_eps,
                 };
-                Some(WindowTransformer::new(w, &format!("{p}.5"), &tc, d, Some(ENCODER_WINDOW))?)
+                Some(WindowTransformer::new(
+                    w,
+                    &format!("{p}.5"),
+                    &tc,
+                    d,
+                    Some(ENCODER_WINDOW),
+                )?)
             } else {
                 None
             };
@@ -73,7 +79,15 @@ impl Encoder {
             conv_in,
             blocks,
             snake: snake(w, &format!("encoder.block.{}", n + 1), d)?,
-            conv_out: causal_conv(w, &format!("encoder.block.{}", n + 2), d, cfg.latent_dim(), 3, 1, 1)?,
+            conv_out: causal_conv(
+                w,
+                &format!("encoder.block.{}", n + 2),
+                d,
+                cfg.latent_dim(),
+                3,
+                1,
+                1,
+            )?,
         })
     }
 

@@ -11,7 +11,9 @@ use crate::nn::snake_beta::SnakeBeta;
 
 /// DAC's Snake at `prefix` (`prefix.alpha` `[1, C, 1]`).
 pub fn snake(w: &CodecWeights, prefix: &str, c: usize) -> Result<SnakeBeta> {
-    let alpha = w.get(&format!("{prefix}.alpha"), &[1, c, 1])?.flatten_all()?;
+    let alpha = w
+        .get(&format!("{prefix}.alpha"), &[1, c, 1])?
+        .flatten_all()?;
     Ok(SnakeBeta::from_linear_alpha(&alpha)?)
 }
 
@@ -29,7 +31,12 @@ pub fn causal_conv(
     let conv = format!("{prefix}.conv");
     let weight = w.weight(&conv, &[c_out, c_in / groups, k])?;
     let bias = w.bias(&conv, c_out)?;
-    Ok(StreamingCausalConv1d::new(weight, Some(bias), dilation, groups)?)
+    Ok(StreamingCausalConv1d::new(
+        weight,
+        Some(bias),
+        dilation,
+        groups,
+    )?)
 }
 
 /// A causal conv with stride `s` and kernel `k` (whole signals only): left padding `k − s`,
@@ -43,7 +50,14 @@ pub struct StridedCausalConv {
 }
 
 impl StridedCausalConv {
-    pub fn new(w: &CodecWeights, prefix: &str, c_in: usize, c_out: usize, k: usize, s: usize) -> Result<Self> {
+    pub fn new(
+        w: &CodecWeights,
+        prefix: &str,
+        c_in: usize,
+        c_out: usize,
+        k: usize,
+        s: usize,
+    ) -> Result<Self> {
         let conv = format!("{prefix}.conv");
         Ok(Self {
             weight: w.weight(&conv, &[c_out, c_in, k])?,
@@ -62,7 +76,8 @@ impl StridedCausalConv {
         let ideal = (frames - 1) * s + k - pad;
         let extra = ideal.saturating_sub(len);
         let x = x.pad_with_zeros(2, pad, extra)?;
-        Ok(x.conv1d(&self.weight, 0, s, 1, 1)?.broadcast_add(&self.bias)?)
+        Ok(x.conv1d(&self.weight, 0, s, 1, 1)?
+            .broadcast_add(&self.bias)?)
     }
 }
 

@@ -102,7 +102,9 @@ impl Codec {
         if frames == 0 {
             return Ok(Vec::new());
         }
-        let z = self.quantizer.decode(&self.codes_tensor(codes)?, &mut state.quantizer)?;
+        let z = self
+            .quantizer
+            .decode(&self.codes_tensor(codes)?, &mut state.quantizer)?;
         let y = self.decoder.forward(&z, &mut state.decoder)?;
         state.frames += frames;
         Ok(y.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)

@@ -35,7 +35,13 @@ pub struct Codebook {
 }
 
 impl Codebook {
-    fn new(w: &CodecWeights, prefix: &str, entries: usize, dim: usize, latent: usize) -> Result<Self> {
+    fn new(
+        w: &CodecWeights,
+        prefix: &str,
+        entries: usize,
+        dim: usize,
+        latent: usize,
+    ) -> Result<Self> {
         let proj = |name: &str, i: usize, o: usize| -> Result<Linear> {
             let p = format!("{prefix}.{name}");
             let weight = w.weight(&p, &[o, i, 1])?.squeeze(2)?;
@@ -145,7 +151,13 @@ impl Quantizer {
             ));
         }
         let module = |name: &str, m: &super::config::WindowModule| {
-            WindowTransformer::new(w, &format!("quantizer.{name}"), &m.config, m.input_dim, m.window_size)
+            WindowTransformer::new(
+                w,
+                &format!("quantizer.{name}"),
+                &m.config,
+                m.input_dim,
+                m.window_size,
+            )
         };
         Ok(Self {
             semantic,
@@ -167,13 +179,13 @@ impl Quantizer {
                 msg: format!("{n} codebooks, the codec has {}", 1 + self.residual.len()),
             });
         }
-        let clamp = |c: Tensor, entries: usize| -> Result<Tensor> {
-            Ok(c.minimum(entries as u32 - 1)?)
-        };
+        let clamp =
+            |c: Tensor, entries: usize| -> Result<Tensor> { Ok(c.minimum(entries as u32 - 1)?) };
         let codes = codes.to_dtype(DType::U32)?;
-        let sem = self
-            .semantic
-            .decode(&clamp(codes.narrow(1, 0, 1)?.squeeze(1)?, self.semantic.entries)?)?;
+        let sem = self.semantic.decode(&clamp(
+            codes.narrow(1, 0, 1)?.squeeze(1)?,
+            self.semantic.entries,
+        )?)?;
         let mut res: Option<Tensor> = None;
         for (i, cb) in self.residual.iter().enumerate() {
             let c = clamp(codes.narrow(1, i + 1, 1)?.squeeze(1)?, cb.entries)?;
@@ -203,7 +215,10 @@ impl Quantizer {
         for (conv, block) in &self.down {
             z = block.forward(&conv.forward(&z)?, &mut CausalConvState::default())?;
         }
-        let z = self.pre.forward(&z, &mut WindowCache::default())?.transpose(1, 2)?; // [b, t, d]
+        let z = self
+            .pre
+            .forward(&z, &mut WindowCache::default())?
+            .transpose(1, 2)?; // [b, t, d]
         let (sem_codes, sem_z) = self.semantic.encode(&z)?;
         let mut residual = (z - sem_z)?;
         let mut codes = vec![sem_codes];

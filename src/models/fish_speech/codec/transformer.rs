@@ -89,9 +89,27 @@ impl WindowTransformer {
                 Ok(Layer {
                     wqkv: linear(w, &format!("{p}.attention.wqkv"), d, 3 * nh * hd, false)?,
                     wo: linear(w, &format!("{p}.attention.wo"), nh * hd, d, false)?,
-                    w1: linear(w, &format!("{p}.feed_forward.w1"), d, c.intermediate_size, false)?,
-                    w3: linear(w, &format!("{p}.feed_forward.w3"), d, c.intermediate_size, false)?,
-                    w2: linear(w, &format!("{p}.feed_forward.w2"), c.intermediate_size, d, false)?,
+                    w1: linear(
+                        w,
+                        &format!("{p}.feed_forward.w1"),
+                        d,
+                        c.intermediate_size,
+                        false,
+                    )?,
+                    w3: linear(
+                        w,
+                        &format!("{p}.feed_forward.w3"),
+                        d,
+                        c.intermediate_size,
+                        false,
+                    )?,
+                    w2: linear(
+                        w,
+                        &format!("{p}.feed_forward.w2"),
+                        c.intermediate_size,
+                        d,
+                        false,
+                    )?,
                     attention_norm: rms(w, &format!("{p}.attention_norm"), d, c.norm_eps)?,
                     ffn_norm: rms(w, &format!("{p}.ffn_norm"), d, c.norm_eps)?,
                     attention_scale: w.get(&format!("{p}.attention_layer_scale.gamma"), &[d])?,
@@ -101,8 +119,20 @@ impl WindowTransformer {
             .collect::<Result<Vec<_>>>()?;
         let (input_proj, output_proj) = if input_dim != d {
             (
-                Some(linear(w, &format!("{prefix}.input_proj"), input_dim, d, true)?),
-                Some(linear(w, &format!("{prefix}.output_proj"), d, input_dim, true)?),
+                Some(linear(
+                    w,
+                    &format!("{prefix}.input_proj"),
+                    input_dim,
+                    d,
+                    true,
+                )?),
+                Some(linear(
+                    w,
+                    &format!("{prefix}.output_proj"),
+                    d,
+                    input_dim,
+                    true,
+                )?),
             )
         } else {
             (None, None)
@@ -169,7 +199,11 @@ impl WindowTransformer {
         let (k, v, past) = match cache.take() {
             Some((pk, pv)) => {
                 let past = pk.dim(2)?;
-                (Tensor::cat(&[&pk, &k], 2)?, Tensor::cat(&[&pv, &v], 2)?, past)
+                (
+                    Tensor::cat(&[&pk, &k], 2)?,
+                    Tensor::cat(&[&pv, &v], 2)?,
+                    past,
+                )
             }
             None => (k, v, 0),
         };
@@ -193,7 +227,10 @@ impl WindowTransformer {
         let scale = 1.0 / (hd as f64).sqrt();
         let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&mask)?;
         let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?;
-        let y = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, nh * hd))?;
+        let y = probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((b, t, nh * hd))?;
         let keep = match self.window {
             Some(w) => (w - 1).min(s),
             None => s,

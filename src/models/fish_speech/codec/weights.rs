@@ -40,7 +40,10 @@ impl CodecWeights {
             } else {
                 k
             };
-            let t = t.to_dtype(DType::F32).and_then(|t| t.to_device(device)).map_err(err)?;
+            let t = t
+                .to_dtype(DType::F32)
+                .and_then(|t| t.to_device(device))
+                .map_err(err)?;
             tensors.insert(k, t);
         }
         Ok(Self {
@@ -67,7 +70,10 @@ impl CodecWeights {
         if t.dims() != shape {
             return Err(FishError::Checkpoint {
                 file: self.file.clone(),
-                msg: format!("tensor `{name}` has shape {:?}, expected {shape:?}", t.dims()),
+                msg: format!(
+                    "tensor `{name}` has shape {:?}, expected {shape:?}",
+                    t.dims()
+                ),
             });
         }
         Ok(t.clone())
