@@ -384,3 +384,86 @@ fn encoder_codes_match_the_reference() {
     assert_eq!(codes[0].len(), audio.len().div_ceil(2048));
     assert_eq!(codes, codes_of(&exp["ref_codes"]));
 }
+
+// ---- loading and sampled generation ---------------------------------------------------------
+
+/// A copy of the fixture's small files in a fresh directory (the weights are chosen per test).
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("omnitts-fish-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        std::fs::copy(fixture().join(f), dir.join(f)).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_single_safetensors_file_loads_like_the_shards() {
+    let dir = scratch("single");
+    let mut all: HashMap<String, Tensor> = HashMap::new();
+    for shard in [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ] {
+        all.extend(candle_core::safetensors::load(fixture().join(shard), &Device::Cpu).unwrap());
+    }
+    candle_core::safetensors::save(&all, dir.join("model.safetensors")).unwrap();
+    let single = FishModel::load(&dir, &Device::Cpu, DType::F32).unwrap();
+    let (m, meta) = (model(), meta());
+    let text = meta["cases"]["zh_text"]["text"].as_str().unwrap();
+    let p = m.prompt(text, None).unwrap();
+    let a = m.generate(&p, &greedy(), None).unwrap();
+    let b = single.generate(&p, &greedy(), None).unwrap();
+    assert_eq!(a, b);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_missing_shard_is_named() {
+    let dir = scratch("missing");
+    std::fs::copy(
+        fixture().join("model.safetensors.index.json"),
+        dir.join("model.safetensors.index.json"),
+    )
+    .unwrap();
+    let err = FishModel::load(&dir, &Device::Cpu, DType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model-00001-of-00002.safetensors"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn seeded_sampling_repeats_and_respects_the_cap() {
+    let (m, meta) = (model(), meta());
+    let text = meta["cases"]["en_clone"]["text"].as_str().unwrap();
+    let p = m.prompt(text, None).unwrap();
+    let opts = |seed| GenerateOptions {
+        sampling: SamplingParams::REFERENCE_DEFAULT,
+        max_new_tokens: 20,
+        seed,
+    };
+    let a = m.generate(&p, &opts(7), None).unwrap();
+    assert_eq!(a, m.generate(&p, &opts(7), None).unwrap());
+    assert!(a.frames_generated <= 20 && a.codes[0].len() + 1 == a.frames_generated);
+    assert!(a.codes.iter().all(|r| r.len() == a.codes[0].len()));
+    assert!(a.codes[0].iter().all(|&c| c < 4096));
+}
+
+#[test]
+fn too_long_prompts_are_refused() {
+    let m = model();
+    let mut p = m.prompt("hi", None).unwrap();
+    let n = m.slow.max_seq_len() - 2048 + 1;
+    for r in p.rows.iter_mut() {
+        let v = r[0];
+        r.resize(n, v);
+    }
+    assert!(m.generate(&p, &greedy(), None).is_err());
+}
