@@ -60,8 +60,7 @@ pub struct FirstFrame {
 /// `windows[row]` is given) and the fast AR's codes. `logits`/`hidden` from [`SlowAr::forward`].
 /// Returns per row `(main token, codes[num_codebooks])`.
 pub fn frame_rows(
-    slow: &SlowAr,
-    fast: &FastAr,
+    (slow, fast): (&SlowAr, &FastAr),
     logits: &Tensor,
     hidden: &Tensor,
     sampling: SamplingParams,
@@ -141,8 +140,7 @@ pub fn generate(
         d.prefill_hidden = Some(hidden.squeeze(0)?);
     }
     let first = frame_rows(
-        slow,
-        fast,
+        (slow, fast),
         &logits,
         &hidden,
         opts.sampling,
@@ -161,8 +159,7 @@ pub fn generate(
         let (logits, hidden) = slow.forward(&x, &mut cache)?;
         let w = window.clone();
         let next = frame_rows(
-            slow,
-            fast,
+            (slow, fast),
             &logits,
             &hidden,
             opts.sampling,
