@@ -236,7 +236,12 @@ fn stop_on_im_end_only_drops_its_frame_and_residuals_reach_past_1024() {
         .into_iter()
         .filter(|c| meta["cases"][c]["stopped_on_im_end"].as_bool().unwrap())
         .collect();
-    assert_eq!(stopped, ["en_text"], "the fixture has one case that stops");
+    assert_eq!(
+        stopped.len(),
+        1,
+        "the fixture has one case that stops on <|im_end|>"
+    );
+    assert!(CASES.len() > 1, "and others that hit the cap");
     for case in CASES {
         let codes = codes_of(&exp[&format!("{case}.codes")]);
         assert!(codes[1..].iter().flatten().any(|&c| c >= 1024), "{case}");
@@ -315,6 +320,7 @@ fn decoded_waveforms_match_the_reference() {
         let want = f32s(&exp[&format!("{case}.wav")]);
         assert_eq!(wav.len(), codes[0].len() * 2048, "{case}");
         let e = rel_l2(&wav, &want);
+        eprintln!("{case}: {} frames, waveform relative L2 {e:.2e}", codes[0].len());
         assert!(e < 1e-4, "{case}: relative L2 {e}");
     }
 }
@@ -356,6 +362,7 @@ fn streamed_decode_equals_whole_and_is_frames_times_2048() {
     assert_eq!(state.frames(), n);
     assert_eq!(streamed.len(), n * 2048);
     let e = rel_l2(&streamed, &whole);
+    eprintln!("streamed vs whole over {n} frames: relative L2 {e:.2e}");
     assert!(e < 1e-5, "streamed vs whole: relative L2 {e}");
 }
 

@@ -78,8 +78,8 @@ def _import_reference():
 # the slow model only, a query width that differs from the model width, GQA, a tied head) is the
 # real one; widths and depths are tiny.
 
-TEXT = dict(dim=16, n_layer=2, n_head=4, n_local_heads=2, head_dim=8, intermediate_size=48)
-FAST = dict(dim=16, n_layer=2, n_head=4, n_local_heads=2, head_dim=8, intermediate_size=40)
+TEXT = dict(dim=8, n_layer=2, n_head=4, n_local_heads=2, head_dim=4, intermediate_size=24)
+FAST = dict(dim=8, n_layer=2, n_head=4, n_local_heads=2, head_dim=4, intermediate_size=20)
 NUM_CODEBOOKS = 10
 CODEBOOK_SIZE = 4096  # audio_decoder_config.vocab_size (the fast head and each embedding slice)
 MAX_SEQ_LEN = 2560  # the reference refuses prompts longer than max_seq_len - 2048
