@@ -320,7 +320,10 @@ fn decoded_waveforms_match_the_reference() {
         let want = f32s(&exp[&format!("{case}.wav")]);
         assert_eq!(wav.len(), codes[0].len() * 2048, "{case}");
         let e = rel_l2(&wav, &want);
-        eprintln!("{case}: {} frames, waveform relative L2 {e:.2e}", codes[0].len());
+        eprintln!(
+            "{case}: {} frames, waveform relative L2 {e:.2e}",
+            codes[0].len()
+        );
         assert!(e < 1e-4, "{case}: relative L2 {e}");
     }
 }
