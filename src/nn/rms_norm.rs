@@ -28,6 +28,11 @@ impl RmsNorm {
         })
     }
 
+    /// From a weight `[dim]` already loaded (e.g. from a PyTorch state dict).
+    pub fn from_weight(weight: Tensor, eps: f64) -> Self {
+        Self { weight, eps }
+    }
+
     /// Epsilon added to the mean square.
     pub fn eps(&self) -> f64 {
         self.eps

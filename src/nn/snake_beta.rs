@@ -64,6 +64,33 @@ impl SnakeBeta {
         })
     }
 
+    /// The plain Snake of DAC codecs, `x + 1 / (alpha + 1e-9) · sin(alpha · x)^2`, from its
+    /// linear-space `alpha` `[channels]` (the same function with `exp(alpha') = alpha`, without
+    /// the round trip through a logarithm, so a negative alpha works too).
+    pub fn from_linear_alpha(alpha: &Tensor) -> Result<Self> {
+        let c = alpha.dims1()?;
+        let dtype = if alpha.dtype() == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let frequency = alpha.to_dtype(dtype)?;
+        let inv_magnitude = (&frequency + NO_DIV_BY_ZERO)?.recip()?;
+        let fused = if frequency.device().is_cpu() && dtype == DType::F32 {
+            Some(FusedSnakeBeta {
+                frequency: frequency.to_vec1()?,
+                inv_magnitude: inv_magnitude.to_vec1()?,
+            })
+        } else {
+            None
+        };
+        Ok(Self {
+            frequency: frequency.reshape((1, c, 1))?,
+            inv_magnitude: inv_magnitude.reshape((1, c, 1))?,
+            fused,
+        })
+    }
+
     /// The f32 parameters as the CUDA kernels take them, `exp(alpha)` and
     /// `1 / (exp(beta) + 1e-9)`, each `[channels]`; `None` when they are f64 (verification).
     pub fn kernel_params(&self) -> Option<(Tensor, Tensor)> {

@@ -1,0 +1,132 @@
+//! The S2 codec, a modified DAC (`codec.pth`): 44.1 kHz mono, 2048 samples a frame (~21.5 frames
+//! a second), 10 codebooks a frame (one semantic of 4096 entries, nine residual of 1024).
+//! Everything is causal, so decoding a stream chunk by chunk with [`DecodeState`] gives the
+//! samples of decoding it whole (up to float rounding): exactly `frames × 2048` samples.
+//!
+//! [`quantizer`]: codes ↔ latent; [`decoder`]: latent → waveform; [`encoder`]: waveform →
+//! latent (voice cloning); [`transformer`]: the windowed transformer on both sides of the
+//! quantizer; [`weights`]: `codec.pth` with weight norm folded; [`config`]: its dimensions.
+
+pub mod config;
+pub mod decoder;
+pub mod encoder;
+pub mod layers;
+pub mod quantizer;
+pub mod transformer;
+pub mod weights;
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+pub use config::CodecConfig;
+use decoder::{Decoder, DecoderState};
+use encoder::Encoder;
+use quantizer::{Quantizer, QuantizerState};
+use weights::CodecWeights;
+
+use super::error::{FishError, Result};
+use super::prompt::Codes;
+
+/// The exact streaming state of one decoded stream.
+#[derive(Debug, Clone, Default)]
+pub struct DecodeState {
+    quantizer: QuantizerState,
+    decoder: DecoderState,
+    frames: usize,
+}
+
+impl DecodeState {
+    /// Frames decoded so far.
+    pub fn frames(&self) -> usize {
+        self.frames
+    }
+}
+
+/// The codec's weights (f32).
+#[derive(Debug, Clone)]
+pub struct Codec {
+    pub config: CodecConfig,
+    quantizer: Quantizer,
+    decoder: Decoder,
+    encoder: Encoder,
+    device: Device,
+}
+
+impl Codec {
+    /// Loads `dir/codec.pth` with `dir/codec_config.yaml` (or S2 Pro's dimensions).
+    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        let config = CodecConfig::load(dir)?;
+        let w = CodecWeights::load(&dir.join("codec.pth"), device)?;
+        Ok(Self {
+            quantizer: Quantizer::new(&w, &config)?,
+            decoder: Decoder::new(&w, &config)?,
+            encoder: Encoder::new(&w, &config)?,
+            config,
+            device: device.clone(),
+        })
+    }
+
+    /// Output sample rate (44100).
+    pub fn sample_rate(&self) -> u32 {
+        self.config.sample_rate
+    }
+
+    /// Samples a frame (2048).
+    pub fn samples_per_frame(&self) -> usize {
+        self.config.samples_per_frame()
+    }
+
+    fn codes_tensor(&self, codes: &Codes) -> Result<Tensor> {
+        let n = self.config.num_codebooks();
+        let t = codes.first().map_or(0, Vec::len);
+        if codes.len() != n || codes.iter().any(|c| c.len() != t) {
+            return Err(FishError::InvalidRequest {
+                field: "codes",
+                msg: format!("expected {n} codebooks of equal length"),
+            });
+        }
+        let flat: Vec<u32> = codes.iter().flatten().copied().collect();
+        Ok(Tensor::from_vec(flat, (1, n, t), &self.device)?)
+    }
+
+    /// Decodes `codes` `[10][frames]` whole: `frames × 2048` samples.
+    pub fn decode(&self, codes: &Codes) -> Result<Vec<f32>> {
+        self.decode_chunk(codes, &mut DecodeState::default())
+    }
+
+    /// Decodes the next chunk of a stream; the chunks' samples, concatenated, are the whole
+    /// decode's.
+    pub fn decode_chunk(&self, codes: &Codes, state: &mut DecodeState) -> Result<Vec<f32>> {
+        let frames = codes.first().map_or(0, Vec::len);
+        if frames == 0 {
+            return Ok(Vec::new());
+        }
+        let z = self
+            .quantizer
+            .decode(&self.codes_tensor(codes)?, &mut state.quantizer)?;
+        let y = self.decoder.forward(&z, &mut state.decoder)?;
+        state.frames += frames;
+        Ok(y.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
+    }
+
+    /// Encodes mono audio at [`Self::sample_rate`]: padded with zeros to a whole frame,
+    /// `⌈samples / 2048⌉` frames of codes `[10][frames]`.
+    pub fn encode(&self, audio: &[f32]) -> Result<Codes> {
+        if audio.is_empty() {
+            return Err(FishError::InvalidRequest {
+                field: "reference audio",
+                msg: "empty".into(),
+            });
+        }
+        let spf = self.samples_per_frame();
+        let frames = audio.len().div_ceil(spf);
+        let mut padded = audio.to_vec();
+        padded.resize(frames * spf, 0.0);
+        let x = Tensor::from_vec(padded, (1, 1, frames * spf), &self.device)?;
+        let z = self.encoder.forward(&x)?;
+        let codes = self.quantizer.encode(&z)?.squeeze(0)?; // [10, frames']
+        let codes = codes.narrow(1, 0, frames.min(codes.dim(1)?))?;
+        Ok(codes.to_dtype(DType::U32)?.to_vec2()?)
+    }
+}

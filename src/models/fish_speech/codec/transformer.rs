@@ -1,0 +1,244 @@
+//! The codec's causal windowed transformer (`WindowLimitedTransformer`): channels-first in and
+//! out, an optional input/output projection, pre-norm blocks with `LayerScale` on both branches
+//! (`h = x + γ_a · attn(attention_norm(x))`, `y = h + γ_f · ffn(ffn_norm(h))`), a final RMSNorm.
+//! Position p attends to positions `p − window + 1 ..= p` with interleaved bf16-table RoPE at
+//! absolute positions, so a stream that keeps the last `window − 1` keys and values
+//! ([`WindowCache`]) gives what the whole signal gives.
+
+use candle_core::{DType, Module, Tensor};
+
+use super::config::TransformerConfig;
+use super::weights::CodecWeights;
+use crate::models::fish_speech::error::{FishError, Result};
+use crate::models::fish_speech::rope::RopeTable;
+use crate::nn::{Linear, RmsNorm};
+
+/// Past keys/values of each layer (at most `window − 1` positions) and the next position.
+#[derive(Debug, Clone, Default)]
+pub struct WindowCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+    position: usize,
+}
+
+impl WindowCache {
+    /// Positions seen so far.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Layer {
+    wqkv: Linear,
+    wo: Linear,
+    w1: Linear,
+    w3: Linear,
+    w2: Linear,
+    attention_norm: RmsNorm,
+    ffn_norm: RmsNorm,
+    attention_scale: Tensor,
+    ffn_scale: Tensor,
+}
+
+/// The transformer's weights.
+#[derive(Debug, Clone)]
+pub struct WindowTransformer {
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    input_proj: Option<Linear>,
+    output_proj: Option<Linear>,
+    window: Option<usize>,
+    n_head: usize,
+    head_dim: usize,
+    rope_base: f64,
+}
+
+fn rms(w: &CodecWeights, name: &str, dim: usize, eps: f64) -> Result<RmsNorm> {
+    let weight = w.get(&format!("{name}.weight"), &[dim])?;
+    Ok(RmsNorm::from_weight(weight, eps))
+}
+
+fn linear(w: &CodecWeights, name: &str, i: usize, o: usize, bias: bool) -> Result<Linear> {
+    let b = if bias {
+        Some(w.get(&format!("{name}.bias"), &[o])?)
+    } else {
+        None
+    };
+    Ok(Linear::new(w.get(&format!("{name}.weight"), &[o, i])?, b))
+}
+
+impl WindowTransformer {
+    /// The module at `prefix` over `input_dim` channels.
+    pub fn new(
+        w: &CodecWeights,
+        prefix: &str,
+        c: &TransformerConfig,
+        input_dim: usize,
+        window: Option<usize>,
+    ) -> Result<Self> {
+        if c.n_local_heads >= 0 && c.n_local_heads as usize != c.n_head {
+            return Err(FishError::Checkpoint {
+                file: "codec_config.yaml".into(),
+                msg: format!("{prefix}: grouped key/value heads are not supported in the codec"),
+            });
+        }
+        let (d, hd, nh) = (c.dim, c.head_dim, c.n_head);
+        let layers = (0..c.n_layer)
+            .map(|i| {
+                let p = format!("{prefix}.layers.{i}");
+                Ok(Layer {
+                    wqkv: linear(w, &format!("{p}.attention.wqkv"), d, 3 * nh * hd, false)?,
+                    wo: linear(w, &format!("{p}.attention.wo"), nh * hd, d, false)?,
+                    w1: linear(
+                        w,
+                        &format!("{p}.feed_forward.w1"),
+                        d,
+                        c.intermediate_size,
+                        false,
+                    )?,
+                    w3: linear(
+                        w,
+                        &format!("{p}.feed_forward.w3"),
+                        d,
+                        c.intermediate_size,
+                        false,
+                    )?,
+                    w2: linear(
+                        w,
+                        &format!("{p}.feed_forward.w2"),
+                        c.intermediate_size,
+                        d,
+                        false,
+                    )?,
+                    attention_norm: rms(w, &format!("{p}.attention_norm"), d, c.norm_eps)?,
+                    ffn_norm: rms(w, &format!("{p}.ffn_norm"), d, c.norm_eps)?,
+                    attention_scale: w.get(&format!("{p}.attention_layer_scale.gamma"), &[d])?,
+                    ffn_scale: w.get(&format!("{p}.ffn_layer_scale.gamma"), &[d])?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (input_proj, output_proj) = if input_dim != d {
+            (
+                Some(linear(
+                    w,
+                    &format!("{prefix}.input_proj"),
+                    input_dim,
+                    d,
+                    true,
+                )?),
+                Some(linear(
+                    w,
+                    &format!("{prefix}.output_proj"),
+                    d,
+                    input_dim,
+                    true,
+                )?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Self {
+            layers,
+            norm: rms(w, &format!("{prefix}.norm"), d, c.norm_eps)?,
+            input_proj,
+            output_proj,
+            window,
+            n_head: nh,
+            head_dim: hd,
+            rope_base: c.rope_base,
+        })
+    }
+
+    /// `x` `[b, input_dim, t]` → `[b, input_dim, t]`, continuing `cache`'s stream.
+    pub fn forward(&self, x: &Tensor, cache: &mut WindowCache) -> Result<Tensor> {
+        let mut h = x.transpose(1, 2)?.contiguous()?;
+        if let Some(p) = &self.input_proj {
+            h = p.forward(&h)?;
+        }
+        if cache.layers.len() != self.layers.len() {
+            cache.layers = vec![None; self.layers.len()];
+        }
+        let start = cache.position;
+        for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            let a = self.attention(layer, &layer.attention_norm.forward(&h)?, start, c)?;
+            h = (&h + a.broadcast_mul(&layer.attention_scale)?)?;
+            let n = layer.ffn_norm.forward(&h)?;
+            let f = layer.w2.forward(
+                &(candle_nn::ops::silu(&layer.w1.forward(&n)?)? * layer.w3.forward(&n)?)?,
+            )?;
+            h = (&h + f.broadcast_mul(&layer.ffn_scale)?)?;
+        }
+        cache.position += h.dim(1)?;
+        let mut h = self.norm.forward(&h)?;
+        if let Some(p) = &self.output_proj {
+            h = p.forward(&h)?;
+        }
+        Ok(h.transpose(1, 2)?.contiguous()?)
+    }
+
+    fn attention(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        start: usize,
+        cache: &mut Option<(Tensor, Tensor)>,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let (nh, hd) = (self.n_head, self.head_dim);
+        let qkv = layer.wqkv.forward(x)?;
+        let split = |i: usize| -> Result<Tensor> {
+            Ok(qkv
+                .narrow(2, i * nh * hd, nh * hd)?
+                .reshape((b, t, nh, hd))?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let q = RopeTable::apply_at(&split(0)?, start, self.rope_base)?;
+        let k = RopeTable::apply_at(&split(1)?, start, self.rope_base)?;
+        let v = split(2)?;
+        let (k, v, past) = match cache.take() {
+            Some((pk, pv)) => {
+                let past = pk.dim(2)?;
+                (
+                    Tensor::cat(&[&pk, &k], 2)?,
+                    Tensor::cat(&[&pv, &v], 2)?,
+                    past,
+                )
+            }
+            None => (k, v, 0),
+        };
+        let s = past + t;
+        // key j (absolute start − past + j) is visible to query i (absolute start + i) when it
+        // is not later and within the window
+        let w = self.window.unwrap_or(usize::MAX);
+        let mask: Vec<f32> = (0..t)
+            .flat_map(|i| {
+                (0..s).map(move |j| {
+                    let (qp, kp) = (past + i, j);
+                    if kp <= qp && qp - kp < w {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+            })
+            .collect();
+        let mask = Tensor::from_vec(mask, (t, s), x.device())?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = (q.matmul(&k.t()?.contiguous()?)? * scale)?.broadcast_add(&mask)?;
+        let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?;
+        let y = probs
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((b, t, nh * hd))?;
+        let keep = match self.window {
+            Some(w) => (w - 1).min(s),
+            None => s,
+        };
+        *cache = Some((
+            k.narrow(2, s - keep, keep)?.contiguous()?,
+            v.narrow(2, s - keep, keep)?.contiguous()?,
+        ));
+        Ok(layer.wo.forward(&y)?)
+    }
+}

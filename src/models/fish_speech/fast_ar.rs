@@ -1,0 +1,105 @@
+//! The fast AR: a small transformer over the 10 positions of one frame (`audio_decoder.*` in the
+//! checkpoint: `embeddings` (one table shared by every codebook), `layers.N`, `norm`, `output`,
+//! and `project_in` when its width differs from the slow model's).
+//!
+//! Position 0 takes the slow AR's final-normed hidden state (its output is not used); position
+//! k ≥ 1 takes the embedding of code k−1 and predicts code k over all `codebook_size` (4096)
+//! entries — residual logits are not restricted to the codec's 1024 (the codec clamps). Nine
+//! sequential steps give codes 1..=9. Each row of a batch is independent (same positions).
+
+use candle_core::{DType, Module, Tensor};
+
+use super::config::FishConfig;
+use super::error::{FishError, Result};
+use super::layers::Stack;
+use super::rope::RopeTable;
+use crate::nn::{Linear, RmsNorm, Weights};
+
+/// The fast AR's weights.
+#[derive(Debug, Clone)]
+pub struct FastAr {
+    project_in: Option<Linear>,
+    /// `[codebook_size, fast_dim]`.
+    embeddings: Tensor,
+    stack: Stack,
+    norm: RmsNorm,
+    /// `[codebook_size, fast_dim]`.
+    output: Linear,
+    rope: RopeTable,
+    num_codebooks: usize,
+    dim: usize,
+}
+
+impl FastAr {
+    pub fn new(cfg: &FishConfig, vb: &Weights) -> Result<Self> {
+        let d = cfg.fast();
+        let slow_dim = cfg.slow().dim;
+        let a = vb.pp("audio_decoder");
+        let cbs = cfg.codebook_size();
+        let project_in = if d.dim != slow_dim {
+            Some(a.linear(slow_dim, d.dim, true, "project_in")?)
+        } else {
+            None
+        };
+        Ok(Self {
+            project_in,
+            embeddings: a.get(&[cbs, d.dim], "embeddings.weight")?,
+            stack: Stack::new(&d, &a)?,
+            norm: RmsNorm::new(d.dim, d.norm_eps, &a.pp("norm"))?,
+            output: a.linear(d.dim, cbs, false, "output")?,
+            rope: RopeTable::new(cfg.num_codebooks(), d.head_dim, d.rope_base, vb.device())?,
+            num_codebooks: cfg.num_codebooks(),
+            dim: d.dim,
+        })
+    }
+
+    /// Codes 1..num_codebooks of one frame for each row: `hidden` `[b, slow_dim]` (the slow
+    /// AR's final-normed state), `code0` the rows' codebook-0 codes; `choose(step, logits)`
+    /// picks the code of step k (1-based) from each row's f32 logits `[b, codebook_size]`.
+    /// `logits_out`, when given, receives each step's logits.
+    pub fn frame(
+        &self,
+        hidden: &Tensor,
+        code0: &[u32],
+        mut choose: impl FnMut(usize, &Tensor) -> Result<Vec<u32>>,
+        mut logits_out: Option<&mut Vec<Tensor>>,
+    ) -> Result<Vec<Vec<u32>>> {
+        let b = hidden.dim(0)?;
+        if code0.len() != b {
+            return Err(FishError::InvalidRequest {
+                field: "code0",
+                msg: format!("{} codes for {b} rows", code0.len()),
+            });
+        }
+        let mut cache = self.stack.new_cache();
+        let h = match &self.project_in {
+            Some(p) => p.forward(hidden)?,
+            None => hidden.clone(),
+        };
+        self.stack
+            .forward(&h.reshape((b, 1, self.dim))?, &self.rope, &mut cache)?;
+        let mut prev = code0.to_vec();
+        let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(self.num_codebooks - 1); b];
+        for step in 1..self.num_codebooks {
+            let ids = Tensor::new(prev.as_slice(), hidden.device())?;
+            let x = self
+                .embeddings
+                .index_select(&ids, 0)?
+                .reshape((b, 1, self.dim))?;
+            let y = self.stack.forward(&x, &self.rope, &mut cache)?;
+            let logits = self
+                .output
+                .forward(&self.norm.forward(&y)?)?
+                .squeeze(1)?
+                .to_dtype(DType::F32)?;
+            if let Some(l) = logits_out.as_deref_mut() {
+                l.push(logits.clone());
+            }
+            prev = choose(step, &logits)?;
+            for (row, &c) in out.iter_mut().zip(&prev) {
+                row.push(c);
+            }
+        }
+        Ok(out)
+    }
+}

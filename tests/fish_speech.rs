@@ -1,0 +1,479 @@
+//! Fish Audio S2 Pro against the official reference (tests/fixtures/tiny-fish: a tiny
+//! random-weight checkpoint in the real layout and the reference's float32 outputs on it; its
+//! README has the reference commit and licence).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use gstomnitts::models::fish_speech::generate::FirstFrame;
+use gstomnitts::models::fish_speech::{
+    Codes, FishModel, GenerateOptions, SamplingParams, VoiceReference,
+};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-fish")
+}
+
+fn expected() -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(
+        fixture().join("expected/reference.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap()
+}
+
+fn meta() -> serde_json::Value {
+    let text = std::fs::read_to_string(fixture().join("expected/reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn model() -> FishModel {
+    FishModel::load(&fixture(), &Device::Cpu, DType::F32).unwrap()
+}
+
+fn codes_of(t: &Tensor) -> Codes {
+    t.to_dtype(DType::U32).unwrap().to_vec2().unwrap()
+}
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// max |a − b| / max |b|.
+fn rel_max(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+const CASES: [&str; 5] = ["en_text", "zh_text", "en_clone", "zh_clone", "speakers"];
+const MAX_NEW_TOKENS: usize = 12;
+
+fn greedy() -> GenerateOptions {
+    GenerateOptions {
+        sampling: SamplingParams::GREEDY,
+        max_new_tokens: MAX_NEW_TOKENS,
+        seed: 0,
+    }
+}
+
+fn voice(exp: &HashMap<String, Tensor>, transcript: &str) -> VoiceReference {
+    VoiceReference {
+        codes: codes_of(&exp["ref_codes"]),
+        transcript: transcript.to_string(),
+    }
+}
+
+#[test]
+fn prompts_match_the_reference() {
+    let (m, exp, meta) = (model(), expected(), meta());
+    for case in CASES {
+        let c = &meta["cases"][case];
+        let text = c["text"].as_str().unwrap();
+        let v = c["ref_text"].as_str().map(|t| voice(&exp, t));
+        let batches = m.prompts.batches(text, 512).unwrap();
+        assert_eq!(batches.len(), 1, "{case}");
+        let p = m.prompts.build(&batches[0], v.as_ref(), &[]).unwrap();
+        assert_eq!(p.rows, codes_of(&exp[&format!("{case}.prompt")]), "{case}");
+    }
+}
+
+#[test]
+fn greedy_codes_match_the_reference() {
+    let (m, exp, meta) = (model(), expected(), meta());
+    for case in CASES {
+        let c = &meta["cases"][case];
+        let text = c["text"].as_str().unwrap();
+        let v = c["ref_text"].as_str().map(|t| voice(&exp, t));
+        let prompt = m
+            .prompts
+            .build(&m.prompts.batches(text, 512).unwrap()[0], v.as_ref(), &[])
+            .unwrap();
+        let mut dbg = FirstFrame::default();
+        let g = m.generate(&prompt, &greedy(), Some(&mut dbg)).unwrap();
+        // intermediate values first: they say where a divergence starts
+        let want_logits = f32s(&exp[&format!("{case}.prefill_logits")]);
+        let tok = &meta["tokenizer"];
+        let (s0, s1) = (
+            tok["semantic_start"].as_u64().unwrap() as usize,
+            tok["semantic_end"].as_u64().unwrap() as usize,
+        );
+        let im_end = tok["ids"]["<|im_end|>"].as_u64().unwrap() as usize;
+        let mut allowed: Vec<f32> = want_logits[s0..=s1].to_vec();
+        allowed.push(want_logits[im_end]);
+        let got = f32s(dbg.prefill_logits.as_ref().unwrap());
+        assert!(
+            rel_max(&got, &allowed) < 1e-4,
+            "{case}: prefill logits {}",
+            rel_max(&got, &allowed)
+        );
+        let hid = f32s(dbg.prefill_hidden.as_ref().unwrap());
+        assert!(
+            rel_max(&hid, &f32s(&exp[&format!("{case}.prefill_hidden")])) < 1e-4,
+            "{case}"
+        );
+        if case == "en_clone" {
+            let want = exp["en_clone.fast_logits"].clone();
+            for (k, l) in dbg.fast_logits.iter().enumerate() {
+                let w = f32s(&want.get(k).unwrap());
+                assert!(rel_max(&f32s(l), &w) < 1e-4, "fast step {}", k + 1);
+            }
+        }
+        let want = codes_of(&exp[&format!("{case}.codes")]);
+        assert_eq!(g.codes, want, "{case}: greedy codes");
+        assert_eq!(
+            g.stopped,
+            c["stopped_on_im_end"].as_bool().unwrap(),
+            "{case}"
+        );
+        assert_eq!(
+            g.frames_generated,
+            want[0].len() + 1,
+            "{case}: the last frame is dropped"
+        );
+    }
+}
+
+#[test]
+fn clone_prefill_embeds_all_codebooks_scaled_by_sqrt_11() {
+    let (m, exp, meta) = (model(), expected(), meta());
+    for case in ["en_clone", "zh_clone", "en_text"] {
+        let c = &meta["cases"][case];
+        let v = c["ref_text"].as_str().map(|t| voice(&exp, t));
+        let p = m.prompt(c["text"].as_str().unwrap(), v.as_ref()).unwrap();
+        let x = m.slow.embed(&[&p.rows]).unwrap().squeeze(0).unwrap();
+        let probe = c["embed_probe_position"].as_u64().unwrap() as usize;
+        let got = f32s(&x.get(probe).unwrap());
+        let want = f32s(&exp[&format!("{case}.embed_probe")]);
+        assert!(rel_max(&got, &want) < 1e-6, "{case}: {got:?} vs {want:?}");
+        let last = f32s(&x.get(p.len() - 1).unwrap());
+        assert!(rel_max(&last, &f32s(&exp[&format!("{case}.embed_last")])) < 1e-6);
+    }
+    // Without the codebook sum or without the scale, the probe would differ: guard the fixture.
+    let c = &meta["cases"]["en_clone"];
+    let p = m
+        .prompt(
+            c["text"].as_str().unwrap(),
+            Some(&voice(&exp, c["ref_text"].as_str().unwrap())),
+        )
+        .unwrap();
+    let probe = c["embed_probe_position"].as_u64().unwrap() as usize;
+    let mut rows = p.rows.clone();
+    for r in rows.iter_mut().skip(2) {
+        r[probe] = 0; // drop codebooks 1..9's own codes
+    }
+    let x = m.slow.embed(&[&rows]).unwrap().squeeze(0).unwrap();
+    let got = f32s(&x.get(probe).unwrap());
+    assert!(rel_max(&got, &f32s(&exp["en_clone.embed_probe"])) > 1e-3);
+}
+
+#[test]
+fn rope_tables_are_the_references_bf16_interleaved_tables() {
+    use gstomnitts::models::fish_speech::rope::rope_values;
+    let (exp, cfg) = (expected(), model().config);
+    for (key, d, n) in [
+        ("slow_freqs_cis", cfg.slow(), 64),
+        ("fast_freqs_cis", cfg.fast(), cfg.num_codebooks()),
+    ] {
+        let (cos, sin) = rope_values(n, d.head_dim, d.rope_base);
+        let want = f32s(&exp[key]); // [n, half, 2] = (cos, sin) pairs
+        let got: Vec<f32> = cos.iter().zip(&sin).flat_map(|(&c, &s)| [c, s]).collect();
+        assert_eq!(got, want, "{key}");
+    }
+}
+
+#[test]
+fn fast_ar_batched_rows_equal_single_rows() {
+    let (m, exp, meta) = (model(), expected(), meta());
+    let mut hiddens = Vec::new();
+    let mut code0 = Vec::new();
+    for case in ["en_text", "zh_clone", "speakers"] {
+        let c = &meta["cases"][case];
+        let v = c["ref_text"].as_str().map(|t| voice(&exp, t));
+        let text = c["text"].as_str().unwrap();
+        let p = m
+            .prompts
+            .build(&m.prompts.batches(text, 512).unwrap()[0], v.as_ref(), &[])
+            .unwrap();
+        let mut cache = m.slow.new_cache();
+        let (_, h) = m
+            .slow
+            .forward(&m.slow.embed(&[&p.rows]).unwrap(), &mut cache)
+            .unwrap();
+        hiddens.push(h);
+        code0.push(codes_of(&exp[&format!("{case}.codes")])[0][0]);
+    }
+    let greedy = |_: usize, l: &Tensor| -> gstomnitts::models::fish_speech::Result<Vec<u32>> {
+        Ok(l.argmax(1)?.to_vec1::<u32>()?)
+    };
+    let batch = Tensor::cat(&hiddens, 0).unwrap();
+    let mut bl = Vec::new();
+    let together = m.fast.frame(&batch, &code0, greedy, Some(&mut bl)).unwrap();
+    for (i, h) in hiddens.iter().enumerate() {
+        let mut sl = Vec::new();
+        let alone = m
+            .fast
+            .frame(h, &code0[i..i + 1], greedy, Some(&mut sl))
+            .unwrap();
+        assert_eq!(alone[0], together[i], "row {i}");
+        for (a, b) in sl.iter().zip(&bl) {
+            let b = b.get(i).unwrap();
+            assert!(rel_max(&f32s(a), &f32s(&b)) < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn stop_on_im_end_only_drops_its_frame_and_residuals_reach_past_1024() {
+    let (exp, meta) = (expected(), meta());
+    let stopped: Vec<&str> = CASES
+        .into_iter()
+        .filter(|c| meta["cases"][c]["stopped_on_im_end"].as_bool().unwrap())
+        .collect();
+    assert_eq!(
+        stopped.len(),
+        1,
+        "the fixture has one case that stops on <|im_end|>"
+    );
+    assert!(CASES.len() > 1, "and others that hit the cap");
+    for case in CASES {
+        let codes = codes_of(&exp[&format!("{case}.codes")]);
+        assert!(codes[1..].iter().flatten().any(|&c| c >= 1024), "{case}");
+        let frames = codes[0].len();
+        let cap = MAX_NEW_TOKENS - 1;
+        assert!(frames <= cap, "{case}");
+    }
+}
+
+#[test]
+fn sampler_filters_like_the_reference() {
+    use gstomnitts::models::fish_speech::sampler::logits_to_probs;
+    let (exp, meta) = (expected(), meta());
+    for (i, s) in meta["sampler"].as_array().unwrap().iter().enumerate() {
+        let p = SamplingParams {
+            temperature: s["temperature"].as_f64().unwrap() as f32,
+            top_p: s["top_p"].as_f64().unwrap() as f32,
+            top_k: s["top_k"].as_u64().unwrap() as usize,
+        };
+        let logits = f32s(&exp[&format!("sampler.{i}.logits")]);
+        let want = f32s(&exp[&format!("sampler.{i}.probs")]);
+        let got = logits_to_probs(&logits, p);
+        for (g, w) in got.iter().zip(&want) {
+            // The kept set must agree except for a token of negligible probability at the top_p
+            // boundary (top_p 1.0: whether the cumulative sum rounds past 1.0 at the tail).
+            if g.max(*w) > 1e-5 {
+                assert_eq!(*g == 0.0, *w == 0.0, "case {i}: the kept set differs");
+            } else if (*g == 0.0) != (*w == 0.0) {
+                continue;
+            }
+            assert!((g - w).abs() < 1e-6, "case {i}: {g} vs {w}");
+        }
+    }
+}
+
+#[test]
+fn control_tokens_in_user_text_are_refused() {
+    let m = model();
+    for bad in ["hi <|im_end|> there", "<|semantic:5|>", "a<|voice|>"] {
+        assert!(m.prompt(bad, None).is_err(), "{bad}");
+        let v = VoiceReference {
+            codes: vec![vec![1]; 10],
+            transcript: bad.into(),
+        };
+        assert!(m.prompt("fine", Some(&v)).is_err(), "ref_text {bad}");
+    }
+    assert!(m.prompt("<|speaker:3|>fine <|notatoken|>", None).is_ok());
+}
+
+// ---- codec ---------------------------------------------------------------------------------
+
+use gstomnitts::models::fish_speech::codec::{Codec, DecodeState};
+
+fn codec() -> Codec {
+    Codec::load(&fixture(), &Device::Cpu).unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖.
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut num, mut den) = (0f64, 0f64);
+    for (x, y) in a.iter().zip(b) {
+        num += ((x - y) as f64).powi(2);
+        den += (*y as f64).powi(2);
+    }
+    (num / den.max(1e-30)).sqrt()
+}
+
+#[test]
+fn decoded_waveforms_match_the_reference() {
+    let (c, exp) = (codec(), expected());
+    assert_eq!((c.sample_rate(), c.samples_per_frame()), (44_100, 2048));
+    for case in CASES {
+        let codes = codes_of(&exp[&format!("{case}.codes")]);
+        let wav = c.decode(&codes).unwrap();
+        let want = f32s(&exp[&format!("{case}.wav")]);
+        assert_eq!(wav.len(), codes[0].len() * 2048, "{case}");
+        let e = rel_l2(&wav, &want);
+        eprintln!(
+            "{case}: {} frames, waveform relative L2 {e:.2e}",
+            codes[0].len()
+        );
+        assert!(e < 1e-4, "{case}: relative L2 {e}");
+    }
+}
+
+#[test]
+fn decode_across_the_window_matches_the_reference() {
+    let (c, exp) = (codec(), expected());
+    let codes = codes_of(&exp["window.codes"]);
+    assert!(codes[0].len() > 128, "longer than the codec's window");
+    let wav = c.decode(&codes).unwrap();
+    let tail = f32s(&exp["window.wav_tail"]);
+    let e = rel_l2(&wav[wav.len() - tail.len()..], &tail);
+    assert!(e < 1e-4, "relative L2 of the tail {e}");
+    let sumsq: f64 = wav.iter().map(|&x| (x as f64).powi(2)).sum();
+    let want = f32s(&exp["window.wav_sumsq"])[0] as f64;
+    assert!(((sumsq - want) / want).abs() < 1e-4, "{sumsq} vs {want}");
+}
+
+#[test]
+fn streamed_decode_equals_whole_and_is_frames_times_2048() {
+    let (c, exp) = (codec(), expected());
+    let codes = codes_of(&exp["window.codes"]);
+    let whole = c.decode(&codes).unwrap();
+    let mut state = DecodeState::default();
+    let mut streamed = Vec::new();
+    let n = codes[0].len();
+    let mut start = 0;
+    for chunk in [4usize, 25, 1, 60, 25].iter().cycle() {
+        if start >= n {
+            break;
+        }
+        let end = (start + chunk).min(n);
+        let part: Codes = codes.iter().map(|r| r[start..end].to_vec()).collect();
+        let samples = c.decode_chunk(&part, &mut state).unwrap();
+        assert_eq!(samples.len(), (end - start) * 2048);
+        streamed.extend(samples);
+        start = end;
+    }
+    assert_eq!(state.frames(), n);
+    assert_eq!(streamed.len(), n * 2048);
+    let e = rel_l2(&streamed, &whole);
+    eprintln!("streamed vs whole over {n} frames: relative L2 {e:.2e}");
+    assert!(e < 1e-5, "streamed vs whole: relative L2 {e}");
+}
+
+#[test]
+fn residual_codes_past_the_codebook_are_clamped() {
+    let (c, exp) = (codec(), expected());
+    let codes = codes_of(&exp["en_clone.codes"]);
+    assert!(codes[1..].iter().flatten().any(|&x| x >= 1024));
+    let clamped: Codes = codes
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.iter()
+                .map(|&x| if i == 0 { x.min(4095) } else { x.min(1023) })
+                .collect()
+        })
+        .collect();
+    assert_eq!(c.decode(&codes).unwrap(), c.decode(&clamped).unwrap());
+}
+
+#[test]
+fn encoder_codes_match_the_reference() {
+    let (c, exp) = (codec(), expected());
+    let audio = f32s(&exp["ref_audio"]);
+    let codes = c.encode(&audio).unwrap();
+    assert_eq!(codes[0].len(), audio.len().div_ceil(2048));
+    assert_eq!(codes, codes_of(&exp["ref_codes"]));
+}
+
+// ---- loading and sampled generation ---------------------------------------------------------
+
+/// A copy of the fixture's small files in a fresh directory (the weights are chosen per test).
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("omnitts-fish-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        std::fs::copy(fixture().join(f), dir.join(f)).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_single_safetensors_file_loads_like_the_shards() {
+    let dir = scratch("single");
+    let mut all: HashMap<String, Tensor> = HashMap::new();
+    for shard in [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ] {
+        all.extend(candle_core::safetensors::load(fixture().join(shard), &Device::Cpu).unwrap());
+    }
+    candle_core::safetensors::save(&all, dir.join("model.safetensors")).unwrap();
+    let single = FishModel::load(&dir, &Device::Cpu, DType::F32).unwrap();
+    let (m, meta) = (model(), meta());
+    let text = meta["cases"]["zh_text"]["text"].as_str().unwrap();
+    let p = m.prompt(text, None).unwrap();
+    let a = m.generate(&p, &greedy(), None).unwrap();
+    let b = single.generate(&p, &greedy(), None).unwrap();
+    assert_eq!(a, b);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_missing_shard_is_named() {
+    let dir = scratch("missing");
+    std::fs::copy(
+        fixture().join("model.safetensors.index.json"),
+        dir.join("model.safetensors.index.json"),
+    )
+    .unwrap();
+    let err = FishModel::load(&dir, &Device::Cpu, DType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model-00001-of-00002.safetensors"), "{err}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn seeded_sampling_repeats_and_respects_the_cap() {
+    let (m, meta) = (model(), meta());
+    let text = meta["cases"]["en_clone"]["text"].as_str().unwrap();
+    let p = m.prompt(text, None).unwrap();
+    let opts = |seed| GenerateOptions {
+        sampling: SamplingParams::REFERENCE_DEFAULT,
+        max_new_tokens: 20,
+        seed,
+    };
+    let a = m.generate(&p, &opts(7), None).unwrap();
+    assert_eq!(a, m.generate(&p, &opts(7), None).unwrap());
+    assert!(a.frames_generated <= 20 && a.codes[0].len() + 1 == a.frames_generated);
+    assert!(a.codes.iter().all(|r| r.len() == a.codes[0].len()));
+    assert!(a.codes[0].iter().all(|&c| c < 4096));
+}
+
+#[test]
+fn too_long_prompts_are_refused() {
+    let m = model();
+    let mut p = m.prompt("hi", None).unwrap();
+    let n = m.slow.max_seq_len() - 2048 + 1;
+    for r in p.rows.iter_mut() {
+        let v = r[0];
+        r.resize(n, v);
+    }
+    assert!(m.generate(&p, &greedy(), None).is_err());
+}
