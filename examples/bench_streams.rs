@@ -429,7 +429,8 @@ fn text_stream_runs(args: &Args) -> Result<Value> {
     let shared = SharedEngine::unshared(load(args, config(args, 1, false, None))?);
     text_stream::run(&shared, 50.0, args.greedy, 1, args.text_frames)?;
     eprintln!(
-        "text streamed into one request: 80 tokens at each rate, {} decoding, at most {} frames",
+        "text streamed into one request: {} tokens at each rate, {} decoding, at most {} frames",
+        llm_reply::tokens().len(),
         if args.greedy {
             "greedy"
         } else {

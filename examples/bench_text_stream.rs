@@ -15,7 +15,7 @@
 //!   audio length and the done message's reason.
 //!
 //! The reply is cut as a byte-level BPE would cut it: each word with its leading space, words of
-//! more than 5 letters in two tokens (80 tokens for the 60 words), sent evenly at the rate.
+//! more than 5 letters in two tokens (74 tokens for the 60 words), sent evenly at the rate.
 //!
 //! ```sh
 //! cargo run --release --example bench_text_stream -- --model models/omnitts-en

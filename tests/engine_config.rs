@@ -155,6 +155,10 @@ fn errors_name_key_path_and_value() {
             "stage_args[1].engine_args.codec_buffer_frames: expected a positive integer, got 0",
         ),
         (
+            edit("codec_chunk_frames: 10", "max_num_batched_tokens: -8"),
+            "stage_args[1].engine_args.max_num_batched_tokens: expected a non-negative integer, got -8",
+        ),
+        (
             edit("runtime: {devices: cpu}", "runtime: {devices: gpu0}"),
             "stage_args[0].runtime.devices: expected \"cpu\", \"cuda:N\", a GPU index or \"auto\", got \"gpu0\"",
         ),

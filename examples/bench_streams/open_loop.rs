@@ -846,8 +846,35 @@ mod tests {
             audio_s: 3.0,
             underruns,
             stalled_s: 0.0,
+            started_s: None,
+            prefilled_s: None,
+            first_frame_s: None,
+            prefill_s: None,
+            first_pass_frames: None,
             finish,
         }
+    }
+
+    /// The first audio's parts are the gaps between the engine's timestamps, per request.
+    #[test]
+    fn parts_split_the_time_to_the_first_chunk() {
+        let mut a = outcome("length", Some(0.030), 0);
+        (a.started_s, a.prefill_s, a.prefilled_s) = (Some(0.010), Some(0.005), Some(0.015));
+        (a.first_frame_s, a.first_pass_frames) = (Some(0.020), Some(3));
+        let p = Parts::of(&[&a]);
+        let near = |v: Option<f64>, want: f64| v.is_some_and(|v| (v - want).abs() < 1e-9);
+        assert!(near(p.queue.p50, 10.0), "{:?}", p.queue);
+        assert!(near(p.prefill.p50, 5.0), "{:?}", p.prefill);
+        assert!(near(p.to_first_frame.p50, 5.0), "{:?}", p.to_first_frame);
+        assert!(near(p.stage1.p50, 10.0), "{:?}", p.stage1);
+        assert!(
+            near(p.first_pass_frames.p95, 3.0),
+            "{:?}",
+            p.first_pass_frames
+        );
+        // A request without the engine's timing adds nothing.
+        let b = outcome("refused", None, 0);
+        assert_eq!(Parts::of(&[&b]).queue.p50, None);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Text streamed into one running request through the engine (`--text-rates`): a simulated LLM
-//! sends its reply (`common/llm_reply.rs`, 80 tokens) at a rate in tokens per second with
+//! sends its reply (`common/llm_reply.rs`, 74 tokens) at a rate in tokens per second with
 //! [`TextSender::append`], then [`TextSender::end`], into a request from
 //! `Engine::submit_open` (streaming prompt mode: the talker takes one text id a frame). What the
 //! element adds on top (`bench_text_stream`) is its clock; this is the engine's share, and runs

@@ -1,7 +1,7 @@
 //! The simulated LLM reply of the text-streaming benchmarks (`bench_text_stream`, through the
 //! element; `bench_streams --text-rates`, through the engine), cut into tokens as a byte-level BPE
 //! would cut it: each word with its leading space, words of more than 5 letters in two tokens
-//! (80 tokens for the 60 words).
+//! (74 tokens for the 60 words).
 
 /// The reply: 60 words of plain sentences (no digits: the bundled voice reads none).
 pub const REPLY: &str = "It was a fine morning, and the rain \

@@ -768,6 +768,7 @@ mod tests {
         assert_eq!(a.decoder.initial_codec_chunk_frames, 1);
         assert_eq!(a.decoder.codec_left_context_frames, 72);
         assert_eq!(a.decoder.streaming_mode, DecoderStreamingMode::Exact);
+        assert_eq!(a.decoder.max_num_batched_tokens, 0);
         let (b, wb) = StageConfig::from_yaml_str(DEFAULT_BATCH_YAML).unwrap();
         assert!(wb.is_empty(), "{wb:?}");
         assert!(!b.async_chunk);
@@ -780,6 +781,15 @@ mod tests {
             a
         );
         assert_eq!(StageConfig::default_async(), a);
+    }
+
+    #[test]
+    fn the_code2wav_pass_budget_is_read() {
+        let yaml =
+            DEFAULT_ASYNC_YAML.replace("max_num_batched_tokens: 0", "max_num_batched_tokens: 128");
+        let (c, w) = StageConfig::from_yaml_str(&yaml).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(c.decoder.max_num_batched_tokens, 128);
     }
 
     #[test]
