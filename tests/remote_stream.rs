@@ -72,6 +72,18 @@ impl WsServer {
     fn received(&self) -> Vec<serde_json::Value> {
         self.received.lock().unwrap().clone()
     }
+
+    /// The messages received once one of type `last` is among them (or after 5 s without it).
+    fn received_through(&self, last: &str) -> Vec<serde_json::Value> {
+        let t0 = Instant::now();
+        loop {
+            let r = self.received();
+            if r.iter().any(|m| m["type"] == last) || t0.elapsed() > Duration::from_secs(5) {
+                return r;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 /// The request line's path of the HTTP request waiting on `conn` (peeked: it stays there).
@@ -259,7 +271,8 @@ fn fragments_go_as_they_come_and_audio_comes_back_before_the_end() {
     want.extend(sentence_samples(1));
     assert_eq!(got.len(), want.len());
     assert!(got == want, "the sentences' audio, in order");
-    let r = s.received();
+    // The client sends `session.close` after it reports `Finished`: wait for the server to read it.
+    let r = s.received_through("session.close");
     let types: Vec<&str> = r.iter().map(|m| m["type"].as_str().unwrap()).collect();
     assert_eq!(
         types,

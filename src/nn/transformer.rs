@@ -209,9 +209,11 @@ impl LayerCaches {
             .iter()
             .filter_map(|c| c.k.as_ref().zip(c.v.as_ref()))
             .collect();
+        if dst.len() != pairs.len() {
+            candle_core::bail!("KV prefix: destination buffers missing after allocation");
+        }
         #[cfg(feature = "cuda")]
-        if dst.len() == pairs.len()
-            && pairs.first().is_some_and(|(k, _)| k.device().is_cuda())
+        if pairs.first().is_some_and(|(k, _)| k.device().is_cuda())
             && super::cuda_kernels::enabled()
         {
             let s: Vec<&Tensor> = pairs.iter().flat_map(|(k, v)| [*k, *v]).collect();
