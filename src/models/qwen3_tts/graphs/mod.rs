@@ -376,6 +376,23 @@ mod tests {
         }
     }
 
+    /// A run's codes, finish reason and logits.
+    type Run<'a> = (&'a Vec<Vec<u32>>, &'a FinishReason, &'a Vec<Vec<f32>>);
+
+    /// The same codes and finish reason, and logits within 1e-4 at every frame.
+    fn assert_same_run(what: &str, got: Run<'_>, want: Run<'_>) {
+        assert_eq!(got.0, want.0, "{what}: codes differ");
+        assert_eq!(got.1, want.1, "{what}");
+        for (i, (a, b)) in got.2.iter().zip(want.2).enumerate() {
+            let d = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(d <= 1e-4, "{what} frame {i}: logits differ by {d}");
+        }
+    }
+
     /// The talker decode step at a device-side position (the work the CUDA graphs capture: scatter
     /// into the KV slot, bucketed masked attention, RoPE rows by index) gives the eager step's
     /// greedy codes and logits, across bucket boundaries and past its capacity (eager fallback),
@@ -410,16 +427,11 @@ mod tests {
                 );
                 assert_eq!(on_graphs, positions <= 150, "{name}: {positions} positions");
                 fell_back |= !on_graphs;
-                assert_eq!(codes_s, codes_e, "{name} '{text}': codes differ");
-                assert_eq!(reason_s, reason_e, "{name} '{text}'");
-                for (i, (a, b)) in logits_s.iter().zip(&logits_e).enumerate() {
-                    let d = a
-                        .iter()
-                        .zip(b)
-                        .map(|(x, y)| (x - y).abs())
-                        .fold(0f32, f32::max);
-                    assert!(d <= 1e-4, "{name} '{text}' frame {i}: logits differ by {d}");
-                }
+                assert_same_run(
+                    &format!("{name} '{text}'"),
+                    (&codes_s, &reason_s, &logits_s),
+                    (&codes_e, &reason_e, &logits_e),
+                );
                 assert!(!slot.graphs.talker_leased(), "lease not returned");
             }
         }
@@ -480,16 +492,11 @@ mod tests {
                         _ => fell_back = true,
                     }
                     assert_eq!(on_graphs, leased, "{name}: decode graphs");
-                    assert_eq!(codes_s, codes_e, "{name} '{text}': codes differ");
-                    assert_eq!(reason_s, reason_e, "{name} '{text}'");
-                    for (i, (a, b)) in logits_s.iter().zip(&logits_e).enumerate() {
-                        let d = a
-                            .iter()
-                            .zip(b)
-                            .map(|(x, y)| (x - y).abs())
-                            .fold(0f32, f32::max);
-                        assert!(d <= 1e-4, "{name} '{text}' frame {i}: logits differ by {d}");
-                    }
+                    assert_same_run(
+                        &format!("{name} '{text}'"),
+                        (&codes_s, &reason_s, &logits_s),
+                        (&codes_e, &reason_e, &logits_e),
+                    );
                 }
             }
         }
