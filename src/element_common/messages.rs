@@ -53,6 +53,24 @@ pub(crate) fn started(
     )
 }
 
+/// The [`TEXT_STREAM_MODE`] message: utterance `id` is spoken in `mode` (`token`, `clause` or
+/// `sentence`) because of `reason`.
+pub(crate) fn text_stream_mode(
+    src: &gst::Element,
+    id: u64,
+    mode: &str,
+    reason: &str,
+) -> gst::Message {
+    element_message(
+        src,
+        gst::Structure::builder(TEXT_STREAM_MODE)
+            .field("id", id)
+            .field("mode", mode)
+            .field("reason", reason)
+            .build(),
+    )
+}
+
 /// The [`FIRST_AUDIO`] message.
 pub(crate) fn first_audio(
     src: &gst::Element,

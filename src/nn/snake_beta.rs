@@ -49,26 +49,14 @@ impl SnakeBeta {
         };
         let frequency = alpha.to_dtype(dtype)?.exp()?;
         let inv_magnitude = (beta.to_dtype(dtype)?.exp()? + NO_DIV_BY_ZERO)?.recip()?;
-        let fused = if frequency.device().is_cpu() && dtype == DType::F32 {
-            Some(FusedSnakeBeta {
-                frequency: frequency.to_vec1()?,
-                inv_magnitude: inv_magnitude.to_vec1()?,
-            })
-        } else {
-            None
-        };
-        Ok(Self {
-            frequency: frequency.reshape((1, c, 1))?,
-            inv_magnitude: inv_magnitude.reshape((1, c, 1))?,
-            fused,
-        })
+        Self::from_params(frequency, inv_magnitude)
     }
 
     /// The plain Snake of DAC codecs, `x + 1 / (alpha + 1e-9) · sin(alpha · x)^2`, from its
     /// linear-space `alpha` `[channels]` (the same function with `exp(alpha') = alpha`, without
     /// the round trip through a logarithm, so a negative alpha works too).
     pub fn from_linear_alpha(alpha: &Tensor) -> Result<Self> {
-        let c = alpha.dims1()?;
+        alpha.dims1()?;
         let dtype = if alpha.dtype() == DType::F64 {
             DType::F64
         } else {
@@ -76,7 +64,15 @@ impl SnakeBeta {
         };
         let frequency = alpha.to_dtype(dtype)?;
         let inv_magnitude = (&frequency + NO_DIV_BY_ZERO)?.recip()?;
-        let fused = if frequency.device().is_cpu() && dtype == DType::F32 {
+        Self::from_params(frequency, inv_magnitude)
+    }
+
+    /// The activation from its parameters `frequency` and `inv_magnitude` (`[channels]` each, f32
+    /// or f64): kept as `[1, channels, 1]`, and as host vectors for the fused CPU pass when f32 on
+    /// the CPU.
+    fn from_params(frequency: Tensor, inv_magnitude: Tensor) -> Result<Self> {
+        let c = frequency.dims1()?;
+        let fused = if frequency.device().is_cpu() && frequency.dtype() == DType::F32 {
             Some(FusedSnakeBeta {
                 frequency: frequency.to_vec1()?,
                 inv_magnitude: inv_magnitude.to_vec1()?,

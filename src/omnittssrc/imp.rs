@@ -313,17 +313,12 @@ impl OmniTtsSrc {
             old.end();
         }
         let element = self.obj();
-        let _ = element.post_message(
-            gst::message::Element::builder(
-                gst::Structure::builder(messages::TEXT_STREAM_MODE)
-                    .field("id", id)
-                    .field("mode", mode.name())
-                    .field("reason", why)
-                    .build(),
-            )
-            .src(&*element)
-            .build(),
-        );
+        let _ = element.post_message(messages::text_stream_mode(
+            element.upcast_ref(),
+            id,
+            mode.name(),
+            &why,
+        ));
         true
     }
 
