@@ -29,6 +29,8 @@ const KERNELS: &[&str] = &[
     "rows_attention",
     "snake_beta",
     "bias_epilogue",
+    "conv_gemm",
+    "gather_rows",
     "kv_prefix",
 ];
 /// Device functions shared between kernels (`#include`d by the .cu files above).
@@ -40,6 +42,7 @@ const HEADERS: &[&str] = &[
     "rope_attention",
     "argmax_embed",
     "sample_embed",
+    "bias_epilogue",
 ];
 const KERNEL_DIR: &str = "src/nn/cuda_kernels";
 

@@ -34,6 +34,7 @@
 //! The tensor layout is derived from the configs and first checked against the tiny fixture.
 
 mod random_checkpoint;
+mod stage0_rows;
 
 use std::collections::HashMap;
 use std::fs;
@@ -112,6 +113,14 @@ struct Args {
     /// Also write the JSON document here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Instead of the modes above: stage 0 alone stepping this many streams together
+    /// (comma separated, e.g. 16,64; batched frame graphs on CUDA), `--frames` timed steps each
+    /// (`stage0_rows`).
+    #[arg(long, value_delimiter = ',')]
+    rows: Vec<usize>,
+    /// With `--rows`: one step in the middle of each run is the CUDA profiler's range.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// `cpu`, `cuda:N` or `auto`, opened as the engine opens a stage's device
@@ -432,6 +441,9 @@ fn bench_size(args: &Args, size: &str, ar_dev: &Device, dec_dev: &Device) -> Res
             "both" => vec![false, true],
             other => bail!("--graphs {other:?} (off | on | both)"),
         };
+        if !args.rows.is_empty() {
+            return bench_rows(args, size, &mut ar, &ckpt);
+        }
         let mut modes = Vec::new();
         let mut graph_capture_ms = None;
         let mut warm_ms = 0.0;
@@ -472,6 +484,42 @@ fn bench_size(args: &Args, size: &str, ar_dev: &Device, dec_dev: &Device) -> Res
     result
 }
 
+/// `--rows`: stage 0 alone at each batch size, on the CUDA graphs (one-stream and batched).
+fn bench_rows(args: &Args, size: &str, ar: &mut ArModel, ckpt: &Checkpoint) -> Result<Value> {
+    if ar.device().is_cuda() {
+        ar.enable_cuda_graphs()?;
+        let max = args.rows.iter().copied().max().unwrap_or(1);
+        eprintln!("{size}: batched frame graphs {:?}", ar.enable_batch_graphs(max)?);
+    }
+    let (req, sampling) = request(args, ckpt);
+    let rows = stage0_rows::bench_rows(ar, &req, &sampling, &args.rows, args.frames, args.profile)?;
+    Ok(json!({ "size": size, "dtype": args.dtype, "sample": args.sample, "rows": rows }))
+}
+
+/// The request and sampling every mode runs (`--text`, `--speaker`, `--language`, `--sample`).
+fn request(args: &Args, ckpt: &Checkpoint) -> (VoiceRequest, SamplingParams) {
+    let req = VoiceRequest {
+        text: args.text.clone(),
+        speaker: Some(args.speaker.clone()),
+        language: Some(args.language.clone()),
+        instruct: None,
+        prompt_mode: Some(PromptMode::NonStreaming),
+        voice_clone: None,
+    };
+    let s = SamplingParams::from_generation_config(&ckpt.generation);
+    let sampling = if args.sample {
+        SamplingParams {
+            do_sample: true,
+            subtalker_do_sample: true,
+            seed: 1234,
+            ..s
+        }
+    } else {
+        s.greedy()
+    };
+    (req, sampling)
+}
+
 /// Warm-up, then every mode `--repeats` times. Returns (mode summaries, warm-up ms, prefill rows).
 fn run_modes(
     args: &Args,
@@ -483,30 +531,12 @@ fn run_modes(
     graphs: bool,
 ) -> Result<(Vec<Value>, f64, usize)> {
     {
+        let (req, sampling) = request(args, ckpt);
         let stages = Stages {
             ar,
             dec,
-            req: VoiceRequest {
-                text: args.text.clone(),
-                speaker: Some(args.speaker.clone()),
-                language: Some(args.language.clone()),
-                instruct: None,
-                prompt_mode: Some(PromptMode::NonStreaming),
-                voice_clone: None,
-            },
-            sampling: {
-                let s = SamplingParams::from_generation_config(&ckpt.generation);
-                if args.sample {
-                    SamplingParams {
-                        do_sample: true,
-                        subtalker_do_sample: true,
-                        seed: 1234,
-                        ..s
-                    }
-                } else {
-                    s.greedy()
-                }
-            },
+            req,
+            sampling,
         };
         let prefill_len = ar.plan(&stages.req)?.rows.len();
         let t = Instant::now();

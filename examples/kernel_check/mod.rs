@@ -17,7 +17,11 @@
 //! `qk_norm_rope_kv` + `decode_attention`, bit for bit; the batched frames' kernels against the
 //! one-row kernels row by row, bit for bit: `rows_attention` against `rope_attention` (each row its
 //! own cache, capacity and position), `pick_rows` against `argmax_embed` / `sample_embed` (greedy
-//! and sampled rows mixed), `embed_sum_rows` against `embed_sum`.
+//! and sampled rows mixed), `embed_sum_rows` against `embed_sum`. `conv_gemm` (bf16 only) against
+//! candle's f32 `conv1d` / `conv_transpose1d` of the same bf16 inputs over the history and the
+//! chunk concatenated (bf16 tolerance), its fused SnakeBeta / residual epilogues against
+//! `bias_epilogue` after its plain output (bit for bit), and the streaming layers on it
+//! (`nn::conv`) chunked against whole, bit for bit; `gather_rows` against `Tensor::cat`, bit for bit.
 
 use anyhow::Result;
 use candle_core::{D, DType, Device, Module, Tensor};
@@ -25,6 +29,9 @@ use gstomnitts::nn::cuda_kernels::{
     DecodeAt, Pos,
     add_rms_norm::add_rms_norm,
     argmax_embed::argmax_embed,
+    bias_epilogue::{Then, bias_epilogue},
+    conv_gemm::{ConvShape, conv_gemm},
+    gather_rows::gather_rows,
     decode_attention::decode_attention,
     decode_stack::{Barrier, StackAttention, StackLayer, decode_stack, time_grid_barrier},
     embed_sum::{embed_sum, embed_sum_rows},
@@ -226,6 +233,7 @@ pub fn run(dev: &Device) -> Result<bool> {
             }
         }
     }
+    conv_checks(&mut r, dev)?;
     // Not a check: what one grid barrier of the stack kernel costs on this GPU.
     for per_sm in [1, 2, 4] {
         let (blocks, us) = time_grid_barrier(dev, per_sm, 20_000)?;
@@ -906,5 +914,113 @@ fn stack_checks(
             .max(rel_err(&l.attn.v_cache, vc)?);
     }
     r.check(&format!("{tag} caches"), dtype, cache_err, 0.0);
+    Ok(())
+}
+
+/// `conv_gemm` on the Code2Wav decoder's shapes (bf16): convolutions (k 7, dilations 1 / 3 / 9,
+/// channels 96 … 1536, one output channel), transposed convolutions (k = 2s, s 2 … 8) and the
+/// streaming layers built on it.
+fn conv_checks(r: &mut Report, dev: &Device) -> Result<()> {
+    use gstomnitts::nn::conv::{
+        CausalConvState, ConvTransposeState, StreamingCausalConv1d,
+        StreamingCausalConvTranspose1d,
+    };
+    let bf = DType::BF16;
+    let tol = tolerance(bf, false);
+    let f32_of = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?) };
+    // (batch, c_in, c_out, k, dilation, len)
+    for (b, cin, cout, k, dil, len) in [
+        (3, 96, 96, 7, 9, 300),
+        (2, 192, 192, 7, 3, 129),
+        (4, 768, 768, 7, 1, 40),
+        (1, 1024, 1536, 7, 1, 4),
+        (2, 96, 1, 7, 1, 77),
+        (1, 40, 24, 3, 2, 1),
+    ] {
+        let ctx = (k - 1) * dil;
+        let w = randn(&[cout, cin, k], bf, dev)?.affine(1.0 / (cin * k) as f64, 0.0)?;
+        let x = randn(&[b, cin, len], bf, dev)?;
+        let hist = randn(&[b, cin, ctx], bf, dev)?;
+        let bias = randn(&[cout], bf, dev)?;
+        let wg = w.transpose(1, 2)?.contiguous()?.reshape((cout, k * cin))?;
+        let shape = ConvShape { taps: k, dilation: dil, phases: 1 };
+        let got = conv_gemm(&wg, Some(&hist), &x, shape, Some(&bias), Then::Nothing)?;
+        let xp = f32_of(&Tensor::cat(&[&hist, &x], 2)?)?;
+        let want = xp
+            .conv1d(&f32_of(&w)?, 0, 1, dil, 1)?
+            .broadcast_add(&f32_of(&bias)?.reshape((1, cout, 1))?)?;
+        let name = format!("conv_gemm conv [{b}x{cin}->{cout}, k{k} d{dil}, {len}]");
+        r.check(&name, bf, rel_err(&got, &want)?, tol);
+        // Fused epilogues = the plain output then bias_epilogue, bit for bit.
+        let plain = conv_gemm(&wg, Some(&hist), &x, shape, None, Then::Nothing)?;
+        let freq = Tensor::rand(0.5f32, 2.0, cout, dev)?;
+        let inv_mag = Tensor::rand(0.5f32, 2.0, cout, dev)?;
+        let snake = Then::Snake { frequency: &freq, inv_magnitude: &inv_mag };
+        let res = randn(&[b, cout, len], bf, dev)?;
+        for (mode, then) in [("snake", snake), ("residual", Then::Residual(&res))] {
+            let fused = conv_gemm(&wg, Some(&hist), &x, shape, Some(&bias), then)?;
+            let split = bias_epilogue(&plain, &bias, then)?;
+            r.check(&format!("{name} + {mode}"), bf, rel_err(&fused, &split)?, 0.0);
+        }
+    }
+    // Transposed: (batch, c_in, c_out, stride, len); k = 2s as in the decoder.
+    let transposed: [(usize, usize, usize, usize, usize); 4] =
+        [(2, 1536, 768, 8, 25), (3, 384, 192, 4, 50), (2, 192, 96, 3, 17), (1, 1024, 1024, 2, 1)];
+    for (b, cin, cout, s, len) in transposed {
+        let k = 2 * s;
+        let q = k.div_ceil(s);
+        let w = randn(&[cin, cout, k], bf, dev)?.affine(1.0 / cin as f64, 0.0)?;
+        let x = randn(&[b, cin, len], bf, dev)?;
+        let hist = randn(&[b, cin, q - 1], bf, dev)?;
+        let bias = randn(&[cout], bf, dev)?;
+        let layer = StreamingCausalConvTranspose1d::new(w.clone(), Some(bias.clone()), s)?;
+        let mut state = ConvTransposeState::default();
+        // Feed the history as a first chunk, then x: the second output is x's.
+        layer.forward(&hist, &mut state)?;
+        let got = layer.forward(&x, &mut state)?;
+        let xp = f32_of(&Tensor::cat(&[&hist, &x], 2)?)?;
+        let mut rows = Vec::new();
+        for i in 0..b {
+            rows.push(xp.narrow(0, i, 1)?.conv_transpose1d(&f32_of(&w)?, 0, 0, s, 1, 1)?);
+        }
+        let want = Tensor::cat(&rows, 0)?
+            .narrow(2, (q - 1) * s, len * s)?
+            .broadcast_add(&f32_of(&bias)?.reshape((1, cout, 1))?)?;
+        let name = format!("conv_gemm transposed [{b}x{cin}->{cout}, s{s}, {len}]");
+        r.check(&name, bf, rel_err(&got, &want)?, tol);
+    }
+    // gather_rows = cat along the batch, bit for bit (more rows than one launch takes).
+    for dtype in [DType::F32, bf] {
+        let big = randn(&[70, 96, 54], dtype, dev)?;
+        let rows: Vec<Tensor> = (0..70)
+            .map(|i| big.narrow(0, (i * 37) % 70, 1))
+            .collect::<candle_core::Result<_>>()?;
+        let refs: Vec<&Tensor> = rows.iter().collect();
+        let got = gather_rows(&refs)?;
+        let want = Tensor::cat(&refs, 0)?;
+        r.check("gather_rows [70 rows of 96x54]", dtype, rel_err(&got, &want)?, 0.0);
+    }
+    // The streaming layers on the kernel: chunked = whole, bit for bit.
+    let x = randn(&[2, 96, 200], bf, dev)?;
+    let w = randn(&[96, 96, 7], bf, dev)?.affine(1.0 / 672.0, 0.0)?;
+    let conv = StreamingCausalConv1d::new(w, Some(randn(&[96], bf, dev)?), 3, 1)?;
+    let whole = conv.forward(&x, &mut CausalConvState::default())?;
+    let mut state = CausalConvState::default();
+    let mut parts = Vec::new();
+    for (start, n) in [(0, 1), (1, 2), (3, 4), (7, 150), (157, 43)] {
+        parts.push(conv.forward(&x.narrow(2, start, n)?, &mut state)?);
+    }
+    let chunked = Tensor::cat(&parts, 2)?;
+    r.check("conv layer (gemm) chunked = whole", bf, rel_err(&chunked, &whole)?, 0.0);
+    let w = randn(&[96, 48, 6], bf, dev)?.affine(1.0 / 96.0, 0.0)?;
+    let up = StreamingCausalConvTranspose1d::new(w, Some(randn(&[48], bf, dev)?), 3)?;
+    let whole = up.forward(&x, &mut ConvTransposeState::default())?;
+    let mut state = ConvTransposeState::default();
+    let mut parts = Vec::new();
+    for (start, n) in [(0, 1), (1, 2), (3, 4), (7, 150), (157, 43)] {
+        parts.push(up.forward(&x.narrow(2, start, n)?, &mut state)?);
+    }
+    let chunked = Tensor::cat(&parts, 2)?;
+    r.check("conv transposed layer (gemm) chunked = whole", bf, rel_err(&chunked, &whole)?, 0.0);
     Ok(())
 }

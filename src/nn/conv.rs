@@ -85,6 +85,70 @@ enum ConvKernel {
     /// Depthwise (groups = channels): one `[1, C, 1]` weight per tap, applied as shifted
     /// multiply-adds (candle's grouped conv would run one conv per channel).
     Depthwise(Vec<Tensor>),
+    /// bf16 on CUDA: the `[c_out, k · c_in]` weight (taps outermost) of one implicit-GEMM kernel
+    /// that reads the history and the chunk in place and fuses the bias epilogue
+    /// ([`crate::nn::cuda_kernels::conv_gemm`]).
+    #[cfg(feature = "cuda")]
+    Gemm(Tensor),
+}
+
+/// Whether a bf16 layer whose weight lies on `weight`'s device runs on the implicit-GEMM
+/// convolution kernel ([`crate::nn::cuda_kernels::conv_gemm`]; `OMNITTS_DECODER_CONV_GEMM=0` and
+/// `OMNITTS_DECODER_KERNELS=0` turn it off).
+#[cfg(feature = "cuda")]
+fn conv_gemm_for(weight: &Tensor) -> bool {
+    let switches = crate::nn::switches::Switches::get();
+    weight.device().is_cuda()
+        && weight.dtype() == candle_core::DType::BF16
+        && switches.decoder_kernels
+        && switches.decoder_conv_gemm
+}
+
+/// `then` as the CUDA epilogue takes it; `None` when it has no kernel form (f64 SnakeBeta).
+#[cfg(feature = "cuda")]
+fn kernel_then<'a>(
+    then: Then<'_>,
+    snake_params: &'a mut Option<(Tensor, Tensor)>,
+) -> Option<crate::nn::cuda_kernels::bias_epilogue::Then<'a>> {
+    use crate::nn::cuda_kernels::bias_epilogue::Then as K;
+    match then {
+        Then::Nothing => Some(K::Nothing),
+        Then::Residual(_) => None,
+        Then::Snake(s) => {
+            *snake_params = Some(s.kernel_params()?);
+            let (frequency, inv_magnitude) = snake_params.as_ref()?;
+            Some(K::Snake {
+                frequency,
+                inv_magnitude,
+            })
+        }
+    }
+}
+
+/// The history a causal layer needs before a chunk of `x` `[b, c, n]`: `slot`'s, or zeros before
+/// the first chunk; `[b, c, ctx]`. Errors if the stored history does not fit `x`.
+fn take_history(slot: &mut Option<Tensor>, x: &Tensor, ctx: usize, what: &str) -> Result<Tensor> {
+    let (b, c, _) = x.dims3()?;
+    match slot.take() {
+        Some(h) if h.dims3()? == (b, c, ctx) => Ok(h),
+        Some(h) => bail!(
+            "{what}: state shape {:?} does not fit input {:?}",
+            h.shape(),
+            x.shape()
+        ),
+        None => Tensor::zeros((b, c, ctx), x.dtype(), x.device()),
+    }
+}
+
+/// The last `ctx` samples of `[history, x]` along time (the history after the chunk `x`).
+#[cfg(feature = "cuda")]
+fn next_history(history: &Tensor, x: &Tensor, ctx: usize) -> Result<Tensor> {
+    let n = x.dim(2)?;
+    if n >= ctx {
+        x.narrow(2, n - ctx, ctx)?.contiguous()
+    } else {
+        Tensor::cat(&[history, x], 2)?.narrow(2, n, ctx)?.contiguous()
+    }
 }
 
 /// Causal, stride-1 1-D convolution: left zero padding of `(k - 1) * dilation`, no right padding,
@@ -192,6 +256,14 @@ fn stack_rows(rows: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
             like.shape()
         )
     }
+    #[cfg(feature = "cuda")]
+    if like.device().is_cuda()
+        && matches!(like.dtype(), candle_core::DType::BF16 | candle_core::DType::F32)
+        && crate::nn::switches::Switches::get().decoder_kernels
+        && parts.iter().all(|p| p.is_contiguous())
+    {
+        return Ok(Some(crate::nn::cuda_kernels::gather_rows::gather_rows(&parts)?));
+    }
     Ok(Some(Tensor::cat(&parts, 0)?))
 }
 
@@ -228,6 +300,15 @@ impl StreamingCausalConv1d {
             if kernel_size == 1 {
                 ConvKernel::Pointwise(weight.squeeze(2)?.contiguous()?)
             } else {
+                #[cfg(feature = "cuda")]
+                if conv_gemm_for(&weight) {
+                    // [c_out, c_in, k] -> [c_out, k, c_in] -> [c_out, k · c_in]
+                    let w = weight.transpose(1, 2)?.contiguous()?;
+                    ConvKernel::Gemm(w.reshape((out_channels, kernel_size * in_per_group))?)
+                } else {
+                    ConvKernel::Dense(weight.contiguous()?)
+                }
+                #[cfg(not(feature = "cuda"))]
                 ConvKernel::Dense(weight.contiguous()?)
             }
         } else if in_per_group == 1 && groups == out_channels {
@@ -296,18 +377,14 @@ impl StreamingCausalConv1d {
             )
         }
         let ctx = self.context();
+        #[cfg(feature = "cuda")]
+        if let ConvKernel::Gemm(w) = &self.kernel {
+            return self.forward_gemm(w, x, state, then);
+        }
         let padded = if ctx == 0 {
             x.clone()
         } else {
-            let history = match state.history.take() {
-                Some(h) if h.dims3()? == (b, c, ctx) => h,
-                Some(h) => bail!(
-                    "causal conv: state shape {:?} does not fit input {:?}",
-                    h.shape(),
-                    x.shape()
-                ),
-                None => Tensor::zeros((b, c, ctx), x.dtype(), x.device())?,
-            };
+            let history = take_history(&mut state.history, x, ctx, "causal conv")?;
             let padded = Tensor::cat(&[&history, x], 2)?;
             state.history = Some(padded.narrow(2, n, ctx)?.contiguous()?);
             padded
@@ -324,8 +401,54 @@ impl StreamingCausalConv1d {
                 }
                 acc
             }
+            #[cfg(feature = "cuda")]
+            ConvKernel::Gemm(_) => bail!("causal conv: the GEMM kernel runs in forward_gemm"),
         };
         bias_then(y, self.bias.as_ref(), then)
+    }
+
+    /// [`Self::forward_then`] on the implicit-GEMM kernel (`w` `[c_out, k · c_in]`, bf16 on CUDA):
+    /// no concatenation of the history, the bias and `then` in the kernel's epilogue (a residual
+    /// add, or a SnakeBeta without kernel parameters, after it).
+    #[cfg(feature = "cuda")]
+    fn forward_gemm(
+        &self,
+        w: &Tensor,
+        x: &Tensor,
+        state: &mut CausalConvState,
+        then: Then<'_>,
+    ) -> Result<Tensor> {
+        use crate::nn::cuda_kernels::bias_epilogue::Then as K;
+        use crate::nn::cuda_kernels::conv_gemm::{ConvShape, conv_gemm};
+        let ctx = self.context();
+        let x = x.contiguous()?;
+        let history = take_history(&mut state.history, &x, ctx, "causal conv")?;
+        let shape = ConvShape {
+            taps: self.kernel_size,
+            dilation: self.dilation,
+            phases: 1,
+        };
+        let bias = self.bias.as_ref().map(|b| b.flatten_all()).transpose()?;
+        let mut snake_params = None;
+        let fused = match (&bias, then) {
+            (Some(_), Then::Residual(r)) if r.dtype() == x.dtype() => {
+                let r = r.contiguous()?;
+                conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), K::Residual(&r))?
+            }
+            (Some(_), _) => match kernel_then(then, &mut snake_params) {
+                Some(k) => conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), k)?,
+                None => {
+                    let y = conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), K::Nothing)?;
+                    bias_then(y, None, then)?
+                }
+            },
+            (None, _) => {
+                let y = conv_gemm(w, Some(&history), &x, shape, None, K::Nothing)?;
+                bias_then(y, None, then)?
+            }
+        };
+        state.history = Some(next_history(&history, &x, ctx)?);
+        Ok(fused)
     }
 }
 
@@ -340,6 +463,12 @@ pub struct StreamingCausalConvTranspose1d {
     /// On CUDA: the weight zero-padded to `⌈k / s⌉ · s` taps and viewed as one matrix,
     /// `[c_in, c_out · ⌈k / s⌉ · s]`, for [`Self::full_output_gemm`].
     weight_gemm: Option<Tensor>,
+    /// bf16 on CUDA: the weight of the implicit-GEMM kernel
+    /// ([`crate::nn::cuda_kernels::conv_gemm`]), `[c_out · s, q · c_in]` with `q = ⌈k / s⌉`: row
+    /// `co · s + r`, tap `j` holds the weight's tap `(q - 1 - j) · s + r` (zero past `k`). The layer
+    /// then keeps the last `q - 1` input frames as its state instead of the overlap tail.
+    #[cfg(feature = "cuda")]
+    conv_gemm: Option<Tensor>,
     /// `[1, c_out, 1]`.
     bias: Option<Tensor>,
     in_channels: usize,
@@ -353,12 +482,15 @@ pub struct StreamingCausalConvTranspose1d {
 #[derive(Debug, Clone, Default)]
 pub struct ConvTransposeState {
     tail: Option<Tensor>,
+    /// On the implicit-GEMM kernel: the last `⌈k / s⌉ - 1` input frames, `[batch, c_in, q - 1]`.
+    history: Option<Tensor>,
 }
 
 impl ConvTransposeState {
     /// Forget the past (the next chunk starts a new signal).
     pub fn reset(&mut self) {
         self.tail = None;
+        self.history = None;
     }
 
     /// Stacks the states of streams (each of batch 1) along the batch dimension, in order, for
@@ -367,9 +499,11 @@ impl ConvTransposeState {
     ///
     /// Errors if the tails differ in shape (states of different layers).
     pub fn stack(states: &[&Self]) -> Result<Self> {
-        let rows: Vec<_> = states.iter().map(|s| s.tail.as_ref()).collect();
+        let tails: Vec<_> = states.iter().map(|s| s.tail.as_ref()).collect();
+        let histories: Vec<_> = states.iter().map(|s| s.history.as_ref()).collect();
         Ok(Self {
-            tail: stack_rows(&rows)?,
+            tail: stack_rows(&tails)?,
+            history: stack_rows(&histories)?,
         })
     }
 
@@ -378,7 +512,8 @@ impl ConvTransposeState {
     pub fn split(self, n: usize) -> Result<Vec<Self>> {
         Ok(split_rows(self.tail, n)?
             .into_iter()
-            .map(|tail| Self { tail })
+            .zip(split_rows(self.history, n)?)
+            .map(|(tail, history)| Self { tail, history })
             .collect())
     }
 }
@@ -411,9 +546,17 @@ impl StreamingCausalConvTranspose1d {
         } else {
             None
         };
+        #[cfg(feature = "cuda")]
+        let conv_gemm = if conv_gemm_for(&weight) {
+            Some(conv_gemm_weight(&weight, stride)?)
+        } else {
+            None
+        };
         Ok(Self {
             weight: weight.contiguous()?,
             weight_gemm,
+            #[cfg(feature = "cuda")]
+            conv_gemm,
             bias,
             in_channels,
             out_channels,
@@ -495,6 +638,10 @@ impl StreamingCausalConvTranspose1d {
                 self.in_channels
             )
         }
+        #[cfg(feature = "cuda")]
+        if let Some(w) = &self.conv_gemm {
+            return self.forward_gemm(w, x, state);
+        }
         let s = self.stride;
         let overlap = self.kernel_size - s;
         // [b, c_out, (n - 1) * s + k] = [b, c_out, n * s + overlap]
@@ -520,6 +667,62 @@ impl StreamingCausalConvTranspose1d {
             None => y.contiguous(),
         }
     }
+}
+
+impl StreamingCausalConvTranspose1d {
+    /// [`Self::forward`] on the implicit-GEMM kernel (`w` from [`conv_gemm_weight`], bf16 on
+    /// CUDA): output sample `n · s + r` is `Σ_m W[:, :, m · s + r] · x[n - m]`, a causal
+    /// convolution of `q = ⌈k / s⌉` taps over the input frames with `s` output phases, so the state
+    /// is the last `q - 1` input frames and each output sample is computed the same way however
+    /// the signal is cut into chunks.
+    #[cfg(feature = "cuda")]
+    fn forward_gemm(
+        &self,
+        w: &Tensor,
+        x: &Tensor,
+        state: &mut ConvTransposeState,
+    ) -> Result<Tensor> {
+        use crate::nn::cuda_kernels::bias_epilogue::Then as K;
+        use crate::nn::cuda_kernels::conv_gemm::{ConvShape, conv_gemm};
+        let shape = ConvShape {
+            taps: self.kernel_size.div_ceil(self.stride),
+            dilation: 1,
+            phases: self.stride,
+        };
+        let ctx = shape.context();
+        let x = x.contiguous()?;
+        let history = if ctx == 0 {
+            None
+        } else {
+            Some(take_history(&mut state.history, &x, ctx, "causal transposed conv")?)
+        };
+        let bias = self.bias.as_ref().map(|b| b.flatten_all()).transpose()?;
+        let y = conv_gemm(w, history.as_ref(), &x, shape, bias.as_ref(), K::Nothing)?;
+        if let Some(h) = &history {
+            state.history = Some(next_history(h, &x, ctx)?);
+        }
+        Ok(y)
+    }
+}
+
+/// A causal transposed convolution's `[c_in, c_out, k]` weight as the implicit-GEMM kernel takes
+/// it (see [`StreamingCausalConvTranspose1d::forward_gemm`]): zero-padded to `q · s` taps
+/// (`q = ⌈k / s⌉`), then `[c_out · s, q · c_in]` with row `co · s + r` and column `j · c_in + ci`
+/// holding tap `(q - 1 - j) · s + r` of `[ci, co]`.
+#[cfg(feature = "cuda")]
+fn conv_gemm_weight(weight: &Tensor, stride: usize) -> Result<Tensor> {
+    let (c_in, c_out, k) = weight.dims3()?;
+    let q = k.div_ceil(stride);
+    let reversed: Vec<u32> = (0..q as u32).rev().collect();
+    let reversed = Tensor::new(reversed.as_slice(), weight.device())?;
+    weight
+        .pad_with_zeros(2, 0, q * stride - k)?
+        .reshape((c_in, c_out, q, stride))? // tap m · s + r at [.., m, r]
+        .permute((1, 3, 2, 0))? // [c_out, s, q (m), c_in]
+        .contiguous()?
+        .index_select(&reversed, 2)? // m = q - 1 - j
+        .reshape((c_out * stride, q * c_in))?
+        .contiguous()
 }
 
 /// A transposed convolution's `[c_in, c_out, k]` weight zero-padded to `⌈k / s⌉ · s` taps and

@@ -51,6 +51,10 @@ pub struct Switches {
     /// `OMNITTS_DECODER_KERNELS`: Code2Wav's SnakeBeta as one kernel and its transposed
     /// convolutions as one product for all rows ([`crate::nn::conv`]).
     pub decoder_kernels: bool,
+    /// `OMNITTS_DECODER_CONV_GEMM`: a bf16 Code2Wav's convolutions and transposed convolutions as
+    /// one implicit-GEMM kernel each ([`crate::nn::cuda_kernels::conv_gemm`]; needs
+    /// `decoder_kernels`).
+    pub decoder_conv_gemm: bool,
     /// `OMNITTS_PREFILL_GRAPHS=0`: prompts run through the talker eagerly instead of replaying the
     /// prefill graphs (`models/qwen3_tts/graphs/prefill.rs`).
     pub prefill_graphs: bool,
@@ -89,6 +93,7 @@ impl Switches {
             batch_graphs: !is("OMNITTS_BATCH_GRAPHS", "0"),
             pinned_readback: !is("OMNITTS_PINNED_READBACK", "0"),
             decoder_kernels: !is("OMNITTS_DECODER_KERNELS", "0"),
+            decoder_conv_gemm: !is("OMNITTS_DECODER_CONV_GEMM", "0"),
             prefill_graphs: !is("OMNITTS_PREFILL_GRAPHS", "0"),
         }
     }
@@ -118,6 +123,7 @@ mod tests {
         assert!(s.batch_graphs);
         assert!(s.pinned_readback);
         assert!(s.decoder_kernels);
+        assert!(s.decoder_conv_gemm);
         assert!(s.prefill_graphs);
     }
 
@@ -132,8 +138,10 @@ mod tests {
             ("OMNITTS_BATCH_GRAPHS", "0"),
             ("OMNITTS_PINNED_READBACK", "0"),
             ("OMNITTS_DECODER_KERNELS", "0"),
+            ("OMNITTS_DECODER_CONV_GEMM", "0"),
             ("OMNITTS_PREFILL_GRAPHS", "0"),
         ]);
+        assert!(!s.decoder_conv_gemm);
         assert!(!s.pinned_readback);
         assert!(!s.prefill_graphs);
         assert!(!s.decoder_kernels);

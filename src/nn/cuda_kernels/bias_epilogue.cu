@@ -14,7 +14,7 @@
 // frequency and inv_magnitude [channels] f32 (mode 1), residual [rows, time] contiguous (mode 2).
 // Output out [rows, time] contiguous.
 // Launch: grid (rows, ceil(time / EPILOGUE_THREADS)), block EPILOGUE_THREADS threads.
-#include "common.cuh"
+#include "bias_epilogue.cuh"
 
 using namespace omnitts;
 
@@ -31,17 +31,10 @@ __device__ void bias_epilogue(const T* __restrict__ y, long y_stride, const T* _
     if (t >= time) return;
     const int c = (int)(row % channels);
     const long i = row * time + t;
-    const float h = round_to<T>(__fadd_rn(to_f(y[row * y_stride + t]), to_f(bias[c])));
-    float v;
-    if (MODE == 1) {
-        const float s = sinf(__fmul_rn(h, frequency[c]));
-        v = __fadd_rn(h, __fmul_rn(__fmul_rn(s, s), inv_magnitude[c]));
-    } else if (MODE == 2) {
-        v = __fadd_rn(to_f(residual[i]), h);
-    } else {
-        v = h;
-    }
-    out[i] = from_f<T>(v);
+    // MODE here: 0 bias, 1 bias + SnakeBeta, 2 bias + residual (epilogue_value's 1, 2, 3).
+    const float r = MODE == 2 ? to_f(residual[i]) : 0.f;
+    out[i] = from_f<T>(epilogue_value<T, MODE + 1>(to_f(y[row * y_stride + t]), c, bias,
+                                                   frequency, inv_magnitude, r));
 }
 
 #define BIAS_EPILOGUE_OP(T, MODE, NAME)                                                          \

@@ -19,6 +19,8 @@
 //! | [`rows_attention::rows_attention`] | a batched talker step's attention: `rope_attention` per row over the row's own KV cache at its own position, read from device tables |
 //! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (with `rope_attention`: 5 launches a layer) |
 //! | [`bias_epilogue::bias_epilogue`] | a Code2Wav convolution's bias add, with the SnakeBeta or residual add after it |
+//! | [`conv_gemm::conv_gemm`] | a bf16 Code2Wav convolution or transposed convolution: candle's im2col, GEMM and transposing copy (or GEMM, overlap-add and permute), the history concatenation and the bias epilogue, as one implicit GEMM on the tensor cores (`OMNITTS_DECODER_CONV_GEMM=0` turns it off) |
+//! | [`gather_rows::gather_rows`] | a batched Code2Wav pass's stacking of the streams' convolution states: one copy kernel per stream and layer |
 //! | [`kv_prefix::kv_prefix_copy`] | a prefill's keys/values copied from the prefill graphs' scratch cache into a stream's, layer by layer (56 copies for the 1.7B talker) |
 //! | [`snake_beta::snake_beta`] | the Code2Wav decoder's SnakeBeta (mul, sin, square, mul, add) |
 //! | [`decode_stack::decode_stack`] | a whole stack's decode step (every layer's kernels) in one persistent launch (opt-in: `OMNITTS_DECODE_STACK=1`) |
@@ -37,9 +39,11 @@
 pub mod add_rms_norm;
 pub mod argmax_embed;
 pub mod bias_epilogue;
+pub mod conv_gemm;
 pub mod decode_attention;
 pub mod decode_stack;
 pub mod embed_sum;
+pub mod gather_rows;
 pub mod fused_linear;
 pub mod gemv;
 pub mod kv_prefix;

@@ -1,0 +1,90 @@
+//! `bench_gpu --rows N,…`: stage 0 alone stepping N streams together with `ArModel::next_frames`
+//! (the batched frame graphs on CUDA), no Code2Wav beside it: ms per step of the whole batch and
+//! the stage-0 capacity it gives (N × 80 ms of audio per step). With `--profile`, one step in the
+//! middle of each timed run is the CUDA profiler's range (`ncu --profile-from-start off`), so the
+//! kernels of exactly one batched frame can be summed against its wall time.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use gstomnitts::models::qwen3_tts::{ArModel, ArSession, ArStep, SamplingParams, VoiceRequest};
+use serde_json::{Value, json};
+
+/// Starts (`true`) or stops the CUDA profiler's range (CUDA builds; a no-op elsewhere).
+pub fn profiler(on: bool) {
+    #[cfg(feature = "cuda")]
+    {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        // SAFETY: plain driver calls without arguments; the context is current on this thread.
+        let r = unsafe {
+            if on {
+                sys::cuProfilerStart()
+            } else {
+                sys::cuProfilerStop()
+            }
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            eprintln!("profiler range call returned {r:?}");
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = on;
+}
+
+/// One batched step of every session; errors if a session finished (EOS is unreachable here).
+fn step(ar: &ArModel, sessions: &mut [ArSession<'_>]) -> Result<()> {
+    let mut refs: Vec<&mut ArSession<'_>> = sessions.iter_mut().collect();
+    for r in ar.next_frames(&mut refs) {
+        match r? {
+            ArStep::Frame(_) => {}
+            ArStep::Finished(reason) => bail!("a stream finished early ({reason:?})"),
+        }
+    }
+    Ok(())
+}
+
+/// For each N in `rows`: N sessions of `req` started, 3 warm-up steps, then `frames` timed steps.
+/// Returns one JSON object per N (`rows`, `ms_per_step`, `audio_s_per_s`, `prefill_ms`).
+pub fn bench_rows(
+    ar: &ArModel,
+    req: &VoiceRequest,
+    sampling: &SamplingParams,
+    rows: &[usize],
+    frames: usize,
+    profile: bool,
+) -> Result<Vec<Value>> {
+    let mut sp = sampling.clone();
+    sp.max_new_tokens = frames + 8;
+    let mut out = Vec::new();
+    for &n in rows {
+        let t = Instant::now();
+        let mut sessions = (0..n)
+            .map(|_| ar.start(req, &sp))
+            .collect::<Result<Vec<_>, _>>()?;
+        let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
+        for _ in 0..3 {
+            step(ar, &mut sessions)?;
+        }
+        let t = Instant::now();
+        for i in 0..frames {
+            let marked = profile && i == frames / 2;
+            if marked {
+                profiler(true);
+            }
+            step(ar, &mut sessions)?;
+            if marked {
+                profiler(false);
+            }
+        }
+        let ms_per_step = t.elapsed().as_secs_f64() * 1e3 / frames.max(1) as f64;
+        let audio_s_per_s = n as f64 * 0.08 / (ms_per_step / 1e3);
+        eprintln!(
+            "stage 0 alone, {n} rows: {ms_per_step:.2} ms a step, {audio_s_per_s:.1} audio-s/s (prefill of all {prefill_ms:.0} ms)"
+        );
+        out.push(json!({
+            "rows": n, "ms_per_step": ms_per_step, "audio_s_per_s": audio_s_per_s,
+            "prefill_ms": prefill_ms, "frames": frames,
+        }));
+    }
+    Ok(out)
+}
