@@ -31,6 +31,7 @@ const KERNELS: &[&str] = &[
     "bias_epilogue",
     "conv_gemm",
     "gather_rows",
+    "shift_cols",
     "kv_prefix",
 ];
 /// Device functions shared between kernels (`#include`d by the .cu files above).

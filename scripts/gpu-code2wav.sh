@@ -10,14 +10,15 @@
 #  kernels  gpu_parity --check-kernels (needs gpu_parity in BIN_DIR): every fused kernel against the
 #           candle ops it replaces, the implicit-GEMM convolutions among them;
 #  c2w      bench_code2wav, 1.7B shapes: f32 / tf32 / bf16 at 1, 16, 64 streams, f32 without the
-#           decoder's CUDA kernels (OMNITTS_DECODER_KERNELS=0, the code before them) and bf16
-#           without the implicit-GEMM convolutions (OMNITTS_DECODER_CONV_GEMM=0);
+#           decoder's CUDA kernels (OMNITTS_DECODER_KERNELS=0, the code before them), and bf16 and
+#           f32 with the convolutions as candle's (OMNITTS_DECODER_CONV=candle) and bf16 as the
+#           WMMA kernel (OMNITTS_DECODER_CONV=wmma);
 #  rows     bench_gpu --rows ROWS: stage 0 alone stepping 1 … 64 streams together (no Code2Wav);
 #  ncu-rows Nsight Compute: time per kernel of one batched stage-0 step at 64 rows;
 #  voice    bench_code2wav on the bundled voice: deviation of tf32 / bf16 from f32;
 #  ncu      Nsight Compute: time per kernel of the f32 decoder's passes (64 streams);
 #  closed   bench_streams closed loop (STREAMS, 100 frames, greedy) for each PRECISIONS entry;
-#  closed-noconvgemm  the same in bf16 without the implicit-GEMM convolutions;
+#  closed-candle  the same with the convolutions as candle's (OMNITTS_DECODER_CONV=candle);
 #  open     bench_streams open loop (RATES, SEEDS, WARMUP_S + DURATION_S) with OPEN_PRECISION;
 #  fqb      faster-qwen3-tts-batch 0.2.0 on the same shapes (1.7B, B = 1, 16, 64, 250 frames) for the
 #           aggregate side by side: needs FQB_DIR, a folder with bench/ (the anchors' benchmark scripts)
@@ -52,8 +53,11 @@ if has kernels; then
 fi
 if has c2w; then
     run c2w-1.7b 150 "$bin/bench_code2wav" --model-dir /tmp/ckpt/1.7b --json "$out/c2w-1.7b.json"
-    run c2w-1.7b-noconvgemm 90 env OMNITTS_DECODER_CONV_GEMM=0 "$bin/bench_code2wav" --model-dir /tmp/ckpt/1.7b \
-        --precisions bf16 --json "$out/c2w-1.7b-noconvgemm.json"
+    for conv in candle wmma; do
+        p="bf16"; [ "$conv" = candle ] && p="bf16,f32"
+        run "c2w-1.7b-conv-$conv" 90 env OMNITTS_DECODER_CONV=$conv "$bin/bench_code2wav" \
+            --model-dir /tmp/ckpt/1.7b --precisions "$p" --json "$out/c2w-1.7b-conv-$conv.json"
+    done
     run c2w-1.7b-nokernels 90 env OMNITTS_DECODER_KERNELS=0 "$bin/bench_code2wav" --model-dir /tmp/ckpt/1.7b \
         --precisions f32 --json "$out/c2w-1.7b-nokernels.json"
 fi
@@ -85,10 +89,13 @@ if has closed; then
             --streams "$STREAMS" --frames "$CLOSED_FRAMES" $(flags "$p") --json "$out/closed-$p.json"
     done
 fi
-if has closed-noconvgemm; then
-    run closed-bf16-noconvgemm 120 env OMNITTS_DECODER_CONV_GEMM=0 "$bin/bench_streams" --model-dir /tmp/ckpt/1.7b \
-        --device cuda:0 --shared-only --streams "$STREAMS" --frames "$CLOSED_FRAMES" --decoder-dtype bfloat16 \
-        --json "$out/closed-bf16-noconvgemm.json"
+if has closed-candle; then
+    for p in $PRECISIONS; do
+        # shellcheck disable=SC2046
+        run "closed-$p-conv-candle" 120 env OMNITTS_DECODER_CONV=candle "$bin/bench_streams" \
+            --model-dir /tmp/ckpt/1.7b --device cuda:0 --shared-only --streams "$STREAMS" \
+            --frames "$CLOSED_FRAMES" $(flags "$p") --json "$out/closed-$p-conv-candle.json"
+    done
 fi
 if has open; then
     # shellcheck disable=SC2046

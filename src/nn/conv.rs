@@ -21,6 +21,8 @@
 use candle_core::{Result, Tensor, bail};
 
 use super::snake_beta::SnakeBeta;
+#[cfg(feature = "cuda")]
+use super::switches::DecoderConv;
 
 /// What follows a convolution's bias add; on CUDA the two run as one kernel
 /// ([`crate::nn::cuda_kernels::bias_epilogue`]), elsewhere as the tensor operations.
@@ -85,23 +87,28 @@ enum ConvKernel {
     /// Depthwise (groups = channels): one `[1, C, 1]` weight per tap, applied as shifted
     /// multiply-adds (candle's grouped conv would run one conv per channel).
     Depthwise(Vec<Tensor>),
-    /// bf16 on CUDA: the `[c_out, k · c_in]` weight (taps outermost) of one implicit-GEMM kernel
-    /// that reads the history and the chunk in place and fuses the bias epilogue
-    /// ([`crate::nn::cuda_kernels::conv_gemm`]).
+    /// On CUDA: the `[c_out, k · c_in]` weight (taps outermost) of the product over the history and
+    /// the chunk read in place ([`StreamingCausalConv1d::forward_product`]).
     #[cfg(feature = "cuda")]
-    Gemm(Tensor),
+    Product(Tensor, DecoderConv),
 }
 
-/// Whether a bf16 layer whose weight lies on `weight`'s device runs on the implicit-GEMM
-/// convolution kernel ([`crate::nn::cuda_kernels::conv_gemm`]; `OMNITTS_DECODER_CONV_GEMM=0` and
-/// `OMNITTS_DECODER_KERNELS=0` turn it off).
+/// How a layer whose weight is `weight` runs its product on CUDA when not as candle's convolution:
+/// [`DecoderConv::Cols`] or [`DecoderConv::Wmma`] (bf16 only), per `OMNITTS_DECODER_CONV` and
+/// `OMNITTS_DECODER_KERNELS`; `None` off CUDA, for other dtypes, or with `candle` chosen.
 #[cfg(feature = "cuda")]
-fn conv_gemm_for(weight: &Tensor) -> bool {
+fn product_kernel(weight: &Tensor) -> Option<DecoderConv> {
+    use candle_core::DType;
     let switches = crate::nn::switches::Switches::get();
-    weight.device().is_cuda()
-        && weight.dtype() == candle_core::DType::BF16
-        && switches.decoder_kernels
-        && switches.decoder_conv_gemm
+    if !weight.device().is_cuda() || !switches.decoder_kernels {
+        return None;
+    }
+    match (switches.decoder_conv, weight.dtype()) {
+        (DecoderConv::Candle, _) => None,
+        (DecoderConv::Wmma, DType::BF16) => Some(DecoderConv::Wmma),
+        (_, DType::BF16 | DType::F32) => Some(DecoderConv::Cols),
+        _ => None,
+    }
 }
 
 /// `then` as the CUDA epilogue takes it; `None` when it has no kernel form (f64 SnakeBeta).
@@ -301,10 +308,11 @@ impl StreamingCausalConv1d {
                 ConvKernel::Pointwise(weight.squeeze(2)?.contiguous()?)
             } else {
                 #[cfg(feature = "cuda")]
-                if conv_gemm_for(&weight) {
+                if let Some(kind) = product_kernel(&weight) {
                     // [c_out, c_in, k] -> [c_out, k, c_in] -> [c_out, k · c_in]
                     let w = weight.transpose(1, 2)?.contiguous()?;
-                    ConvKernel::Gemm(w.reshape((out_channels, kernel_size * in_per_group))?)
+                    let w = w.reshape((out_channels, kernel_size * in_per_group))?;
+                    ConvKernel::Product(w, kind)
                 } else {
                     ConvKernel::Dense(weight.contiguous()?)
                 }
@@ -378,8 +386,8 @@ impl StreamingCausalConv1d {
         }
         let ctx = self.context();
         #[cfg(feature = "cuda")]
-        if let ConvKernel::Gemm(w) = &self.kernel {
-            return self.forward_gemm(w, x, state, then);
+        if let ConvKernel::Product(w, kind) = &self.kernel {
+            return self.forward_product(w, *kind, x, state, then);
         }
         let padded = if ctx == 0 {
             x.clone()
@@ -402,24 +410,29 @@ impl StreamingCausalConv1d {
                 acc
             }
             #[cfg(feature = "cuda")]
-            ConvKernel::Gemm(_) => bail!("causal conv: the GEMM kernel runs in forward_gemm"),
+            ConvKernel::Product(..) => bail!("causal conv: the product runs in forward_product"),
         };
         bias_then(y, self.bias.as_ref(), then)
     }
 
-    /// [`Self::forward_then`] on the implicit-GEMM kernel (`w` `[c_out, k · c_in]`, bf16 on CUDA):
-    /// no concatenation of the history, the bias and `then` in the kernel's epilogue (a residual
-    /// add, or a SnakeBeta without kernel parameters, after it).
+    /// [`Self::forward_then`] as one product over the history and the chunk read in place (`w`
+    /// `[c_out, k · c_in]`, on CUDA): [`DecoderConv::Cols`] writes the product input tap-major
+    /// ([`shift_cols`](crate::nn::cuda_kernels::shift_cols::shift_cols)) for one batched GEMM whose
+    /// output is already `[b, c_out, n]`, then the bias epilogue; [`DecoderConv::Wmma`] runs
+    /// [`conv_gemm`](crate::nn::cuda_kernels::conv_gemm::conv_gemm) with the bias and `then` fused
+    /// (a residual add, or a SnakeBeta without kernel parameters, after it).
     #[cfg(feature = "cuda")]
-    fn forward_gemm(
+    fn forward_product(
         &self,
         w: &Tensor,
+        kind: DecoderConv,
         x: &Tensor,
         state: &mut CausalConvState,
         then: Then<'_>,
     ) -> Result<Tensor> {
         use crate::nn::cuda_kernels::bias_epilogue::Then as K;
-        use crate::nn::cuda_kernels::conv_gemm::{ConvShape, conv_gemm};
+        use crate::nn::cuda_kernels::conv_gemm::conv_gemm;
+        use crate::nn::cuda_kernels::shift_cols::{ConvShape, shift_cols};
         let ctx = self.context();
         let x = x.contiguous()?;
         let history = take_history(&mut state.history, &x, ctx, "causal conv")?;
@@ -428,27 +441,33 @@ impl StreamingCausalConv1d {
             dilation: self.dilation,
             phases: 1,
         };
-        let bias = self.bias.as_ref().map(|b| b.flatten_all()).transpose()?;
-        let mut snake_params = None;
-        let fused = match (&bias, then) {
-            (Some(_), Then::Residual(r)) if r.dtype() == x.dtype() => {
-                let r = r.contiguous()?;
-                conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), K::Residual(&r))?
-            }
-            (Some(_), _) => match kernel_then(then, &mut snake_params) {
-                Some(k) => conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), k)?,
-                None => {
-                    let y = conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), K::Nothing)?;
+        let y = if kind == DecoderConv::Wmma {
+            let bias = self.bias.as_ref().map(|b| b.flatten_all()).transpose()?;
+            let mut snake_params = None;
+            match (&bias, then) {
+                (Some(_), Then::Residual(r)) if r.dtype() == x.dtype() => {
+                    let r = r.contiguous()?;
+                    conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), K::Residual(&r))?
+                }
+                (Some(_), _) => match kernel_then(then, &mut snake_params) {
+                    Some(k) => conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), k)?,
+                    None => {
+                        let y = conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), K::Nothing)?;
+                        bias_then(y, None, then)?
+                    }
+                },
+                (None, _) => {
+                    let y = conv_gemm(w, Some(&history), &x, shape, None, K::Nothing)?;
                     bias_then(y, None, then)?
                 }
-            },
-            (None, _) => {
-                let y = conv_gemm(w, Some(&history), &x, shape, None, K::Nothing)?;
-                bias_then(y, None, then)?
             }
+        } else {
+            let cols = shift_cols(Some(&history), &x, shape)?; // [b, k · c_in, n]
+            let y = w.broadcast_left(x.dim(0)?)?.matmul(&cols)?; // [b, c_out, n]
+            bias_then(y, self.bias.as_ref(), then)?
         };
         state.history = Some(next_history(&history, &x, ctx)?);
-        Ok(fused)
+        Ok(y)
     }
 }
 
@@ -463,12 +482,15 @@ pub struct StreamingCausalConvTranspose1d {
     /// On CUDA: the weight zero-padded to `⌈k / s⌉ · s` taps and viewed as one matrix,
     /// `[c_in, c_out · ⌈k / s⌉ · s]`, for [`Self::full_output_gemm`].
     weight_gemm: Option<Tensor>,
-    /// bf16 on CUDA: the weight of the implicit-GEMM kernel
-    /// ([`crate::nn::cuda_kernels::conv_gemm`]), `[c_out · s, q · c_in]` with `q = ⌈k / s⌉`: row
-    /// `co · s + r`, tap `j` holds the weight's tap `(q - 1 - j) · s + r` (zero past `k`). The layer
-    /// then keeps the last `q - 1` input frames as its state instead of the overlap tail.
+    /// On CUDA: the weight of the product by phases ([`Self::forward_product`]), `[c_out · s,
+    /// q · c_in]` with `q = ⌈k / s⌉`: row `co · s + r`, tap `j` holds the weight's tap
+    /// `(q - 1 - j) · s + r` (zero past `k`), and how it runs. The layer then keeps the last `q - 1`
+    /// input frames as its state instead of the overlap tail.
     #[cfg(feature = "cuda")]
-    conv_gemm: Option<Tensor>,
+    product: Option<(Tensor, DecoderConv)>,
+    /// `[c_out]`: the bias, or zeros without one (the product's epilogue adds it).
+    #[cfg(feature = "cuda")]
+    bias_flat: Tensor,
     /// `[1, c_out, 1]`.
     bias: Option<Tensor>,
     in_channels: usize,
@@ -547,16 +569,22 @@ impl StreamingCausalConvTranspose1d {
             None
         };
         #[cfg(feature = "cuda")]
-        let conv_gemm = if conv_gemm_for(&weight) {
-            Some(conv_gemm_weight(&weight, stride)?)
-        } else {
-            None
+        let product = match product_kernel(&weight) {
+            Some(kind) => Some((product_weight(&weight, stride)?, kind)),
+            None => None,
+        };
+        #[cfg(feature = "cuda")]
+        let bias_flat = match &bias {
+            Some(b) => b.flatten_all()?,
+            None => Tensor::zeros(out_channels, weight.dtype(), weight.device())?,
         };
         Ok(Self {
             weight: weight.contiguous()?,
             weight_gemm,
             #[cfg(feature = "cuda")]
-            conv_gemm,
+            product,
+            #[cfg(feature = "cuda")]
+            bias_flat,
             bias,
             in_channels,
             out_channels,
@@ -639,8 +667,8 @@ impl StreamingCausalConvTranspose1d {
             )
         }
         #[cfg(feature = "cuda")]
-        if let Some(w) = &self.conv_gemm {
-            return self.forward_gemm(w, x, state);
+        if let Some((w, kind)) = &self.product {
+            return self.forward_product(w, *kind, x, state);
         }
         let s = self.stride;
         let overlap = self.kernel_size - s;
@@ -670,20 +698,26 @@ impl StreamingCausalConvTranspose1d {
 }
 
 impl StreamingCausalConvTranspose1d {
-    /// [`Self::forward`] on the implicit-GEMM kernel (`w` from [`conv_gemm_weight`], bf16 on
-    /// CUDA): output sample `n · s + r` is `Σ_m W[:, :, m · s + r] · x[n - m]`, a causal
-    /// convolution of `q = ⌈k / s⌉` taps over the input frames with `s` output phases, so the state
-    /// is the last `q - 1` input frames and each output sample is computed the same way however
-    /// the signal is cut into chunks.
+    /// [`Self::forward`] as one product by phases (`w` from [`product_weight`], on CUDA): output
+    /// sample `n · s + r` is `Σ_m W[:, :, m · s + r] · x[n - m]`, a causal convolution of
+    /// `q = ⌈k / s⌉` taps over the input frames with `s` output phases, so the state is the last
+    /// `q - 1` input frames and each output sample is computed the same way however the signal is
+    /// cut into chunks. [`DecoderConv::Cols`]: the tap-major product input
+    /// ([`shift_cols`](crate::nn::cuda_kernels::shift_cols::shift_cols)), one GEMM
+    /// `[b, c_out · s, n]`, and the bias epilogue interleaving the phases
+    /// ([`bias_epilogue_phased`](crate::nn::cuda_kernels::bias_epilogue::bias_epilogue_phased));
+    /// [`DecoderConv::Wmma`]: [`conv_gemm`](crate::nn::cuda_kernels::conv_gemm::conv_gemm).
     #[cfg(feature = "cuda")]
-    fn forward_gemm(
+    fn forward_product(
         &self,
         w: &Tensor,
+        kind: DecoderConv,
         x: &Tensor,
         state: &mut ConvTransposeState,
     ) -> Result<Tensor> {
-        use crate::nn::cuda_kernels::bias_epilogue::Then as K;
-        use crate::nn::cuda_kernels::conv_gemm::{ConvShape, conv_gemm};
+        use crate::nn::cuda_kernels::bias_epilogue::{Then as K, bias_epilogue_phased};
+        use crate::nn::cuda_kernels::conv_gemm::conv_gemm;
+        use crate::nn::cuda_kernels::shift_cols::{ConvShape, shift_cols};
         let shape = ConvShape {
             taps: self.kernel_size.div_ceil(self.stride),
             dilation: 1,
@@ -696,8 +730,14 @@ impl StreamingCausalConvTranspose1d {
         } else {
             Some(take_history(&mut state.history, &x, ctx, "causal transposed conv")?)
         };
-        let bias = self.bias.as_ref().map(|b| b.flatten_all()).transpose()?;
-        let y = conv_gemm(w, history.as_ref(), &x, shape, bias.as_ref(), K::Nothing)?;
+        let bias = Some(&self.bias_flat);
+        let y = if kind == DecoderConv::Wmma {
+            conv_gemm(w, history.as_ref(), &x, shape, bias, K::Nothing)?
+        } else {
+            let cols = shift_cols(history.as_ref(), &x, shape)?; // [b, q · c_in, n]
+            let z = w.broadcast_left(x.dim(0)?)?.matmul(&cols)?; // [b, c_out · s, n]
+            bias_epilogue_phased(&z, self.stride, &self.bias_flat, K::Nothing)?
+        };
         if let Some(h) = &history {
             state.history = Some(next_history(h, &x, ctx)?);
         }
@@ -705,12 +745,12 @@ impl StreamingCausalConvTranspose1d {
     }
 }
 
-/// A causal transposed convolution's `[c_in, c_out, k]` weight as the implicit-GEMM kernel takes
-/// it (see [`StreamingCausalConvTranspose1d::forward_gemm`]): zero-padded to `q · s` taps
+/// A causal transposed convolution's `[c_in, c_out, k]` weight as its product by phases takes it
+/// (see [`StreamingCausalConvTranspose1d::forward_product`]): zero-padded to `q · s` taps
 /// (`q = ⌈k / s⌉`), then `[c_out · s, q · c_in]` with row `co · s + r` and column `j · c_in + ci`
 /// holding tap `(q - 1 - j) · s + r` of `[ci, co]`.
 #[cfg(feature = "cuda")]
-fn conv_gemm_weight(weight: &Tensor, stride: usize) -> Result<Tensor> {
+pub fn product_weight(weight: &Tensor, stride: usize) -> Result<Tensor> {
     let (c_in, c_out, k) = weight.dims3()?;
     let q = k.div_ceil(stride);
     let reversed: Vec<u32> = (0..q as u32).rev().collect();

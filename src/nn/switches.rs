@@ -11,6 +11,7 @@
 //! | `OMNITTS_CP_FRAME_GRAPH` | `0` one code-predictor CUDA graph per step instead of one per frame | one per frame |
 //! | `OMNITTS_BATCH_GRAPHS` | `0` batched frames of several streams eager instead of on the batched frame graphs | graphs |
 //! | `OMNITTS_DECODER_KERNELS` | `0` Code2Wav's SnakeBeta as five tensor operations and its transposed convolutions as candle's, row by row | one kernel; one product for all rows |
+//! | `OMNITTS_DECODER_CONV` | `candle` Code2Wav's convolutions as candle's `conv1d` (im2col, GEMM, transposing copy) and transposed convolutions as one product and an overlap-add; `wmma` both as one implicit-GEMM kernel (bf16 only) | `cols`: tap-major product input read in place, one GEMM writing `[batch, channels, time]`, the bias epilogue after it |
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
 //! | `OMNITTS_PREFILL_GRAPHS` | `0` prompts through the talker eagerly instead of on the prefill graphs | graphs |
 //!
@@ -28,6 +29,21 @@ pub enum FusedKernels {
     PerLayer,
     /// Every kernel: the one-row matmuls and the frame kernels too (5 launches per layer).
     All,
+}
+
+/// How Code2Wav's convolutions run on CUDA (`OMNITTS_DECODER_CONV`; with `OMNITTS_DECODER_KERNELS`
+/// on); see [`crate::nn::conv`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecoderConv {
+    /// candle's `conv1d` (a concatenation with the history, im2col, GEMM, transposing copy); the
+    /// transposed convolutions as one product and an overlap-add.
+    Candle,
+    /// The product input written tap-major from the history and the chunk in place
+    /// ([`crate::nn::cuda_kernels::shift_cols`]), one GEMM, the bias epilogue.
+    Cols,
+    /// One implicit-GEMM WMMA kernel with the epilogue fused ([`crate::nn::cuda_kernels::conv_gemm`],
+    /// bf16 only; f32 runs as `Cols`).
+    Wmma,
 }
 
 /// The switches' values (see the module documentation).
@@ -51,10 +67,8 @@ pub struct Switches {
     /// `OMNITTS_DECODER_KERNELS`: Code2Wav's SnakeBeta as one kernel and its transposed
     /// convolutions as one product for all rows ([`crate::nn::conv`]).
     pub decoder_kernels: bool,
-    /// `OMNITTS_DECODER_CONV_GEMM`: a bf16 Code2Wav's convolutions and transposed convolutions as
-    /// one implicit-GEMM kernel each ([`crate::nn::cuda_kernels::conv_gemm`]; needs
-    /// `decoder_kernels`).
-    pub decoder_conv_gemm: bool,
+    /// `OMNITTS_DECODER_CONV`: how Code2Wav's convolutions run (needs `decoder_kernels`).
+    pub decoder_conv: DecoderConv,
     /// `OMNITTS_PREFILL_GRAPHS=0`: prompts run through the talker eagerly instead of replaying the
     /// prefill graphs (`models/qwen3_tts/graphs/prefill.rs`).
     pub prefill_graphs: bool,
@@ -93,7 +107,11 @@ impl Switches {
             batch_graphs: !is("OMNITTS_BATCH_GRAPHS", "0"),
             pinned_readback: !is("OMNITTS_PINNED_READBACK", "0"),
             decoder_kernels: !is("OMNITTS_DECODER_KERNELS", "0"),
-            decoder_conv_gemm: !is("OMNITTS_DECODER_CONV_GEMM", "0"),
+            decoder_conv: match value("OMNITTS_DECODER_CONV").as_deref() {
+                Some("candle") => DecoderConv::Candle,
+                Some("wmma") => DecoderConv::Wmma,
+                _ => DecoderConv::Cols,
+            },
             prefill_graphs: !is("OMNITTS_PREFILL_GRAPHS", "0"),
         }
     }
@@ -123,7 +141,7 @@ mod tests {
         assert!(s.batch_graphs);
         assert!(s.pinned_readback);
         assert!(s.decoder_kernels);
-        assert!(s.decoder_conv_gemm);
+        assert_eq!(s.decoder_conv, DecoderConv::Cols);
         assert!(s.prefill_graphs);
     }
 
@@ -138,10 +156,14 @@ mod tests {
             ("OMNITTS_BATCH_GRAPHS", "0"),
             ("OMNITTS_PINNED_READBACK", "0"),
             ("OMNITTS_DECODER_KERNELS", "0"),
-            ("OMNITTS_DECODER_CONV_GEMM", "0"),
+            ("OMNITTS_DECODER_CONV", " wmma"),
             ("OMNITTS_PREFILL_GRAPHS", "0"),
         ]);
-        assert!(!s.decoder_conv_gemm);
+        assert_eq!(s.decoder_conv, DecoderConv::Wmma);
+        assert_eq!(
+            with(&[("OMNITTS_DECODER_CONV", "candle")]).decoder_conv,
+            DecoderConv::Candle
+        );
         assert!(!s.pinned_readback);
         assert!(!s.prefill_graphs);
         assert!(!s.decoder_kernels);

@@ -11,6 +11,8 @@
 // separate SnakeBeta / residual passes.
 //
 // Inputs: y rows at y + r * y_stride (r = b * channels + c; each `time` wide), bias [channels] (T),
+// or, with phases > 1 (a transposed convolution's product [batch, channels * phases, time / phases]),
+// output sample t of row r at y[(r * phases + t % phases) * y_stride + t / phases];
 // frequency and inv_magnitude [channels] f32 (mode 1), residual [rows, time] contiguous (mode 2).
 // Output out [rows, time] contiguous.
 // Launch: grid (rows, ceil(time / EPILOGUE_THREADS)), block EPILOGUE_THREADS threads.
@@ -25,7 +27,7 @@ __device__ void bias_epilogue(const T* __restrict__ y, long y_stride, const T* _
                               const float* __restrict__ frequency,
                               const float* __restrict__ inv_magnitude,
                               const T* __restrict__ residual, T* __restrict__ out, int channels,
-                              int time) {
+                              int time, int phases) {
     const long row = blockIdx.x;
     const int t = blockIdx.y * blockDim.x + threadIdx.x;
     if (t >= time) return;
@@ -33,16 +35,18 @@ __device__ void bias_epilogue(const T* __restrict__ y, long y_stride, const T* _
     const long i = row * time + t;
     // MODE here: 0 bias, 1 bias + SnakeBeta, 2 bias + residual (epilogue_value's 1, 2, 3).
     const float r = MODE == 2 ? to_f(residual[i]) : 0.f;
-    out[i] = from_f<T>(epilogue_value<T, MODE + 1>(to_f(y[row * y_stride + t]), c, bias,
-                                                   frequency, inv_magnitude, r));
+    const long yi = (row * phases + t % phases) * y_stride + t / phases;
+    out[i] = from_f<T>(epilogue_value<T, MODE + 1>(to_f(y[yi]), c, bias, frequency,
+                                                   inv_magnitude, r));
 }
 
 #define BIAS_EPILOGUE_OP(T, MODE, NAME)                                                          \
     extern "C" __global__ void __launch_bounds__(EPILOGUE_THREADS)                              \
         NAME(const T* y, long y_stride, const T* bias, const float* frequency,                  \
-             const float* inv_magnitude, const T* residual, T* out, int channels, int time) {   \
+             const float* inv_magnitude, const T* residual, T* out, int channels, int time,     \
+             int phases) {                                                                       \
         bias_epilogue<T, MODE>(y, y_stride, bias, frequency, inv_magnitude, residual, out,      \
-                               channels, time);                                                 \
+                               channels, time, phases);                                         \
     }
 
 BIAS_EPILOGUE_OP(__nv_bfloat16, 0, bias_add_bf16)

@@ -32,15 +32,46 @@ pub enum Then<'a> {
 ///
 /// Errors if shapes, dtypes or layouts disagree, or `y` is not on a CUDA device.
 pub fn bias_epilogue(y: &Tensor, bias: &Tensor, then: Then<'_>) -> Result<Tensor> {
+    launch(y, 1, bias, then)
+}
+
+/// [`bias_epilogue`] of a transposed convolution's product by phases: `z` `[batch, channels ·
+/// phases, n]` (contiguous; row `c · phases + r` holds output samples `m · phases + r`) gives
+/// `[batch, channels, n · phases]` with `out[b, c, m · phases + r] = then(z[b, c · phases + r, m] +
+/// bias[c])`.
+///
+/// Errors as [`bias_epilogue`], or if `z` is not contiguous or its rows are not a multiple of
+/// `phases`.
+pub fn bias_epilogue_phased(
+    z: &Tensor,
+    phases: usize,
+    bias: &Tensor,
+    then: Then<'_>,
+) -> Result<Tensor> {
+    launch(z, phases, bias, then)
+}
+
+/// [`bias_epilogue`] (`phases` 1) and [`bias_epilogue_phased`].
+fn launch(y: &Tensor, phases: usize, bias: &Tensor, then: Then<'_>) -> Result<Tensor> {
     let dtype = y.dtype();
-    let (b, c, t) = y.dims3()?;
+    let (b, rows, n) = y.dims3()?;
+    if phases == 0 || rows % phases != 0 || (phases > 1 && !y.is_contiguous()) {
+        candle_core::bail!(
+            "bias_epilogue: {:?} (strides {:?}) is not a product of {phases} phases",
+            y.dims(),
+            y.layout().stride()
+        );
+    }
+    let (c, t) = (rows / phases, n * phases);
     expect(bias, dtype, "conv bias")?;
     if bias.dims1()? != c {
         candle_core::bail!("bias_epilogue: {c} channels, bias {:?}", bias.dims());
     }
     // Row r = batch index · channels + channel sits at r · y_stride.
     let stride = y.layout().stride();
-    let y_stride = if stride[2] != 1 {
+    let y_stride = if phases > 1 {
+        Some(n)
+    } else if stride[2] != 1 {
         None
     } else if c == 1 {
         Some(stride[0])
@@ -104,7 +135,8 @@ pub fn bias_epilogue(y: &Tensor, bias: &Tensor, then: Then<'_>) -> Result<Tensor
         .ptr(or_out(&pr))
         .ptr(po.addr)
         .i32(c)?
-        .i32(t)?;
+        .i32(t)?
+        .i32(phases)?;
     let rows = u32::try_from(b * c)
         .map_err(|_| candle_core::Error::Msg(format!("bias_epilogue: {} rows", b * c)))?;
     let cfg = LaunchConfig {

@@ -8,6 +8,7 @@ use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
 use super::bias_epilogue::Then;
+pub use super::shift_cols::ConvShape;
 use super::{Args, cuda_device, dev_ptr, empty, expect};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/conv_gemm.ptx"));
@@ -16,24 +17,6 @@ const MODULE: &str = "omnitts_conv_gemm";
 const THREADS: u32 = 128;
 const TILE_ROWS: usize = 64;
 const TILE_COLS: usize = 64;
-
-/// The shape of one convolution for [`conv_gemm`].
-#[derive(Debug, Clone, Copy)]
-pub struct ConvShape {
-    /// Taps of the product (`k` for a convolution, `⌈k / s⌉` for a transposed one).
-    pub taps: usize,
-    /// Input positions between taps (1 for a transposed convolution).
-    pub dilation: usize,
-    /// Output samples per input position (1, or the transposed convolution's stride `s`).
-    pub phases: usize,
-}
-
-impl ConvShape {
-    /// Input positions of past context the product reads before a chunk: `(taps - 1) · dilation`.
-    pub fn context(&self) -> usize {
-        (self.taps - 1) * self.dilation
-    }
-}
 
 /// The convolution of the input `[hist, x]` (concatenated along time, never materialised):
 /// `out[b, m / phases, n · phases + m % phases] = then(bias + Σ_{j, ci} w[m, j · cin + ci] ·

@@ -21,6 +21,7 @@
 //! | [`bias_epilogue::bias_epilogue`] | a Code2Wav convolution's bias add, with the SnakeBeta or residual add after it |
 //! | [`conv_gemm::conv_gemm`] | a bf16 Code2Wav convolution or transposed convolution: candle's im2col, GEMM and transposing copy (or GEMM, overlap-add and permute), the history concatenation and the bias epilogue, as one implicit GEMM on the tensor cores (`OMNITTS_DECODER_CONV_GEMM=0` turns it off) |
 //! | [`gather_rows::gather_rows`] | a batched Code2Wav pass's stacking of the streams' convolution states: one copy kernel per stream and layer |
+//! | [`shift_cols::shift_cols`] | a Code2Wav convolution's product input: candle's concatenation with the history, `im2col1d` and the transposing copy after the GEMM (the GEMM on [`shift_cols`]'s tap-major rows writes `[batch, channels, time]` directly) |
 //! | [`kv_prefix::kv_prefix_copy`] | a prefill's keys/values copied from the prefill graphs' scratch cache into a stream's, layer by layer (56 copies for the 1.7B talker) |
 //! | [`snake_beta::snake_beta`] | the Code2Wav decoder's SnakeBeta (mul, sin, square, mul, add) |
 //! | [`decode_stack::decode_stack`] | a whole stack's decode step (every layer's kernels) in one persistent launch (opt-in: `OMNITTS_DECODE_STACK=1`) |
@@ -52,6 +53,7 @@ pub mod qk_norm_rope;
 pub mod rope_attention;
 pub mod rows_attention;
 pub mod sample_embed;
+pub mod shift_cols;
 pub mod silu_mul;
 pub mod snake_beta;
 
