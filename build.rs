@@ -29,7 +29,6 @@ const KERNELS: &[&str] = &[
     "rows_attention",
     "snake_beta",
     "bias_epilogue",
-    "conv_gemm",
     "gather_rows",
     "shift_cols",
     "kv_prefix",
@@ -43,7 +42,6 @@ const HEADERS: &[&str] = &[
     "rope_attention",
     "argmax_embed",
     "sample_embed",
-    "bias_epilogue",
 ];
 const KERNEL_DIR: &str = "src/nn/cuda_kernels";
 

@@ -21,8 +21,6 @@
 use candle_core::{Result, Tensor, bail};
 
 use super::snake_beta::SnakeBeta;
-#[cfg(feature = "cuda")]
-use super::switches::DecoderConv;
 
 /// What follows a convolution's bias add; on CUDA the two run as one kernel
 /// ([`crate::nn::cuda_kernels::bias_epilogue`]), elsewhere as the tensor operations.
@@ -90,46 +88,20 @@ enum ConvKernel {
     /// On CUDA: the `[c_out, k · c_in]` weight (taps outermost) of the product over the history and
     /// the chunk read in place ([`StreamingCausalConv1d::forward_product`]).
     #[cfg(feature = "cuda")]
-    Product(Tensor, DecoderConv),
+    Product(Tensor),
 }
 
-/// How a layer whose weight is `weight` runs its product on CUDA when not as candle's convolution:
-/// [`DecoderConv::Cols`] or [`DecoderConv::Wmma`] (bf16 only), per `OMNITTS_DECODER_CONV` and
-/// `OMNITTS_DECODER_KERNELS`; `None` off CUDA, for other dtypes, or with `candle` chosen.
+/// Whether a layer whose weight is `weight` runs its product over the history read in place
+/// (`OMNITTS_DECODER_CONV` `cols`, the default, with `OMNITTS_DECODER_KERNELS` on): on CUDA, in
+/// bf16 or f32.
 #[cfg(feature = "cuda")]
-fn product_kernel(weight: &Tensor) -> Option<DecoderConv> {
+fn product_kernel(weight: &Tensor) -> bool {
     use candle_core::DType;
     let switches = crate::nn::switches::Switches::get();
-    if !weight.device().is_cuda() || !switches.decoder_kernels {
-        return None;
-    }
-    match (switches.decoder_conv, weight.dtype()) {
-        (DecoderConv::Candle, _) => None,
-        (DecoderConv::Wmma, DType::BF16) => Some(DecoderConv::Wmma),
-        (_, DType::BF16 | DType::F32) => Some(DecoderConv::Cols),
-        _ => None,
-    }
-}
-
-/// `then` as the CUDA epilogue takes it; `None` when it has no kernel form (f64 SnakeBeta).
-#[cfg(feature = "cuda")]
-fn kernel_then<'a>(
-    then: Then<'_>,
-    snake_params: &'a mut Option<(Tensor, Tensor)>,
-) -> Option<crate::nn::cuda_kernels::bias_epilogue::Then<'a>> {
-    use crate::nn::cuda_kernels::bias_epilogue::Then as K;
-    match then {
-        Then::Nothing => Some(K::Nothing),
-        Then::Residual(_) => None,
-        Then::Snake(s) => {
-            *snake_params = Some(s.kernel_params()?);
-            let (frequency, inv_magnitude) = snake_params.as_ref()?;
-            Some(K::Snake {
-                frequency,
-                inv_magnitude,
-            })
-        }
-    }
+    weight.device().is_cuda()
+        && switches.decoder_kernels
+        && switches.decoder_conv == crate::nn::switches::DecoderConv::Cols
+        && matches!(weight.dtype(), DType::BF16 | DType::F32)
 }
 
 /// The history a causal layer needs before a chunk of `x` `[b, c, n]`: `slot`'s, or zeros before
@@ -308,11 +280,10 @@ impl StreamingCausalConv1d {
                 ConvKernel::Pointwise(weight.squeeze(2)?.contiguous()?)
             } else {
                 #[cfg(feature = "cuda")]
-                if let Some(kind) = product_kernel(&weight) {
+                if product_kernel(&weight) {
                     // [c_out, c_in, k] -> [c_out, k, c_in] -> [c_out, k · c_in]
                     let w = weight.transpose(1, 2)?.contiguous()?;
-                    let w = w.reshape((out_channels, kernel_size * in_per_group))?;
-                    ConvKernel::Product(w, kind)
+                    ConvKernel::Product(w.reshape((out_channels, kernel_size * in_per_group))?)
                 } else {
                     ConvKernel::Dense(weight.contiguous()?)
                 }
@@ -386,8 +357,8 @@ impl StreamingCausalConv1d {
         }
         let ctx = self.context();
         #[cfg(feature = "cuda")]
-        if let ConvKernel::Product(w, kind) = &self.kernel {
-            return self.forward_product(w, *kind, x, state, then);
+        if let ConvKernel::Product(w) = &self.kernel {
+            return self.forward_product(w, x, state, then);
         }
         let padded = if ctx == 0 {
             x.clone()
@@ -410,28 +381,24 @@ impl StreamingCausalConv1d {
                 acc
             }
             #[cfg(feature = "cuda")]
-            ConvKernel::Product(..) => bail!("causal conv: the product runs in forward_product"),
+            ConvKernel::Product(_) => bail!("causal conv: the product runs in forward_product"),
         };
         bias_then(y, self.bias.as_ref(), then)
     }
 
     /// [`Self::forward_then`] as one product over the history and the chunk read in place (`w`
-    /// `[c_out, k · c_in]`, on CUDA): [`DecoderConv::Cols`] writes the product input tap-major
-    /// ([`shift_cols`](crate::nn::cuda_kernels::shift_cols::shift_cols)) for one batched GEMM whose
-    /// output is already `[b, c_out, n]`, then the bias epilogue; [`DecoderConv::Wmma`] runs
-    /// [`conv_gemm`](crate::nn::cuda_kernels::conv_gemm::conv_gemm) with the bias and `then` fused
-    /// (a residual add, or a SnakeBeta without kernel parameters, after it).
+    /// `[c_out, k · c_in]`, on CUDA): the product input written tap-major
+    /// ([`shift_cols`](crate::nn::cuda_kernels::shift_cols::shift_cols)), one batched GEMM whose
+    /// output is already `[b, c_out, n]`, then the bias epilogue. No concatenation with the
+    /// history and no transposing copy (candle's `conv1d` makes both).
     #[cfg(feature = "cuda")]
     fn forward_product(
         &self,
         w: &Tensor,
-        kind: DecoderConv,
         x: &Tensor,
         state: &mut CausalConvState,
         then: Then<'_>,
     ) -> Result<Tensor> {
-        use crate::nn::cuda_kernels::bias_epilogue::Then as K;
-        use crate::nn::cuda_kernels::conv_gemm::conv_gemm;
         use crate::nn::cuda_kernels::shift_cols::{ConvShape, shift_cols};
         let ctx = self.context();
         let x = x.contiguous()?;
@@ -441,33 +408,10 @@ impl StreamingCausalConv1d {
             dilation: self.dilation,
             phases: 1,
         };
-        let y = if kind == DecoderConv::Wmma {
-            let bias = self.bias.as_ref().map(|b| b.flatten_all()).transpose()?;
-            let mut snake_params = None;
-            match (&bias, then) {
-                (Some(_), Then::Residual(r)) if r.dtype() == x.dtype() => {
-                    let r = r.contiguous()?;
-                    conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), K::Residual(&r))?
-                }
-                (Some(_), _) => match kernel_then(then, &mut snake_params) {
-                    Some(k) => conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), k)?,
-                    None => {
-                        let y = conv_gemm(w, Some(&history), &x, shape, bias.as_ref(), K::Nothing)?;
-                        bias_then(y, None, then)?
-                    }
-                },
-                (None, _) => {
-                    let y = conv_gemm(w, Some(&history), &x, shape, None, K::Nothing)?;
-                    bias_then(y, None, then)?
-                }
-            }
-        } else {
-            let cols = shift_cols(Some(&history), &x, shape)?; // [b, k · c_in, n]
-            let y = w.broadcast_left(x.dim(0)?)?.matmul(&cols)?; // [b, c_out, n]
-            bias_then(y, self.bias.as_ref(), then)?
-        };
+        let cols = shift_cols(Some(&history), &x, shape)?; // [b, k · c_in, n]
+        let y = w.broadcast_left(x.dim(0)?)?.matmul(&cols)?; // [b, c_out, n]
         state.history = Some(next_history(&history, &x, ctx)?);
-        Ok(y)
+        bias_then(y, self.bias.as_ref(), then)
     }
 }
 
@@ -487,7 +431,7 @@ pub struct StreamingCausalConvTranspose1d {
     /// `(q - 1 - j) · s + r` (zero past `k`), and how it runs. The layer then keeps the last `q - 1`
     /// input frames as its state instead of the overlap tail.
     #[cfg(feature = "cuda")]
-    product: Option<(Tensor, DecoderConv)>,
+    product: Option<Tensor>,
     /// `[c_out]`: the bias, or zeros without one (the product's epilogue adds it).
     #[cfg(feature = "cuda")]
     bias_flat: Tensor,
@@ -569,9 +513,10 @@ impl StreamingCausalConvTranspose1d {
             None
         };
         #[cfg(feature = "cuda")]
-        let product = match product_kernel(&weight) {
-            Some(kind) => Some((product_weight(&weight, stride)?, kind)),
-            None => None,
+        let product = if product_kernel(&weight) {
+            Some(product_weight(&weight, stride)?)
+        } else {
+            None
         };
         #[cfg(feature = "cuda")]
         let bias_flat = match &bias {
@@ -667,8 +612,8 @@ impl StreamingCausalConvTranspose1d {
             )
         }
         #[cfg(feature = "cuda")]
-        if let Some((w, kind)) = &self.product {
-            return self.forward_product(w, *kind, x, state);
+        if let Some(w) = &self.product {
+            return self.forward_product(w, x, state);
         }
         let s = self.stride;
         let overlap = self.kernel_size - s;
@@ -702,21 +647,18 @@ impl StreamingCausalConvTranspose1d {
     /// sample `n · s + r` is `Σ_m W[:, :, m · s + r] · x[n - m]`, a causal convolution of
     /// `q = ⌈k / s⌉` taps over the input frames with `s` output phases, so the state is the last
     /// `q - 1` input frames and each output sample is computed the same way however the signal is
-    /// cut into chunks. [`DecoderConv::Cols`]: the tap-major product input
+    /// cut into chunks: the tap-major product input
     /// ([`shift_cols`](crate::nn::cuda_kernels::shift_cols::shift_cols)), one GEMM
     /// `[b, c_out · s, n]`, and the bias epilogue interleaving the phases
-    /// ([`bias_epilogue_phased`](crate::nn::cuda_kernels::bias_epilogue::bias_epilogue_phased));
-    /// [`DecoderConv::Wmma`]: [`conv_gemm`](crate::nn::cuda_kernels::conv_gemm::conv_gemm).
+    /// ([`bias_epilogue_phased`](crate::nn::cuda_kernels::bias_epilogue::bias_epilogue_phased)).
     #[cfg(feature = "cuda")]
     fn forward_product(
         &self,
         w: &Tensor,
-        kind: DecoderConv,
         x: &Tensor,
         state: &mut ConvTransposeState,
     ) -> Result<Tensor> {
-        use crate::nn::cuda_kernels::bias_epilogue::{Then as K, bias_epilogue_phased};
-        use crate::nn::cuda_kernels::conv_gemm::conv_gemm;
+        use crate::nn::cuda_kernels::bias_epilogue::{Then, bias_epilogue_phased};
         use crate::nn::cuda_kernels::shift_cols::{ConvShape, shift_cols};
         let shape = ConvShape {
             taps: self.kernel_size.div_ceil(self.stride),
@@ -730,18 +672,12 @@ impl StreamingCausalConvTranspose1d {
         } else {
             Some(take_history(&mut state.history, &x, ctx, "causal transposed conv")?)
         };
-        let bias = Some(&self.bias_flat);
-        let y = if kind == DecoderConv::Wmma {
-            conv_gemm(w, history.as_ref(), &x, shape, bias, K::Nothing)?
-        } else {
-            let cols = shift_cols(history.as_ref(), &x, shape)?; // [b, q · c_in, n]
-            let z = w.broadcast_left(x.dim(0)?)?.matmul(&cols)?; // [b, c_out · s, n]
-            bias_epilogue_phased(&z, self.stride, &self.bias_flat, K::Nothing)?
-        };
+        let cols = shift_cols(history.as_ref(), &x, shape)?; // [b, q · c_in, n]
+        let z = w.broadcast_left(x.dim(0)?)?.matmul(&cols)?; // [b, c_out · s, n]
         if let Some(h) = &history {
             state.history = Some(next_history(h, &x, ctx)?);
         }
-        Ok(y)
+        bias_epilogue_phased(&z, self.stride, &self.bias_flat, Then::Nothing)
     }
 }
 

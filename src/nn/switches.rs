@@ -11,7 +11,7 @@
 //! | `OMNITTS_CP_FRAME_GRAPH` | `0` one code-predictor CUDA graph per step instead of one per frame | one per frame |
 //! | `OMNITTS_BATCH_GRAPHS` | `0` batched frames of several streams eager instead of on the batched frame graphs | graphs |
 //! | `OMNITTS_DECODER_KERNELS` | `0` Code2Wav's SnakeBeta as five tensor operations and its transposed convolutions as candle's, row by row | one kernel; one product for all rows |
-//! | `OMNITTS_DECODER_CONV` | `candle` Code2Wav's convolutions as candle's `conv1d` (im2col, GEMM, transposing copy) and transposed convolutions as one product and an overlap-add; `wmma` both as one implicit-GEMM kernel (bf16 only) | `cols`: tap-major product input read in place, one GEMM writing `[batch, channels, time]`, the bias epilogue after it |
+//! | `OMNITTS_DECODER_CONV` | `candle` Code2Wav's convolutions as candle's `conv1d` (im2col, GEMM, transposing copy) and transposed convolutions as one product and an overlap-add| `cols`: tap-major product input read in place, one GEMM writing `[batch, channels, time]`, the bias epilogue after it |
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
 //! | `OMNITTS_PREFILL_GRAPHS` | `0` prompts through the talker eagerly instead of on the prefill graphs | graphs |
 //!
@@ -41,9 +41,6 @@ pub enum DecoderConv {
     /// The product input written tap-major from the history and the chunk in place
     /// ([`crate::nn::cuda_kernels::shift_cols`]), one GEMM, the bias epilogue.
     Cols,
-    /// One implicit-GEMM WMMA kernel with the epilogue fused ([`crate::nn::cuda_kernels::conv_gemm`],
-    /// bf16 only; f32 runs as `Cols`).
-    Wmma,
 }
 
 /// The switches' values (see the module documentation).
@@ -109,7 +106,6 @@ impl Switches {
             decoder_kernels: !is("OMNITTS_DECODER_KERNELS", "0"),
             decoder_conv: match value("OMNITTS_DECODER_CONV").as_deref() {
                 Some("candle") => DecoderConv::Candle,
-                Some("wmma") => DecoderConv::Wmma,
                 _ => DecoderConv::Cols,
             },
             prefill_graphs: !is("OMNITTS_PREFILL_GRAPHS", "0"),
@@ -156,14 +152,10 @@ mod tests {
             ("OMNITTS_BATCH_GRAPHS", "0"),
             ("OMNITTS_PINNED_READBACK", "0"),
             ("OMNITTS_DECODER_KERNELS", "0"),
-            ("OMNITTS_DECODER_CONV", " wmma"),
+            ("OMNITTS_DECODER_CONV", " candle"),
             ("OMNITTS_PREFILL_GRAPHS", "0"),
         ]);
-        assert_eq!(s.decoder_conv, DecoderConv::Wmma);
-        assert_eq!(
-            with(&[("OMNITTS_DECODER_CONV", "candle")]).decoder_conv,
-            DecoderConv::Candle
-        );
+        assert_eq!(s.decoder_conv, DecoderConv::Candle);
         assert!(!s.pinned_readback);
         assert!(!s.prefill_graphs);
         assert!(!s.decoder_kernels);

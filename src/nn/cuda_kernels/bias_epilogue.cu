@@ -16,9 +16,27 @@
 // frequency and inv_magnitude [channels] f32 (mode 1), residual [rows, time] contiguous (mode 2).
 // Output out [rows, time] contiguous.
 // Launch: grid (rows, ceil(time / EPILOGUE_THREADS)), block EPILOGUE_THREADS threads.
-#include "bias_epilogue.cuh"
+#include "common.cuh"
 
 using namespace omnitts;
+
+// MODE 0: y (no bias), 1: y + bias[c], 2: snake(y + bias[c]), 3: residual + (y + bias[c]); `y`
+// already rounded to T, each intermediate rounded to T as the unfused tensors are.
+template <typename T, int MODE>
+static __device__ __forceinline__ float epilogue_value(float y, int c, const T* __restrict__ bias,
+                                                const float* __restrict__ frequency,
+                                                const float* __restrict__ inv_magnitude,
+                                                float residual) {
+    if (MODE == 0) return y;
+    const float h = round_to<T>(__fadd_rn(y, to_f(bias[c])));
+    if (MODE == 2) {
+        const float s = sinf(__fmul_rn(h, frequency[c]));
+        return __fadd_rn(h, __fmul_rn(__fmul_rn(s, s), inv_magnitude[c]));
+    }
+    if (MODE == 3) return __fadd_rn(residual, h);
+    return h;
+}
+
 
 #define EPILOGUE_THREADS 256
 

@@ -19,7 +19,6 @@
 //! | [`rows_attention::rows_attention`] | a batched talker step's attention: `rope_attention` per row over the row's own KV cache at its own position, read from device tables |
 //! | [`gemv`] | one-row matmuls with the RMSNorm before and the residual add or SiLU · up after (with `rope_attention`: 5 launches a layer) |
 //! | [`bias_epilogue::bias_epilogue`] | a Code2Wav convolution's bias add, with the SnakeBeta or residual add after it |
-//! | [`conv_gemm::conv_gemm`] | a bf16 Code2Wav convolution or transposed convolution: candle's im2col, GEMM and transposing copy (or GEMM, overlap-add and permute), the history concatenation and the bias epilogue, as one implicit GEMM on the tensor cores (`OMNITTS_DECODER_CONV_GEMM=0` turns it off) |
 //! | [`gather_rows::gather_rows`] | a batched Code2Wav pass's stacking of the streams' convolution states: one copy kernel per stream and layer |
 //! | [`shift_cols::shift_cols`] | a Code2Wav convolution's product input: candle's concatenation with the history, `im2col1d` and the transposing copy after the GEMM (the GEMM on [`shift_cols`]'s tap-major rows writes `[batch, channels, time]` directly) |
 //! | [`kv_prefix::kv_prefix_copy`] | a prefill's keys/values copied from the prefill graphs' scratch cache into a stream's, layer by layer (56 copies for the 1.7B talker) |
@@ -40,7 +39,6 @@
 pub mod add_rms_norm;
 pub mod argmax_embed;
 pub mod bias_epilogue;
-pub mod conv_gemm;
 pub mod decode_attention;
 pub mod decode_stack;
 pub mod embed_sum;

@@ -6,21 +6,44 @@
 // place (the concatenation is never made). Reference: candle's `im2col1d`, which writes
 // [batch, len, cin * k] (the GEMM's output then needs a transposing copy), after a concatenation.
 // Reads and writes run along time, so both are coalesced. Elements move as 2- or 4-byte words.
-// Launch: grid (ceil(len / SHIFT_THREADS), taps * cin, batch), block SHIFT_THREADS threads.
+// Launch: grid (ceil(len / (SHIFT_THREADS * 16 bytes / word size)), taps * cin, batch), block
+// SHIFT_THREADS threads.
 
 #define SHIFT_THREADS 256
 
+// Each thread writes 16 bytes (VEC words) of one output row: a 16-byte store when the row's length
+// keeps every such group aligned, else word by word. The reads (the same run shifted by
+// j * dilation, from hist or x) go word by word; consecutive threads read consecutive words.
 template <typename U>
 __device__ void shift_cols(const U* __restrict__ hist, const U* __restrict__ x, U* __restrict__ cols,
                            int cin, int dilation, int ctx, int len) {
-    const int n = blockIdx.x * blockDim.x + threadIdx.x;
-    if (n >= len) return;
+    constexpr int VEC = 16 / sizeof(U);
+    const int n0 = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    if (n0 >= len) return;
     const int row = blockIdx.y;  // j * cin + ci
     const int j = row / cin, ci = row - j * cin;
     const long b = blockIdx.z;
-    const int p = n + j * dilation;  // position in xp
-    const U v = p < ctx ? hist[(b * cin + ci) * ctx + p] : x[(b * cin + ci) * len + (p - ctx)];
-    cols[(b * gridDim.y + row) * len + n] = v;
+    const U* __restrict__ h = hist + (b * cin + ci) * ctx;
+    const U* __restrict__ xr = x + (b * cin + ci) * len - ctx;  // xr[p] = x[p - ctx] for p >= ctx
+    U* __restrict__ out = cols + (b * gridDim.y + row) * len;
+    const int shift = j * dilation;
+    if (n0 + VEC <= len && len % VEC == 0) {
+        union {
+            uint4 v;
+            U w[VEC];
+        } buf;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const int p = n0 + k + shift;
+            buf.w[k] = p < ctx ? h[p] : xr[p];
+        }
+        *reinterpret_cast<uint4*>(out + n0) = buf.v;
+    } else {
+        for (int k = 0; k < VEC && n0 + k < len; ++k) {
+            const int p = n0 + k + shift;
+            out[n0 + k] = p < ctx ? h[p] : xr[p];
+        }
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(SHIFT_THREADS)

@@ -86,7 +86,7 @@ pub fn shift_cols(hist: Option<&Tensor>, x: &Tensor, shape: ConvShape) -> Result
     };
     let cfg = LaunchConfig {
         grid_dim: (
-            grid(len.div_ceil(THREADS), "column blocks")?,
+            grid(len.div_ceil(THREADS * 16 / dtype.size_in_bytes()), "column blocks")?,
             grid(rows, "rows")?,
             grid(b, "batch rows")?,
         ),
