@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::engine::{DeviceSpec, Engine, EngineOptions, SharedEngine, StageConfig, registry};
-use crate::models::qwen3_tts::WeightForm;
+use crate::nn::WeightForm;
 
 use super::audio::RATE;
 use super::bundled_voice;
@@ -226,14 +226,11 @@ fn model_info(
     ModelInfo {
         model: s.model.clone(),
         dir,
-        variant: engine.variant(),
-        speakers: engine.speakers(),
-        languages: engine.languages(),
+        description: engine.description().clone(),
         base_sampling: engine.default_sampling_params(),
         samples_per_frame: engine.samples_per_frame(),
         first_chunk_frames,
         default_chunk_frames,
-        uses_instruct: engine.uses_instruct(),
     }
 }
 
@@ -249,7 +246,7 @@ fn prepare_voice(
 ) -> Result<VoiceCloner, gst::ErrorMessage> {
     let probe_text = "probe";
     let (_, clone) = build_request(s, info, probe_text).map_err(|e| e.to_error_msg())?;
-    let mut cloner = VoiceCloner::default();
+    let mut cloner = VoiceCloner::new(info.description.reference.clone());
     if let Some(spec) = clone {
         if spec.x_vector_only
             && let Some(t) = s.ref_text.as_deref().filter(|t| !t.trim().is_empty())

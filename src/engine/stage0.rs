@@ -16,8 +16,7 @@ use super::{DeviceSpec, EngineError, EngineEvent, EngineRequest, FinishReason};
 use crate::models::qwen3_tts::prompt;
 use crate::models::qwen3_tts::text_stream::IncrementalTokenizer;
 use crate::models::qwen3_tts::{
-    self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, ModelVariant,
-    PendingSession, WeightForm,
+    self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, PendingSession, WeightForm,
 };
 use crate::nn::transformer::PREFILL_CHUNK;
 /// A voice-clone reference to encode on stage 0 ([`super::Engine::voice_clone_prompt`]); the
@@ -34,9 +33,6 @@ pub(crate) struct ArInfo {
     pub cuda_graphs: CudaGraphs,
     pub batch_graphs: BatchGraphs,
     pub weight_forms: Vec<WeightForm>,
-    pub variant: ModelVariant,
-    pub speakers: Vec<String>,
-    pub languages: Vec<String>,
     pub groups: usize,
     pub device: DeviceSpec,
 }
@@ -102,9 +98,6 @@ pub(crate) fn ar_thread(
         cuda_graphs,
         batch_graphs,
         weight_forms: model.weight_forms(),
-        variant: model.variant(),
-        speakers: model.speakers(),
-        languages: model.languages(),
         groups: model.num_code_groups(),
         device: device.resolve(),
     };

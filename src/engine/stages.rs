@@ -24,7 +24,9 @@ use super::queue::StageQueue;
 use super::stage0::{ArInfo, ar_thread};
 use super::stage1::{DecInfo, dec_thread};
 use super::{DeviceSpec, EngineError, EngineOptions};
-use crate::models::qwen3_tts::{Checkpoint, ModelError, ModelVariant, WeightForm};
+use crate::models::qwen3_tts::Checkpoint;
+use crate::models::tts::ModelError;
+use crate::nn::WeightForm;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -53,9 +55,6 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, ModelError>) -> Result<T,
 /// What the stages report after loading.
 #[derive(Debug, Clone)]
 pub(crate) struct LoadedInfo {
-    pub variant: ModelVariant,
-    pub speakers: Vec<String>,
-    pub languages: Vec<String>,
     pub sample_rate: u32,
     pub samples_per_frame: usize,
     pub ar_device: DeviceSpec,
@@ -154,9 +153,6 @@ pub(crate) fn spawn(
             )))
         }
         (None, Ok(ar), Ok(dec)) => Ok(LoadedInfo {
-            variant: ar.variant,
-            speakers: ar.speakers,
-            languages: ar.languages,
             sample_rate: dec.sample_rate,
             samples_per_frame: dec.samples_per_frame,
             ar_device: ar.device,

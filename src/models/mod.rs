@@ -2,3 +2,4 @@
 
 pub mod fish_speech;
 pub mod qwen3_tts;
+pub mod tts;

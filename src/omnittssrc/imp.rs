@@ -28,7 +28,7 @@ use crate::element_common::split_policy::{
 use crate::element_common::text_checks::{language_warning, markup_warning, strip_markup_tags};
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::element_common::{messages, progress};
-use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
+use crate::models::tts::text::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
 
 use super::CAT;
 use super::output::{Notice, Output, Step};
@@ -173,7 +173,7 @@ impl OmniTtsSrc {
     /// Warns (once per text) when `text` has letters of a script the checkpoint's languages do
     /// not cover.
     fn warn_language(&self, text: &str, info: &ModelInfo) {
-        if let Some(w) = language_warning(text, &info.languages) {
+        if let Some(w) = language_warning(text, &info.description.languages) {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("{}", w));
         }
     }
@@ -787,17 +787,17 @@ impl OmniTtsSrc {
                  latency {} ms)",
                 target.url,
                 info.model,
-                info.speakers.len(),
+                info.description.speakers.len(),
                 load_ms,
                 latency.mseconds()
             ),
             Requests::Local { engine, .. } => format!(
-                "omnittssrc: model '{}' ready ({}; {:?}; {} speakers; {}; ready in {:.0} ms; live \
+                "omnittssrc: model '{}' ready ({}; {}; {} speakers; {}; ready in {:.0} ms; live \
                  latency {} ms)",
                 model,
                 info.dir.display(),
-                info.variant,
-                info.speakers.len(),
+                info.description.name,
+                info.description.speakers.len(),
                 sharing(engine, settings.synthesis.shared_engine),
                 load_ms,
                 latency.mseconds()

@@ -28,7 +28,7 @@ use crate::element_common::text_checks::{language_warning, markup_warning, strip
 use crate::element_common::voice_clone::VoiceCloner;
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::engine::SharedEngine;
-use crate::models::qwen3_tts::prompt::unspeakable;
+use crate::models::tts::text::unspeakable;
 
 use super::CAT;
 use super::compress::{self, Squeeze};
@@ -219,7 +219,7 @@ impl OmniTtsSynth {
         } = load(&element, *CAT, &settings.synthesis, false).inspect_err(|_| {
             progress::post_error(&element, "load", "model loading failed");
         })?;
-        let speaker_map = SpeakerMap::parse(settings.speaker_map.as_deref(), info.variant)
+        let speaker_map = SpeakerMap::parse(settings.speaker_map.as_deref(), &info.description)
             .map_err(|e| e.to_error_msg())?;
         for (label, voice) in speaker_map.entries() {
             build_request(&voice.apply(&settings.synthesis), &info, "probe").map_err(|e| {
@@ -235,7 +235,7 @@ impl OmniTtsSynth {
         })?;
         let requests = Arc::new(Requests::Local {
             engine: engine.clone(),
-            cloner: std::sync::Mutex::new(VoiceCloner::default()),
+            cloner: std::sync::Mutex::new(VoiceCloner::new(info.description.reference.clone())),
         });
         let policy = settings.overflow;
         *self.shared.lock() = Inner::new(policy);
@@ -246,12 +246,12 @@ impl OmniTtsSynth {
             )
         })?;
         let ready = format!(
-            "omnittssynth: model '{}' ready ({}; {:?}; {} speakers; {}; ready in {:.0} ms; \
+            "omnittssynth: model '{}' ready ({}; {}; {} speakers; {}; ready in {:.0} ms; \
              overflow {}, latency {} ms)",
             model,
             info.dir.display(),
-            info.variant,
-            info.speakers.len(),
+            info.description.name,
+            info.description.speakers.len(),
             sharing(&engine, settings.synthesis.shared_engine),
             t0.elapsed().as_secs_f64() * 1000.0,
             policy.nick(),
@@ -580,7 +580,7 @@ impl OmniTtsSynth {
         for w in rt.warned.new_warnings(&settings, &rt.info) {
             gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
         }
-        if let Some(w) = language_warning(text, &rt.info.languages) {
+        if let Some(w) = language_warning(text, &rt.info.description.languages) {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("cue {}: {}", id, w));
         }
         // A long cue is spoken sentence by sentence (`split-sentences`), back to back, as that
@@ -831,7 +831,7 @@ impl OmniTtsSynth {
             let text = cue.open.text();
             if let Some(w) = lock(&self.runtime)
                 .as_ref()
-                .and_then(|rt| language_warning(&text, &rt.info.languages))
+                .and_then(|rt| language_warning(&text, &rt.info.description.languages))
             {
                 gst::element_imp_warning!(
                     self,
