@@ -394,14 +394,16 @@ impl Engine {
             name: "qwen3_tts",
             source: e,
         })?;
-        let ckpt = rules.checkpoint().clone();
         let rules: Arc<dyn VoiceRules> = Arc::new(rules);
         let default_sampling = opts
             .stage_config
             .ar
             .sampling
             .apply(rules.default_sampling());
-        let (info, ar_queue, dec_queue, threads) = stages::spawn(ckpt, &opts)?;
+        let (info, ar_queue, dec_queue, threads) = stages::spawn::<
+            crate::models::qwen3_tts::ArModel,
+            crate::models::qwen3_tts::code2wav::Code2Wav,
+        >(&opts)?;
         LOADS.fetch_add(1, Ordering::Relaxed);
         let ar = &opts.stage_config.ar;
         let admission = AdmissionControl::new(ar.max_num_seqs + ar.max_waiting);
@@ -524,7 +526,7 @@ impl Engine {
         }
         let (reply, answer) = mpsc::sync_channel(1);
         let job = EncodeJob {
-            audio_24k: audio_24k.to_vec(),
+            audio: audio_24k.to_vec(),
             ref_text: key.ref_text().map(str::to_string),
             x_vector_only,
             reply,

@@ -16,6 +16,7 @@
 //! | `voice_clone.rs`, `speaker_encoder.rs`, `codec_encoder.rs`, `mel.rs` | Base voice-clone prompts |
 //! | `device_sampler.rs` | code choice on the device (inside the code predictor's frame graph) |
 //! | `code2wav/` | stage 1 |
+//! | `rules.rs`, `stage0.rs`, `stage1.rs` | the model seam: request rules and description, [`ArModel`] and `Code2Wav` as the stage traits |
 //!
 //! Reference: QwenLM/Qwen3-TTS `qwen_tts/core/models/modeling_qwen3_tts.py`,
 //! `qwen_tts/inference/qwen3_tts_model.py` and
@@ -39,6 +40,8 @@ mod rules;
 pub mod sampling;
 mod session;
 pub mod speaker_encoder;
+mod stage0;
+mod stage1;
 pub mod talker;
 #[cfg(test)]
 mod testing;
@@ -57,6 +60,7 @@ pub use prefill::PendingSession;
 pub use prompt::{CodecPart, Prompt, PromptRow, ResolvedRequest};
 pub use rules::{Qwen3Rules, REF_AUDIO_RATE, served_description};
 pub use session::{ArSession, StepTiming};
+pub use stage0::OpenText;
 pub use voice_clone::{
     MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES, SILENT_REF_PEAK, check_reference_audio,
 };
