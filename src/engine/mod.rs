@@ -56,7 +56,7 @@ pub use metrics::{BatchStats, Metrics};
 pub use text_feed::TextSender;
 pub use voice_clone::{VOICE_CLONE_CACHE_ENTRIES, VoiceCloneStats};
 
-use crate::models::qwen3_tts::Qwen3Rules;
+use crate::models::registry as families;
 use crate::models::tts::{
     ModelDescription, ModelError, SamplingParams, VoiceClonePrompt, VoiceRequest, VoiceRules,
 };
@@ -389,21 +389,28 @@ impl Engine {
     pub fn load(opts: EngineOptions) -> Result<Engine, EngineError> {
         opts.ar_device.check_supported()?;
         opts.decoder_device.check_supported()?;
-        let rules = Qwen3Rules::open(&opts.model_dir).map_err(|e| EngineError::Load {
+        let load_err = |e| EngineError::Load {
             stage: 0,
-            name: "qwen3_tts",
+            name: "model",
             source: e,
-        })?;
-        let rules: Arc<dyn VoiceRules> = Arc::new(rules);
+        };
+        let family = families::detect(&opts.model_dir).map_err(load_err)?;
+        opts.stage_config.check_family(family)?;
+        let rules = family.rules(&opts.model_dir).map_err(load_err)?;
         let default_sampling = opts
             .stage_config
             .ar
             .sampling
             .apply(rules.default_sampling());
-        let (info, ar_queue, dec_queue, threads) = stages::spawn::<
-            crate::models::qwen3_tts::ArModel,
-            crate::models::qwen3_tts::code2wav::Code2Wav,
-        >(&opts)?;
+        let (info, ar_queue, dec_queue, threads) = family.visit(stages::Spawn(&opts))?;
+        let d = rules.description();
+        if (info.sample_rate, info.samples_per_frame) != (d.sample_rate, d.samples_per_frame) {
+            return Err(EngineError::Mismatch(format!(
+                "the codec decoder makes {} Hz, {} samples a frame, but the checkpoint's \
+                 configs say {} Hz, {} samples a frame",
+                info.sample_rate, info.samples_per_frame, d.sample_rate, d.samples_per_frame
+            )));
+        }
         LOADS.fetch_add(1, Ordering::Relaxed);
         let ar = &opts.stage_config.ar;
         let admission = AdmissionControl::new(ar.max_num_seqs + ar.max_waiting);

@@ -218,7 +218,8 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
         self.c2w.sample_rate()
     }
 
-    /// The decoder state a request starts with. For Base ICL the reference codes are the decoder's
+    /// The decoder state a request starts with. For Qwen3-TTS Base ICL
+    /// ([`Stage1Model::REFERENCE_CONTEXT`]) the reference codes are the decoder's
     /// left context for the whole utterance (docs/field-lessons.md §4): the exact stream is primed
     /// with them and their audio dropped, the windowed history starts with their tail, and a whole
     /// decode prepends them.
@@ -232,7 +233,7 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
             .voice
             .voice_clone
             .as_ref()
-            .filter(|vc| vc.icl)
+            .filter(|vc| vc.icl && C::REFERENCE_CONTEXT)
             .and_then(|vc| vc.ref_codes.clone())
             .unwrap_or_default();
         Ok(match (req.buffer.policy(), self.cfg.streaming_mode) {

@@ -24,6 +24,7 @@ use super::queue::StageQueue;
 use super::stage0::{ArInfo, ar_thread};
 use super::stage1::{DecInfo, dec_thread};
 use super::{DeviceSpec, EngineError, EngineOptions};
+use crate::models::registry::StageVisitor;
 use crate::models::tts::{ModelError, Stage0Model, Stage1Model};
 use crate::nn::WeightForm;
 
@@ -89,6 +90,19 @@ pub enum BatchGraphs {
     Fallback(String),
 }
 
+/// [`spawn`] as the registry's visitor: the family picks `A` and `C`.
+pub(crate) struct Spawn<'o>(pub &'o EngineOptions);
+
+/// What [`spawn`] returns.
+pub(crate) type Spawned = (LoadedInfo, Arc<StageQueue>, Arc<StageQueue>, Threads);
+
+impl StageVisitor for Spawn<'_> {
+    type Out = Result<Spawned, EngineError>;
+    fn visit<A: Stage0Model, C: Stage1Model>(self) -> Self::Out {
+        spawn::<A, C>(self.0)
+    }
+}
+
 /// The stage-0 and stage-1 threads.
 pub(crate) type Threads = (JoinHandle<()>, JoinHandle<()>);
 
@@ -96,7 +110,7 @@ pub(crate) type Threads = (JoinHandle<()>, JoinHandle<()>);
 /// halves), and waits for them to load.
 pub(crate) fn spawn<A: Stage0Model, C: Stage1Model>(
     opts: &EngineOptions,
-) -> Result<(LoadedInfo, Arc<StageQueue>, Arc<StageQueue>, Threads), EngineError> {
+) -> Result<Spawned, EngineError> {
     let ar_queue = StageQueue::new();
     let (ar_batches, dec_batches) = (
         Arc::<BatchCounters>::default(),

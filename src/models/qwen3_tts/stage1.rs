@@ -9,6 +9,7 @@ use super::code2wav::{Code2Wav, Code2WavStream};
 use crate::models::tts::{ModelError, Stage1Model, Stage1Options, Stage1Stream};
 
 impl Stage1Model for Code2Wav {
+    const REFERENCE_CONTEXT: bool = true;
     const NAME: &'static str = "code2wav";
     type Stream<'c> = Code2WavStream<'c>;
 

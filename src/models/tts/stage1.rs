@@ -24,6 +24,11 @@ pub trait Stage1Model: Sized + 'static {
     /// The stage's name in messages and errors (`code2wav`, `fish_codec`).
     const NAME: &'static str;
 
+    /// Whether an ICL clone's reference codes are the decoder's left context for the whole
+    /// utterance (primed, their audio dropped: Qwen3-TTS Base), or the generated codes are
+    /// decoded alone (Fish S2 Pro, as its reference does).
+    const REFERENCE_CONTEXT: bool;
+
     /// One utterance's exact streaming state, borrowing the decoder.
     type Stream<'c>: Stage1Stream
     where
