@@ -11,7 +11,6 @@ use std::time::Instant;
 use crate::engine::{DeviceSpec, Engine, EngineOptions, SharedEngine, StageConfig, registry};
 use crate::nn::WeightForm;
 
-use super::audio::RATE;
 use super::bundled_voice;
 use super::hub;
 use super::input_error::{InputError, input_error};
@@ -184,17 +183,6 @@ fn load_engine(
             )
         )
     })?;
-    if engine.sample_rate() != RATE {
-        return Err(gst::error_msg!(
-            gst::ResourceError::Settings,
-            (
-                "model '{}': the checkpoint outputs {} Hz, omnitts elements produce {} Hz only",
-                s.model,
-                engine.sample_rate(),
-                RATE
-            )
-        ));
-    }
     gst::info!(
         cat,
         obj = element,

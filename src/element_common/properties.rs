@@ -200,8 +200,9 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecUInt::builder("max-new-tokens")
             .nick("Max new tokens")
             .blurb(
-                "Longest utterance in codec frames (12.5 per second of audio); the stage \
-                 config's runaway guard may end it earlier",
+                "Longest utterance in codec frames of the model (12.5 per second of audio for \
+                 Qwen3-TTS, ~21.5 for Fish S2 Pro); the stage config's runaway guard may \
+                 end it earlier",
             )
             .minimum(2)
             .maximum(65536)
@@ -217,7 +218,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecUInt::builder("initial-chunk-frames")
             .nick("Initial chunk frames")
             .blurb(
-                "Codec frames (80 ms each) in the first audio chunk of an utterance; \
+                "Codec frames (80 ms each for Qwen3-TTS, ~46 ms for Fish S2 Pro) in the first audio chunk of an utterance; \
                  smaller = earlier first audio. 0 = the stage config's value. Sets the \
                  live latency",
             )
@@ -229,7 +230,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecUInt::builder("chunk-frames")
             .nick("Chunk frames")
             .blurb(
-                "Codec frames (80 ms each) per audio chunk after the first. 0 = the stage \
+                "Codec frames (80 ms each for Qwen3-TTS, ~46 ms for Fish S2 Pro) per audio chunk after the first. 0 = the stage \
                  config's value; live: the first chunk's size, so that audio keeps pace \
                  with the latency",
             )

@@ -118,6 +118,18 @@ pub(crate) fn build_request(
             ),
         ));
     }
+    let prompt_mode = s.prompt_mode.prompt_mode();
+    if let (Some(m), false) = (prompt_mode, d.prompt_modes) {
+        return Err(input_error(
+            "prompt-mode",
+            &format!("{m:?}"),
+            format!(
+                "model '{}' ({}) has one prompt form (the prompt mode is Qwen3-TTS's): leave \
+                 prompt-mode auto",
+                info.model, d.name
+            ),
+        ));
+    }
     let clone = clone_spec(
         d,
         &info.model,
@@ -131,7 +143,7 @@ pub(crate) fn build_request(
             speaker,
             language,
             instruct,
-            prompt_mode: s.prompt_mode.prompt_mode(),
+            prompt_mode,
             voice_clone: None,
         },
         sampling: sampling(s, &info.base_sampling),
