@@ -670,7 +670,7 @@ impl Reader<'_> {
             return Err(self.err(
                 "stage_args",
                 format!(
-                    "expected 2 stages (stage_id 0: qwen3_tts, stage_id 1: code2wav), got {}",
+                    "expected 2 stages (stage_id 0: the AR model, stage_id 1: the codec decoder), got {}",
                     list.len()
                 ),
             ));
