@@ -164,7 +164,7 @@ fn errors_name_key_path_and_value() {
         ),
         (
             edit("{model_stage: qwen3_tts}", "{model_stage: talker}"),
-            "stage_args[0].engine_args.model_stage: expected \"qwen3_tts\", got \"talker\"",
+            "stage_args[0].engine_args.model_stage: expected \"qwen3_tts\" or \"fish_speech\", got \"talker\"",
         ),
         (
             edit(
@@ -331,7 +331,7 @@ fn more_errors_name_key_path_and_value() {
         ),
         (
             edit("    engine_args: {model_stage: qwen3_tts}\n", ""),
-            "stage_args[0].engine_args: missing (needs model_stage: qwen3_tts)",
+            "stage_args[0].engine_args: missing (needs model_stage: qwen3_tts | fish_speech)",
         ),
         (
             edit("{model_stage: qwen3_tts}", "{model_stage: 3}"),

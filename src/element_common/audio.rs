@@ -1,35 +1,45 @@
 //! The elements' audio output: caps, the sample ↔ time mapping, and buffers.
 //!
-//! Every element produces 24 kHz mono `audio/x-raw` (F32LE preferred, or S16LE); a buffer at
+//! Every element produces mono `audio/x-raw` (F32LE preferred, or S16LE) at its model's rate
+//! (24 kHz for Qwen3-TTS, 44.1 kHz for Fish S2 Pro, from the model's description); a buffer at
 //! sample position `n` of `len` samples carries offset `n`, offset-end `n + len`, and PTS and
 //! duration from [`pts_of`] (integer nanoseconds, rounded down, so that consecutive buffers tile
 //! the timeline exactly).
 
 use gst::prelude::*;
 
-/// The only rate the elements produce (Qwen3-TTS 12 Hz codec output); `audioresample` adapts.
-pub const RATE: u32 = 24_000;
+/// The rate the elements offer before a model is loaded (the bundled Qwen3-TTS voice's): the
+/// pad templates allow any rate, a started element offers exactly its model's.
+pub const DEFAULT_RATE: u32 = 24_000;
 
-/// Time of sample position `n` at [`RATE`]: `n * SECOND / RATE`, integer, rounded down.
-pub fn pts_of(n: u64) -> gst::ClockTime {
+/// Time of sample position `n` at `rate` Hz: `n * SECOND / rate`, integer, rounded down.
+pub fn pts_of(n: u64, rate: u32) -> gst::ClockTime {
     gst::ClockTime::from_nseconds(
-        n.mul_div_floor(gst::ClockTime::SECOND.nseconds(), RATE as u64)
+        n.mul_div_floor(gst::ClockTime::SECOND.nseconds(), u64::from(rate.max(1)))
             .unwrap_or(u64::MAX),
     )
 }
 
-/// Sample position of time `t` at [`RATE`] (rounded down).
-pub fn pos_of(t: gst::ClockTime) -> u64 {
+/// Sample position of time `t` at `rate` Hz (rounded down).
+pub fn pos_of(t: gst::ClockTime, rate: u32) -> u64 {
     t.nseconds()
-        .mul_div_floor(RATE as u64, gst::ClockTime::SECOND.nseconds())
+        .mul_div_floor(u64::from(rate), gst::ClockTime::SECOND.nseconds())
         .unwrap_or(u64::MAX)
 }
 
-/// The caps of every element's audio pad: F32LE or S16LE, [`RATE`], mono, interleaved.
-pub fn caps() -> gst::Caps {
+/// The caps of an element's audio pad at `rate` Hz: F32LE or S16LE, mono, interleaved.
+pub fn caps(rate: u32) -> gst::Caps {
     gst_audio::AudioCapsBuilder::new_interleaved()
         .format_list([gst_audio::AudioFormat::F32le, gst_audio::AudioFormat::S16le])
-        .rate(RATE as i32)
+        .rate(rate.min(i32::MAX as u32) as i32)
+        .channels(1)
+        .build()
+}
+
+/// The pad templates' caps: as [`caps`] at any rate (the model decides it).
+pub fn template_caps() -> gst::Caps {
+    gst_audio::AudioCapsBuilder::new_interleaved()
+        .format_list([gst_audio::AudioFormat::F32le, gst_audio::AudioFormat::S16le])
         .channels(1)
         .build()
 }
@@ -42,8 +52,8 @@ pub enum SampleFormat {
 }
 
 impl SampleFormat {
-    /// The format of negotiated `caps`, or why they are not ones [`caps`] allows.
-    pub fn from_caps(caps: &gst::CapsRef) -> Result<SampleFormat, String> {
+    /// The format of negotiated `caps`, or why they are not ones [`caps`] at `rate` allows.
+    pub fn from_caps(caps: &gst::CapsRef, rate: u32) -> Result<SampleFormat, String> {
         let info =
             gst_audio::AudioInfo::from_caps(caps).map_err(|_| format!("invalid caps {caps}"))?;
         let format = match info.format() {
@@ -51,8 +61,10 @@ impl SampleFormat {
             gst_audio::AudioFormat::S16le => SampleFormat::S16,
             f => return Err(format!("unsupported format {f:?}")),
         };
-        if info.rate() != RATE || info.channels() != 1 {
-            return Err(format!("unsupported caps {caps}"));
+        if info.rate() != rate || info.channels() != 1 {
+            return Err(format!(
+                "unsupported caps {caps} (the model's output is mono at {rate} Hz)"
+            ));
         }
         Ok(format)
     }
@@ -154,16 +166,19 @@ mod tests {
 
     #[test]
     fn sample_time_mapping() {
-        assert_eq!(pts_of(RATE as u64), gst::ClockTime::SECOND);
+        assert_eq!(pts_of(24_000, 24_000), gst::ClockTime::SECOND);
         // One sample is 41666.67 ns, rounded down.
-        assert_eq!(pts_of(1).nseconds(), 41_666);
+        assert_eq!(pts_of(1, 24_000).nseconds(), 41_666);
         // Every third sample falls on a whole nanosecond: exact both ways.
         for n in [0u64, 3, 480, 24_000, 3 << 40] {
-            assert_eq!(pos_of(pts_of(n)), n, "n={n}");
+            assert_eq!(pos_of(pts_of(n, 24_000), 24_000), n, "n={n}");
         }
         // Otherwise the time is rounded down, and so is the position of that time.
-        assert_eq!(pos_of(pts_of(1)), 0);
-        assert_eq!(pos_of(pts_of(1) + gst::ClockTime::from_nseconds(1)), 1);
+        assert_eq!(pos_of(pts_of(1, 24_000), 24_000), 0);
+        assert_eq!(
+            pos_of(pts_of(1, 24_000) + gst::ClockTime::from_nseconds(1), 24_000),
+            1
+        );
     }
 
     #[test]
@@ -172,8 +187,8 @@ mod tests {
         let out = OutBuffer {
             samples: Samples::Audio(vec![0.5, -2.0, 1.0]),
             offset: 480,
-            pts: pts_of(480),
-            duration: pts_of(483) - pts_of(480),
+            pts: pts_of(480, 24_000),
+            duration: pts_of(483, 24_000) - pts_of(480, 24_000),
             discont: true,
         };
         let b = out.to_buffer(SampleFormat::S16).unwrap();
@@ -185,8 +200,11 @@ mod tests {
             .collect();
         assert_eq!(s, [16384, -32767, 32767]);
         assert_eq!((b.offset(), b.offset_end()), (480, 483));
-        assert_eq!(b.pts(), Some(pts_of(480)));
-        assert_eq!(b.duration(), Some(pts_of(483) - pts_of(480)));
+        assert_eq!(b.pts(), Some(pts_of(480, 24_000)));
+        assert_eq!(
+            b.duration(),
+            Some(pts_of(483, 24_000) - pts_of(480, 24_000))
+        );
         assert_eq!(b.flags(), gst::BufferFlags::DISCONT);
 
         let gap = OutBuffer {

@@ -12,7 +12,8 @@ use std::time::Duration;
 use crate::engine::{
     Canceller, EngineEvent, EngineRequest, RequestHandle, SharedEngine, TextSender,
 };
-use crate::models::qwen3_tts::PromptMode;
+use crate::models::qwen3_tts::{ModelVariant, served_description};
+use crate::models::tts::PromptMode;
 use crate::remote::{
     RemoteCanceller, RemoteHandle, SpeechClient, SpeechRequest, StreamTextSender,
     reference_data_url,
@@ -390,10 +391,20 @@ impl Backend {
 }
 
 /// The last reference recording sent to a server, as the data URL the requests carry.
-#[derive(Default)]
 pub(crate) struct RemoteReference {
     cloner: VoiceCloner,
     url: Option<(String, Arc<str>)>,
+}
+
+impl Default for RemoteReference {
+    /// A server speaks Qwen3-TTS: its references follow a Base checkpoint's rules (24 kHz).
+    fn default() -> Self {
+        let base = served_description(ModelVariant::Base, Vec::new(), Vec::new(), false);
+        RemoteReference {
+            cloner: VoiceCloner::new(base.reference),
+            url: None,
+        }
+    }
 }
 
 impl RemoteReference {

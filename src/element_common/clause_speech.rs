@@ -13,7 +13,7 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use crate::engine::{EngineEvent, FinishReason, Metrics};
-use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, unspeakable};
+use crate::models::tts::text::{NOTHING_TO_SPEAK, unspeakable};
 
 use super::backend::{Backend, Cancel, ClauseRequests, Handle, NextClause};
 use super::input_error::quoted;

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::engine::{DeviceSpec, Engine, EngineOptions, SharedEngine, StageConfig, registry};
-use crate::models::qwen3_tts::WeightForm;
+use crate::nn::WeightForm;
 
-use super::audio::RATE;
 use super::bundled_voice;
 use super::hub;
 use super::input_error::{InputError, input_error};
@@ -38,8 +37,9 @@ pub(crate) fn load(
     s: &SynthesisSettings,
     live: bool,
 ) -> Result<Loaded, gst::ErrorMessage> {
-    let stage_config = load_stage_config(element, s)?;
-    let (engine, dir) = load_engine(element, cat, s, &stage_config)?;
+    let dir = resolve_model(element, cat, s)?;
+    let stage_config = load_stage_config(element, s, &dir)?;
+    let (engine, dir) = load_engine(element, cat, s, &stage_config, dir)?;
     let info = model_info(element, s, &stage_config, &engine, dir, live);
     let cloner = prepare_voice(element, cat, s, &info, &engine)?;
     Ok(Loaded {
@@ -61,15 +61,25 @@ pub(crate) fn sharing(engine: &SharedEngine, shared_engine: bool) -> String {
 }
 
 /// The `stage-config` file, or the built-in configuration when unset, with the `quantization`
-/// property applied; its warnings go to the bus.
+/// property applied; its warnings go to the bus. The built-in one is the model family's
+/// (`configs/qwen3_tts.yaml`, `configs/fish_speech.yaml`), chosen by the checkpoint in `dir`.
 fn load_stage_config(
     element: &gst::Element,
     s: &SynthesisSettings,
+    dir: &Path,
 ) -> Result<StageConfig, gst::ErrorMessage> {
     let (mut stage_config, warnings) = match s.stage_config.as_deref().map(str::trim) {
         Some(p) if !p.is_empty() => StageConfig::from_yaml_file(Path::new(p))
             .map_err(|e| input_error("stage-config", p, e.to_string()).to_error_msg())?,
-        _ => (StageConfig::default_async(), Vec::new()),
+        _ => {
+            let c = StageConfig::default_for_model(dir).map_err(|e| {
+                gst::error_msg!(
+                    gst::ResourceError::OpenRead,
+                    ("model '{}' ({}): {}", s.model, dir.display(), e)
+                )
+            })?;
+            (c, Vec::new())
+        }
     };
     for w in &warnings {
         gst::element_warning!(
@@ -101,22 +111,13 @@ fn parse_device(
     Ok(spec)
 }
 
-/// The one place an element gets its engine: the devices, the `model` resolved to a checkpoint
-/// directory, the engine loaded on them with `stage_config`. Returns the engine and the directory.
-fn load_engine(
+/// The `model` property resolved to a checkpoint directory (a local path, or a Hugging Face
+/// repo id through the cache).
+fn resolve_model(
     element: &gst::Element,
     cat: gst::DebugCategory,
     s: &SynthesisSettings,
-    stage_config: &StageConfig,
-) -> Result<(Arc<SharedEngine>, PathBuf), gst::ErrorMessage> {
-    let ar_device = parse_device("ar-device", s.ar_device.as_deref(), stage_config.ar.device)
-        .map_err(|e| e.to_error_msg())?;
-    let decoder_device = parse_device(
-        "decoder-device",
-        s.decoder_device.as_deref(),
-        stage_config.decoder.device,
-    )
-    .map_err(|e| e.to_error_msg())?;
+) -> Result<PathBuf, gst::ErrorMessage> {
     let resolved = hub::resolve_model(&s.model, &hub::HubOptions::from_env()).map_err(|e| {
         let kind = match e {
             hub::HubError::NotCached { .. } | hub::HubError::NotFound { .. } => {
@@ -137,8 +138,28 @@ fn load_engine(
         resolved.dir.display(),
         resolved.source
     );
+    Ok(resolved.dir)
+}
+
+/// The one place an element gets its engine: the devices, and the engine of the checkpoint in
+/// `dir` loaded on them with `stage_config`. Returns the engine and the directory.
+fn load_engine(
+    element: &gst::Element,
+    cat: gst::DebugCategory,
+    s: &SynthesisSettings,
+    stage_config: &StageConfig,
+    dir: PathBuf,
+) -> Result<(Arc<SharedEngine>, PathBuf), gst::ErrorMessage> {
+    let ar_device = parse_device("ar-device", s.ar_device.as_deref(), stage_config.ar.device)
+        .map_err(|e| e.to_error_msg())?;
+    let decoder_device = parse_device(
+        "decoder-device",
+        s.decoder_device.as_deref(),
+        stage_config.decoder.device,
+    )
+    .map_err(|e| e.to_error_msg())?;
     let opts = EngineOptions {
-        model_dir: resolved.dir.clone(),
+        model_dir: dir.clone(),
         stage_config: stage_config.clone(),
         ar_device,
         decoder_device,
@@ -155,24 +176,13 @@ fn load_engine(
             (
                 "model '{}' ({}) could not be loaded (ar-device {}, decoder-device {}): {}",
                 s.model,
-                resolved.dir.display(),
+                dir.display(),
                 ar_device,
                 decoder_device,
                 e
             )
         )
     })?;
-    if engine.sample_rate() != RATE {
-        return Err(gst::error_msg!(
-            gst::ResourceError::Settings,
-            (
-                "model '{}': the checkpoint outputs {} Hz, omnitts elements produce {} Hz only",
-                s.model,
-                engine.sample_rate(),
-                RATE
-            )
-        ));
-    }
     gst::info!(
         cat,
         obj = element,
@@ -183,7 +193,7 @@ fn load_engine(
         engine.cuda_graphs(),
         engine.batch_graphs()
     );
-    Ok((Arc::new(engine), resolved.dir))
+    Ok((Arc::new(engine), dir))
 }
 
 /// What `engine` tells about its checkpoint, and the chunk sizes its requests get.
@@ -226,14 +236,11 @@ fn model_info(
     ModelInfo {
         model: s.model.clone(),
         dir,
-        variant: engine.variant(),
-        speakers: engine.speakers(),
-        languages: engine.languages(),
+        description: engine.description().clone(),
         base_sampling: engine.default_sampling_params(),
         samples_per_frame: engine.samples_per_frame(),
         first_chunk_frames,
         default_chunk_frames,
-        uses_instruct: engine.uses_instruct(),
     }
 }
 
@@ -249,7 +256,7 @@ fn prepare_voice(
 ) -> Result<VoiceCloner, gst::ErrorMessage> {
     let probe_text = "probe";
     let (_, clone) = build_request(s, info, probe_text).map_err(|e| e.to_error_msg())?;
-    let mut cloner = VoiceCloner::default();
+    let mut cloner = VoiceCloner::new(info.description.reference.clone());
     if let Some(spec) = clone {
         if spec.x_vector_only
             && let Some(t) = s.ref_text.as_deref().filter(|t| !t.trim().is_empty())

@@ -108,6 +108,8 @@ pub(crate) struct UtteranceDone {
     pub pts: gst::ClockTime,
     /// From its first sample to past its last.
     pub duration: gst::ClockTime,
+    /// The model's sample rate, Hz: the sample counts above are at it.
+    pub rate: u32,
 }
 
 impl UtteranceDone {
@@ -136,7 +138,7 @@ impl UtteranceDone {
                 .field("underruns", self.underruns)
                 .field(
                     "wait-ms",
-                    self.wait_samples as f64 * 1000.0 / super::audio::RATE as f64,
+                    self.wait_samples as f64 * 1000.0 / f64::from(self.rate.max(1)),
                 )
                 .field("silence-samples", self.silence_samples)
                 .field("pts", self.pts.nseconds())
@@ -237,6 +239,7 @@ mod tests {
             silence_samples: 0,
             pts: gst::ClockTime::ZERO,
             duration: gst::ClockTime::ZERO,
+            rate: 24_000,
         }
     }
 

@@ -10,9 +10,7 @@ use gst::glib;
 use gst::prelude::*;
 
 use crate::engine::Engine;
-use crate::models::qwen3_tts::{MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES};
 
-use super::audio::RATE;
 use super::bundled_voice;
 use super::request::ModelInfo;
 use super::settings::{
@@ -122,23 +120,24 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecString::builder("ref-audio")
             .nick("Reference audio")
-            .blurb(&format!(
-                "Base checkpoints only (required there): the recording whose voice is \
-                 cloned, a file path or URI in any format GStreamer decodes (resampled \
-                 to 24 kHz mono); {:.1} s to {:.0} s, not silent (peak above -60 dBFS). \
-                 Decoded once and encoded once per recording. Applies to text queued \
-                 after it is set",
-                MIN_REF_AUDIO_SAMPLES as f64 / RATE as f64,
-                MAX_REF_AUDIO_SAMPLES as f64 / RATE as f64
-            ))
+            .blurb(
+                "Checkpoints that clone voices (Qwen3-TTS Base, where it is required; Fish \
+                 S2 Pro, where it is optional): the recording whose voice is cloned, a file \
+                 path or URI in any format GStreamer decodes (resampled to the model's \
+                 reference rate, mono: 24 kHz for Qwen3-TTS, 44.1 kHz for Fish); within the \
+                 model's length limits (Qwen3-TTS Base: 0.5 s to 60 s), not silent (peak \
+                 above -60 dBFS). Decoded once and encoded once per recording. Applies to \
+                 text queued after it is set",
+            )
             .mutable_playing()
             .build(),
         glib::ParamSpecString::builder("ref-text")
             .nick("Reference text")
             .blurb(
-                "Base checkpoints only: the transcript of ref-audio, for in-context \
-                 (ICL) cloning from the reference's speaker embedding and codec codes; \
-                 required unless x-vector-only=true (then ignored). Applies to text \
+                "The transcript of ref-audio, for in-context (ICL) cloning from the \
+                 reference's codec codes (Qwen3-TTS Base: and its speaker embedding; Fish S2 \
+                 Pro: always required with ref-audio); required unless x-vector-only=true \
+                 (then ignored). Applies to text \
                  queued after it is set",
             )
             .mutable_playing()
@@ -201,8 +200,9 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecUInt::builder("max-new-tokens")
             .nick("Max new tokens")
             .blurb(
-                "Longest utterance in codec frames (12.5 per second of audio); the stage \
-                 config's runaway guard may end it earlier",
+                "Longest utterance in codec frames of the model (12.5 per second of audio for \
+                 Qwen3-TTS, ~21.5 for Fish S2 Pro); the stage config's runaway guard may \
+                 end it earlier",
             )
             .minimum(2)
             .maximum(65536)
@@ -218,7 +218,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecUInt::builder("initial-chunk-frames")
             .nick("Initial chunk frames")
             .blurb(
-                "Codec frames (80 ms each) in the first audio chunk of an utterance; \
+                "Codec frames (80 ms each for Qwen3-TTS, ~46 ms for Fish S2 Pro) in the first audio chunk of an utterance; \
                  smaller = earlier first audio. 0 = the stage config's value. Sets the \
                  live latency",
             )
@@ -230,7 +230,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecUInt::builder("chunk-frames")
             .nick("Chunk frames")
             .blurb(
-                "Codec frames (80 ms each) per audio chunk after the first. 0 = the stage \
+                "Codec frames (80 ms each for Qwen3-TTS, ~46 ms for Fish S2 Pro) per audio chunk after the first. 0 = the stage \
                  config's value; live: the first chunk's size, so that audio keeps pace \
                  with the latency",
             )
@@ -275,8 +275,12 @@ pub(crate) fn model_info_property(
     loaded: Option<(&ModelInfo, Option<&Engine>)>,
 ) -> Option<glib::Value> {
     Some(match name {
-        "available-speakers" => loaded.map(|(info, _)| info.speakers.join(",")).to_value(),
-        "available-languages" => loaded.map(|(info, _)| info.languages.join(",")).to_value(),
+        "available-speakers" => loaded
+            .map(|(info, _)| info.description.speakers.join(","))
+            .to_value(),
+        "available-languages" => loaded
+            .map(|(info, _)| info.description.languages.join(","))
+            .to_value(),
         "voice-clone-encodes" => loaded
             .and_then(|(_, engine)| engine)
             .map_or(0, |engine| engine.voice_clone_stats().encodes)

@@ -100,7 +100,7 @@ struct Collected {
     samples: Vec<f32>,
     /// The decoded stream's sample rate, Hz (0 before the first buffer).
     rate: u32,
-    /// A buffer would have passed `max_samples` (counted at 24 kHz).
+    /// A buffer would have passed `max_samples` (counted at the target rate).
     too_long: bool,
     /// The rate changed mid-stream: (first rate, new rate).
     rate_changed: Option<(u32, u32)>,
@@ -111,6 +111,16 @@ struct Collected {
 /// `gst::init()` (harmless when already initialised) and blocks until the end of the stream,
 /// an error, or [`DECODE_TIMEOUT`].
 pub fn decode_ref_audio(location: &str, max_samples: usize) -> Result<Vec<f32>, RefAudioError> {
+    decode_ref_audio_at(location, max_samples, REF_AUDIO_RATE)
+}
+
+/// [`decode_ref_audio`] at `target_rate` Hz (the rate the model's encoder takes: 24000 for
+/// Qwen3-TTS Base, 44100 for Fish S2 Pro); `max_samples` counts samples at that rate.
+pub fn decode_ref_audio_at(
+    location: &str,
+    max_samples: usize,
+    target_rate: u32,
+) -> Result<Vec<f32>, RefAudioError> {
     gst::init().map_err(|e| RefAudioError::Pipeline(e.to_string()))?;
     let uri = location_to_uri(location)?;
     let pipeline = gst::Pipeline::new();
@@ -183,9 +193,10 @@ pub fn decode_ref_audio(location: &str, max_samples: usize) -> Result<Vec<f32>, 
                 return None;
             }
             let n = map.len() / 4;
-            // the limit counts 24 kHz samples: ⌈(decoded + n) · 24000 / rate⌉ after resampling
+            // the limit counts target-rate samples: ⌈(decoded + n) · target / rate⌉ after
+            // resampling
             let at_ref_rate =
-                ((c.samples.len() + n) as u64 * REF_AUDIO_RATE as u64).div_ceil(rate.max(1) as u64);
+                ((c.samples.len() + n) as u64 * target_rate as u64).div_ceil(rate.max(1) as u64);
             if c.too_long || at_ref_rate > max_samples as u64 {
                 c.too_long = true;
                 return None;
@@ -199,7 +210,7 @@ pub fn decode_ref_audio(location: &str, max_samples: usize) -> Result<Vec<f32>, 
         });
     }
 
-    let limit_s = max_samples as f64 / REF_AUDIO_RATE as f64;
+    let limit_s = max_samples as f64 / target_rate.max(1) as f64;
     let result = run_to_eos(&pipeline, &collected, &linked, &no_more_pads, limit_s);
     let _ = pipeline.set_state(gst::State::Null);
     result?;
@@ -214,7 +225,7 @@ pub fn decode_ref_audio(location: &str, max_samples: usize) -> Result<Vec<f32>, 
             " (the audio stream is empty)".into(),
         ));
     }
-    resample_to_ref_rate(&c.samples, c.rate)
+    resample(&c.samples, c.rate, target_rate)
 }
 
 /// Converts mono `samples` at `rate` Hz to [`REF_AUDIO_RATE`] as the official reference does:
@@ -226,7 +237,12 @@ pub fn decode_ref_audio(location: &str, max_samples: usize) -> Result<Vec<f32>, 
 ///
 /// Errors: [`RefAudioError::Decode`] for a zero rate or when libsoxr reports an error.
 pub fn resample_to_ref_rate(samples: &[f32], rate: u32) -> Result<Vec<f32>, RefAudioError> {
-    if rate == REF_AUDIO_RATE {
+    resample(samples, rate, REF_AUDIO_RATE)
+}
+
+/// [`resample_to_ref_rate`] to `target` Hz (the same libsoxr recipe and length rule).
+pub fn resample(samples: &[f32], rate: u32, target: u32) -> Result<Vec<f32>, RefAudioError> {
+    if rate == target {
         return Ok(samples.to_vec());
     }
     if rate == 0 {
@@ -238,7 +254,7 @@ pub fn resample_to_ref_rate(samples: &[f32], rate: u32) -> Result<Vec<f32>, RefA
         |e: soxr::Error| RefAudioError::Decode(format!("resampling from {rate} Hz: {e}"));
     let mut soxr = soxr::Soxr::<soxr::format::Mono<f32>>::new_with_params(
         rate as f64,
-        REF_AUDIO_RATE as f64,
+        target as f64,
         soxr::params::QualitySpec::new(soxr::params::QualityRecipe::high()),
         soxr::params::RuntimeSpec::default(),
     )
@@ -248,8 +264,8 @@ pub fn resample_to_ref_rate(samples: &[f32], rate: u32) -> Result<Vec<f32>, RefA
     // (44.1 kHz: 110,250 samples -> 60,001); python-soxr's output buffer is
     // `(size_t)(len * 24000 / rate) + 1`.
     let len = samples.len() as f64;
-    let target = (len * (REF_AUDIO_RATE as f64 / rate as f64)).ceil() as usize;
-    let capacity = (len * REF_AUDIO_RATE as f64 / rate as f64) as usize + 1;
+    let target_len = (len * (target as f64 / rate as f64)).ceil() as usize;
+    let capacity = (len * target as f64 / rate as f64) as usize + 1;
     let mut out = vec![0f32; capacity];
     let mut produced = 0;
     let mut consumed = 0;
@@ -271,7 +287,7 @@ pub fn resample_to_ref_rate(samples: &[f32], rate: u32) -> Result<Vec<f32>, RefA
         produced += n;
     }
     out.truncate(produced);
-    out.resize(target, 0.0);
+    out.resize(target_len, 0.0);
     Ok(out)
 }
 

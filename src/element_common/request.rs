@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use crate::engine::{Engine, EngineError, EngineRequest};
-use crate::models::qwen3_tts::prompt::{resolve_language, unspeakable};
-use crate::models::qwen3_tts::{ModelVariant, SamplingParams, VoiceRequest};
+use crate::models::tts::text::{resolve_language, unspeakable};
+use crate::models::tts::{InstructUse, ModelDescription, SamplingParams, VoiceRequest};
 
 use super::input_error::{InputError, input_error};
 use super::settings::SynthesisSettings;
@@ -20,19 +20,17 @@ pub(crate) struct ModelInfo {
     pub model: String,
     /// The checkpoint directory it resolved to.
     pub dir: PathBuf,
-    pub variant: ModelVariant,
-    pub speakers: Vec<String>,
-    pub languages: Vec<String>,
+    /// What the checkpoint is and accepts (rate, frame size, speakers, languages, instruct,
+    /// cloning).
+    pub description: ModelDescription,
     /// The engine's defaults: generation_config.json overridden by the stage config.
     pub base_sampling: SamplingParams,
-    /// Audio samples per codec frame (1920 at 24 kHz).
+    /// Audio samples per codec frame (1920 at 24 kHz for Qwen3-TTS, 2048 at 44.1 kHz for Fish).
     pub samples_per_frame: usize,
     /// Codec frames in an utterance's first audio chunk.
     pub first_chunk_frames: usize,
     /// Chunk size of requests when the `chunk-frames` property is 0 (`None`: the stage config's).
     pub default_chunk_frames: Option<usize>,
-    /// The prompt uses `instruct` (VoiceDesign, 1.7B CustomVoice).
-    pub uses_instruct: bool,
 }
 
 /// Matches `value` case-insensitively against `list`, returning the list's spelling.
@@ -54,21 +52,22 @@ pub(crate) fn build_request(
     if let Some(why) = unspeakable(text) {
         return Err(input_error("text", text, why));
     }
+    let d = &info.description;
     let speaker = match s
         .speaker
         .as_deref()
         .map(str::trim)
         .filter(|v| !v.is_empty())
     {
-        Some(v) => match find_ci(&info.speakers, v) {
+        Some(v) => match find_ci(&d.speakers, v) {
             Some(name) => Some(name.clone()),
-            None if info.speakers.is_empty() => {
+            None if d.speakers.is_empty() => {
                 return Err(input_error(
                     "speaker",
                     v,
                     format!(
-                        "this {:?} checkpoint has no preset speakers; leave speaker unset",
-                        info.variant
+                        "model '{}' ({}) has no preset speakers; leave speaker unset",
+                        info.model, d.name
                     ),
                 ));
             }
@@ -76,20 +75,29 @@ pub(crate) fn build_request(
                 return Err(input_error(
                     "speaker",
                     v,
-                    format!("unknown speaker; available: {}", info.speakers.join(", ")),
+                    format!("unknown speaker; available: {}", d.speakers.join(", ")),
                 ));
             }
         },
-        // CustomVoice needs a speaker: take the checkpoint's first.
-        None if info.variant == ModelVariant::CustomVoice => info.speakers.first().cloned(),
-        None => None,
+        // A checkpoint that needs a speaker (CustomVoice) names its default.
+        None => d.default_speaker.clone(),
     };
     let lang = s.language.trim();
     let language = if lang.is_empty() || lang.eq_ignore_ascii_case("auto") {
         None
+    } else if d.languages.is_empty() {
+        return Err(input_error(
+            "language",
+            lang,
+            format!(
+                "model '{}' ({}) takes no language setting (it reads the text as written): \
+                 leave language unset or auto",
+                info.model, d.name
+            ),
+        ));
     } else {
         // A name or its ISO 639-1 code (`en`, `ZH`, ...), case-insensitive.
-        let name = resolve_language(&info.languages, lang)
+        let name = resolve_language(&d.languages, lang)
             .map_err(|why| input_error("language", lang, why))?;
         (name != "auto").then_some(name)
     };
@@ -99,8 +107,31 @@ pub(crate) fn build_request(
         .map(str::trim)
         .filter(|v| !v.is_empty())
         .map(str::to_string);
+    if let (Some(i), InstructUse::Unsupported) = (&instruct, &d.instruct) {
+        return Err(input_error(
+            "instruct",
+            i,
+            format!(
+                "model '{}' ({}) has no instruct (style or voice description): leave \
+                 instruct unset",
+                info.model, d.name
+            ),
+        ));
+    }
+    let prompt_mode = s.prompt_mode.prompt_mode();
+    if let (Some(m), false) = (prompt_mode, d.prompt_modes) {
+        return Err(input_error(
+            "prompt-mode",
+            &format!("{m:?}"),
+            format!(
+                "model '{}' ({}) has one prompt form (the prompt mode is Qwen3-TTS's): leave \
+                 prompt-mode auto",
+                info.model, d.name
+            ),
+        ));
+    }
     let clone = clone_spec(
-        info.variant,
+        d,
         &info.model,
         s.ref_audio.as_deref(),
         s.ref_text.as_deref(),
@@ -112,7 +143,7 @@ pub(crate) fn build_request(
             speaker,
             language,
             instruct,
-            prompt_mode: s.prompt_mode.prompt_mode(),
+            prompt_mode,
             voice_clone: None,
         },
         sampling: sampling(s, &info.base_sampling),
@@ -211,21 +242,24 @@ fn sampling(s: &SynthesisSettings, base: &SamplingParams) -> SamplingParams {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::models::qwen3_tts::GenerationConfig;
+    use crate::models::qwen3_tts::{GenerationConfig, ModelVariant, served_description};
 
-    /// A checkpoint of `variant` named `m`: CustomVoice speakers aiden and joe, languages auto,
-    /// english and german, sampling on.
+    /// A Qwen3-TTS checkpoint of `variant` named `m`: CustomVoice speakers aiden and joe,
+    /// languages auto, english and german, sampling on.
     pub(crate) fn info(variant: ModelVariant) -> ModelInfo {
         ModelInfo {
             model: "m".into(),
             dir: PathBuf::from("/m"),
-            variant,
-            speakers: if variant == ModelVariant::CustomVoice {
-                vec!["aiden".into(), "joe".into()]
-            } else {
-                Vec::new()
-            },
-            languages: vec!["auto".into(), "english".into(), "german".into()],
+            description: served_description(
+                variant,
+                if variant == ModelVariant::CustomVoice {
+                    vec!["aiden".into(), "joe".into()]
+                } else {
+                    Vec::new()
+                },
+                vec!["auto".into(), "english".into(), "german".into()],
+                variant != ModelVariant::Base,
+            ),
             base_sampling: SamplingParams {
                 do_sample: true,
                 subtalker_do_sample: true,
@@ -235,7 +269,6 @@ pub(crate) mod tests {
             samples_per_frame: 1920,
             first_chunk_frames: 1,
             default_chunk_frames: Some(1),
-            uses_instruct: variant != ModelVariant::Base,
         }
     }
 

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::engine::StageConfig;
-use crate::models::qwen3_tts::{GenerationConfig, ModelVariant, SamplingParams};
+use crate::models::qwen3_tts::{
+    GenerationConfig, ModelVariant, SamplingParams, served_description,
+};
 use crate::remote::{RemoteError, SAMPLES_PER_FRAME, ServerOptions, SpeechClient};
 
 use super::request::ModelInfo;
@@ -98,7 +100,8 @@ pub(crate) fn connect(
         target.variant
     );
     let (_, clone) = build_speech_request(s, &target, "probe").map_err(|e| e.to_error_msg())?;
-    let mut cloner = VoiceCloner::default();
+    let base = served_description(ModelVariant::Base, Vec::new(), Vec::new(), false);
+    let mut cloner = VoiceCloner::new(base.reference);
     if let Some(spec) = clone {
         let samples = cloner
             .checked_samples(&spec.location)
@@ -115,15 +118,17 @@ pub(crate) fn connect(
             .clone()
             .unwrap_or_else(|| target.url.clone()),
         dir: PathBuf::new(),
-        variant: target.variant.unwrap_or(ModelVariant::CustomVoice),
-        speakers: target.voices.clone().unwrap_or_default(),
-        languages: Vec::new(),
+        // Unknown for a served CustomVoice model's size: no warning about a dropped instruct.
+        description: served_description(
+            target.variant.unwrap_or(ModelVariant::CustomVoice),
+            target.voices.clone().unwrap_or_default(),
+            Vec::new(),
+            target.variant != Some(ModelVariant::Base),
+        ),
         base_sampling: SamplingParams::from_generation_config(&GenerationConfig::default()),
         samples_per_frame: SAMPLES_PER_FRAME,
         first_chunk_frames,
         default_chunk_frames: None,
-        // Unknown for a served CustomVoice model's size: no warning about a dropped instruct.
-        uses_instruct: target.variant != Some(ModelVariant::Base),
     };
     Ok(Connected {
         client,

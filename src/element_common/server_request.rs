@@ -3,8 +3,8 @@
 //! it, the others are refused while `server` is set, and what can be checked here (the text, a
 //! voice the server listed, the seed's range, the voice-clone properties) is checked here.
 
-use crate::models::qwen3_tts::ModelVariant;
-use crate::models::qwen3_tts::prompt::{LANGUAGE_CODES, unspeakable};
+use crate::models::qwen3_tts::{ModelVariant, served_description};
+use crate::models::tts::text::{LANGUAGE_CODES, unspeakable};
 use crate::remote::{SpeechRequest, StreamProtocol, TaskType};
 
 use super::bundled_voice;
@@ -340,7 +340,7 @@ pub(crate) fn build_speech_request(
         None
     } else {
         clone_spec(
-            variant,
+            &served_description(variant, Vec::new(), Vec::new(), false),
             model,
             s.ref_audio.as_deref(),
             s.ref_text.as_deref(),

@@ -8,7 +8,8 @@ use gst::glib;
 
 use super::bundled_voice;
 use crate::engine::StageConfig;
-use crate::models::qwen3_tts::{GenerationConfig, PromptMode, SamplingParams};
+use crate::models::qwen3_tts::GenerationConfig;
+use crate::models::tts::{PromptMode, SamplingParams};
 use crate::nn::{Quantization, QuantizationSpec};
 
 pub(crate) const DEFAULT_LANGUAGE: &str = "auto";

@@ -7,9 +7,9 @@
 //! one utterance, as the reference does. The threshold is the smaller of
 //! - what the checkpoint asks for: `split_sentences_above_chars` in its `omnitts.json`
 //!   ([`HINTS_FILE`]; the bundled voice, trained on single sentences, asks for 100), and
-//! - what one utterance holds with room to spare: a quarter of the default `max_new_tokens`
-//!   frames in characters ([`FRAMES_PER_CHAR_BOUND`]), 1024 characters with the built-in stage
-//!   config's 4096 frames.
+//! - what one utterance holds with room to spare: the default `max_new_tokens` frames' seconds
+//!   (at the model's frame rate) at [`SECONDS_PER_CHAR_BOUND`] a character, 1024 characters
+//!   with Qwen3-TTS's built-in 4096 frames.
 
 use std::path::{Path, PathBuf};
 
@@ -67,10 +67,11 @@ pub(crate) fn split_sentences_param_spec(blurb_what: &str) -> glib::ParamSpec {
 /// [`streaming_prompt_hint`]).
 pub const HINTS_FILE: &str = "omnitts.json";
 
-/// Codec frames per character that [`AutoSplit`] allows one utterance: 4 frames (320 ms) a
-/// character, slower than any language is spoken (English about 0.7 frames a character on the
-/// bundled voice, Chinese about 3), so a text under the threshold fits `max_new_tokens`.
-pub const FRAMES_PER_CHAR_BOUND: usize = 4;
+/// Seconds of speech per character that [`AutoSplit`] allows one utterance: 320 ms a character
+/// (4 Qwen3-TTS frames), slower than any language is spoken (English about 56 ms a character on
+/// the bundled voice, Chinese about 240 ms), so a text under the threshold fits
+/// `max_new_tokens`.
+pub const SECONDS_PER_CHAR_BOUND: f64 = 0.32;
 
 /// The `auto` threshold of one loaded checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,11 +95,15 @@ impl std::fmt::Display for HintsError {
 
 impl AutoSplit {
     /// The threshold for the checkpoint in `dir` whose utterances get `max_new_tokens` frames
-    /// by default: its [`HINTS_FILE`]'s `split_sentences_above_chars` (when there is one) or
-    /// `max_new_tokens / FRAMES_PER_CHAR_BOUND`, whichever is smaller. Errs on an unreadable
-    /// or malformed hints file.
-    pub fn for_checkpoint(dir: &Path, max_new_tokens: usize) -> Result<Self, HintsError> {
-        let by_frames = Self::by_frames(max_new_tokens).above_chars;
+    /// by default, `frame_rate` frames a second: its [`HINTS_FILE`]'s
+    /// `split_sentences_above_chars` (when there is one) or what [`AutoSplit::by_frames`] says,
+    /// whichever is smaller. Errs on an unreadable or malformed hints file.
+    pub fn for_checkpoint(
+        dir: &Path,
+        max_new_tokens: usize,
+        frame_rate: f64,
+    ) -> Result<Self, HintsError> {
+        let by_frames = Self::by_frames(max_new_tokens, frame_rate).above_chars;
         let above_chars = match read_hint(&dir.join(HINTS_FILE))? {
             Some(asked) => asked.min(by_frames),
             None => by_frames,
@@ -106,11 +111,12 @@ impl AutoSplit {
         Ok(AutoSplit { above_chars })
     }
 
-    /// The threshold without a checkpoint to read hints from (a speech server's model):
-    /// `max_new_tokens / FRAMES_PER_CHAR_BOUND`.
-    pub fn by_frames(max_new_tokens: usize) -> Self {
+    /// The threshold without a checkpoint to read hints from (a speech server's model): the
+    /// seconds of `max_new_tokens` frames at `frame_rate`, over [`SECONDS_PER_CHAR_BOUND`].
+    pub fn by_frames(max_new_tokens: usize, frame_rate: f64) -> Self {
+        let seconds = max_new_tokens as f64 / frame_rate.max(1e-9);
         AutoSplit {
-            above_chars: max_new_tokens / FRAMES_PER_CHAR_BOUND,
+            above_chars: (seconds / SECONDS_PER_CHAR_BOUND + 1e-9) as usize,
         }
     }
 
@@ -214,7 +220,7 @@ mod tests {
     #[test]
     fn the_bundled_voice_asks_for_100_characters() {
         let voice = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/omnitts-en");
-        let auto = AutoSplit::for_checkpoint(&voice, 2048).unwrap();
+        let auto = AutoSplit::for_checkpoint(&voice, 2048, 12.5).unwrap();
         assert_eq!(auto.above_chars, 100);
         let short = "It was a fine morning. The rain had stopped at last.";
         let long = "It was a fine morning, and the rain had stopped at last. ".repeat(2);
@@ -235,7 +241,7 @@ mod tests {
     fn without_hints_a_quarter_of_max_new_tokens() {
         let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-customvoice");
         assert_eq!(
-            AutoSplit::for_checkpoint(&fixture, 4096)
+            AutoSplit::for_checkpoint(&fixture, 4096, 12.5)
                 .unwrap()
                 .above_chars,
             1024
@@ -243,7 +249,9 @@ mod tests {
         // A small frame budget lowers the bundled voice's threshold too.
         let voice = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/omnitts-en");
         assert_eq!(
-            AutoSplit::for_checkpoint(&voice, 200).unwrap().above_chars,
+            AutoSplit::for_checkpoint(&voice, 200, 12.5)
+                .unwrap()
+                .above_chars,
             50
         );
     }
@@ -264,16 +272,20 @@ mod tests {
             ("{", "invalid JSON"),
         ] {
             std::fs::write(d.join(HINTS_FILE), body).unwrap();
-            let e = AutoSplit::for_checkpoint(&d, 4096).unwrap_err().to_string();
+            let e = AutoSplit::for_checkpoint(&d, 4096, 12.5)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(HINTS_FILE) && e.contains(want), "{body}: {e}");
         }
         std::fs::write(d.join(HINTS_FILE), "{\"other\": 1}").unwrap();
         assert_eq!(
-            AutoSplit::for_checkpoint(&d, 4096).unwrap().above_chars,
+            AutoSplit::for_checkpoint(&d, 4096, 12.5)
+                .unwrap()
+                .above_chars,
             1024
         );
         std::fs::write(d.join(HINTS_FILE), "{\"split_sentences_above_chars\": 0}").unwrap();
-        let always = AutoSplit::for_checkpoint(&d, 4096).unwrap();
+        let always = AutoSplit::for_checkpoint(&d, 4096, 12.5).unwrap();
         assert!(always.splits(SplitSentences::Auto, "Hi."));
         std::fs::remove_dir_all(&d).unwrap();
     }

@@ -7,12 +7,12 @@
 use std::sync::Arc;
 
 use crate::engine::{Engine, EngineError};
-use crate::models::qwen3_tts::{
-    MAX_REF_AUDIO_SAMPLES, ModelError, ModelVariant, VoiceClonePrompt, check_reference_audio,
+use crate::models::tts::{
+    ModelDescription, ModelError, ReferenceRules, ReferenceUse, VoiceClonePrompt,
 };
 
 use super::input_error::{InputError, input_error};
-use super::ref_audio::decode_ref_audio;
+use super::ref_audio::decode_ref_audio_at;
 
 /// The reference voice of one utterance, as the properties gave it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,50 +29,64 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
     s.map(str::trim).filter(|s| !s.is_empty())
 }
 
-/// Checks the voice-clone properties against the checkpoint `variant` (of the `model` property)
-/// and returns the utterance's reference (`None` for CustomVoice/VoiceDesign). Base needs
-/// `ref-audio`; other variants refuse `ref-audio`, `ref-text` and `x-vector-only`. In
-/// x-vector-only mode `ref-text` is ignored (as in qwen-tts `generate_voice_clone`); a missing
-/// `ref-text` in ICL mode is reported by the engine, which checks it with the audio.
+/// Checks the voice-clone properties against the checkpoint `d` (of the `model` property) and
+/// returns the utterance's reference (`None` without one). A checkpoint that requires a
+/// reference (Qwen3-TTS Base) needs `ref-audio`; one that does not clone refuses `ref-audio`,
+/// `ref-text` and `x-vector-only`; `x-vector-only` needs a checkpoint with a speaker-embedding
+/// mode (in it `ref-text` is ignored, as in qwen-tts `generate_voice_clone`); `ref-text` needs
+/// `ref-audio`. A missing `ref-text` otherwise is reported by the engine, which checks it with
+/// the audio.
 pub(crate) fn clone_spec(
-    variant: ModelVariant,
+    d: &ModelDescription,
     model: &str,
     ref_audio: Option<&str>,
     ref_text: Option<&str>,
     x_vector_only: bool,
 ) -> Result<Option<CloneSpec>, InputError> {
     let (location, text) = (non_empty(ref_audio), non_empty(ref_text));
-    if variant != ModelVariant::Base {
-        let not_base = format!(
-            "only used for voice cloning, which needs a Base checkpoint; model '{model}' is \
-             {variant:?}: leave it unset"
+    let name = &d.name;
+    if d.reference.use_ == ReferenceUse::Unsupported {
+        let no_clone = format!(
+            "only used for voice cloning, which model '{model}' ({name}) does not do (Qwen3-TTS \
+             clones with a Base checkpoint): leave it unset"
         );
         return match (location, text, x_vector_only) {
-            (Some(l), _, _) => Err(input_error("ref-audio", l, not_base)),
-            (None, Some(t), _) => Err(input_error("ref-text", t, not_base)),
-            (None, None, true) => Err(input_error("x-vector-only", "true", not_base)),
+            (Some(l), _, _) => Err(input_error("ref-audio", l, no_clone)),
+            (None, Some(t), _) => Err(input_error("ref-text", t, no_clone)),
+            (None, None, true) => Err(input_error("x-vector-only", "true", no_clone)),
             (None, None, false) => Ok(None),
         };
     }
+    if x_vector_only && !d.reference.speaker_embedding_only {
+        return Err(input_error(
+            "x-vector-only",
+            "true",
+            format!(
+                "model '{model}' ({name}) clones from the reference's codes and transcript \
+                 only: leave x-vector-only unset and give ref-text"
+            ),
+        ));
+    }
     let Some(location) = location else {
-        return Err(match text {
-            Some(t) => input_error(
+        return match (text, d.reference.use_) {
+            (Some(t), _) => Err(input_error(
                 "ref-text",
                 t,
                 format!(
-                    "needs ref-audio, the recording it transcribes (model '{model}' is a Base \
-                     checkpoint)"
+                    "needs ref-audio, the recording it transcribes (model '{model}' is a \
+                     {name} checkpoint)"
                 ),
-            ),
-            None => input_error(
+            )),
+            (None, ReferenceUse::Required) => Err(input_error(
                 "ref-audio",
                 ref_audio.unwrap_or(""),
                 format!(
-                    "model '{model}' is a Base checkpoint, which speaks in the voice of a \
+                    "model '{model}' is a {name} checkpoint, which speaks in the voice of a \
                      reference recording: set ref-audio (and ref-text, or x-vector-only=true)"
                 ),
-            ),
-        });
+            )),
+            (None, _) => Ok(None),
+        };
     };
     Ok(Some(CloneSpec {
         location: location.to_string(),
@@ -87,20 +101,31 @@ pub(crate) fn clone_spec(
 
 /// Turns [`CloneSpec`]s into prompts, keeping the last decoded recording so that it is decoded
 /// again only when `ref-audio` names another one.
-#[derive(Default)]
 pub(crate) struct VoiceCloner {
+    /// The checkpoint's reference rate and limits.
+    rules: ReferenceRules,
     decoded: Option<(String, Arc<[f32]>)>,
 }
 
 impl VoiceCloner {
-    /// The 24 kHz mono samples of `location` (decoded again only for another location).
+    /// A cloner for a checkpoint whose references follow `rules`.
+    pub fn new(rules: ReferenceRules) -> Self {
+        VoiceCloner {
+            rules,
+            decoded: None,
+        }
+    }
+
+    /// The mono samples of `location` at the checkpoint's reference rate (decoded again only
+    /// for another location).
     fn samples(&mut self, location: &str) -> Result<Arc<[f32]>, InputError> {
         if let Some((l, s)) = &self.decoded
             && l == location
         {
             return Ok(s.clone());
         }
-        let samples: Arc<[f32]> = decode_ref_audio(location, MAX_REF_AUDIO_SAMPLES)
+        let (max, rate) = (self.rules.max_samples, self.rules.sample_rate);
+        let samples: Arc<[f32]> = decode_ref_audio_at(location, max, rate)
             .map_err(|e| input_error("ref-audio", location, e.to_string()))?
             .into();
         self.decoded = Some((location.to_string(), samples.clone()));
@@ -109,10 +134,10 @@ impl VoiceCloner {
 
     /// The samples of `location` checked as a reference (for a speech server, which gets the
     /// recording itself). Errors name `ref-audio`: unreadable or not audio, too short / too long
-    /// (0.5 s / 60 s), silent.
+    /// (the checkpoint's limits: 0.5 s / 60 s for Qwen3-TTS Base), silent.
     pub fn checked_samples(&mut self, location: &str) -> Result<Arc<[f32]>, InputError> {
         let samples = self.samples(location)?;
-        check_reference_audio(&samples).map_err(|e| match e {
+        self.rules.check(&samples).map_err(|e| match e {
             ModelError::InvalidRequest { value, msg, .. } => {
                 input_error("ref-audio", location, format!("{msg}; it has {value}"))
             }
@@ -123,7 +148,8 @@ impl VoiceCloner {
 
     /// The prompt for `spec`: decodes the recording if needed and asks `engine` (which encodes it
     /// once and caches it). Errors name the property and its value: unreadable or not audio,
-    /// too short / too long (0.5 s / 60 s), silent (`ref-audio`); missing transcript (`ref-text`).
+    /// too short / too long (the checkpoint's limits), silent (`ref-audio`); missing transcript
+    /// (`ref-text`).
     pub fn prompt(
         &mut self,
         engine: &Engine,
@@ -152,10 +178,13 @@ impl VoiceCloner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::qwen3_tts::{ModelVariant, served_description};
 
     #[test]
     fn spec_rules() {
-        let base = |a, t, x| clone_spec(ModelVariant::Base, "m", a, t, x);
+        let d = |v| served_description(v, vec![], vec![], false);
+        let base_d = d(ModelVariant::Base);
+        let base = |a, t, x| clone_spec(&base_d, "m", a, t, x);
         let spec = base(Some(" r.wav "), Some("hi"), false).unwrap().unwrap();
         assert_eq!(spec.location, "r.wav");
         assert_eq!(spec.ref_text.as_deref(), Some("hi"));
@@ -173,7 +202,8 @@ mod tests {
             base(None, Some("hi"), false).unwrap_err().property,
             "ref-text"
         );
-        let cv = |a, t, x| clone_spec(ModelVariant::CustomVoice, "m", a, t, x);
+        let cv_d = d(ModelVariant::CustomVoice);
+        let cv = |a, t, x| clone_spec(&cv_d, "m", a, t, x);
         assert_eq!(cv(None, None, false).unwrap(), None);
         assert_eq!(
             cv(Some("r.wav"), None, false).unwrap_err().property,

@@ -1,11 +1,12 @@
 //! Voice settings the checkpoint will not use the way the user expects, warned once per start
-//! (a bus warning naming the property): `instruct` on a checkpoint that drops it (Base, 0.6B
-//! CustomVoice), and a VoiceDesign checkpoint, which makes its voice from `instruct`, without one.
+//! (a bus warning naming the property): `instruct` on a checkpoint that drops it (its
+//! description says why), and a checkpoint that makes its voice from `instruct` without one.
+//! (A checkpoint with no instruct at all refuses it: `request.rs`.)
 
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use crate::models::qwen3_tts::ModelVariant;
+use crate::models::tts::InstructUse;
 
 use super::input_error::quoted;
 use super::request::ModelInfo;
@@ -32,16 +33,7 @@ pub(crate) fn voice_warnings(
         .filter(|i| !i.is_empty());
     let mut out = Vec::new();
     match instruct {
-        Some(i) if !info.uses_instruct => {
-            let why = match info.variant {
-                ModelVariant::Base => {
-                    "a Base checkpoint speaks in the voice of its reference (ref-audio)".to_string()
-                }
-                v => format!(
-                    "this {v:?} checkpoint drops it, as the reference does for the 0.6B size; \
-                     style instructions need a 1.7B CustomVoice or a VoiceDesign checkpoint"
-                ),
-            };
+        Some(i) if let InstructUse::Ignored(why) = &info.description.instruct => {
             out.push((
                 VoiceWarning::InstructIgnored,
                 format!(
@@ -51,13 +43,13 @@ pub(crate) fn voice_warnings(
                 ),
             ));
         }
-        None if info.variant == ModelVariant::VoiceDesign => out.push((
+        None if info.description.instruct == InstructUse::Required => out.push((
             VoiceWarning::InstructMissing,
             format!(
-                "instruct '': model '{}' is a VoiceDesign checkpoint, which makes its voice from \
+                "instruct '': model '{}' is a {} checkpoint, which makes its voice from \
                  the description in instruct; without one the voice is whatever the model \
                  picks: set instruct (e.g. \"A calm, low female voice\")",
-                info.model
+                info.model, info.description.name
             ),
         )),
         _ => {}
@@ -87,13 +79,19 @@ impl WarnOnce {
 mod tests {
     use super::*;
     use crate::element_common::request::tests::info;
+    use crate::models::qwen3_tts::ModelVariant;
 
     #[test]
     fn instruct_warnings_name_the_property_once() {
         let once = WarnOnce::default();
         let mut s = SynthesisSettings::default();
         let mut cv = info(ModelVariant::CustomVoice);
-        cv.uses_instruct = false;
+        let dropped = cv.description.instruct.clone();
+        cv.description.instruct = InstructUse::Ignored(
+            "this CustomVoice checkpoint drops it, as the reference does for the 0.6B size; \
+             style instructions need a 1.7B CustomVoice or a VoiceDesign checkpoint"
+                .into(),
+        );
         assert!(
             once.new_warnings(&s, &cv).is_empty(),
             "no instruct, nothing to say"
@@ -106,7 +104,12 @@ mod tests {
         assert!(w[0].starts_with("instruct 'Whisper.': ignored"), "{}", w[0]);
         assert!(w[0].contains("1.7B"), "{}", w[0]);
         assert!(once.new_warnings(&s, &cv).is_empty(), "warned once");
-        cv.uses_instruct = true;
+        cv.description.instruct = InstructUse::Used;
+        assert_eq!(
+            dropped,
+            InstructUse::Used,
+            "info() describes a 1.7B CustomVoice"
+        );
         assert!(
             voice_warnings(&s, &cv).is_empty(),
             "1.7B CustomVoice uses it"
@@ -123,7 +126,7 @@ mod tests {
         let w = once.new_warnings(&s, &vd);
         assert_eq!(w.len(), 1);
         assert!(
-            w[0].starts_with("instruct '': model 'm' is a VoiceDesign"),
+            w[0].starts_with("instruct '': model 'm' is a Qwen3-TTS VoiceDesign"),
             "{}",
             w[0]
         );

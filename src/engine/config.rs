@@ -67,7 +67,8 @@ use checks::{
 
 use super::{DTypeSpec, DeviceSpec, EngineError};
 use crate::config_path::{self, join};
-use crate::models::qwen3_tts::SamplingParams;
+use crate::models::registry::{self, Family};
+use crate::models::tts::SamplingParams;
 use crate::nn::QuantizationSpec;
 
 /// The shipped default stage configuration (async chunk, exact streaming).
@@ -295,6 +296,19 @@ pub struct ArStageConfig {
     /// `runaway_guard`.
     #[serde(skip)]
     pub guard: GuardConfig,
+    /// `engine_args.model_stage` / `model_arch`.
+    #[serde(skip)]
+    pub model: StageModel,
+}
+
+/// A stage's `engine_args.model_stage` and `model_arch`, as given (the engine checks them
+/// against the checkpoint's model family when it loads).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StageModel {
+    /// `model_stage` (one of the registry's names for the stage).
+    pub stage: String,
+    /// `model_arch`, when given.
+    pub arch: Option<String>,
 }
 
 /// Stage 1 (Code2Wav).
@@ -307,6 +321,9 @@ pub struct DecoderStageConfig {
     /// `runtime.devices`.
     #[serde(skip)]
     pub device: DeviceSpec,
+    /// `engine_args.model_stage` / `model_arch`.
+    #[serde(skip)]
+    pub model: StageModel,
     /// `engine_args.max_num_seqs`.
     #[serde(
         default = "default_usize::<1>",
@@ -404,6 +421,71 @@ impl StageConfig {
                 "configs/qwen3_tts_batch.yaml is embedded at build time and valid (unit-tested)",
             )
             .0
+    }
+
+    /// The built-in stage config of a model family: its async-chunk one
+    /// (`configs/qwen3_tts.yaml`, `configs/fish_speech.yaml`), or with `batch` its batch one.
+    /// Errors: none for the shipped files (they are unit-tested); [`EngineError::Config`] if
+    /// one were invalid.
+    pub fn builtin(family: &Family, batch: bool) -> Result<StageConfig, EngineError> {
+        let (text, name) = if batch {
+            family.batch_config
+        } else {
+            family.default_config
+        };
+        Ok(Self::from_yaml_str_named(text, name)?.0)
+    }
+
+    /// The built-in async-chunk stage config of the checkpoint in `dir` (its family's, by
+    /// config.json's `model_type`). Errors: [`EngineError::Load`] for an unreadable config.json
+    /// or an unknown `model_type` (the message lists the known ones).
+    pub fn default_for_model(dir: &Path) -> Result<StageConfig, EngineError> {
+        let family = registry::detect(dir).map_err(|e| EngineError::Load {
+            stage: 0,
+            name: "model",
+            source: e,
+        })?;
+        Self::builtin(family, false)
+    }
+
+    /// Checks that the stages are `family`'s: each `model_stage` one of its stage names and
+    /// `model_arch`, when given, its architecture. Errors: [`EngineError::Config`] naming the
+    /// key (`stage_args[N].engine_args.model_stage` / `model_arch`), the value and the expected
+    /// one, and listing the families omnitts knows.
+    pub fn check_family(&self, family: &Family) -> Result<(), EngineError> {
+        let given = [&self.ar.model, &self.decoder.model];
+        for (id, (m, want)) in given.iter().zip(family.stages.iter()).enumerate() {
+            let key = |k: &str| format!("stage_args[{id}].engine_args.{k}");
+            let known = registry::FAMILIES
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} (model_type {}): {} / {}",
+                        f.name, f.model_type, f.stages[id].model_stage, f.stages[id].model_arch
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            let bad = |k: &str, v: &str, w: &str| EngineError::Config {
+                source_name: "stage config".to_string(),
+                key: key(k),
+                msg: format!(
+                    "{v:?} is not stage {id} of this checkpoint ({}, model_type {}): expected \
+                     {w:?}; known: {known}",
+                    family.name, family.model_type
+                ),
+            };
+            // An unset model_stage (a config built in code) takes the checkpoint's.
+            if !m.stage.is_empty() && m.stage != want.model_stage {
+                return Err(bad("model_stage", &m.stage, want.model_stage));
+            }
+            if let Some(arch) = &m.arch
+                && arch != want.model_arch
+            {
+                return Err(bad("model_arch", arch, want.model_arch));
+            }
+        }
+        Ok(())
     }
 
     /// Reads and validates a YAML file. Returns the config and the warnings (unknown keys).
@@ -516,10 +598,6 @@ fn default_true() -> bool {
 /// omnitts checks them and reads the rest of the stage with serde.
 struct StageSpec {
     id: usize,
-    /// `engine_args.model_stage` (required).
-    model_stage: &'static str,
-    /// `engine_args.model_arch`.
-    model_arch: &'static str,
     /// `engine_args.engine_output_type` and `final_output_type`.
     output_type: &'static str,
     /// `final_output`, and why.
@@ -530,8 +608,6 @@ struct StageSpec {
 
 const AR_STAGE: StageSpec = StageSpec {
     id: 0,
-    model_stage: "qwen3_tts",
-    model_arch: "Qwen3TTSTalkerForConditionalGeneration",
     output_type: "latent",
     final_output: (false, "emits codec frames, not the final output"),
     input_source: (&[], "[] (stage 0 takes the request)"),
@@ -539,8 +615,6 @@ const AR_STAGE: StageSpec = StageSpec {
 
 const DECODER_STAGE: StageSpec = StageSpec {
     id: 1,
-    model_stage: "code2wav",
-    model_arch: "Qwen3TTSCode2Wav",
     output_type: "audio",
     final_output: (true, "produces the final audio"),
     input_source: (&[0], "[0]"),
@@ -596,7 +670,7 @@ impl Reader<'_> {
             return Err(self.err(
                 "stage_args",
                 format!(
-                    "expected 2 stages (stage_id 0: qwen3_tts, stage_id 1: code2wav), got {}",
+                    "expected 2 stages (stage_id 0: the AR model, stage_id 1: the codec decoder), got {}",
                     list.len()
                 ),
             ));
@@ -635,9 +709,10 @@ impl Reader<'_> {
     }
 
     fn ar_stage(&mut self, mut m: Mapping, path: &str) -> R<ArStageConfig> {
-        self.fixed_keys(&AR_STAGE, &mut m, path)?;
+        let model = self.fixed_keys(&AR_STAGE, &mut m, path)?;
         let st: ArStage = self.read(&Value::Mapping(m), path)?;
         Ok(ArStageConfig {
+            model,
             device: st.runtime.devices,
             sampling: st
                 .default_sampling_params
@@ -648,7 +723,7 @@ impl Reader<'_> {
     }
 
     fn decoder_stage(&mut self, mut m: Mapping, path: &str) -> R<DecoderStageConfig> {
-        self.fixed_keys(&DECODER_STAGE, &mut m, path)?;
+        let model = self.fixed_keys(&DECODER_STAGE, &mut m, path)?;
         if m.remove("default_sampling_params").is_some() {
             let key = join(path, "default_sampling_params");
             self.warn(&key, "ignored (the decoder is deterministic)");
@@ -673,14 +748,16 @@ impl Reader<'_> {
         }
         let st: DecoderStage = self.read(&Value::Mapping(m), path)?;
         Ok(DecoderStageConfig {
+            model,
             device: st.runtime.devices,
             dtype,
             ..st.engine_args
         })
     }
 
-    /// Checks and removes the keys of stage `m` (at `path`) that `spec` fixes.
-    fn fixed_keys(&self, spec: &StageSpec, m: &mut Mapping, path: &str) -> R<()> {
+    /// Checks and removes the keys of stage `m` (at `path`) that `spec` fixes; returns its
+    /// `model_stage` (one of the registry's names for the stage) and `model_arch`.
+    fn fixed_keys(&self, spec: &StageSpec, m: &mut Mapping, path: &str) -> R<StageModel> {
         let key = |k: &str| join(path, k);
         m.remove("stage_id");
         if let Some(v) = m.remove("stage_type") {
@@ -717,31 +794,57 @@ impl Reader<'_> {
             None => false,
         };
         let args_key = key("engine_args");
+        let known_stages = registry::stage_names(spec.id);
         let args = match m.get_mut("engine_args") {
             None => {
                 return Err(self.err(
                     &args_key,
-                    format!("missing (needs model_stage: {})", spec.model_stage),
+                    format!("missing (needs model_stage: {})", known_stages.join(" | ")),
                 ));
             }
             Some(Value::Mapping(args)) => args,
             Some(other) => return Err(self.err(&args_key, expected("a mapping", other))),
         };
         let arg_key = |k: &str| join(&args_key, k);
-        match args.remove("model_stage") {
+        let listed = known_stages
+            .iter()
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(" or ");
+        let stage = match args.remove("model_stage") {
             Some(v) => {
-                exact(&v, spec.model_stage).map_err(|e| self.err(&arg_key("model_stage"), e))?
+                let given = string(&v).map_err(|e| self.err(&arg_key("model_stage"), e))?;
+                if !known_stages.contains(&given) {
+                    return Err(self.err(&arg_key("model_stage"), expected(&listed, &v)));
+                }
+                given.to_string()
             }
             None => {
                 return Err(self.err(
                     &arg_key("model_stage"),
-                    format!("missing (expected {:?})", spec.model_stage),
+                    format!("missing (expected {listed})"),
                 ));
             }
-        }
-        if let Some(v) = args.remove("model_arch") {
-            exact(&v, spec.model_arch).map_err(|e| self.err(&arg_key("model_arch"), e))?;
-        }
+        };
+        // The stage name says the family; a model_arch given must be that family's.
+        let arch = match args.remove("model_arch") {
+            Some(v) => {
+                let want = registry::FAMILIES
+                    .iter()
+                    .filter_map(|f| f.stages.get(spec.id))
+                    .find(|n| n.model_stage == stage)
+                    .map(|n| n.model_arch);
+                if let Some(want) = want {
+                    exact(&v, want).map_err(|e| self.err(&arg_key("model_arch"), e))?;
+                }
+                Some(
+                    string(&v)
+                        .map_err(|e| self.err(&arg_key("model_arch"), e))?
+                        .to_string(),
+                )
+            }
+            None => None,
+        };
         if let Some(v) = args.remove("engine_output_type") {
             exact(&v, spec.output_type).map_err(|e| self.err(&arg_key("engine_output_type"), e))?;
         }
@@ -751,7 +854,7 @@ impl Reader<'_> {
                 format!("missing (expected {source_text})"),
             ));
         }
-        Ok(())
+        Ok(StageModel { stage, arch })
     }
 }
 

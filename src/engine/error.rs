@@ -1,6 +1,6 @@
 //! Engine errors.
 
-use crate::models::qwen3_tts::ModelError;
+use crate::models::tts::ModelError;
 
 /// Everything that can go wrong in [`crate::engine`] before a request is running. Errors that happen
 /// while a request runs arrive as `EngineEvent::Finished { reason: FinishReason::Error(msg), .. }`.
@@ -36,9 +36,10 @@ pub enum EngineError {
     /// Loading a stage's model failed.
     #[error("loading stage {stage} ({name}): {source}")]
     Load {
-        /// 0 (AR) or 1 (Code2Wav).
+        /// 0 (AR) or 1 (codec decoder).
         stage: usize,
-        /// `qwen3_tts` or `code2wav`.
+        /// The stage's model (`qwen3_tts`, `code2wav`, `fish_speech`, `fish_codec`), or `model`
+        /// when the checkpoint's family could not be told.
         name: &'static str,
         /// The model error.
         source: ModelError,

@@ -56,10 +56,11 @@ pub use metrics::{BatchStats, Metrics};
 pub use text_feed::TextSender;
 pub use voice_clone::{VOICE_CLONE_CACHE_ENTRIES, VoiceCloneStats};
 
-use crate::models::qwen3_tts::{
-    Checkpoint, ModelVariant, Qwen3TtsConfig, SamplingParams, VoiceClonePrompt, VoiceRequest,
-    WeightForm, prompt,
+use crate::models::registry as families;
+use crate::models::tts::{
+    ModelDescription, ModelError, SamplingParams, VoiceClonePrompt, VoiceRequest, VoiceRules,
 };
+use crate::nn::WeightForm;
 use queue::StageQueue;
 pub use registry::SharedEngine;
 use request::{AdmissionControl, RequestCore, RequestShared};
@@ -355,7 +356,8 @@ static LOADS: AtomicU64 = AtomicU64::new(0);
 /// `Finished { Cancelled }`) and joins both stage threads.
 pub struct Engine {
     config: StageConfig,
-    model_config: Qwen3TtsConfig,
+    /// The checkpoint's description and request checks.
+    rules: Arc<dyn VoiceRules>,
     default_sampling: SamplingParams,
     info: LoadedInfo,
     ar_queue: Arc<StageQueue>,
@@ -371,7 +373,7 @@ pub struct Engine {
 impl fmt::Debug for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Engine")
-            .field("variant", &self.info.variant)
+            .field("model", &self.rules.description().name)
             .field("ar_device", &self.info.ar_device)
             .field("decoder_device", &self.info.decoder_device)
             .field("async_chunk", &self.config.async_chunk)
@@ -387,24 +389,34 @@ impl Engine {
     pub fn load(opts: EngineOptions) -> Result<Engine, EngineError> {
         opts.ar_device.check_supported()?;
         opts.decoder_device.check_supported()?;
-        let ckpt = Checkpoint::open(&opts.model_dir).map_err(|e| EngineError::Load {
+        let load_err = |e| EngineError::Load {
             stage: 0,
-            name: "qwen3_tts",
+            name: "model",
             source: e,
-        })?;
-        let model_config = ckpt.config.clone();
+        };
+        let family = families::detect(&opts.model_dir).map_err(load_err)?;
+        opts.stage_config.check_family(family)?;
+        let rules = family.rules(&opts.model_dir).map_err(load_err)?;
         let default_sampling = opts
             .stage_config
             .ar
             .sampling
-            .apply(SamplingParams::from_generation_config(&ckpt.generation));
-        let (info, ar_queue, dec_queue, threads) = stages::spawn(ckpt, &opts)?;
+            .apply(rules.default_sampling());
+        let (info, ar_queue, dec_queue, threads) = family.visit(stages::Spawn(&opts))?;
+        let d = rules.description();
+        if (info.sample_rate, info.samples_per_frame) != (d.sample_rate, d.samples_per_frame) {
+            return Err(EngineError::Mismatch(format!(
+                "the codec decoder makes {} Hz, {} samples a frame, but the checkpoint's \
+                 configs say {} Hz, {} samples a frame",
+                info.sample_rate, info.samples_per_frame, d.sample_rate, d.samples_per_frame
+            )));
+        }
         LOADS.fetch_add(1, Ordering::Relaxed);
         let ar = &opts.stage_config.ar;
         let admission = AdmissionControl::new(ar.max_num_seqs + ar.max_waiting);
         Ok(Engine {
             config: opts.stage_config,
-            model_config,
+            rules,
             default_sampling,
             info,
             ar_queue,
@@ -427,33 +439,28 @@ impl Engine {
         LOADS.load(Ordering::Relaxed)
     }
 
-    /// The checkpoint's variant.
-    pub fn variant(&self) -> ModelVariant {
-        self.info.variant
+    /// What the checkpoint is and accepts: family, output rate, frame size, codebooks,
+    /// speakers, languages, instruct, voice cloning.
+    pub fn description(&self) -> &ModelDescription {
+        self.rules.description()
     }
 
-    /// Whether the prompt uses a request's `instruct` (VoiceDesign, 1.7B CustomVoice); Base and
-    /// 0.6B CustomVoice checkpoints drop it, as the reference wrapper does.
-    pub fn uses_instruct(&self) -> bool {
-        prompt::uses_instruct(&self.model_config)
-    }
-
-    /// Preset speakers (CustomVoice), lower case.
+    /// Preset speakers (Qwen3-TTS CustomVoice), lower case.
     pub fn speakers(&self) -> Vec<String> {
-        self.info.speakers.clone()
+        self.rules.description().speakers.clone()
     }
 
     /// Languages a request may name (incl. `auto`).
     pub fn languages(&self) -> Vec<String> {
-        self.info.languages.clone()
+        self.rules.description().languages.clone()
     }
 
-    /// Output sample rate, Hz (24000), from `speech_tokenizer/config.json`.
+    /// Output sample rate, Hz (24000 for Qwen3-TTS, 44100 for Fish S2 Pro), from the codec.
     pub fn sample_rate(&self) -> u32 {
         self.info.sample_rate
     }
 
-    /// Samples per codec frame (1920), from `speech_tokenizer/config.json`.
+    /// Samples per codec frame (1920 for Qwen3-TTS, 2048 for Fish S2 Pro), from the codec.
     pub fn samples_per_frame(&self) -> usize {
         self.info.samples_per_frame
     }
@@ -526,7 +533,7 @@ impl Engine {
         }
         let (reply, answer) = mpsc::sync_channel(1);
         let job = EncodeJob {
-            audio_24k: audio_24k.to_vec(),
+            audio: audio_24k.to_vec(),
             ref_text: key.ref_text().map(str::to_string),
             x_vector_only,
             reply,
@@ -560,63 +567,17 @@ impl Engine {
             msg: msg.to_string(),
         };
         // Same rules as the model (case-insensitive speaker/language, empty text, …).
-        prompt::resolve(&self.model_config, &req.voice).map_err(|e| match e {
-            crate::models::qwen3_tts::ModelError::InvalidRequest { field, value, msg } => {
-                EngineError::InvalidRequest {
-                    field: format!("voice.{field}"),
-                    value,
-                    msg,
-                }
-            }
-            other => EngineError::InvalidRequest {
-                field: "voice".to_string(),
-                value: format!("{:?}", req.voice.text),
-                msg: other.to_string(),
+        self.rules
+            .check(&req.voice)
+            .map_err(|e| voice_error(e, &req.voice))?;
+        req.sampling.validate().map_err(|e| match e {
+            ModelError::InvalidRequest { field, value, msg } => EngineError::InvalidRequest {
+                field: format!("sampling.{field}"),
+                value,
+                msg,
             },
+            other => bad("sampling", String::new(), &other.to_string()),
         })?;
-        let s = &req.sampling;
-        let finite_pos = |x: f64| x.is_finite() && x > 0.0;
-        if s.do_sample && !finite_pos(s.temperature) {
-            return Err(bad(
-                "sampling.temperature",
-                s.temperature.to_string(),
-                "must be > 0 when sampling (use do_sample = false for greedy)",
-            ));
-        }
-        if s.subtalker_do_sample && !finite_pos(s.subtalker_temperature) {
-            return Err(bad(
-                "sampling.subtalker_temperature",
-                s.subtalker_temperature.to_string(),
-                "must be > 0 when sampling",
-            ));
-        }
-        // top_p matters only when sampling (the model checks it the same way).
-        for (on, name, p) in [
-            (s.do_sample, "sampling.top_p", s.top_p),
-            (
-                s.subtalker_do_sample,
-                "sampling.subtalker_top_p",
-                s.subtalker_top_p,
-            ),
-        ] {
-            if on && !(p > 0.0 && p <= 1.0) {
-                return Err(bad(name, p.to_string(), "must be in (0, 1]"));
-            }
-        }
-        if !finite_pos(s.repetition_penalty) {
-            return Err(bad(
-                "sampling.repetition_penalty",
-                s.repetition_penalty.to_string(),
-                "must be > 0",
-            ));
-        }
-        if s.max_new_tokens == 0 {
-            return Err(bad(
-                "sampling.max_new_tokens",
-                "0".to_string(),
-                "must be ≥ 1",
-            ));
-        }
         if req.chunk_frames == Some(0) {
             return Err(bad("chunk_frames", "0".to_string(), "must be ≥ 1"));
         }
@@ -690,31 +651,9 @@ impl Engine {
         // The text is checked when it ends; a speakable stand-in passes the other checks.
         req.voice.text = "x".into();
         self.validate(&req)?;
-        let r = prompt::resolve(&self.model_config, &req.voice).map_err(|e| {
-            EngineError::InvalidRequest {
-                field: "voice".into(),
-                value: String::new(),
-                msg: e.to_string(),
-            }
-        })?;
-        if r.mode != crate::models::qwen3_tts::PromptMode::Streaming {
-            return Err(EngineError::InvalidRequest {
-                field: "voice.prompt_mode".into(),
-                value: "non-streaming".into(),
-                msg: "text that is still arriving needs the streaming prompt mode (one text \
-                      token per codec frame)"
-                    .into(),
-            });
-        }
-        if r.ref_text.is_some() {
-            return Err(EngineError::InvalidRequest {
-                field: "voice.voice_clone".into(),
-                value: "icl".into(),
-                msg: "text that is still arriving cannot use an ICL voice clone (use an \
-                      x-vector-only clone)"
-                    .into(),
-            });
-        }
+        self.rules
+            .check_open(&req.voice)
+            .map_err(|e| voice_error(e, &req.voice))?;
         let feed = text_feed::TextFeed::new(self.ar_queue.signal.clone());
         let sender = TextSender::new(feed.clone());
         sender.append(&first)?;
@@ -780,6 +719,22 @@ impl Engine {
             events: rx,
             done: AtomicBool::new(false),
         })
+    }
+}
+
+/// A model's refusal of a request's voice as the engine reports it: the field under `voice.`.
+fn voice_error(e: ModelError, voice: &VoiceRequest) -> EngineError {
+    match e {
+        ModelError::InvalidRequest { field, value, msg } => EngineError::InvalidRequest {
+            field: format!("voice.{field}"),
+            value,
+            msg,
+        },
+        other => EngineError::InvalidRequest {
+            field: "voice".to_string(),
+            value: format!("{:?}", voice.text),
+            msg: other.to_string(),
+        },
     }
 }
 

@@ -1,7 +1,10 @@
-//! Stage 0: the talker + code predictor thread (see `stages.rs` for the request lifecycle).
+//! Stage 0: the autoregressive model's thread (see `stages.rs` for the request lifecycle),
+//! generic over the model family's [`Stage0Model`] (monomorphised: no dynamic dispatch per
+//! frame).
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Instant;
@@ -13,17 +16,18 @@ use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
 use super::stages::{BatchGraphs, CudaGraphs, guarded, panic_message};
 use super::{DeviceSpec, EngineError, EngineEvent, EngineRequest, FinishReason};
-use crate::models::qwen3_tts::prompt;
-use crate::models::qwen3_tts::text_stream::IncrementalTokenizer;
-use crate::models::qwen3_tts::{
-    self as model, ArModel, ArSession, ArStep, Checkpoint, ModelError, ModelVariant,
-    PendingSession, WeightForm,
+use crate::models::tts::text::unspeakable;
+use crate::models::tts::{
+    self as model, ArStep, IncrementalText, ModelError, Stage0Model, Stage0Options, Stage0Prefill,
+    Stage0Session,
 };
+use crate::nn::WeightForm;
 use crate::nn::transformer::PREFILL_CHUNK;
 /// A voice-clone reference to encode on stage 0 ([`super::Engine::voice_clone_prompt`]); the
 /// result goes back on `reply` (dropped unanswered if the stage shuts down first).
 pub(crate) struct EncodeJob {
-    pub audio_24k: Vec<f32>,
+    /// Mono samples at the model's reference rate.
+    pub audio: Vec<f32>,
     pub ref_text: Option<String>,
     pub x_vector_only: bool,
     pub reply: mpsc::SyncSender<Result<model::VoiceClonePrompt, EngineError>>,
@@ -34,15 +38,12 @@ pub(crate) struct ArInfo {
     pub cuda_graphs: CudaGraphs,
     pub batch_graphs: BatchGraphs,
     pub weight_forms: Vec<WeightForm>,
-    pub variant: ModelVariant,
-    pub speakers: Vec<String>,
-    pub languages: Vec<String>,
     pub groups: usize,
     pub device: DeviceSpec,
 }
 
-pub(crate) fn ar_thread(
-    ckpt: Checkpoint,
+pub(crate) fn ar_thread<A: Stage0Model>(
+    dir: PathBuf,
     device: DeviceSpec,
     cfg: ArStageConfig,
     queue: Arc<StageQueue>,
@@ -53,12 +54,14 @@ pub(crate) fn ar_thread(
     let loaded = (|| {
         let dev = device.open()?;
         let dtype = cfg.dtype.for_device(&dev);
-        let model = match catch_unwind(AssertUnwindSafe(|| {
-            ArModel::load_with(&ckpt, &dev, dtype, cfg.quantization)
-        })) {
+        let opts = Stage0Options {
+            dtype,
+            quantization: cfg.quantization,
+        };
+        let model = match catch_unwind(AssertUnwindSafe(|| A::load(&dir, &dev, &opts))) {
             Ok(r) => r.map_err(|e| EngineError::Load {
                 stage: 0,
-                name: "qwen3_tts",
+                name: A::NAME,
                 source: e,
             })?,
             Err(p) => {
@@ -102,10 +105,7 @@ pub(crate) fn ar_thread(
         cuda_graphs,
         batch_graphs,
         weight_forms: model.weight_forms(),
-        variant: model.variant(),
-        speakers: model.speakers(),
-        languages: model.languages(),
-        groups: model.num_code_groups(),
+        groups: model.num_codebooks(),
         device: device.resolve(),
     };
     let groups = info.groups;
@@ -122,34 +122,34 @@ pub(crate) fn ar_thread(
     .run(&queue);
 }
 
-struct ArStage<'m> {
-    model: &'m ArModel,
+struct ArStage<'m, A: Stage0Model> {
+    model: &'m A,
     cfg: &'m ArStageConfig,
     groups: usize,
     batches: &'m BatchCounters,
 }
 
-/// A request whose prompt is still running through the talker, a chunk per scheduler step.
-struct Prefilling<'m> {
+/// A request whose prompt is still running through the model, a chunk per scheduler step.
+struct Prefilling<'m, A: Stage0Model> {
     req: Arc<RequestShared>,
-    pending: PendingSession<'m>,
+    pending: A::Prefill<'m>,
     timing: ArTiming,
-    open: Option<OpenText<'m>>,
+    open: Option<OpenText<'m, A>>,
 }
 
 /// The text of an open request ([`super::Engine::submit_open`]) as stage 0 tokenizes it.
-struct OpenText<'m> {
-    tok: IncrementalTokenizer<'m>,
+struct OpenText<'m, A: Stage0Model> {
+    tok: A::OpenText<'m>,
     /// The ids the session has been given.
     given: usize,
 }
 
-impl<'m> OpenText<'m> {
-    fn new(model: &'m ArModel) -> Self {
-        OpenText {
-            tok: IncrementalTokenizer::new(model.tokenizer(), prompt::ASSISTANT_HEAD),
+impl<'m, A: Stage0Model> OpenText<'m, A> {
+    fn new(model: &'m A) -> Result<Self, ModelError> {
+        Ok(OpenText {
+            tok: model.open_text()?,
             given: 0,
-        }
+        })
     }
 
     /// Takes what arrived on `req`'s feed into the tokenizer. Returns whether anything changed.
@@ -163,13 +163,11 @@ impl<'m> OpenText<'m> {
         let (bytes, ended) = feed.take();
         let mut changed = false;
         if !bytes.is_empty() {
-            self.tok.push_bytes(&bytes).map_err(|e| e.to_string())?;
+            self.tok.push_bytes(&bytes)?;
             changed = true;
         }
         if ended {
-            self.tok
-                .finish(prompt::ASSISTANT_TAIL)
-                .map_err(|e| e.to_string())?;
+            self.tok.finish()?;
             changed = true;
         }
         Ok(changed)
@@ -177,45 +175,43 @@ impl<'m> OpenText<'m> {
 
     /// The whole text, once ended.
     fn text(&self) -> Option<&str> {
-        self.tok.is_finished().then(|| {
-            let t = self.tok.text();
-            &t[prompt::ASSISTANT_HEAD.len()..t.len() - prompt::ASSISTANT_TAIL.len()]
-        })
+        self.tok.text()
     }
 }
 
 /// An open request taken from the queue, waiting for its prefill's first text id.
-struct Opening<'m> {
+struct Opening<'m, A: Stage0Model> {
     req: Arc<RequestShared>,
-    open: OpenText<'m>,
+    open: OpenText<'m, A>,
     timing: ArTiming,
 }
 
 /// One request in the decode batch.
-struct ArActive<'m> {
+struct ArActive<'m, A: Stage0Model> {
     req: Arc<RequestShared>,
-    session: ArSession<'m>,
+    session: A::Session<'m>,
     timing: ArTiming,
     /// Frames pushed so far.
     frames: usize,
     /// The runaway guard's budget for this request.
     budget: Option<usize>,
     /// Open text still arriving.
-    open: Option<OpenText<'m>>,
+    open: Option<OpenText<'m, A>>,
 }
 
 /// Text tokens of the request (the model's tokenizer on the user text), for the runaway guard.
 /// Should the tokenizer fail — `begin` succeeded, so it cannot in practice — the character count
 /// stands in, which errs on the generous side (BPE tokens rarely outnumber characters).
-fn text_tokens(model: &ArModel, req: &EngineRequest) -> usize {
-    model
-        .tokenizer()
-        .encode(&req.voice.text)
-        .map(|ids| ids.len())
-        .unwrap_or_else(|_| req.voice.text.chars().count())
+fn text_tokens<A: Stage0Model>(model: &A, req: &EngineRequest) -> usize {
+    model.text_tokens(&req.voice.text)
 }
 
-impl<'m> ArStage<'m> {
+/// A stage-0 failure's reason, naming the stage's model and the step (`prefill`, `text`).
+fn failed<A: Stage0Model>(step: &str, msg: impl std::fmt::Display) -> FinishReason {
+    FinishReason::Error(format!("stage 0 ({}) {step}: {msg}", A::NAME))
+}
+
+impl<'m, A: Stage0Model> ArStage<'m, A> {
     /// The continuous-batching loop. Each step:
     /// 1. voice-clone encoding jobs, then requests cancelled while waiting let go;
     /// 2. admission: waiting requests (FIFO) start while fewer than `max_num_seqs` are prefilling
@@ -226,17 +222,17 @@ impl<'m> ArStage<'m> {
     ///    joining the batch delays the running streams by at most one chunk's work a step; a
     ///    finished prefill joins the decode batch;
     /// 4. every decoding request that is not blocked (its chunk buffer full) advances one frame
-    ///    in one batched forward ([`ArModel::next_frames`]); requests that end (EOS, length,
+    ///    in one batched forward ([`Stage0Model::next_frames`]); requests that end (EOS, length,
     ///    guard, cancel, error) leave the batch at once.
     ///
     /// Sleeps on the stage signal only when no step could do anything.
     fn run(&self, queue: &StageQueue) {
         // Waiting requests with stage 0's step count at their arrival.
         let mut waiting: VecDeque<(Arc<RequestShared>, u64)> = VecDeque::new();
-        let mut prefilling: VecDeque<Prefilling<'m>> = VecDeque::new();
-        let mut active: Vec<ArActive<'m>> = Vec::new();
+        let mut prefilling: VecDeque<Prefilling<'m, A>> = VecDeque::new();
+        let mut active: Vec<ArActive<'m, A>> = Vec::new();
         // Open requests waiting for their first text id (they hold a slot).
-        let mut opening: Vec<Opening<'m>> = Vec::new();
+        let mut opening: Vec<Opening<'m, A>> = Vec::new();
         loop {
             let seen = queue.signal.epoch();
             let (new, shutdown) = queue.drain();
@@ -285,15 +281,19 @@ impl<'m> ArStage<'m> {
                 if r.text.is_some() {
                     let started = Instant::now();
                     r.send(EngineEvent::Started);
-                    opening.push(Opening {
-                        req: r,
-                        open: OpenText::new(self.model),
-                        timing: ArTiming {
-                            started: Some(started),
-                            arrival_step: arrival,
-                            ..ArTiming::default()
-                        },
-                    });
+                    let timing = ArTiming {
+                        started: Some(started),
+                        arrival_step: arrival,
+                        ..ArTiming::default()
+                    };
+                    match OpenText::new(self.model) {
+                        Ok(open) => opening.push(Opening {
+                            req: r,
+                            open,
+                            timing,
+                        }),
+                        Err(e) => r.release_from_ar(failed::<A>("text", e), timing),
+                    }
                 } else if let Some(p) = self.begin(r, arrival) {
                     prefilling.push_back(p);
                 }
@@ -358,11 +358,8 @@ impl<'m> ArStage<'m> {
     /// `model`); a model failure or panic as a stage-0 error.
     fn encode(&self, job: EncodeJob) {
         let result = catch_unwind(AssertUnwindSafe(|| {
-            self.model.create_voice_clone_prompt(
-                &job.audio_24k,
-                job.ref_text.as_deref(),
-                job.x_vector_only,
-            )
+            self.model
+                .encode_reference(&job.audio, job.ref_text.as_deref(), job.x_vector_only)
         }));
         let result = match result {
             Ok(Ok(prompt)) => Ok(prompt),
@@ -387,7 +384,7 @@ impl<'m> ArStage<'m> {
 
     /// Takes a waiting request that arrived at step `arrival`: sends `Started`, validates it and
     /// builds its prompt (no talker work yet). A refused request lets go with its error.
-    fn begin(&self, req: Arc<RequestShared>, arrival: u64) -> Option<Prefilling<'m>> {
+    fn begin(&self, req: Arc<RequestShared>, arrival: u64) -> Option<Prefilling<'m, A>> {
         let started = Instant::now();
         req.send(EngineEvent::Started);
         let r = &req.request;
@@ -406,10 +403,7 @@ impl<'m> ArStage<'m> {
                 open: None,
             }),
             Err(msg) => {
-                req.release_from_ar(
-                    FinishReason::Error(format!("stage 0 (qwen3_tts) prefill: {msg}")),
-                    timing,
-                );
+                req.release_from_ar(failed::<A>("prefill", msg), timing);
                 None
             }
         }
@@ -417,14 +411,12 @@ impl<'m> ArStage<'m> {
 
     /// Polls an open request still waiting for its first text id: begin once the prefill's id
     /// is final (or the text has ended), release on a text error or cancel.
-    fn open_step(&self, o: &mut Opening<'m>) -> OpenStep {
+    fn open_step(&self, o: &mut Opening<'m, A>) -> OpenStep {
         if o.req.is_cancelled() {
             return OpenStep::Release(FinishReason::Cancelled);
         }
         if let Err(msg) = o.open.poll(&o.req) {
-            return OpenStep::Release(FinishReason::Error(format!(
-                "stage 0 (qwen3_tts) text: {msg}"
-            )));
+            return OpenStep::Release(failed::<A>("text", msg));
         }
         if o.open.tok.is_finished() || o.open.tok.ids().len() >= 4 {
             OpenStep::Begin
@@ -435,7 +427,7 @@ impl<'m> ArStage<'m> {
 
     /// Starts an open request's prefill: the whole-text path when its text has already ended
     /// (the same prompt exactly), else the open one over the ids committed so far.
-    fn begin_open(&self, o: Opening<'m>) -> Option<Prefilling<'m>> {
+    fn begin_open(&self, o: Opening<'m, A>) -> Option<Prefilling<'m, A>> {
         let Opening {
             req,
             open,
@@ -464,10 +456,7 @@ impl<'m> ArStage<'m> {
                 }),
             }),
             Err(msg) => {
-                req.release_from_ar(
-                    FinishReason::Error(format!("stage 0 (qwen3_tts) prefill: {msg}")),
-                    timing,
-                );
+                req.release_from_ar(failed::<A>("prefill", msg), timing);
                 None
             }
         }
@@ -476,19 +465,18 @@ impl<'m> ArStage<'m> {
     /// An open request in the batch: takes what arrived on its feed and gives the session the
     /// new ids; at the end, checks the whole text and sets the runaway guard's budget. Returns
     /// whether anything changed; `Err` ends the request.
-    fn extend_open(&self, a: &mut ArActive<'m>) -> Result<bool, FinishReason> {
+    fn extend_open(&self, a: &mut ArActive<'m, A>) -> Result<bool, FinishReason> {
         let Some(open) = &mut a.open else {
             return Ok(false);
         };
-        let text_err =
-            |msg: String| FinishReason::Error(format!("stage 0 (qwen3_tts) text: {msg}"));
+        let text_err = |msg: String| failed::<A>("text", msg);
         let mut changed = open.poll(&a.req).map_err(text_err)?;
         let ended = open.tok.is_finished();
         if open.given < open.tok.ids().len() || (ended && a.session.text_open()) {
             let ids = open.tok.ids();
             if ended {
                 let text = open.text().unwrap_or("");
-                if let Some(why) = prompt::unspeakable(text) {
+                if let Some(why) = unspeakable(text) {
                     return Err(text_err(format!("text {text:?}: {why}")));
                 }
             }
@@ -497,20 +485,13 @@ impl<'m> ArStage<'m> {
             changed = true;
             if ended {
                 let text = open.text().unwrap_or("").to_string();
-                let p = a.session.prompt_ids();
-                if let Err(e) = p.check_position_budget(
-                    self.model.config(),
-                    &text,
-                    a.req.request.sampling.max_new_tokens,
-                ) {
+                if let Err(e) = a
+                    .session
+                    .check_text_budget(&text, a.req.request.sampling.max_new_tokens)
+                {
                     return Err(text_err(e.to_string()));
                 }
-                let tokens = self
-                    .model
-                    .tokenizer()
-                    .encode(&text)
-                    .map(|ids| ids.len())
-                    .unwrap_or_else(|_| text.chars().count());
+                let tokens = self.model.text_tokens(&text);
                 a.budget = self.cfg.guard.budget(tokens);
                 a.open = None;
             }
@@ -519,19 +500,16 @@ impl<'m> ArStage<'m> {
     }
 
     /// Runs the next `positions` prompt positions of a request's prefill (fewer at its end).
-    fn prefill_chunk(&self, mut p: Prefilling<'m>, positions: usize) -> Prefill<'m> {
+    fn prefill_chunk(&self, mut p: Prefilling<'m, A>, positions: usize) -> Prefill<'m, A> {
         if p.req.is_cancelled() {
             p.req.release_from_ar(FinishReason::Cancelled, p.timing);
             return Prefill::Released;
         }
         let t = Instant::now();
-        let step = guarded(|| p.pending.prefill_step(positions));
+        let step = guarded(|| p.pending.step(positions));
         p.timing.prefill += t.elapsed();
         let failed = |req: Arc<RequestShared>, timing: ArTiming, msg: String| {
-            req.release_from_ar(
-                FinishReason::Error(format!("stage 0 (qwen3_tts) prefill: {msg}")),
-                timing,
-            );
+            req.release_from_ar(failed::<A>("prefill", msg), timing);
             Prefill::Released
         };
         match step {
@@ -573,7 +551,7 @@ impl<'m> ArStage<'m> {
 
     /// One frame for every request in `active` that can take one, in one batched forward; ends
     /// and removes the requests that are over. Returns whether anything happened.
-    fn decode_step(&self, active: &mut Vec<ArActive<'m>>) -> bool {
+    fn decode_step(&self, active: &mut Vec<ArActive<'m, A>>) -> bool {
         let mut progress = false;
         // Cancelled requests leave first; blocked ones (chunk buffer full) sit this step out.
         let mut i = 0;
@@ -595,8 +573,8 @@ impl<'m> ArStage<'m> {
         }
         let t = Instant::now();
         let results = {
-            let mut rows: Vec<&mut ArSession<'m>> = Vec::with_capacity(ready.len());
-            let mut rest: &mut [ArActive<'m>] = active;
+            let mut rows: Vec<&mut A::Session<'m>> = Vec::with_capacity(ready.len());
+            let mut rest: &mut [ArActive<'m, A>] = active;
             let mut base = 0;
             for &i in &ready {
                 let (_, tail) = rest.split_at_mut(i - base);
@@ -641,7 +619,7 @@ impl<'m> ArStage<'m> {
     }
 
     /// Lets go of a request: frees its KV cache before stage 1 can report Finished.
-    fn release(&self, a: ArActive<'m>, reason: FinishReason) {
+    fn release(&self, a: ArActive<'m, A>, reason: FinishReason) {
         let ArActive {
             req,
             session,
@@ -655,14 +633,15 @@ impl<'m> ArStage<'m> {
     /// Hands a row's frame to its chunk buffer; `Some(reason)` when the request is over.
     fn push_frame(
         &self,
-        a: &mut ArActive<'m>,
+        a: &mut ArActive<'m, A>,
         step: Result<ArStep, ModelError>,
     ) -> Option<FinishReason> {
         match step {
             Ok(ArStep::Frame(codes)) => {
                 if codes.len() != self.groups {
                     return Some(FinishReason::Error(format!(
-                        "stage 0 (qwen3_tts) frame {}: {} codes, expected num_code_groups = {}",
+                        "stage 0 ({}) frame {}: {} codes, expected {} codebooks",
+                        A::NAME,
                         a.frames,
                         codes.len(),
                         self.groups
@@ -703,7 +682,8 @@ impl<'m> ArStage<'m> {
             Ok(ArStep::Finished(model::FinishReason::Eos)) => Some(FinishReason::Eos),
             Ok(ArStep::Finished(model::FinishReason::Length)) => Some(FinishReason::Length),
             Err(e) => Some(FinishReason::Error(format!(
-                "stage 0 (qwen3_tts) frame {}: {e}",
+                "stage 0 ({}) frame {}: {e}",
+                A::NAME,
                 a.frames
             ))),
         }
@@ -718,11 +698,11 @@ enum OpenStep {
 }
 
 /// What one prefill chunk left.
-enum Prefill<'m> {
+enum Prefill<'m, A: Stage0Model> {
     /// More prompt positions to run.
-    More(Prefilling<'m>),
-    /// The prompt is in the talker's KV cache: the request joins the decode batch.
-    Done(ArActive<'m>),
+    More(Prefilling<'m, A>),
+    /// The prompt is in the model's KV cache: the request joins the decode batch.
+    Done(ArActive<'m, A>),
     /// The request was cancelled or failed and has let go.
     Released,
 }

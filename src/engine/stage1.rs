@@ -1,4 +1,5 @@
-//! Stage 1: the Code2Wav thread (see `stages.rs` for the request lifecycle).
+//! Stage 1: the codec decoder's thread (see `stages.rs` for the request lifecycle), generic over
+//! the model family's [`Stage1Model`] (monomorphised).
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -15,7 +16,7 @@ use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
 use super::stages::{guarded, panic_message};
 use super::{AudioChunk, DTypeSpec, DeviceSpec, EngineError, EngineEvent, FinishReason, Metrics};
-use crate::models::qwen3_tts::code2wav::{Code2Wav, Code2WavStream};
+use crate::models::tts::{Stage1Model, Stage1Options, Stage1Stream};
 use candle_core::DType;
 
 /// A chunk's decode result: its samples or the error text, and the decode time charged to it.
@@ -29,7 +30,7 @@ pub(crate) struct DecInfo {
     pub device: DeviceSpec,
 }
 
-pub(crate) fn dec_thread(
+pub(crate) fn dec_thread<C: Stage1Model>(
     dir: PathBuf,
     device: DeviceSpec,
     cfg: DecoderStageConfig,
@@ -41,12 +42,11 @@ pub(crate) fn dec_thread(
     let loaded = (|| {
         let dev = device.open()?;
         let dtype = decoder_dtype(&cfg, &dev)?;
-        match catch_unwind(AssertUnwindSafe(|| {
-            Code2Wav::load_with_dtype(&dir, &dev, dtype)
-        })) {
+        let opts = Stage1Options { dtype };
+        match catch_unwind(AssertUnwindSafe(|| C::load(&dir, &dev, &opts))) {
             Ok(r) => r.map_err(|e| EngineError::Load {
                 stage: 1,
-                name: "code2wav",
+                name: C::NAME,
                 source: e,
             }),
             Err(p) => Err(EngineError::Stage {
@@ -68,7 +68,7 @@ pub(crate) fn dec_thread(
     let info = DecInfo {
         sample_rate: c2w.sample_rate(),
         samples_per_frame: c2w.samples_per_frame(),
-        quantizers: c2w.num_quantizers(),
+        quantizers: c2w.num_codebooks(),
         device: device.resolve(),
     };
     if ready.send(Ok(info)).is_err() {
@@ -83,7 +83,7 @@ pub(crate) fn dec_thread(
     .run(&queue);
 }
 
-/// The compute dtype of Code2Wav for `cfg` on `dev` (`dtype: bfloat16` needs CUDA); with
+/// The compute dtype of the codec decoder for `cfg` on `dev` (`dtype: bfloat16` needs CUDA); with
 /// `allow_tf32` on CUDA, turns on candle's process-wide TF32 switch for f32 matrix products.
 ///
 /// Errors: [`EngineError::Stage`] for bfloat16 on a CPU device (candle's CPU bf16 convolutions
@@ -100,39 +100,39 @@ fn decoder_dtype(
         DTypeSpec::Bf16 if dev.is_cuda() => Ok(DType::BF16),
         DTypeSpec::Bf16 => Err(EngineError::Stage {
             stage: 1,
-            msg: "engine_args.dtype bfloat16 needs a CUDA device for Code2Wav (use float32 on the CPU)"
+            msg: "engine_args.dtype bfloat16 needs a CUDA device for the codec decoder (use float32 on the CPU)"
                 .into(),
         }),
         _ => Ok(DType::F32),
     }
 }
 
-struct DecStage<'c> {
-    c2w: &'c Code2Wav,
+struct DecStage<'c, C: Stage1Model> {
+    c2w: &'c C,
     cfg: &'c DecoderStageConfig,
     batches: &'c BatchCounters,
 }
 
-enum DecState<'c> {
+enum DecState<'c, C: Stage1Model> {
     /// Batch: one whole-utterance decode after the ICL reference codes (empty otherwise).
     Whole(Vec<Vec<u32>>),
     /// Stateful exact streaming.
-    Exact(Code2WavStream<'c>),
+    Exact(C::Stream<'c>),
     /// Stateless windows; the last `codec_left_context_frames` frames decoded so far.
     Windowed(Vec<Vec<u32>>),
 }
 
 /// One request on stage 1.
-struct DecActive<'c> {
+struct DecActive<'c, C: Stage1Model> {
     req: Arc<RequestShared>,
-    state: DecState<'c>,
+    state: DecState<'c, C>,
     timing: DecoderTiming,
     /// The chunk taken from the request's buffer and not decoded yet (one at a time, so a
     /// request's chunks are decoded in order).
     pending: Option<Ready>,
 }
 
-impl DecActive<'_> {
+impl<C: Stage1Model> DecActive<'_, C> {
     /// The pending chunk as the pass planner sees it (`None` without one).
     fn waiting(&self, now: Instant, rate: u32) -> Option<Waiting> {
         let r = self.pending.as_ref()?;
@@ -147,10 +147,10 @@ impl DecActive<'_> {
     }
 }
 
-impl<'c> DecStage<'c> {
+impl<'c, C: Stage1Model> DecStage<'c, C> {
     fn run(&self, queue: &StageQueue) {
         let mut waiting: VecDeque<Arc<RequestShared>> = VecDeque::new();
-        let mut active: Vec<DecActive<'c>> = Vec::new();
+        let mut active: Vec<DecActive<'c, C>> = Vec::new();
         loop {
             let seen = queue.signal.epoch();
             let (new, shutdown) = queue.drain();
@@ -193,7 +193,8 @@ impl<'c> DecStage<'c> {
                     Err(msg) => {
                         req.cancel();
                         let reason = FinishReason::Error(format!(
-                            "stage 1 (code2wav) reference codes: {msg}"
+                            "stage 1 ({}) reference codes: {msg}",
+                            C::NAME
                         ));
                         Self::finish(&req, reason, &timing, self.sample_rate());
                         continue;
@@ -217,7 +218,8 @@ impl<'c> DecStage<'c> {
         self.c2w.sample_rate()
     }
 
-    /// The decoder state a request starts with. For Base ICL the reference codes are the decoder's
+    /// The decoder state a request starts with. For Qwen3-TTS Base ICL
+    /// ([`Stage1Model::REFERENCE_CONTEXT`]) the reference codes are the decoder's
     /// left context for the whole utterance (docs/field-lessons.md §4): the exact stream is primed
     /// with them and their audio dropped, the windowed history starts with their tail, and a whole
     /// decode prepends them.
@@ -225,13 +227,13 @@ impl<'c> DecStage<'c> {
         &self,
         req: &RequestShared,
         timing: &mut DecoderTiming,
-    ) -> Result<DecState<'c>, String> {
+    ) -> Result<DecState<'c, C>, String> {
         let context = req
             .request
             .voice
             .voice_clone
             .as_ref()
-            .filter(|vc| vc.icl)
+            .filter(|vc| vc.icl && C::REFERENCE_CONTEXT)
             .and_then(|vc| vc.ref_codes.clone())
             .unwrap_or_default();
         Ok(match (req.buffer.policy(), self.cfg.streaming_mode) {
@@ -269,11 +271,11 @@ impl<'c> DecStage<'c> {
     /// One round: every active request without a pending chunk takes its next chunk if it is
     /// ready; then one pass decodes the pending chunks [`next_pass`] chooses (urgent ones first:
     /// a request's first chunk never waits behind a long pass), the chunks of the requests on the
-    /// exact streaming decoder together ([`Code2Wav::decode_chunks`]: each stream keeps its own
+    /// exact streaming decoder together ([`Stage1Model::decode_chunks`]: each stream keeps its own
     /// state, so every request's audio is what it would be alone), the others one by one; then
     /// each decoded chunk's audio is checked and sent. Requests that are over leave. Returns
     /// whether anything happened or is still pending.
-    fn decode_round(&self, active: &mut Vec<DecActive<'c>>) -> bool {
+    fn decode_round(&self, active: &mut Vec<DecActive<'c, C>>) -> bool {
         let mut progress = false;
         let mut done: Vec<(usize, FinishReason)> = Vec::new();
         for (i, a) in active.iter_mut().enumerate() {
@@ -347,7 +349,11 @@ impl<'c> DecStage<'c> {
     /// Decodes the ready chunks (`ready[k]` belongs to `active[ready[k].0]`), in `ready`'s order:
     /// the exact-streaming ones in one batched pass, the rest one by one. Each result comes with
     /// the decode time it is charged (a batched pass is charged to each of its requests).
-    fn decode_ready(&self, active: &mut [DecActive<'c>], ready: &[(usize, Ready)]) -> Vec<Decoded> {
+    fn decode_ready(
+        &self,
+        active: &mut [DecActive<'c, C>],
+        ready: &[(usize, Ready)],
+    ) -> Vec<Decoded> {
         let mut out: Vec<Option<Decoded>> = (0..ready.len()).map(|_| None).collect();
         // The exact streams, batched.
         let exact: Vec<usize> = (0..ready.len())
@@ -356,10 +362,10 @@ impl<'c> DecStage<'c> {
         if !exact.is_empty() {
             let t = Instant::now();
             let results = {
-                let mut streams: Vec<&mut Code2WavStream<'c>> = Vec::with_capacity(exact.len());
+                let mut streams: Vec<&mut C::Stream<'c>> = Vec::with_capacity(exact.len());
                 let mut chunks: Vec<&[Vec<u32>]> = Vec::with_capacity(exact.len());
                 // `ready` is in ascending order of `active` index, so one pass splits them off.
-                let mut rest: &mut [DecActive<'c>] = active;
+                let mut rest: &mut [DecActive<'c, C>] = active;
                 let mut base = 0;
                 for &k in &exact {
                     let (i, r) = (&ready[k].0, &ready[k].1);
@@ -419,7 +425,7 @@ impl<'c> DecStage<'c> {
     /// `Some(reason)` when the request is over.
     fn deliver(
         &self,
-        a: &mut DecActive<'c>,
+        a: &mut DecActive<'c, C>,
         r: &Ready,
         decoded: Result<Vec<f32>, String>,
     ) -> Option<FinishReason> {
@@ -429,15 +435,17 @@ impl<'c> DecStage<'c> {
             Ok(s) => s,
             Err(msg) => {
                 return Some(FinishReason::Error(format!(
-                    "stage 1 (code2wav) frames {first}..{}: {msg}",
+                    "stage 1 ({}) frames {first}..{}: {msg}",
+                    C::NAME,
                     first + frames.len()
                 )));
             }
         };
         if samples.len() != frames.len() * spf {
             return Some(FinishReason::Error(format!(
-                "stage 1 (code2wav) frames {first}..{}: decoder returned {} samples, \
+                "stage 1 ({}) frames {first}..{}: decoder returned {} samples, \
                          expected {} × {spf} = {}",
+                C::NAME,
                 first + frames.len(),
                 samples.len(),
                 frames.len(),
@@ -446,7 +454,8 @@ impl<'c> DecStage<'c> {
         }
         if let Some(bad) = samples.iter().position(|x| !x.is_finite()) {
             return Some(FinishReason::Error(format!(
-                "stage 1 (code2wav) frames {first}..{}: non-finite sample {} at {}",
+                "stage 1 ({}) frames {first}..{}: non-finite sample {} at {}",
+                C::NAME,
                 first + frames.len(),
                 samples[bad],
                 a.timing.samples + bad as u64

@@ -24,7 +24,9 @@ use super::queue::StageQueue;
 use super::stage0::{ArInfo, ar_thread};
 use super::stage1::{DecInfo, dec_thread};
 use super::{DeviceSpec, EngineError, EngineOptions};
-use crate::models::qwen3_tts::{Checkpoint, ModelError, ModelVariant, WeightForm};
+use crate::models::registry::StageVisitor;
+use crate::models::tts::{ModelError, Stage0Model, Stage1Model};
+use crate::nn::WeightForm;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -53,9 +55,6 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> Result<T, ModelError>) -> Result<T,
 /// What the stages report after loading.
 #[derive(Debug, Clone)]
 pub(crate) struct LoadedInfo {
-    pub variant: ModelVariant,
-    pub speakers: Vec<String>,
-    pub languages: Vec<String>,
     pub sample_rate: u32,
     pub samples_per_frame: usize,
     pub ar_device: DeviceSpec,
@@ -91,14 +90,27 @@ pub enum BatchGraphs {
     Fallback(String),
 }
 
+/// [`spawn`] as the registry's visitor: the family picks `A` and `C`.
+pub(crate) struct Spawn<'o>(pub &'o EngineOptions);
+
+/// What [`spawn`] returns.
+pub(crate) type Spawned = (LoadedInfo, Arc<StageQueue>, Arc<StageQueue>, Threads);
+
+impl StageVisitor for Spawn<'_> {
+    type Out = Result<Spawned, EngineError>;
+    fn visit<A: Stage0Model, C: Stage1Model>(self) -> Self::Out {
+        spawn::<A, C>(self.0)
+    }
+}
+
 /// The stage-0 and stage-1 threads.
 pub(crate) type Threads = (JoinHandle<()>, JoinHandle<()>);
 
-/// Spawns both stage threads and waits for them to load.
-pub(crate) fn spawn(
-    ckpt: Checkpoint,
+/// Spawns both stage threads, stage 0 running `A` and stage 1 `C` (the model family's two
+/// halves), and waits for them to load.
+pub(crate) fn spawn<A: Stage0Model, C: Stage1Model>(
     opts: &EngineOptions,
-) -> Result<(LoadedInfo, Arc<StageQueue>, Arc<StageQueue>, Threads), EngineError> {
+) -> Result<Spawned, EngineError> {
     let ar_queue = StageQueue::new();
     let (ar_batches, dec_batches) = (
         Arc::<BatchCounters>::default(),
@@ -112,9 +124,10 @@ pub(crate) fn spawn(
     let ar_device = opts.ar_device;
     let q = ar_queue.clone();
     let counters = ar_batches.clone();
+    let dir = opts.model_dir.clone();
     let stage0 = thread::Builder::new()
         .name("omnitts-stage0-ar".to_string())
-        .spawn(move || ar_thread(ckpt, ar_device, ar_cfg, q, ar_tx, counters));
+        .spawn(move || ar_thread::<A>(dir, ar_device, ar_cfg, q, ar_tx, counters));
 
     let (dec_tx, dec_rx) = mpsc::sync_channel::<Result<DecInfo, EngineError>>(1);
     let dec_cfg = opts.stage_config.decoder.clone();
@@ -124,7 +137,7 @@ pub(crate) fn spawn(
     let q = dec_queue.clone();
     let stage1 = thread::Builder::new()
         .name("omnitts-stage1-code2wav".to_string())
-        .spawn(move || dec_thread(dir, dec_device, dec_cfg, q, dec_tx, counters));
+        .spawn(move || dec_thread::<C>(dir, dec_device, dec_cfg, q, dec_tx, counters));
 
     let spawn_err = |stage, e: std::io::Error| EngineError::Stage {
         stage,
@@ -149,14 +162,14 @@ pub(crate) fn spawn(
         (Some(e), _, _) | (None, Err(e), _) | (None, Ok(_), Err(e)) => Err(e),
         (None, Ok(ar), Ok(dec)) if ar.groups != dec.quantizers => {
             Err(EngineError::Mismatch(format!(
-                "talker_config.num_code_groups = {} but the codec decoder has {} quantizers",
-                ar.groups, dec.quantizers
+                "stage 0 ({}) makes frames of {} codes but the codec decoder ({}) takes {}",
+                A::NAME,
+                ar.groups,
+                C::NAME,
+                dec.quantizers
             )))
         }
         (None, Ok(ar), Ok(dec)) => Ok(LoadedInfo {
-            variant: ar.variant,
-            speakers: ar.speakers,
-            languages: ar.languages,
             sample_rate: dec.sample_rate,
             samples_per_frame: dec.samples_per_frame,
             ar_device: ar.device,

@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use crate::models::qwen3_tts::VoiceClonePrompt;
+use crate::models::tts::VoiceClonePrompt;
 
 /// How many encoded references an engine keeps.
 pub const VOICE_CLONE_CACHE_ENTRIES: usize = 8;

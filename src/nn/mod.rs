@@ -26,6 +26,7 @@ pub mod switches;
 #[cfg(test)]
 mod test_util;
 pub mod transformer;
+pub mod weight_form;
 pub mod weights;
 
 pub use attention::{Attention, KvCache};
@@ -36,4 +37,5 @@ pub use mlp::Mlp;
 pub use rms_norm::RmsNorm;
 pub use rope::RotaryEmbedding;
 pub use transformer::{DecoderLayer, LayerCaches};
+pub use weight_form::WeightForm;
 pub use weights::{WeightError, Weights};

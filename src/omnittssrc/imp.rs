@@ -12,7 +12,7 @@ use gst_base::prelude::*;
 use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 
-use crate::element_common::audio::{self, RATE, SampleFormat, pts_of};
+use crate::element_common::audio::{self, SampleFormat, pts_of};
 use crate::element_common::backend::{OpenText, Ready, Requests, prepare};
 use crate::element_common::input_error::{InputError, input_error};
 use crate::element_common::load::sharing;
@@ -28,7 +28,7 @@ use crate::element_common::split_policy::{
 use crate::element_common::text_checks::{language_warning, markup_warning, strip_markup_tags};
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::element_common::{messages, progress};
-use crate::models::qwen3_tts::prompt::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
+use crate::models::tts::text::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
 
 use super::CAT;
 use super::output::{Notice, Output, Step};
@@ -36,9 +36,11 @@ use super::runtime::{self, Shared};
 
 /// 20 ms at 24 kHz: fine-grained live pacing, one Opus frame.
 const DEFAULT_SAMPLES_PER_BUFFER: u32 = 480;
+/// Largest `samples-per-buffer`: 10 s at 48 kHz.
+const MAX_SAMPLES_PER_BUFFER: u32 = 480_000;
 const DEFAULT_IS_LIVE: bool = false;
 /// Back-pressure bound between the engine and `create()`: 10 s of audio.
-const MAX_QUEUED_SAMPLES: usize = 10 * RATE as usize;
+const MAX_QUEUED_SECONDS: usize = 10;
 
 /// Property values: the synthesis properties every omnitts element has, the server ones, and
 /// this element's own.
@@ -172,8 +174,16 @@ impl OmniTtsSrc {
 
     /// Warns (once per text) when `text` has letters of a script the checkpoint's languages do
     /// not cover.
+    /// The loaded model's sample rate (`None` before start).
+    fn rate(&self) -> Option<u32> {
+        lock(&self.state)
+            .runtime
+            .as_ref()
+            .map(|rt| rt.info.description.sample_rate)
+    }
+
     fn warn_language(&self, text: &str, info: &ModelInfo) {
-        if let Some(w) = language_warning(text, &info.languages) {
+        if let Some(w) = language_warning(text, &info.description.languages) {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("{}", w));
         }
     }
@@ -437,9 +447,12 @@ impl ObjectImpl for OmniTtsSrc {
             props.extend([
                 glib::ParamSpecUInt::builder("samples-per-buffer")
                     .nick("Samples per buffer")
-                    .blurb("Largest number of samples per output buffer (480 = 20 ms)")
+                    .blurb(
+                        "Largest number of samples per output buffer, at the model's rate \
+                         (480 = 20 ms at Qwen3-TTS's 24 kHz, 10.9 ms at Fish S2 Pro's 44.1 kHz)",
+                    )
                     .minimum(1)
-                    .maximum(10 * RATE)
+                    .maximum(MAX_SAMPLES_PER_BUFFER)
                     .default_value(DEFAULT_SAMPLES_PER_BUFFER)
                     .mutable_ready()
                     .build(),
@@ -590,7 +603,8 @@ impl ElementImpl for OmniTtsSrc {
             gst::subclass::ElementMetadata::new(
                 "Qwen3-TTS text-to-speech source",
                 "Source/Audio",
-                "Speaks text with Qwen3-TTS (candle): streaming 24 kHz mono audio, live or not",
+                "Speaks text with Qwen3-TTS or Fish S2 Pro (candle): streaming mono audio at the \
+                 model's rate (24 kHz, 44.1 kHz), live or not",
                 "omnitts developers",
             )
         });
@@ -603,7 +617,7 @@ impl ElementImpl for OmniTtsSrc {
                 "src",
                 gst::PadDirection::Src,
                 gst::PadPresence::Always,
-                &audio::caps(),
+                &audio::template_caps(),
             )
             .expect("static pad template");
             vec![src]
@@ -737,10 +751,13 @@ impl OmniTtsSrc {
         let max_new_tokens = info.base_sampling.max_new_tokens;
         let auto_split = match requests.server() {
             // No checkpoint directory here: the threshold by frames.
-            Some(_) => AutoSplit::by_frames(max_new_tokens),
-            None => AutoSplit::for_checkpoint(&info.dir, max_new_tokens).map_err(|e| {
-                gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
-            })?,
+            Some(_) => AutoSplit::by_frames(max_new_tokens, info.description.frame_rate()),
+            None => {
+                AutoSplit::for_checkpoint(&info.dir, max_new_tokens, info.description.frame_rate())
+                    .map_err(|e| {
+                        gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
+                    })?
+            }
         };
         let streaming_prompt = match requests.server() {
             Some(_) => None,
@@ -748,14 +765,19 @@ impl OmniTtsSrc {
                 gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
             })?,
         };
-        let first_chunk = pts_of((info.first_chunk_frames * info.samples_per_frame) as u64);
-        let latency = first_chunk.max(pts_of(settings.samples_per_buffer as u64));
+        let rate = info.description.sample_rate;
+        let first_chunk = pts_of(
+            (info.first_chunk_frames * info.samples_per_frame) as u64,
+            rate,
+        );
+        let latency = first_chunk.max(pts_of(settings.samples_per_buffer as u64, rate));
         let live_latency = live.then_some(latency);
 
         let output = Output::new(
             settings.samples_per_buffer,
             live_latency,
-            MAX_QUEUED_SAMPLES,
+            MAX_QUEUED_SECONDS * rate as usize,
+            rate,
         );
         let shared = Shared::new(output);
         let mut texts: Vec<String> = Vec::new();
@@ -787,17 +809,17 @@ impl OmniTtsSrc {
                  latency {} ms)",
                 target.url,
                 info.model,
-                info.speakers.len(),
+                info.description.speakers.len(),
                 load_ms,
                 latency.mseconds()
             ),
             Requests::Local { engine, .. } => format!(
-                "omnittssrc: model '{}' ready ({}; {:?}; {} speakers; {}; ready in {:.0} ms; live \
+                "omnittssrc: model '{}' ready ({}; {}; {} speakers; {}; ready in {:.0} ms; live \
                  latency {} ms)",
                 model,
                 info.dir.display(),
-                info.variant,
-                info.speakers.len(),
+                info.description.name,
+                info.description.speakers.len(),
                 sharing(engine, settings.synthesis.shared_engine),
                 load_ms,
                 latency.mseconds()
@@ -869,8 +891,24 @@ impl BaseSrcImpl for OmniTtsSrc {
         false
     }
 
+    /// Before start, any rate (the template); once the model is loaded, its rate only.
+    fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
+        let caps = match self.rate() {
+            Some(rate) => audio::caps(rate),
+            None => audio::template_caps(),
+        };
+        Some(match filter {
+            Some(f) => f.intersect_with_mode(&caps, gst::CapsIntersectMode::First),
+            None => caps,
+        })
+    }
+
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
-        let format = SampleFormat::from_caps(caps).map_err(|e| gst::loggable_error!(CAT, "{e}"))?;
+        let rate = self
+            .rate()
+            .ok_or_else(|| gst::loggable_error!(CAT, "caps {caps} before the model is loaded"))?;
+        let format =
+            SampleFormat::from_caps(caps, rate).map_err(|e| gst::loggable_error!(CAT, "{e}"))?;
         gst::debug!(CAT, imp = self, "negotiated {caps}");
         lock(&self.state).format = Some(format);
         let _ = self

@@ -168,6 +168,8 @@ struct Live {
 /// The output logic of one stream (from start to stop).
 #[derive(Debug)]
 pub(super) struct Output {
+    /// The model's sample rate, Hz: every PTS and duration is counted in it.
+    rate: u32,
     samples_per_buffer: u64,
     live: Option<Live>,
     items: VecDeque<Item>,
@@ -186,13 +188,16 @@ pub(super) struct Output {
 
 impl Output {
     /// The output of a stream of buffers of at most `samples_per_buffer` samples; live with
-    /// `live_latency` when `Some`. The worker waits while `max_queued_samples` are queued.
+    /// `live_latency` when `Some`, at `rate` Hz (the model's). The worker waits while
+    /// `max_queued_samples` are queued.
     pub fn new(
         samples_per_buffer: u32,
         live_latency: Option<gst::ClockTime>,
         max_queued_samples: usize,
+        rate: u32,
     ) -> Output {
         Output {
+            rate,
             samples_per_buffer: samples_per_buffer.max(1) as u64,
             live: live_latency.map(|latency| Live {
                 latency,
@@ -246,7 +251,9 @@ impl Output {
     /// first step, and in non-live mode).
     pub fn arrival_pos(&self, now: Option<gst::ClockTime>) -> u64 {
         match (self.live.as_ref().and_then(|l| l.r0), now) {
-            (Some(r0), Some(now)) => crate::element_common::audio::pos_of(now.saturating_sub(r0)),
+            (Some(r0), Some(now)) => {
+                crate::element_common::audio::pos_of(now.saturating_sub(r0), self.rate)
+            }
             _ => 0,
         }
     }
@@ -294,7 +301,7 @@ impl Output {
         let metrics = Metrics::seen(
             cur.samples_out,
             samples_per_frame,
-            crate::element_common::audio::RATE,
+            self.rate,
             cur.ttfa_ms,
             cur.since,
         );
@@ -304,7 +311,7 @@ impl Output {
     /// PTS of sample position `n`: live, on the running-time timeline.
     fn pts(&self, n: u64) -> gst::ClockTime {
         let r0 = self.live.as_ref().and_then(|l| l.r0);
-        r0.unwrap_or(gst::ClockTime::ZERO) + pts_of(n)
+        r0.unwrap_or(gst::ClockTime::ZERO) + pts_of(n, self.rate)
     }
 
     fn done(&self, cur: Current, reason: FinishReason, metrics: Metrics) -> UtteranceDone {
@@ -320,6 +327,7 @@ impl Output {
             silence_samples: cur.silence_samples,
             pts,
             duration: self.pts(self.n).saturating_sub(pts),
+            rate: self.rate,
         }
     }
 
@@ -351,7 +359,7 @@ impl Output {
                 live.r0 = Some(r0);
                 self.discont = true;
             }
-            let due = r0 + pts_of(self.n);
+            let due = r0 + pts_of(self.n, self.rate);
             if now < due {
                 // Paced: the next buffer is output at its PTS.
                 return Step::Wait { until: Some(due) };
@@ -547,7 +555,7 @@ mod tests {
 
     #[test]
     fn non_live_audio_back_to_back_then_eos() {
-        let mut out = Output::new(480, None, 10_000);
+        let mut out = Output::new(480, None, 10_000, 24_000);
         let mut notices = Vec::new();
         for item in [
             started(1, 0),
@@ -564,8 +572,11 @@ mod tests {
             let b = buffer(out.next(&BUSY, T0, &mut notices));
             assert_eq!(b.samples, Samples::Audio(vec![0.25; want_len]));
             assert_eq!((b.offset, b.discont), (n, discont));
-            assert_eq!(b.pts, pts_of(n));
-            assert_eq!(b.duration, pts_of(n + want_len as u64) - pts_of(n));
+            assert_eq!(b.pts, pts_of(n, 24_000));
+            assert_eq!(
+                b.duration,
+                pts_of(n + want_len as u64, 24_000) - pts_of(n, 24_000)
+            );
             n += want_len as u64;
         }
         assert!(matches!(
@@ -596,7 +607,7 @@ mod tests {
             panic!("{notices:?}");
         };
         assert_eq!((d.id, d.samples, d.metrics.frames), (1, 1000, 7));
-        assert_eq!((d.pts, d.duration), (T0, pts_of(1000)));
+        assert_eq!((d.pts, d.duration), (T0, pts_of(1000, 24_000)));
         assert!(!out.ended());
         notices.clear();
         out.push(done(2));
@@ -607,7 +618,7 @@ mod tests {
 
     #[test]
     fn a_refusal_keeps_its_place_in_the_stream() {
-        let mut out = Output::new(480, None, 10_000);
+        let mut out = Output::new(480, None, 10_000, 24_000);
         let mut notices = Vec::new();
         out.push(started(1, 0));
         out.push(audio(10));
@@ -628,7 +639,7 @@ mod tests {
 
     #[test]
     fn back_pressure_bounds_the_queue() {
-        let mut out = Output::new(480, None, 1000);
+        let mut out = Output::new(480, None, 1000, 24_000);
         assert!(out.has_room(5000), "an empty queue takes any chunk");
         out.push(audio(600));
         assert!(out.has_room(400));
@@ -641,7 +652,7 @@ mod tests {
 
     #[test]
     fn cancel_reports_what_was_output() {
-        let mut out = Output::new(480, None, 10_000);
+        let mut out = Output::new(480, None, 10_000, 24_000);
         let mut notices = Vec::new();
         out.push(started(1, 0));
         out.push(Item::FirstAudio {
@@ -673,26 +684,26 @@ mod tests {
 
     #[test]
     fn live_buffers_wait_for_their_running_time() {
-        let mut out = Output::new(480, Some(ms(80)), 10_000);
+        let mut out = Output::new(480, Some(ms(80)), 10_000, 24_000);
         let mut notices = Vec::new();
         let r0 = ms(30);
         // The first step starts the timeline at its running time.
         let b = buffer(out.next(&BUSY, r0, &mut notices));
         assert_eq!((b.offset, b.pts, b.discont), (0, r0, true));
         // The next buffer is due 20 ms later: wait until then, then output it.
-        let due = r0 + pts_of(480);
+        let due = r0 + pts_of(480, 24_000);
         assert_eq!(
             out.next(&BUSY, r0 + ms(5), &mut notices),
             Step::Wait { until: Some(due) }
         );
         let b = buffer(out.next(&BUSY, due, &mut notices));
         assert_eq!((b.offset, b.pts, b.discont), (480, due, false));
-        assert_eq!(b.duration, pts_of(960) - pts_of(480));
+        assert_eq!(b.duration, pts_of(960, 24_000) - pts_of(480, 24_000));
     }
 
     #[test]
     fn live_silence_until_the_text_is_due() {
-        let mut out = Output::new(480, Some(ms(80)), 10_000);
+        let mut out = Output::new(480, Some(ms(80)), 10_000, 24_000);
         let mut notices = Vec::new();
         let r0 = ms(30);
         // Nothing queued: GAP silence, one full buffer each step, the first DISCONT.
@@ -722,7 +733,7 @@ mod tests {
         let b = buffer(paced(&mut out, &BUSY, &mut notices));
         assert_eq!(
             (b.offset, b.samples.len(), b.pts),
-            (1000, 100, r0 + pts_of(1000))
+            (1000, 100, r0 + pts_of(1000, 24_000))
         );
         // The started message has the PTS of the utterance's first buffer.
         assert!(matches!(
@@ -739,7 +750,7 @@ mod tests {
     #[test]
     fn live_late_audio_waits_for_the_deadline_then_underruns() {
         let latency = ms(80);
-        let mut out = Output::new(480, Some(latency), 10_000);
+        let mut out = Output::new(480, Some(latency), 10_000, 24_000);
         let mut notices = Vec::new();
         let r0 = ms(10);
         // The worker is submitting: audio is due, wait until sample 0's time plus the latency.
@@ -772,7 +783,7 @@ mod tests {
         out.push(audio(480));
         buffer(out.next(&BUSY, r0 + latency, &mut notices));
         // Audio ran out mid-utterance: the next buffer is due at 40 ms + latency.
-        let deadline = r0 + pts_of(960) + latency;
+        let deadline = r0 + pts_of(960, 24_000) + latency;
         assert_eq!(
             out.next(&BUSY, deadline - ms(1), &mut notices),
             Step::Wait {
@@ -798,7 +809,7 @@ mod tests {
         // The late start is the wait, the gap in the middle an underrun.
         assert_eq!((d.samples, d.underruns), (480, 1));
         assert_eq!((d.wait_samples, d.silence_samples), (480, 960));
-        assert_eq!((d.pts, d.duration), (r0, pts_of(1440)));
+        assert_eq!((d.pts, d.duration), (r0, pts_of(1440, 24_000)));
     }
 
     #[test]
@@ -807,7 +818,7 @@ mod tests {
         // past its deadline. Silence keeps the clock; the wait is counted and warned once, and
         // the done message's samples + silence-samples make its duration.
         let latency = ms(80);
-        let mut out = Output::new(480, Some(latency), 10_000);
+        let mut out = Output::new(480, Some(latency), 10_000, 24_000);
         let mut notices = Vec::new();
         let r0 = ms(10);
         out.push(started(1, 0));
@@ -817,7 +828,7 @@ mod tests {
         ));
         let mut late = 0;
         for i in 0..5u64 {
-            let b = buffer(out.next(&BUSY, r0 + pts_of(480 * i) + latency, &mut notices));
+            let b = buffer(out.next(&BUSY, r0 + pts_of(480 * i, 24_000) + latency, &mut notices));
             assert_eq!(b.samples, Samples::Silence(480));
             late += notices
                 .iter()
@@ -828,7 +839,7 @@ mod tests {
         assert_eq!(late, 1, "the wait is warned once");
         out.push(audio(960));
         out.push(done(1));
-        let now = r0 + pts_of(480 * 7);
+        let now = r0 + pts_of(480 * 7, 24_000);
         buffer(out.next(&BUSY, now, &mut notices));
         buffer(out.next(&BUSY, now, &mut notices));
         notices.clear();
@@ -840,13 +851,13 @@ mod tests {
         assert_eq!(d.underruns, 0);
         assert_eq!((d.wait_samples, d.silence_samples), (2400, 2400));
         assert_eq!(d.pts, r0);
-        assert_eq!(d.duration, pts_of(d.samples + d.silence_samples));
+        assert_eq!(d.duration, pts_of(d.samples + d.silence_samples, 24_000));
     }
 
     #[test]
     fn live_resume_continues_or_jumps_with_discont() {
         let latency = ms(80);
-        let mut out = Output::new(480, Some(latency), 10_000);
+        let mut out = Output::new(480, Some(latency), 10_000, 24_000);
         let mut notices = Vec::new();
         let r0 = ms(10);
         buffer(out.next(&BUSY, r0, &mut notices));
@@ -854,17 +865,17 @@ mod tests {
         // however late the next step is (a sink holding the streaming thread).
         out.pause(r0 + ms(15));
         out.resume(r0 + ms(18));
-        let due = r0 + pts_of(480);
+        let due = r0 + pts_of(480, 24_000);
         let b = buffer(out.next(&BUSY, due + ms(150), &mut notices));
         assert_eq!((b.offset, b.pts, b.discont), (480, due, false));
         // A first PLAYING (no pause before it) is no jump either.
         out.resume(r0 + ms(900));
-        let b = buffer(out.next(&BUSY, r0 + pts_of(960), &mut notices));
-        assert_eq!((b.pts, b.discont), (r0 + pts_of(960), false));
+        let b = buffer(out.next(&BUSY, r0 + pts_of(960, 24_000), &mut notices));
+        assert_eq!((b.pts, b.discont), (r0 + pts_of(960, 24_000), false));
         // The running time went on for 500 ms while paused: the timeline jumps by as much.
         out.pause(r0 + ms(70));
         out.resume(r0 + ms(570));
-        let due = r0 + pts_of(1440) + ms(500);
+        let due = r0 + pts_of(1440, 24_000) + ms(500);
         assert_eq!(
             out.next(&BUSY, due - ms(10), &mut notices),
             Step::Wait { until: Some(due) }
@@ -872,11 +883,11 @@ mod tests {
         let b = buffer(out.next(&BUSY, due, &mut notices));
         assert_eq!((b.offset, b.pts, b.discont), (1440, due, true));
         // Text arriving now is due at the next sample; then the timeline tiles again.
-        assert_eq!(out.arrival_pos(Some(due + pts_of(480))), 1920);
+        assert_eq!(out.arrival_pos(Some(due + pts_of(480, 24_000))), 1920);
         let b = buffer(paced(&mut out, &BUSY, &mut notices));
         assert_eq!(
             (b.offset, b.pts, b.discont),
-            (1920, due + pts_of(480), false)
+            (1920, due + pts_of(480, 24_000), false)
         );
         // Moving on by no more than the latency is no jump.
         out.pause(due);
@@ -887,7 +898,7 @@ mod tests {
 
     #[test]
     fn queued_refusals_are_taken_in_order() {
-        let mut out = Output::new(480, None, 10_000);
+        let mut out = Output::new(480, None, 10_000, 24_000);
         out.push(started(1, 0));
         out.push(audio(10));
         for id in [2, 3] {

@@ -651,7 +651,7 @@ mod tests {
 
     #[test]
     fn create_sees_flushing_failure_and_the_end() {
-        let shared = Shared::new(Output::new(480, None, 1000));
+        let shared = Shared::new(Output::new(480, None, 1000, 24_000));
         let mut inner = shared.lock();
         let mut notices = Vec::new();
         let now = gst::ClockTime::ZERO;
@@ -662,7 +662,7 @@ mod tests {
         );
         assert!(inner.ended());
 
-        let shared = Shared::new(Output::new(480, None, 1000));
+        let shared = Shared::new(Output::new(480, None, 1000, 24_000));
         let mut inner = shared.lock();
         assert_eq!(queue_one(&mut inner, "a"), 1);
         assert_eq!(queue_one(&mut inner, "b"), 2);
@@ -706,6 +706,7 @@ mod tests {
             480,
             Some(gst::ClockTime::from_mseconds(80)),
             1000,
+            24_000,
         ));
         let mut inner = shared.lock();
         let mut notices = Vec::new();
@@ -737,7 +738,7 @@ mod tests {
 
     #[test]
     fn refusals_behind_an_eos_come_back() {
-        let shared = Shared::new(Output::new(480, None, 1000));
+        let shared = Shared::new(Output::new(480, None, 1000, 24_000));
         let mut inner = shared.lock();
         for text in ["a", "b", "c"] {
             queue_one(&mut inner, text);

@@ -8,8 +8,6 @@
 
 use signalsmith_stretch::Stretch;
 
-use crate::element_common::audio::RATE;
-
 /// The most `max-compression` may be: beyond about 2× speech becomes hard to follow.
 pub const MAX_FACTOR: f64 = 3.0;
 /// The `max-compression` default: 1.5× (speech stays natural).
@@ -21,13 +19,15 @@ pub const DEFAULT_FACTOR: f64 = 1.5;
 pub struct Squeeze {
     pub slot: u64,
     pub max: f64,
+    /// The model's sample rate, Hz (of `slot` and of the speech).
+    pub rate: u32,
 }
 
 impl Squeeze {
     /// Samples of speech worth synthesising: what compressed by `max` fills the slot, and a
     /// little more (100 ms) for the stretcher's window at the end; more would only be clipped.
     pub fn enough(&self) -> u64 {
-        (self.slot as f64 * self.max) as u64 + RATE as u64 / 10
+        (self.slot as f64 * self.max) as u64 + u64::from(self.rate) / 10
     }
 
     /// The factor that `speech` samples are compressed by: 1 when they fit the slot, else their
@@ -40,15 +40,16 @@ impl Squeeze {
     }
 }
 
-/// `speech` (mono, 24 kHz) made `factor` (> 1) times shorter with its pitch kept. `None` when it
-/// is too short for the stretcher's window (about 0.1 s of output): the caller keeps it as it is.
-pub fn compress(speech: &[f32], factor: f64) -> Option<Vec<f32>> {
+/// `speech` (mono, at `rate` Hz) made `factor` (> 1) times shorter with its pitch kept. `None`
+/// when it is too short for the stretcher's window (about 0.1 s of output): the caller keeps it
+/// as it is.
+pub fn compress(speech: &[f32], factor: f64, rate: u32) -> Option<Vec<f32>> {
     if speech.is_empty() || !factor.is_finite() || factor <= 1.0 {
         return None;
     }
     let len = ((speech.len() as f64 / factor).round() as usize).max(1);
     let mut out = vec![0.0f32; len];
-    let mut stretch = Stretch::preset_default(1, RATE);
+    let mut stretch = Stretch::preset_default(1, rate);
     if !stretch.exact(speech, &mut out) {
         return None;
     }
@@ -61,6 +62,8 @@ pub fn compress(speech: &[f32], factor: f64) -> Option<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const RATE: u32 = 24_000;
 
     fn sine(freq: f32, len: usize) -> Vec<f32> {
         (0..len)
@@ -87,7 +90,7 @@ mod tests {
         let input = sine(220.0, 2 * RATE as usize);
         assert!((frequency(&input) - 220.0).abs() < 1.0);
         for factor in [1.25, 1.5, 2.0] {
-            let out = compress(&input, factor).expect("long enough");
+            let out = compress(&input, factor, RATE).expect("long enough");
             assert_eq!(out.len(), (input.len() as f64 / factor).round() as usize);
             let f = frequency(&out);
             assert!((f - 220.0).abs() < 4.0, "{factor}×: {f:.1} Hz, not 220");
@@ -96,9 +99,9 @@ mod tests {
             // Plain resampling to that length would raise the pitch by the factor.
             assert!((f - 220.0 * factor).abs() > 40.0);
         }
-        assert_eq!(compress(&input, 1.0), None, "nothing to do");
-        assert_eq!(compress(&[], 2.0), None);
-        assert_eq!(compress(&sine(220.0, 400), 2.0), None, "too short");
+        assert_eq!(compress(&input, 1.0, RATE), None, "nothing to do");
+        assert_eq!(compress(&[], 2.0, RATE), None);
+        assert_eq!(compress(&sine(220.0, 400), 2.0, RATE), None, "too short");
     }
 
     #[test]
@@ -106,13 +109,18 @@ mod tests {
         let s = Squeeze {
             slot: 24_000,
             max: 1.5,
+            rate: RATE,
         };
         assert_eq!(s.factor(20_000), 1.0);
         assert_eq!(s.factor(24_000), 1.0);
         assert_eq!(s.factor(30_000), 1.25);
         assert_eq!(s.factor(48_000), 1.5, "at most max");
         assert_eq!(s.enough(), 36_000 + 2_400);
-        let none = Squeeze { slot: 0, max: 2.0 };
+        let none = Squeeze {
+            slot: 0,
+            max: 2.0,
+            rate: RATE,
+        };
         assert_eq!(none.factor(1_000), 1.0);
     }
 }

@@ -23,20 +23,21 @@ use super::timeline::CueReport;
 /// `late-ms` (f64, live: silence output in its place meanwhile).
 pub const CUE: &str = "omnitts/cue";
 
-fn ms(samples: u64) -> f64 {
-    pts_of(samples).nseconds() as f64 / 1e6
+fn ms(samples: u64, rate: u32) -> f64 {
+    pts_of(samples, rate).nseconds() as f64 / 1e6
 }
 
-/// The [`CUE`] message of `report` (positions from the segment start `segment_start`) for the
-/// cue `info`.
+/// The [`CUE`] message of `report` (positions from the segment start `segment_start`, samples
+/// at the model's `rate` Hz) for the cue `info`.
 pub(super) fn cue_message(
     src: &gst::Element,
     report: &CueReport,
     info: &CueInfo,
     segment_start: gst::ClockTime,
     policy: Overflow,
+    rate: u32,
 ) -> gst::Message {
-    let at = |p: u64| segment_start + pts_of(p);
+    let at = |p: u64| segment_start + pts_of(p, rate);
     let s = gst::Structure::builder(CUE)
         .field("id", report.id)
         .field("text", info.text.as_str())
@@ -44,13 +45,13 @@ pub(super) fn cue_message(
         .field("slot-duration", info.duration)
         .field("start", report.first.map(at))
         .field("end", at(report.end))
-        .field("speech-duration", pts_of(report.speech))
-        .field("output-duration", pts_of(report.output))
+        .field("speech-duration", pts_of(report.speech, rate))
+        .field("output-duration", pts_of(report.output, rate))
         .field("overflow", policy.nick())
         .field("action", report.action.as_str())
-        .field("shifted-ms", ms(report.shifted))
-        .field("overrun-ms", ms(report.overrun))
-        .field("clipped-ms", ms(report.clipped))
+        .field("shifted-ms", ms(report.shifted, rate))
+        .field("overrun-ms", ms(report.overrun, rate))
+        .field("clipped-ms", ms(report.clipped, rate))
         .field(
             "compression",
             report
@@ -59,7 +60,7 @@ pub(super) fn cue_message(
                 .map_or(1.0, |c| report.speech as f64 / c as f64),
         )
         .field("late", report.late)
-        .field("late-ms", ms(report.late_samples))
+        .field("late-ms", ms(report.late_samples, rate))
         .build();
     gst::message::Element::builder(s).src(src).build()
 }

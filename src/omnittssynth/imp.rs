@@ -3,6 +3,7 @@
 //! utterance as they arrive), and the start/stop of the engine, the synthesis workers and the
 //! output task.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -28,7 +29,7 @@ use crate::element_common::text_checks::{language_warning, markup_warning, strip
 use crate::element_common::voice_clone::VoiceCloner;
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::engine::SharedEngine;
-use crate::models::qwen3_tts::prompt::unspeakable;
+use crate::models::tts::text::unspeakable;
 
 use super::CAT;
 use super::compress::{self, Squeeze};
@@ -103,6 +104,8 @@ pub struct OmniTtsSynth {
     /// `input-mode=fragments`: the fragments of the utterance in progress (streaming thread;
     /// a flush empties it).
     fragments: Mutex<Fragments>,
+    /// The loaded model's sample rate, Hz (0 before start: [`audio::DEFAULT_RATE`] stands in).
+    rate: AtomicU32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -181,11 +184,20 @@ impl ObjectSubclass for OmniTtsSynth {
             runtime: Mutex::new(None),
             shared: Arc::new(Shared::new(DEFAULT_OVERFLOW)),
             fragments: Mutex::new(Fragments::default()),
+            rate: AtomicU32::new(0),
         }
     }
 }
 
 impl OmniTtsSynth {
+    /// The loaded model's sample rate, Hz ([`audio::DEFAULT_RATE`] before start).
+    fn rate(&self) -> u32 {
+        match self.rate.load(Ordering::Relaxed) {
+            0 => audio::DEFAULT_RATE,
+            r => r,
+        }
+    }
+
     fn element(&self) -> gst::Element {
         self.obj().clone().upcast()
     }
@@ -219,25 +231,29 @@ impl OmniTtsSynth {
         } = load(&element, *CAT, &settings.synthesis, false).inspect_err(|_| {
             progress::post_error(&element, "load", "model loading failed");
         })?;
-        let speaker_map = SpeakerMap::parse(settings.speaker_map.as_deref(), info.variant)
+        let speaker_map = SpeakerMap::parse(settings.speaker_map.as_deref(), &info.description)
             .map_err(|e| e.to_error_msg())?;
         for (label, voice) in speaker_map.entries() {
             build_request(&voice.apply(&settings.synthesis), &info, "probe").map_err(|e| {
                 input_error("speaker-map", label, format!("{voice}: {e}")).to_error_msg()
             })?;
         }
-        let auto_split = AutoSplit::for_checkpoint(&info.dir, info.base_sampling.max_new_tokens)
-            .map_err(|e| {
-                gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
-            })?;
+        let auto_split = AutoSplit::for_checkpoint(
+            &info.dir,
+            info.base_sampling.max_new_tokens,
+            info.description.frame_rate(),
+        )
+        .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e)))?;
         let streaming_prompt = streaming_prompt_hint(&info.dir).map_err(|e| {
             gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
         })?;
         let requests = Arc::new(Requests::Local {
             engine: engine.clone(),
-            cloner: std::sync::Mutex::new(VoiceCloner::default()),
+            cloner: std::sync::Mutex::new(VoiceCloner::new(info.description.reference.clone())),
         });
         let policy = settings.overflow;
+        self.rate
+            .store(info.description.sample_rate, Ordering::Relaxed);
         *self.shared.lock() = Inner::new(policy);
         let workers = spawn_workers(engine.clone(), cloner, self.shared.clone()).map_err(|e| {
             gst::error_msg!(
@@ -246,12 +262,12 @@ impl OmniTtsSynth {
             )
         })?;
         let ready = format!(
-            "omnittssynth: model '{}' ready ({}; {:?}; {} speakers; {}; ready in {:.0} ms; \
+            "omnittssynth: model '{}' ready ({}; {}; {} speakers; {}; ready in {:.0} ms; \
              overflow {}, latency {} ms)",
             model,
             info.dir.display(),
-            info.variant,
-            info.speakers.len(),
+            info.description.name,
+            info.description.speakers.len(),
             sharing(&engine, settings.synthesis.shared_engine),
             t0.elapsed().as_secs_f64() * 1000.0,
             policy.nick(),
@@ -336,6 +352,7 @@ impl OmniTtsSynth {
             latency,
             policy: self.policy(),
             samples_per_frame,
+            rate: self.rate(),
         };
         match self.srcpad.start_task(move || output.step()) {
             Ok(()) => true,
@@ -400,8 +417,8 @@ impl OmniTtsSynth {
             gst::QueryViewMut::Position(q) if q.format() == gst::Format::Time => {
                 let inner = self.shared.lock();
                 let seg = &inner.segment;
-                let pos =
-                    seg.start().unwrap_or(gst::ClockTime::ZERO) + pts_of(inner.timeline.position());
+                let pos = seg.start().unwrap_or(gst::ClockTime::ZERO)
+                    + pts_of(inner.timeline.position(), self.rate());
                 q.set(seg.to_stream_time(pos));
                 true
             }
@@ -432,7 +449,7 @@ impl OmniTtsSynth {
         if self.shared.lock().format.is_some() {
             return true;
         }
-        let template = audio::caps();
+        let template = audio::caps(self.rate());
         let peer = self.srcpad.peer_query_caps(Some(&template));
         let mut out = peer.intersect_with_mode(&template, gst::CapsIntersectMode::First);
         if out.is_empty() {
@@ -448,7 +465,7 @@ impl OmniTtsSynth {
             return false;
         }
         out.fixate();
-        let sample_format = match SampleFormat::from_caps(&out) {
+        let sample_format = match SampleFormat::from_caps(&out, self.rate()) {
             Ok(f) => f,
             Err(e) => {
                 gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", e));
@@ -518,7 +535,7 @@ impl OmniTtsSynth {
     fn cue_start(&self, inner: &Inner, pts: Option<gst::ClockTime>) -> CueStart {
         let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
         match pts {
-            Some(p) => CueStart::At(pos_of(p.saturating_sub(start))),
+            Some(p) => CueStart::At(pos_of(p.saturating_sub(start), self.rate())),
             None => {
                 // Live: not before the running time it arrived at.
                 let now = match inner.upstream_latency {
@@ -530,7 +547,7 @@ impl OmniTtsSynth {
                                 .segment
                                 .position_from_running_time(rt.saturating_sub(upstream))
                         })
-                        .map_or(0, |p| pos_of(p.saturating_sub(start))),
+                        .map_or(0, |p| pos_of(p.saturating_sub(start), self.rate())),
                     _ => 0,
                 };
                 CueStart::Asap(inner.timeline.horizon().max(now))
@@ -576,11 +593,12 @@ impl OmniTtsSynth {
             .map(|slot| Squeeze {
                 slot,
                 max: max_compression,
+                rate: rt.info.description.sample_rate,
             });
         for w in rt.warned.new_warnings(&settings, &rt.info) {
             gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
         }
-        if let Some(w) = language_warning(text, &rt.info.languages) {
+        if let Some(w) = language_warning(text, &rt.info.description.languages) {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("cue {}: {}", id, w));
         }
         // A long cue is spoken sentence by sentence (`split-sentences`), back to back, as that
@@ -831,7 +849,7 @@ impl OmniTtsSynth {
             let text = cue.open.text();
             if let Some(w) = lock(&self.runtime)
                 .as_ref()
-                .and_then(|rt| language_warning(&text, &rt.info.languages))
+                .and_then(|rt| language_warning(&text, &rt.info.description.languages))
             {
                 gst::element_imp_warning!(
                     self,
@@ -895,7 +913,7 @@ impl OmniTtsSynth {
             }
             _ => t,
         });
-        let slot = duration.map(pos_of);
+        let slot = duration.map(|d| pos_of(d, self.rate()));
         let (kind, job) = self.cue_kind(id, &text, pts, slot, &voice, live)?;
         self.queue_cue(
             id,
@@ -922,7 +940,7 @@ impl OmniTtsSynth {
         job: Option<Job>,
         text: String,
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
-        let slot = duration.map(pos_of);
+        let slot = duration.map(|d| pos_of(d, self.rate()));
         let mut inner = self.shared.lock();
         if inner.epoch != epoch || inner.flushing {
             return Err(gst::FlowError::Flushing);
@@ -1046,7 +1064,7 @@ impl OmniTtsSynth {
                 let mut inner = self.shared.lock();
                 let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
                 let end = (pts + duration.unwrap_or(gst::ClockTime::ZERO)).saturating_sub(start);
-                inner.timeline.gap(pos_of(end));
+                inner.timeline.gap(pos_of(end, self.rate()));
                 self.shared.cond.notify_all();
                 true
             }
@@ -1272,7 +1290,7 @@ impl ElementImpl for OmniTtsSynth {
                 "Qwen3-TTS timed-text synthesizer",
                 "Filter/Audio/Text",
                 "Speaks timed text (subtitles, captions) with Qwen3-TTS at each cue's running \
-                 time: one continuous 24 kHz mono stream, silence between cues",
+                 time: one continuous mono stream at the model's rate (24 kHz Qwen3-TTS, 44.1 kHz Fish S2 Pro), silence between cues",
                 "omnitts developers",
             )
         });
@@ -1292,7 +1310,7 @@ impl ElementImpl for OmniTtsSynth {
                 "src",
                 gst::PadDirection::Src,
                 gst::PadPresence::Always,
-                &audio::caps(),
+                &audio::template_caps(),
             )
             .expect("static pad template");
             vec![sink, src]

@@ -41,6 +41,8 @@ pub(super) struct Output {
     pub policy: Overflow,
     /// Audio samples per codec frame (for the figures of a cue cut before its synthesis ended).
     pub samples_per_frame: usize,
+    /// The model's sample rate, Hz: every PTS, duration and message is counted in it.
+    pub rate: u32,
 }
 
 /// How the next step is paced, and how long to wait at most when it cannot be taken.
@@ -173,8 +175,8 @@ impl Output {
             let out = OutBuffer {
                 samples,
                 offset: at,
-                pts: start + pts_of(at),
-                duration: pts_of(at + len) - pts_of(at),
+                pts: start + pts_of(at, self.rate),
+                duration: pts_of(at + len, self.rate) - pts_of(at, self.rate),
                 discont: std::mem::take(&mut inner.discont),
             };
             let events = drain_events(&mut inner, at);
@@ -215,11 +217,11 @@ impl Output {
         };
         let seg = &inner.segment;
         let start = seg.start().unwrap_or(gst::ClockTime::ZERO);
-        let running = |p: u64| seg.to_running_time(start + pts_of(p));
+        let running = |p: u64| seg.to_running_time(start + pts_of(p, self.rate));
         let n = inner.timeline.position();
         let settled = seg
             .position_from_running_time(now.saturating_sub(upstream))
-            .map_or(0, |pos| pos_of(pos.saturating_sub(start)));
+            .map_or(0, |pos| pos_of(pos.saturating_sub(start), self.rate));
         let deadline = running(n).map(|r| r + upstream + self.latency);
         let next_settles = running(n + MAX_BUFFER_SAMPLES as u64).map(|r| r + upstream);
         let wake = [deadline, next_settles]
@@ -255,7 +257,7 @@ impl Output {
                             .unwrap_or_else(|| i.since.elapsed().as_secs_f64() * 1000.0);
                         (i.text.as_str(), ttfa)
                     });
-                    let pts = start + pts_of(at);
+                    let pts = start + pts_of(at, self.rate);
                     gst::info!(CAT, obj = element, "cue {id} starts at sample {at}");
                     msgs.push(messages::started(element, id, text, pts));
                     msgs.push(messages::first_audio(element, id, ttfa_ms, pts));
@@ -295,7 +297,7 @@ impl Output {
                             let metrics = Metrics::seen(
                                 report.speech,
                                 self.samples_per_frame,
-                                crate::element_common::audio::RATE,
+                                self.rate,
                                 info.ttfa_ms,
                                 info.since,
                             );
@@ -310,8 +312,9 @@ impl Output {
                             underruns: report.late,
                             wait_samples: 0,
                             silence_samples: 0,
-                            pts: start + pts_of(first),
-                            duration: pts_of(report.end) - pts_of(first),
+                            pts: start + pts_of(first, self.rate),
+                            duration: pts_of(report.end, self.rate) - pts_of(first, self.rate),
+                            rate: self.rate,
                         };
                         msgs.push(done.message(element));
                         if let Some(m) = done.failure_message(element) {
@@ -328,7 +331,14 @@ impl Output {
                         report.speech,
                         report.end
                     );
-                    msgs.push(cue_message(element, &report, &info, start, self.policy));
+                    msgs.push(cue_message(
+                        element,
+                        &report,
+                        &info,
+                        start,
+                        self.policy,
+                        self.rate,
+                    ));
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! them to the engine (so that the next cue is synthesised while the one before it still plays, and
 //! batched with it by the engine), and put the audio into the timeline as it streams back.
 //!
-//! Back-pressure: a worker takes no new cue while [`MAX_BUFFERED_SAMPLES`] of synthesised audio
+//! Back-pressure: a worker takes no new cue while [`MAX_BUFFERED_SECONDS`] of synthesised audio
 //! wait for the output, unless the output needs that cue to go on ([`next_job`]): a cue that is
 //! due (playing, or its start reached) is always taken, so that any number of cues playing at
 //! the same time, of any length, cannot hold the output and the workers waiting for each other.
@@ -17,7 +17,6 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::element_common::audio::RATE;
 use crate::element_common::backend::{Backend, Cancel, Handle, Request};
 use crate::element_common::clause_speech::{ClauseSink, speak_clauses};
 use crate::element_common::voice_clone::VoiceCloner;
@@ -31,7 +30,12 @@ use super::timeline::Timeline;
 /// Cues synthesised at the same time.
 pub(super) const WORKERS: usize = 2;
 /// Synthesised audio that may wait for the output before workers pause: 30 s.
-pub(super) const MAX_BUFFERED_SAMPLES: u64 = 30 * RATE as u64;
+pub(super) const MAX_BUFFERED_SECONDS: u64 = 30;
+
+/// [`MAX_BUFFERED_SECONDS`] in samples at `rate` Hz.
+pub(super) fn max_buffered(rate: u32) -> u64 {
+    MAX_BUFFERED_SECONDS * u64::from(rate)
+}
 /// How often a worker waiting on the engine checks for a flush or stop.
 const POLL: Duration = Duration::from_millis(20);
 
@@ -61,7 +65,7 @@ fn worker_loop(engine: &Arc<SharedEngine>, cloner: &Mutex<VoiceCloner>, shared: 
                     return;
                 }
                 let ids = inner.jobs.iter().map(|j| j.id);
-                if let Some(i) = next_job(ids, &inner.timeline, MAX_BUFFERED_SAMPLES)
+                if let Some(i) = next_job(ids, &inner.timeline, max_buffered(engine.sample_rate()))
                     && let Some(job) = inner.jobs.remove(i)
                 {
                     break job;
@@ -439,7 +443,7 @@ fn release(shared: &Shared, id: u64, epoch: u64, squeeze: Option<Squeeze>, held:
     let original = held.len() as u64;
     let factor = sq.factor(original);
     let audio = if factor > 1.0 {
-        compress(&held, factor)
+        compress(&held, factor, sq.rate)
     } else {
         None
     };
@@ -483,26 +487,26 @@ mod tests {
                 t.push_cue(id, CueStart::At(0), None, CueKind::Speech);
             }
             t.push_cue(4, CueStart::At(48_000_000), None, CueKind::Speech);
-            let long = vec![0.1; (MAX_BUFFERED_SAMPLES / 2 + 1) as usize];
+            let long = vec![0.1; (max_buffered(24_000) / 2 + 1) as usize];
             for id in 1..=2 {
                 t.add_audio(id, &long);
                 t.finish(id);
             }
             assert_eq!(t.next(480, Pace::Exact), Step::Wait(Need::Audio));
-            assert!(t.buffered() >= MAX_BUFFERED_SAMPLES);
+            assert!(t.buffered() >= max_buffered(24_000));
             assert!(t.needs(3) && !t.needs(4), "{policy:?}");
             assert_eq!(
-                next_job([3, 4].into_iter(), &t, MAX_BUFFERED_SAMPLES),
+                next_job([3, 4].into_iter(), &t, max_buffered(24_000)),
                 Some(0),
                 "{policy:?}: the cue the output waits for"
             );
             // Queued in another order, the due one is still found.
             assert_eq!(
-                next_job([4, 3].into_iter(), &t, MAX_BUFFERED_SAMPLES),
+                next_job([4, 3].into_iter(), &t, max_buffered(24_000)),
                 Some(1)
             );
             // A cue not yet due waits while the buffer is full, and goes once it is not.
-            assert_eq!(next_job([4].into_iter(), &t, MAX_BUFFERED_SAMPLES), None);
+            assert_eq!(next_job([4].into_iter(), &t, max_buffered(24_000)), None);
             assert_eq!(next_job([4].into_iter(), &t, u64::MAX), Some(0));
             assert_eq!(next_job(std::iter::empty(), &t, u64::MAX), None);
         }

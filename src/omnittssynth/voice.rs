@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use crate::element_common::input_error::{InputError, input_error};
 use crate::element_common::settings::SynthesisSettings;
-use crate::models::qwen3_tts::ModelVariant;
+use crate::models::tts::{InstructUse, ModelDescription, ReferenceUse};
 
 /// Name of the custom downstream event that changes the voice of the cues after it.
 pub const VOICE_EVENT: &str = "omnitts/voice";
@@ -128,13 +128,15 @@ pub struct SpeakerMap(HashMap<String, VoiceChange>);
 
 impl SpeakerMap {
     /// Reads `map` (any structure name; each field a speaker label): a string value names the
-    /// voice in the way the checkpoint `variant` has voices — a preset `speaker` (CustomVoice),
-    /// a voice description, `instruct` (VoiceDesign), or a reference recording, `ref-audio`, cloned
-    /// from its speaker embedding alone (Base, `x-vector-only`); a structure value gives the
-    /// [`VoiceChange`] fields. Errors name the property and the label.
+    /// voice in the way the checkpoint `d` has voices — a preset `speaker` (it has presets), a
+    /// voice description, `instruct` (its voice comes from one), or a reference recording,
+    /// `ref-audio`, cloned from its speaker embedding alone (`x-vector-only`; a checkpoint that
+    /// requires a reference and has that mode); a structure value gives the [`VoiceChange`]
+    /// fields. Errors name the property and the label, also for a string on a checkpoint that
+    /// has none of these (use a structure there).
     pub fn parse(
         map: Option<&gst::StructureRef>,
-        variant: ModelVariant,
+        d: &ModelDescription,
     ) -> Result<SpeakerMap, InputError> {
         let mut out = HashMap::new();
         let Some(map) = map else {
@@ -145,13 +147,21 @@ impl SpeakerMap {
             let bad = |why: String| input_error("speaker-map", &map.to_string(), why);
             let change = if let Ok(s) = value.get::<String>() {
                 let mut v = VoiceChange::default();
-                match variant {
-                    ModelVariant::CustomVoice => v.speaker = Some(s),
-                    ModelVariant::VoiceDesign => v.instruct = Some(s),
-                    ModelVariant::Base => {
-                        v.ref_audio = Some(s);
-                        v.x_vector_only = Some(true);
-                    }
+                if !d.speakers.is_empty() {
+                    v.speaker = Some(s);
+                } else if d.instruct == InstructUse::Required {
+                    v.instruct = Some(s);
+                } else if d.reference.use_ == ReferenceUse::Required
+                    && d.reference.speaker_embedding_only
+                {
+                    v.ref_audio = Some(s);
+                    v.x_vector_only = Some(true);
+                } else {
+                    return Err(bad(format!(
+                        "label '{label}': model {} has no voice a string could name; give a \
+                         structure ({FIELDS})",
+                        d.name
+                    )));
                 }
                 v
             } else if let Ok(s) = value.get::<gst::Structure>() {
@@ -183,6 +193,7 @@ impl SpeakerMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::qwen3_tts::{ModelVariant, served_description};
     use std::str::FromStr;
 
     #[test]
@@ -231,7 +242,14 @@ mod tests {
             "map, spk_0=ryan, spk_1=[voice, speaker=aiden, instruct=whisper]",
         )
         .unwrap();
-        let m = SpeakerMap::parse(Some(&map), ModelVariant::CustomVoice).unwrap();
+        let d = |v| served_description(v, vec!["ryan".into(), "aiden".into()], vec![], true);
+        let (cv, base) = (d(ModelVariant::CustomVoice), d(ModelVariant::Base));
+        let base = ModelDescription {
+            speakers: vec![],
+            default_speaker: None,
+            ..base
+        };
+        let m = SpeakerMap::parse(Some(&map), &cv).unwrap();
         assert_eq!(m.get("spk_0").unwrap().speaker.as_deref(), Some("ryan"));
         let v1 = m.get("spk_1").unwrap();
         assert_eq!(
@@ -239,14 +257,14 @@ mod tests {
             (Some("aiden"), Some("whisper"))
         );
         assert!(m.get("spk_2").is_none());
-        let base = SpeakerMap::parse(Some(&map), ModelVariant::Base).unwrap();
+        let base = SpeakerMap::parse(Some(&map), &base).unwrap();
         let v0 = base.get("spk_0").unwrap();
         assert_eq!(
             (v0.ref_audio.as_deref(), v0.x_vector_only),
             (Some("ryan"), Some(true))
         );
         let bad = gst::Structure::from_str("map, spk_0=(int)1").unwrap();
-        let e = SpeakerMap::parse(Some(&bad), ModelVariant::CustomVoice).unwrap_err();
+        let e = SpeakerMap::parse(Some(&bad), &cv).unwrap_err();
         assert_eq!(e.property, "speaker-map");
         assert!(e.why.contains("label 'spk_0'"), "{e}");
     }

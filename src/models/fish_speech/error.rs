@@ -29,3 +29,32 @@ pub enum FishError {
 
 /// Results of this module.
 pub type Result<T> = std::result::Result<T, FishError>;
+
+impl From<FishError> for crate::models::tts::ModelError {
+    /// The seam's error: a refused request keeps its field (the value is not quoted: the message
+    /// says what was wrong), configuration and file errors name their file.
+    fn from(e: FishError) -> Self {
+        use crate::models::tts::ModelError;
+        match e {
+            FishError::Io { path, source } => ModelError::Io { path, source },
+            FishError::Config { path, msg } => ModelError::Config {
+                file: path,
+                field: String::new(),
+                msg,
+            },
+            FishError::Weights(w) => w.into(),
+            FishError::Checkpoint { file, msg } => ModelError::Config {
+                file,
+                field: String::new(),
+                msg,
+            },
+            FishError::Tokenizer(m) => ModelError::Tokenizer(m),
+            FishError::InvalidRequest { field, msg } => ModelError::InvalidRequest {
+                field: field.to_string(),
+                value: String::new(),
+                msg,
+            },
+            FishError::Candle(c) => ModelError::Candle(c),
+        }
+    }
+}

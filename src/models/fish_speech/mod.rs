@@ -9,9 +9,9 @@
 //!   fills codebooks 1..=9 of each frame; [`layers`] and [`rope`]: their shared block;
 //! - [`sampler`] and [`generate`]: the reference's sampling order and stop rule;
 //! - [`codec`]: the modified DAC (44.1 kHz, 2048 samples a frame, 10 codebooks): decoder and
-//!   encoder, read from `codec.pth` with candle's pickle reader.
-//!
-//! Not yet wired into the engine or the elements.
+//!   encoder, read from `codec.pth` with candle's pickle reader;
+//! - the model seam: [`rules`] (the description and request checks), [`stage0`] (both ARs as
+//!   the engine's stage 0), [`stage1`] (the codec decoder as its stage 1).
 
 pub mod checkpoint;
 pub mod codec;
@@ -23,8 +23,11 @@ pub mod layers;
 pub mod model;
 pub mod prompt;
 pub mod rope;
+pub mod rules;
 pub mod sampler;
 pub mod slow_ar;
+pub mod stage0;
+pub mod stage1;
 pub mod tokenizer;
 
 pub use config::FishConfig;
@@ -32,5 +35,8 @@ pub use error::{FishError, Result};
 pub use generate::{GenerateOptions, Generated};
 pub use model::FishModel;
 pub use prompt::{Codes, Prompt, PromptBuilder, VoiceReference};
+pub use rules::FishRules;
 pub use sampler::SamplingParams;
+pub use stage0::{FishAr, FishPrefill, FishSession};
+pub use stage1::{FishDecoder, FishStream};
 pub use tokenizer::FishTokenizer;

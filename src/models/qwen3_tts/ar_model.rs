@@ -9,44 +9,15 @@ use super::checkpoint::Checkpoint;
 use super::code_predictor::CodePredictor;
 use super::codec_encoder::CodecEncoder;
 use super::config::{ModelVariant, Qwen3TtsConfig};
-use super::error::ModelError;
 use super::graphs::ArGraphs;
 use super::prompt::{self, CodecPart, Prompt};
-use super::request::VoiceRequest;
 use super::speaker_encoder::{EcapaConfig, SpeakerEncoder};
 use super::talker::Talker;
 use super::tokenizer::TextTokenizer;
+use crate::models::tts::ModelError;
+use crate::models::tts::VoiceRequest;
+pub use crate::nn::WeightForm;
 use crate::nn::{Linear, Quantization, QuantizationSpec, Weights};
-
-/// Linear layers of one stored form ([`ArModel::weight_forms`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WeightForm {
-    pub form: Quantization,
-    /// Layers stored in this form.
-    pub layers: usize,
-    /// Their weights' bytes.
-    pub bytes: usize,
-}
-
-impl WeightForm {
-    /// `forms` as one line: `16 layers none (138.4 MB), 233 layers q8_0 (558.2 MB)`.
-    pub fn summary(forms: &[WeightForm]) -> String {
-        let parts: Vec<String> = forms.iter().map(ToString::to_string).collect();
-        parts.join(", ")
-    }
-}
-
-impl std::fmt::Display for WeightForm {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} layers {} ({:.1} MB)",
-            self.layers,
-            self.form,
-            self.bytes as f64 / 1e6
-        )
-    }
-}
 
 /// Stage 0: talker + code predictor + text tokenizer, on one device/dtype.
 ///

@@ -26,9 +26,9 @@ use std::time::Instant;
 use candle_core::Tensor;
 
 use super::ar_model::ArModel;
-use super::error::ModelError;
 use super::graphs::CacheGuard;
 use super::session::{ArSession, ArStep, StepTiming};
+use crate::models::tts::ModelError;
 use crate::nn::LayerCaches;
 
 impl ArModel {

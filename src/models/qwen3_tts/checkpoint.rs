@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::config::{self, GenerationConfig, Qwen3TtsConfig};
-use super::error::ModelError;
+use crate::models::tts::ModelError;
 
 /// A checkpoint directory, JSON parsed and validated (no weights loaded yet).
 #[derive(Debug, Clone)]

@@ -7,11 +7,11 @@
 use candle_core::Tensor;
 
 use super::ar_model::ArModel;
-use super::error::ModelError;
 use super::graphs::TalkerCache;
 use super::prompt::Prompt;
-use super::request::{SamplingParams, VoiceRequest};
 use super::session::{ArSession, Decoding, Prefilled};
+use crate::models::tts::ModelError;
+use crate::models::tts::{SamplingParams, VoiceRequest};
 use crate::nn::transformer::PREFILL_CHUNK;
 
 /// KV-cache positions an utterance's own talker cache allocates beyond its prompt at first (it

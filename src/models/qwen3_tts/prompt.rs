@@ -9,6 +9,7 @@
 
 use super::config::{ModelVariant, Qwen3TtsConfig};
 use super::{ModelError, PromptMode, VoiceRequest};
+pub use crate::models::tts::VoiceClonePrompt;
 
 /// The codec-track part of a prompt row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,54 +41,6 @@ pub struct PromptRow {
     pub text: u32,
     pub codec: CodecPart,
 }
-
-/// A Base voice-clone prompt (reference `VoiceClonePromptItem` of `create_voice_clone_prompt`,
-/// docs/qwen3-tts.md §3.4): the speaker x-vector and, in ICL mode, the reference codes and text.
-///
-/// Built from audio by `ArModel::create_voice_clone_prompt`, or directly (e.g. from stored
-/// codes). In ICL mode the reference codes are also the codec decoder's left context: decode
-/// `ref_codes ++ generated` (or prime a stream with `ref_codes`) and drop exactly
-/// `ref_codes.len() × samples_per_frame` samples from the front.
-#[derive(Debug, Clone, Default)]
-pub struct VoiceClonePrompt {
-    /// Reference codes `[frames][num_code_groups]`, each in `[0, codebook size)`; required in
-    /// ICL mode, must be `None` otherwise.
-    pub ref_codes: Option<Vec<Vec<u32>>>,
-    /// Speaker x-vector `[talker hidden size]` (f32), used unprojected as the speaker row.
-    pub x_vector: Vec<f32>,
-    /// Transcript of the reference audio; required (non-empty) in ICL mode, ignored otherwise.
-    pub ref_text: Option<String>,
-    /// ICL mode (reference text + codes in the prompt); `false` = x-vector only.
-    pub icl: bool,
-}
-
-impl VoiceClonePrompt {
-    /// Number of reference frames whose audio the decoder must drop (0 unless ICL).
-    pub fn ref_frames(&self) -> usize {
-        if self.icl {
-            self.ref_codes.as_ref().map_or(0, Vec::len)
-        } else {
-            0
-        }
-    }
-}
-
-// Bitwise float comparison so that `VoiceRequest` stays `Eq`.
-impl PartialEq for VoiceClonePrompt {
-    fn eq(&self, o: &Self) -> bool {
-        self.ref_codes == o.ref_codes
-            && self.ref_text == o.ref_text
-            && self.icl == o.icl
-            && self.x_vector.len() == o.x_vector.len()
-            && self
-                .x_vector
-                .iter()
-                .zip(&o.x_vector)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-    }
-}
-
-impl Eq for VoiceClonePrompt {}
 
 /// A request resolved against the checkpoint: what the reference would feed `generate`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,90 +121,10 @@ pub fn default_prompt_mode(variant: ModelVariant) -> PromptMode {
     }
 }
 
-/// Why a text is refused: nothing in it is spoken.
-pub const NOTHING_TO_SPEAK: &str =
-    "nothing to speak (empty, or only whitespace, control or invisible characters)";
-
-/// Why a text is refused: it has no word or number for the model to say.
-pub const NO_WORDS_TO_SPEAK: &str = "nothing the tokenizer can speak: no letter or digit, only \
-     punctuation, symbols or emoji (the model turns such text into noise)";
-
-/// Whether `text` has nothing to speak: it is empty or holds only whitespace, control characters
-/// and invisible format characters (soft hyphen, zero-width and bidi marks, word joiners, BOM).
-pub fn nothing_to_speak(text: &str) -> bool {
-    let invisible = |c: char| {
-        matches!(c, '\u{00AD}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
-            | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}')
-    };
-    text.chars()
-        .all(|c| c.is_whitespace() || c.is_control() || invisible(c))
-}
-
-/// Whether `text` has no letter and no digit: nothing the tokenizer's pre-tokenizer
-/// ([`QWEN2_PATTERN`](super::tokenizer::QWEN2_PATTERN)) makes a word or number piece of, only
-/// punctuation and symbol pieces (emoji included). The reference speaks such text all the same,
-/// as noise: with the bundled voice, greedy, `!!!` gives 0.48 s, four emoji 2.5 s and 120
-/// punctuation marks 35.9 s of sound that says nothing.
-pub fn no_words_to_speak(text: &str) -> bool {
-    !text.chars().any(char::is_alphanumeric)
-}
-
-/// Why `text` cannot be spoken ([`NOTHING_TO_SPEAK`] or [`NO_WORDS_TO_SPEAK`]), or `None`.
-pub fn unspeakable(text: &str) -> Option<&'static str> {
-    if nothing_to_speak(text) {
-        Some(NOTHING_TO_SPEAK)
-    } else if no_words_to_speak(text) {
-        Some(NO_WORDS_TO_SPEAK)
-    } else {
-        None
-    }
-}
-
-/// ISO 639-1 codes of the Qwen3-TTS languages (the names of the released checkpoints'
-/// `codec_language_id`), accepted as aliases of the names.
-pub const LANGUAGE_CODES: [(&str, &str); 10] = [
-    ("en", "english"),
-    ("zh", "chinese"),
-    ("ja", "japanese"),
-    ("ko", "korean"),
-    ("de", "german"),
-    ("fr", "french"),
-    ("ru", "russian"),
-    ("pt", "portuguese"),
-    ("es", "spanish"),
-    ("it", "italian"),
-];
-
-/// Resolves a language setting against `supported` (lower-case names, `auto` included, as
-/// [`Qwen3TtsConfig::supported_languages`] lists them): trimmed, case-insensitive, a name or the
-/// ISO 639-1 code of one ([`LANGUAGE_CODES`]: `en`, `ZH`, …). Returns the name as `supported`
-/// spells it; otherwise a message that lists the supported names with their codes.
-pub fn resolve_language(supported: &[String], value: &str) -> Result<String, String> {
-    let v = value.trim().to_lowercase();
-    let name = LANGUAGE_CODES
-        .iter()
-        .find(|(code, _)| *code == v)
-        .map_or(v.as_str(), |(_, name)| name);
-    if let Some(l) = supported.iter().find(|l| l.eq_ignore_ascii_case(name)) {
-        return Ok(l.clone());
-    }
-    let listed: Vec<String> = supported
-        .iter()
-        .map(|l| {
-            match LANGUAGE_CODES
-                .iter()
-                .find(|(_, n)| l.eq_ignore_ascii_case(n))
-            {
-                Some((code, _)) => format!("{l} ({code})"),
-                None => l.clone(),
-            }
-        })
-        .collect();
-    Err(format!(
-        "unsupported language; supported: {} (names or ISO 639-1 codes, case-insensitive)",
-        listed.join(", ")
-    ))
-}
+pub use crate::models::tts::text::{
+    LANGUAGE_CODES, NO_WORDS_TO_SPEAK, NOTHING_TO_SPEAK, no_words_to_speak, nothing_to_speak,
+    resolve_language, unspeakable,
+};
 
 /// Validates `req` like the reference wrapper (case-insensitive language and speaker, `auto`
 /// default, instruct dropped for 0.6B CustomVoice, empty instruct = none, empty speaker = none)

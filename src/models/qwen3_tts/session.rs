@@ -10,29 +10,13 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 
 use super::ar_model::ArModel;
-use super::error::ModelError;
 use super::graphs::TalkerCache;
 use super::prompt::Prompt;
-use super::request::SamplingParams;
 use super::sampling::{TalkerProcessors, TokenChooser};
+use crate::models::tts::ModelError;
+use crate::models::tts::SamplingParams;
+pub use crate::models::tts::{ArStep, FinishReason};
 use crate::nn::LayerCaches;
-
-/// Why an utterance ended (model level).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FinishReason {
-    /// Codebook 0 produced the codec EOS id.
-    Eos,
-    /// `max_new_tokens` codebook-0 tokens were sampled.
-    Length,
-}
-
-/// Result of one [`ArSession::next_frame`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ArStep {
-    /// One codec frame: `num_code_groups` codes, each below the codebook size.
-    Frame(Vec<u32>),
-    Finished(FinishReason),
-}
 
 /// One utterance's decoding settings and random stream (from its [`SamplingParams`]).
 #[derive(Debug, Clone)]

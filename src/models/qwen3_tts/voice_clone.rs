@@ -2,60 +2,21 @@
 //! reference audio's x-vector and, for ICL, its codes and transcript.
 
 use super::ar_model::ArModel;
-use super::error::ModelError;
-use super::prompt::VoiceClonePrompt;
+use crate::models::tts::ModelError;
+use crate::models::tts::VoiceClonePrompt;
 
 /// Shortest reference audio [`ArModel::create_voice_clone_prompt`] accepts: 0.5 s at 24 kHz.
 pub const MIN_REF_AUDIO_SAMPLES: usize = 12_000;
 /// Longest reference audio: 60 s at 24 kHz (750 codec frames of prompt and decoder context).
 pub const MAX_REF_AUDIO_SAMPLES: usize = 60 * 24_000;
-/// A reference whose peak |sample| is below this (−60 dBFS) is rejected as silent.
-pub const SILENT_REF_PEAK: f32 = 1e-3;
+pub use crate::models::tts::SILENT_REF_PEAK;
 
 /// Checks reference audio (mono samples at 24 kHz) as [`ArModel::create_voice_clone_prompt`]
 /// needs it. Errors ([`ModelError::InvalidRequest`], field `ref_audio`): shorter than
 /// [`MIN_REF_AUDIO_SAMPLES`] (0.5 s) or longer than [`MAX_REF_AUDIO_SAMPLES`] (60 s), a
 /// non-finite sample, silent (peak below [`SILENT_REF_PEAK`], −60 dBFS).
 pub fn check_reference_audio(audio_24k: &[f32]) -> Result<(), ModelError> {
-    let bad = |value: String, msg: String| ModelError::InvalidRequest {
-        field: "ref_audio".into(),
-        value,
-        msg,
-    };
-    let n = audio_24k.len();
-    let secs = |n: usize| n as f64 / 24_000.0;
-    if n < MIN_REF_AUDIO_SAMPLES {
-        return Err(bad(
-            format!("{n} samples ({:.2} s)", secs(n)),
-            format!(
-                "reference audio too short (at least {MIN_REF_AUDIO_SAMPLES} samples = {:.1} s at 24 kHz)",
-                secs(MIN_REF_AUDIO_SAMPLES)
-            ),
-        ));
-    }
-    if n > MAX_REF_AUDIO_SAMPLES {
-        return Err(bad(
-            format!("{n} samples ({:.2} s)", secs(n)),
-            format!(
-                "reference audio too long (at most {MAX_REF_AUDIO_SAMPLES} samples = {:.0} s at 24 kHz)",
-                secs(MAX_REF_AUDIO_SAMPLES)
-            ),
-        ));
-    }
-    if let Some(i) = audio_24k.iter().position(|x| !x.is_finite()) {
-        return Err(bad(
-            format!("sample {i} = {}", audio_24k[i]),
-            "non-finite sample".into(),
-        ));
-    }
-    let peak = audio_24k.iter().fold(0f32, |m, x| m.max(x.abs()));
-    if peak < SILENT_REF_PEAK {
-        return Err(bad(
-            format!("peak {peak:e}"),
-            format!("reference audio is silent (peak below {SILENT_REF_PEAK:e}, −60 dBFS)"),
-        ));
-    }
-    Ok(())
+    super::rules::reference_rules(super::ModelVariant::Base).check(audio_24k)
 }
 
 impl ArModel {

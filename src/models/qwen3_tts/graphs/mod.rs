@@ -34,8 +34,8 @@ pub use prefill::PrefillGraphs;
 pub use talker::TalkerGraphs;
 
 use super::ar_model::ArModel;
-use super::error::ModelError;
 use super::talker::Talker;
+use crate::models::tts::ModelError;
 use crate::nn::LayerCaches;
 
 /// Positions (prompt + frames) of the KV cache that the talker decode graphs own

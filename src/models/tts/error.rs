@@ -1,10 +1,11 @@
-//! The model's error type.
+//! The error type of every model family (loading a checkpoint, checking and running a request).
 
 use std::path::PathBuf;
 
 use crate::nn::WeightError;
 
-/// Errors of loading and running the model.
+/// Errors of loading and running a model. `InvalidRequest` names the request field, its value and
+/// why it was refused; the engine reports it to the caller, every other kind as a stage failure.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("{path}: {source}")]
@@ -36,15 +37,13 @@ pub enum ModelError {
         value: String,
         msg: String,
     },
-    /// [`ArModel::start_until`](super::ArModel::start_until)'s `stop` answered true.
+    /// A prefill's `stop` callback answered true (the request was cancelled).
     #[error("prefill stopped (request cancelled)")]
     Stopped,
-    /// [`PendingSession::into_session`](super::PendingSession::into_session) before the prefill
-    /// was complete.
-    /// An open-text session's next frame needs a text id that has not arrived
-    /// ([`ArSession::waits_for_text`](super::ArSession::waits_for_text)): wait for it.
+    /// An open-text session's next frame needs a text id that has not arrived: wait for it.
     #[error("the next frame's text has not arrived yet")]
     TextPending,
+    /// A session was asked for before its prefill was complete.
     #[error("prefill incomplete: {remaining} prompt positions still to run")]
     PrefillIncomplete { remaining: usize },
     #[error(transparent)]

@@ -1,0 +1,410 @@
+//! Fish S2 Pro's stage 0 through the model seam: the slow AR and the fast AR ([`FishAr`]) as a
+//! [`Stage0Model`]. A request's prompt is embedded at `begin`, prefilled a chunk of positions at
+//! a time ([`FishPrefill`]), then each step gives one frame of 10 codes ([`FishSession`]).
+//!
+//! Frames follow the reference's `generate` exactly (`generate.rs`): the prefill's frame is
+//! kept without a stop check, a later frame whose main token is `<|im_end|>` stops, and the last
+//! generated frame is dropped — so a session holds each frame back until the next one exists.
+//! `next_frames` runs its rows one after the other (each row is exactly its solo run); CUDA
+//! graphs are not captured for Fish yet (the model runs eagerly on every device).
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::codec::Codec;
+use super::generate::{PROMPT_HEADROOM, frame_rows};
+use super::layers::StackCache;
+use super::model::FishModel;
+use super::prompt::VoiceReference;
+use super::rules::{MAX_REF_SAMPLES, MIN_REF_SAMPLES, check_voice};
+use super::sampler::{RAS_WINDOW, SamplingParams as FishSampling};
+use crate::models::tts::{
+    ArStep, FinishReason, ModelError, NoOpenText, ReferenceRules, ReferenceUse, SamplingParams,
+    Stage0Model, Stage0Options, Stage0Prefill, Stage0Session, VoiceClonePrompt, VoiceRequest,
+};
+use crate::nn::{Quantization, QuantizationSpec, WeightForm};
+
+/// Stage 0 of Fish S2 Pro: tokenizer, prompt builder, slow AR and fast AR, and the codec (its
+/// encoder turns a reference recording into the codes a clone's prompt holds).
+pub struct FishAr {
+    model: FishModel,
+    codec: Codec,
+}
+
+impl FishAr {
+    /// The text-to-codes model.
+    pub fn model(&self) -> &FishModel {
+        &self.model
+    }
+
+    fn reference_rules(&self) -> ReferenceRules {
+        ReferenceRules {
+            use_: ReferenceUse::Optional,
+            sample_rate: self.codec.sample_rate(),
+            min_samples: MIN_REF_SAMPLES,
+            max_samples: MAX_REF_SAMPLES,
+            speaker_embedding_only: false,
+        }
+    }
+}
+
+/// The seam's sampling values as Fish's sampler takes them: greedy (top_k 1) without
+/// `do_sample`; `top_k` 0 means no top-k limit. Both ARs use the same settings, as the
+/// reference does (the `subtalker_*` and `repetition_penalty` values do not apply).
+pub fn fish_sampling(s: &SamplingParams) -> FishSampling {
+    if !s.do_sample {
+        return FishSampling::GREEDY;
+    }
+    FishSampling {
+        temperature: s.temperature as f32,
+        top_p: s.top_p as f32,
+        top_k: if s.top_k == 0 { usize::MAX } else { s.top_k },
+    }
+}
+
+/// `[frames][codebooks]` ↔ `[codebooks][frames]`.
+pub(crate) fn transpose(rows: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let n = rows.first().map_or(0, Vec::len);
+    (0..n)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r.get(i).copied().unwrap_or(0))
+                .collect()
+        })
+        .collect()
+}
+
+impl Stage0Model for FishAr {
+    const NAME: &'static str = "fish_speech";
+    type Prefill<'m> = FishPrefill<'m>;
+    type Session<'m> = FishSession<'m>;
+    type OpenText<'m> = NoOpenText;
+
+    /// Loads the slow and fast ARs in `opts.dtype` and the codec (f32). Errors: a quantized
+    /// form (`engine_args.quantization`; Fish loads dense weights only), unreadable files.
+    fn load(dir: &Path, device: &Device, opts: &Stage0Options) -> Result<Self, ModelError> {
+        match opts.quantization {
+            QuantizationSpec::Auto | QuantizationSpec::Form(Quantization::None) => {}
+            QuantizationSpec::Form(q) => {
+                return Err(ModelError::Config {
+                    file: dir.join("config.json"),
+                    field: "engine_args.quantization".into(),
+                    msg: format!(
+                        "{q}: Fish S2 Pro's stage 0 loads dense weights only (none or auto)"
+                    ),
+                });
+            }
+        }
+        Ok(FishAr {
+            model: FishModel::load(dir, device, opts.dtype)?,
+            codec: Codec::load(dir, device)?,
+        })
+    }
+
+    fn enable_cuda_graphs(&mut self) -> Result<(), ModelError> {
+        Err(ModelError::Candle(candle_core::Error::Msg(
+            "Fish S2 Pro has no CUDA graphs yet: frames run eagerly".into(),
+        )))
+    }
+
+    fn enable_batch_graphs(&mut self, _max_rows: usize) -> Result<Vec<usize>, ModelError> {
+        Err(ModelError::Candle(candle_core::Error::Msg(
+            "Fish S2 Pro has no batched CUDA graphs yet: frames run eagerly".into(),
+        )))
+    }
+
+    /// Fish's stage 0 is dense throughout; its layers are not itemised.
+    fn weight_forms(&self) -> Vec<WeightForm> {
+        Vec::new()
+    }
+
+    fn num_codebooks(&self) -> usize {
+        self.model.config.num_codebooks()
+    }
+
+    fn text_tokens(&self, text: &str) -> usize {
+        self.model
+            .prompts
+            .tokenizer
+            .encode(text)
+            .map(|ids| ids.len())
+            .unwrap_or_else(|_| text.chars().count())
+    }
+
+    fn begin<'m>(
+        &'m self,
+        voice: &VoiceRequest,
+        sampling: &SamplingParams,
+    ) -> Result<FishPrefill<'m>, ModelError> {
+        sampling.validate()?;
+        let m = &self.model;
+        check_voice(&m.prompts, m.config.codebook_size(), voice)?;
+        let reference = voice.voice_clone.as_ref().map(|vc| VoiceReference {
+            codes: transpose(vc.ref_codes.as_deref().unwrap_or(&[])),
+            transcript: vc.ref_text.clone().unwrap_or_default(),
+        });
+        let prompt = m.prompts.build(&voice.text, reference.as_ref(), &[])?;
+        let t = prompt.len();
+        let max_len = m.slow.max_seq_len();
+        if t == 0 || t > max_len.saturating_sub(PROMPT_HEADROOM) {
+            return Err(ModelError::InvalidRequest {
+                field: "text".into(),
+                value: format!("{t} prompt positions"),
+                msg: format!(
+                    "too long for one utterance: the prompt may take at most {} positions \
+                     (max_seq_len {max_len} − {PROMPT_HEADROOM})",
+                    max_len.saturating_sub(PROMPT_HEADROOM)
+                ),
+            });
+        }
+        let max_new = if t + sampling.max_new_tokens > max_len {
+            max_len - t
+        } else {
+            sampling.max_new_tokens
+        };
+        let x = m.slow.embed(&[&prompt.rows])?;
+        Ok(FishPrefill {
+            ar: self,
+            x,
+            done: 0,
+            cache: m.slow.new_cache(),
+            last: None,
+            sampling: fish_sampling(sampling),
+            seed: sampling.seed,
+            max_new,
+        })
+    }
+
+    fn open_text(&self) -> Result<NoOpenText, ModelError> {
+        Err(ModelError::InvalidRequest {
+            field: "model".into(),
+            value: super::rules::MODEL_TYPE.into(),
+            msg: "Fish S2 Pro takes whole texts only".into(),
+        })
+    }
+
+    fn begin_open<'m>(
+        &'m self,
+        _voice: &VoiceRequest,
+        _sampling: &SamplingParams,
+        _ids: &[u32],
+    ) -> Result<FishPrefill<'m>, ModelError> {
+        Err(ModelError::InvalidRequest {
+            field: "model".into(),
+            value: super::rules::MODEL_TYPE.into(),
+            msg: "Fish S2 Pro takes whole texts only".into(),
+        })
+    }
+
+    fn next_frames<'m>(
+        &'m self,
+        rows: &mut [&mut FishSession<'m>],
+    ) -> Vec<Result<ArStep, ModelError>> {
+        rows.iter_mut()
+            .map(|s| {
+                if !std::ptr::eq(s.ar, self) {
+                    return Err(ModelError::InvalidRequest {
+                        field: "sessions".into(),
+                        value: String::new(),
+                        msg: "a session of another model".into(),
+                    });
+                }
+                s.next_frame()
+            })
+            .collect()
+    }
+
+    /// The codec encoder's codes of `audio` (mono, 44.1 kHz) and its transcript. Errors
+    /// (`InvalidRequest`): `x_vector_only` (Fish has no speaker-embedding mode), `ref_audio`
+    /// (too short, too long, non-finite, silent), `ref_text` (missing, or holding control
+    /// tokens).
+    fn encode_reference(
+        &self,
+        audio: &[f32],
+        ref_text: Option<&str>,
+        speaker_only: bool,
+    ) -> Result<VoiceClonePrompt, ModelError> {
+        if speaker_only {
+            return Err(ModelError::InvalidRequest {
+                field: "x_vector_only".into(),
+                value: "true".into(),
+                msg: "Fish S2 Pro clones from the reference's codes and transcript only".into(),
+            });
+        }
+        self.reference_rules().check(audio)?;
+        let text = ref_text
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| ModelError::InvalidRequest {
+                field: "ref_text".into(),
+                value: String::new(),
+                msg: "Fish S2 Pro's voice cloning needs the transcript of the reference audio"
+                    .into(),
+            })?;
+        self.model
+            .prompts
+            .tokenizer
+            .check_user_text("ref_text", text)?;
+        let codes = self.codec.encode(audio)?;
+        Ok(VoiceClonePrompt {
+            ref_codes: Some(transpose(&codes)),
+            x_vector: Vec::new(),
+            ref_text: Some(text.to_string()),
+            icl: true,
+        })
+    }
+}
+
+/// A Fish request's prompt, embedded, running through the slow AR a chunk at a time.
+pub struct FishPrefill<'m> {
+    ar: &'m FishAr,
+    /// The prompt's input embeddings `[1, T, dim]`.
+    x: Tensor,
+    /// Positions run so far.
+    done: usize,
+    cache: StackCache,
+    /// The last chunk's allowed logits and final-normed hidden state.
+    last: Option<(Tensor, Tensor)>,
+    sampling: FishSampling,
+    seed: u64,
+    max_new: usize,
+}
+
+impl<'m> Stage0Prefill for FishPrefill<'m> {
+    type Session = FishSession<'m>;
+
+    fn remaining(&self) -> usize {
+        self.x.dim(1).unwrap_or(0).saturating_sub(self.done)
+    }
+
+    fn step(&mut self, positions: usize) -> Result<bool, ModelError> {
+        let n = positions.max(1).min(self.remaining());
+        if n > 0 {
+            let chunk = self.x.narrow(1, self.done, n)?;
+            let out = self.ar.model.slow.forward(&chunk, &mut self.cache)?;
+            self.done += n;
+            self.last = Some(out);
+        }
+        Ok(self.remaining() == 0)
+    }
+
+    fn into_session(self) -> Result<FishSession<'m>, ModelError> {
+        let remaining = self.remaining();
+        match self.last {
+            Some(first) if remaining == 0 => Ok(FishSession {
+                ar: self.ar,
+                cache: self.cache,
+                rng: ChaCha8Rng::seed_from_u64(self.seed),
+                sampling: self.sampling,
+                window: Vec::with_capacity(RAS_WINDOW),
+                first: Some(first),
+                held: None,
+                generated: 0,
+                max_new: self.max_new,
+                finished: None,
+            }),
+            _ => Err(ModelError::PrefillIncomplete {
+                remaining: remaining.max(1),
+            }),
+        }
+    }
+}
+
+/// One Fish utterance's generation state.
+pub struct FishSession<'m> {
+    ar: &'m FishAr,
+    cache: StackCache,
+    rng: ChaCha8Rng,
+    sampling: FishSampling,
+    /// The last main tokens of the decode steps (repetition-aware sampling).
+    window: Vec<u32>,
+    /// The prefill's logits and hidden state, until the first frame is made from them.
+    first: Option<(Tensor, Tensor)>,
+    /// The newest frame (main token, codes), given out once the next one exists.
+    held: Option<(u32, Vec<u32>)>,
+    /// Frames made so far, the held one included.
+    generated: usize,
+    /// Frames to make at most.
+    max_new: usize,
+    finished: Option<FinishReason>,
+}
+
+impl FishSession<'_> {
+    /// The next frame, or the end (see the module docs).
+    pub fn next_frame(&mut self) -> Result<ArStep, ModelError> {
+        if let Some(r) = self.finished {
+            return Ok(ArStep::Finished(r));
+        }
+        let (slow, fast) = (&self.ar.model.slow, &self.ar.model.fast);
+        if let Some((logits, hidden)) = self.first.take() {
+            let f0 = frame_rows(
+                (slow, fast),
+                &logits,
+                &hidden,
+                self.sampling,
+                &[None],
+                &mut self.rng,
+                None,
+            )?;
+            self.held = f0.into_iter().next();
+            self.generated = 1;
+        }
+        let Some((main, codes)) = self.held.take() else {
+            return Err(ModelError::Candle(candle_core::Error::Msg(
+                "Fish session without a frame to continue from".into(),
+            )));
+        };
+        if self.generated >= self.max_new {
+            // The cap: the last generated frame is dropped, as the reference does.
+            self.finished = Some(FinishReason::Length);
+            return Ok(ArStep::Finished(FinishReason::Length));
+        }
+        let mut rows = vec![vec![main]];
+        rows.extend(codes.iter().map(|&c| vec![c]));
+        let x = slow.embed(&[&rows])?;
+        let (logits, hidden) = slow.forward(&x, &mut self.cache)?;
+        let next = frame_rows(
+            (slow, fast),
+            &logits,
+            &hidden,
+            self.sampling,
+            &[Some(&self.window)],
+            &mut self.rng,
+            None,
+        )?;
+        let Some((next_main, next_codes)) = next.into_iter().next() else {
+            return Err(ModelError::Candle(candle_core::Error::Msg(
+                "the fast AR gave no frame".into(),
+            )));
+        };
+        if self.window.len() == RAS_WINDOW {
+            self.window.remove(0);
+        }
+        self.window.push(next_main);
+        self.generated += 1;
+        if next_main == slow.im_end() {
+            // `<|im_end|>`: its frame is dropped; the held one is the last.
+            self.finished = Some(FinishReason::Eos);
+        } else {
+            self.held = Some((next_main, next_codes));
+        }
+        Ok(ArStep::Frame(codes))
+    }
+}
+
+impl Stage0Session for FishSession<'_> {
+    fn extend_text(&mut self, _ids: &[u32], _ended: bool) -> Result<(), ModelError> {
+        Err(ModelError::InvalidRequest {
+            field: "model".into(),
+            value: super::rules::MODEL_TYPE.into(),
+            msg: "Fish S2 Pro takes whole texts only".into(),
+        })
+    }
+
+    fn check_text_budget(&self, _text: &str, _max_new_tokens: usize) -> Result<(), ModelError> {
+        Ok(())
+    }
+}

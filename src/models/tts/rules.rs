@@ -1,0 +1,26 @@
+//! A checkpoint's request rules without its weights ([`VoiceRules`]): what the engine checks at
+//! submit time, on the caller's thread, before a request reaches a stage.
+
+use std::fmt;
+
+use super::{ModelDescription, ModelError, SamplingParams, VoiceRequest};
+
+/// The caller-side half of a model: its description, its sampling defaults, and every check of
+/// a request that needs no weights. Shared by the engine and its callers (`Send + Sync`).
+pub trait VoiceRules: Send + Sync + fmt::Debug {
+    /// What the checkpoint is and accepts.
+    fn description(&self) -> &ModelDescription;
+
+    /// The checkpoint's sampling defaults (before the stage config's overrides).
+    fn default_sampling(&self) -> SamplingParams;
+
+    /// Checks `voice` as the model will when it starts the request. Errors:
+    /// [`ModelError::InvalidRequest`] naming the field (`text`, `speaker`, `language`,
+    /// `instruct`, `voice_clone`, …) without a `voice.` prefix.
+    fn check(&self, voice: &VoiceRequest) -> Result<(), ModelError>;
+
+    /// Checks `voice` for text that is still arriving (`voice.text` is a speakable stand-in).
+    /// Errors as [`VoiceRules::check`]; a model without open text refuses every request
+    /// (`field` `model`).
+    fn check_open(&self, voice: &VoiceRequest) -> Result<(), ModelError>;
+}

@@ -1,0 +1,264 @@
+//! The elements on a Fish Audio S2 Pro checkpoint (tests/fixtures/tiny-fish): `model=` the
+//! directory just works; output caps at 44,100 Hz; buffer offsets, timestamps, durations and
+//! the bus messages counted at 44,100 Hz, 2048 samples a frame; a cue of omnittssynth placed at
+//! its PTS in 44.1 kHz samples; voice cloning with `ref-audio` / `ref-text`; the Qwen3-TTS-only
+//! properties refused, naming the property and the model.
+
+mod element_util;
+mod reference_util;
+
+use std::time::{Duration, Instant};
+
+use element_util::{
+    TempDir, assert_names, drain, element_messages, errors, init, start_error, start_must_fail, v,
+};
+use gst::prelude::*;
+use gst_check::Harness;
+use gstomnitts::element_common::messages;
+use reference_util::fixture_model;
+
+const RATE: u64 = 44_100;
+const SPF: u64 = 2048;
+
+fn model() -> String {
+    fixture_model("tiny-fish")
+}
+
+/// `n * SECOND / 44100`, rounded down.
+fn pts_of(n: u64) -> gst::ClockTime {
+    gst::ClockTime::from_nseconds((n as u128 * 1_000_000_000 / RATE as u128) as u64)
+}
+
+fn f32_of(b: &gst::BufferRef) -> Vec<f32> {
+    let m = b.map_readable().unwrap();
+    m.as_slice()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Checks that buffer `b` starts at sample `n` on the 44.1 kHz timeline shifted by `t0`.
+fn check_buffer(b: &gst::BufferRef, n: u64) {
+    let len = (b.size() / 4) as u64;
+    assert!(len > 0);
+    assert_eq!(b.offset(), n, "offset");
+    assert_eq!(b.offset_end(), n + len, "offset_end");
+    assert_eq!(b.pts(), Some(pts_of(n)), "pts of sample {n}");
+    assert_eq!(b.duration(), Some(pts_of(n + len) - pts_of(n)), "duration");
+}
+
+fn rate_of(caps: &gst::Caps) -> i32 {
+    caps.structure(0).unwrap().get::<i32>("rate").unwrap()
+}
+
+#[test]
+fn omnittssrc_speaks_fish_at_44100_hz() {
+    init();
+    let mut h = Harness::new("omnittssrc");
+    let e = h.element().unwrap();
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    e.set_property("model", model());
+    e.set_property("do-sample", false);
+    e.set_property("max-new-tokens", 12u32);
+    e.set_property("text", "Hello world. This is a small test of speech.");
+    h.play();
+    let mut bufs = Vec::new();
+    loop {
+        match h.pull_until_eos() {
+            Ok(Some(b)) => bufs.push(b),
+            Ok(None) => break,
+            Err(e) => panic!("pull: {e}"),
+        }
+    }
+    let caps = h.sinkpad().unwrap().current_caps().expect("caps");
+    assert_eq!(rate_of(&caps), 44_100, "{caps}");
+    let mut n = 0u64;
+    for b in &bufs {
+        check_buffer(b, n);
+        n += (b.size() / 4) as u64;
+    }
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!(done.len(), 1);
+    let d = &done[0];
+    let frames = d.get::<u64>("frames").unwrap();
+    assert_eq!(frames, 11, "the fixture's en_text case: 11 frames");
+    assert_eq!(n, frames * SPF, "samples = frames × 2048");
+    assert_eq!(d.get::<u64>("samples").unwrap(), n);
+    assert_eq!(d.get::<u64>("duration").unwrap(), pts_of(n).nseconds());
+    let audio_ms = d.get::<f64>("audio-ms").unwrap();
+    assert!(
+        (audio_ms - n as f64 * 1000.0 / RATE as f64).abs() < 1e-6,
+        "audio-ms {audio_ms} at 44.1 kHz"
+    );
+    let samples: Vec<f32> = bufs.iter().flat_map(|b| f32_of(b)).collect();
+    assert!(samples.iter().all(|x| x.is_finite() && x.abs() <= 1.0));
+}
+
+#[test]
+fn omnittssynth_places_a_fish_cue_at_its_pts_in_44100_hz_samples() {
+    init();
+    let e = gst::ElementFactory::make("omnittssynth")
+        .property("model", model())
+        .property("do-sample", false)
+        .property("max-new-tokens", 12u32)
+        .build()
+        .unwrap();
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    let mut h = Harness::with_element(&e, Some("sink"), Some("src"));
+    h.set_live(false);
+    h.set_src_caps_str("text/x-raw,format=utf8");
+    let mut b = gst::Buffer::from_slice(b"Hello world. This is a small test of speech.".to_vec());
+    {
+        let b = b.get_mut().unwrap();
+        b.set_pts(gst::ClockTime::from_mseconds(500));
+        b.set_duration(gst::ClockTime::from_seconds(2));
+    }
+    h.push(b).unwrap();
+    h.push_event(gst::event::Eos::new());
+    let t0 = Instant::now();
+    let mut out: Vec<f32> = Vec::new();
+    loop {
+        assert!(t0.elapsed() < Duration::from_secs(120), "no EOS");
+        if let Some(ev) = h.try_pull_event()
+            && ev.type_() == gst::EventType::Eos
+        {
+            while let Some(b) = h.try_pull() {
+                check_buffer(&b, out.len() as u64);
+                out.extend(f32_of(&b));
+            }
+            break;
+        }
+        match h.try_pull() {
+            Some(b) => {
+                check_buffer(&b, out.len() as u64);
+                out.extend(f32_of(&b));
+            }
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    let caps = h.sinkpad().unwrap().current_caps().expect("caps");
+    assert_eq!(rate_of(&caps), 44_100, "{caps}");
+    let start = (RATE / 2) as usize; // 500 ms
+    assert!(
+        out[..start].iter().all(|&x| x == 0.0),
+        "silence before the cue"
+    );
+    assert!(
+        out[start..].iter().any(|&x| x != 0.0),
+        "speech from the cue on"
+    );
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].get::<u64>("pts").unwrap(), 500_000_000);
+    assert_eq!(done[0].get::<u64>("samples").unwrap(), 11 * SPF);
+}
+
+#[test]
+fn qwen_only_properties_are_refused_naming_the_property_and_the_model() {
+    for (prop, value, words) in [
+        (
+            "instruct",
+            v("Whisper."),
+            &["instruct", "Fish Audio S2 Pro"][..],
+        ),
+        (
+            "speaker",
+            v("vivian"),
+            &["speaker", "Fish Audio S2 Pro", "no preset"][..],
+        ),
+        (
+            "language",
+            v("german"),
+            &["language", "Fish Audio S2 Pro"][..],
+        ),
+        (
+            "x-vector-only",
+            v(true),
+            &["x-vector-only", "Fish Audio S2 Pro"][..],
+        ),
+        (
+            "prompt-mode",
+            v("streaming"),
+            &["prompt-mode", "Fish Audio S2 Pro"][..],
+        ),
+    ] {
+        let errs = start_error(&model(), &[("text", v("Hello.")), (prop, value.clone())]);
+        assert_names(&errs, words);
+        init();
+        let synth = gst::ElementFactory::make("omnittssynth").build().unwrap();
+        synth.set_property("model", model());
+        element_util::set(&synth, prop, &value);
+        let errs = start_must_fail(&synth, prop);
+        assert_names(&errs, words);
+    }
+}
+
+/// A 1 s reference recording (a 44.1 kHz WAV with a falling tone): cloned through `ref-audio`
+/// and `ref-text`, the utterance is spoken (the codes of the reference are in its prompt).
+#[test]
+fn ref_audio_and_ref_text_clone_with_fish() {
+    let dir = TempDir::new("fish-clone");
+    let wav = dir.path().join("ref.wav");
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 44_100,
+        bits_per_sample: 32,
+        sample_format: hound::SampleFormat::Float,
+    };
+    let mut w = hound::WavWriter::create(&wav, spec).unwrap();
+    for i in 0..44_100 {
+        let t = i as f32 / 44_100.0;
+        w.write_sample(0.3 * (std::f32::consts::TAU * (300.0 - 100.0 * t) * t).sin())
+            .unwrap();
+    }
+    w.finalize().unwrap();
+    let run = |ref_text: Option<&str>| {
+        init();
+        let mut h = Harness::new("omnittssrc");
+        let e = h.element().unwrap();
+        let bus = gst::Bus::new();
+        e.set_bus(Some(&bus));
+        e.set_property("model", model());
+        e.set_property("do-sample", false);
+        e.set_property("max-new-tokens", 12u32);
+        e.set_property("ref-audio", wav.to_str().unwrap());
+        if let Some(t) = ref_text {
+            e.set_property("ref-text", t);
+        }
+        e.set_property("text", "Good morning, how are you today?");
+        h.play();
+        let mut n = 0u64;
+        loop {
+            match h.pull_until_eos() {
+                Ok(Some(b)) => {
+                    check_buffer(&b, n);
+                    n += (b.size() / 4) as u64;
+                }
+                Ok(None) => break,
+                Err(_) => break,
+            }
+        }
+        (n, drain(&bus))
+    };
+    let (n, msgs) = run(Some("The quick brown fox."));
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].get::<u64>("samples").unwrap(), n);
+    assert_eq!(n % SPF, 0);
+    // Without the transcript: refused, naming ref-text.
+    let errs = start_error(
+        &model(),
+        &[
+            ("text", v("Hello.")),
+            ("ref-audio", v(wav.to_str().unwrap().to_string())),
+        ],
+    );
+    assert_names(&errs, &["ref-text"]);
+}

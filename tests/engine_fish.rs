@@ -1,0 +1,309 @@
+//! Fish Audio S2 Pro through the engine (the model seam), on tests/fixtures/tiny-fish: the
+//! engine's greedy codes and audio equal the direct model calls (and the reference's codes),
+//! streamed = whole, batched = solo, a mixed batch with a request that makes no frame, and the
+//! stage config's model_arch checked against the checkpoint.
+
+mod engine_common;
+mod reference_util;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
+
+use candle_core::{DType, Device, Tensor};
+use engine_common::{Run, check_protocol};
+use gstomnitts::engine::{
+    DeviceSpec, Engine, EngineError, EngineOptions, EngineRequest, FinishReason, StageConfig,
+};
+use gstomnitts::models::fish_speech::codec::Codec;
+use gstomnitts::models::fish_speech::{FishModel, GenerateOptions, SamplingParams, VoiceReference};
+use gstomnitts::models::registry::{FISH_SPEECH, QWEN3_TTS};
+use gstomnitts::models::tts::{VoiceClonePrompt, VoiceRequest};
+
+const MAX_NEW_TOKENS: usize = 12;
+const CASES: [&str; 4] = ["en_text", "zh_text", "en_clone", "zh_clone"];
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-fish")
+}
+
+fn expected() -> HashMap<String, Tensor> {
+    candle_core::safetensors::load(
+        fixture().join("expected/reference.safetensors"),
+        &Device::Cpu,
+    )
+    .unwrap()
+}
+
+fn meta() -> serde_json::Value {
+    let text = std::fs::read_to_string(fixture().join("expected/reference.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// `[a][b]` → `[b][a]`.
+fn transpose(rows: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let n = rows.first().map_or(0, Vec::len);
+    (0..n)
+        .map(|i| rows.iter().map(|r| r[i]).collect())
+        .collect()
+}
+
+fn codes_of(t: &Tensor) -> Vec<Vec<u32>> {
+    t.to_dtype(DType::U32).unwrap().to_vec2().unwrap()
+}
+
+/// Fish's built-in config (async `batch` false, batch true) on the CPU with `max_num_seqs`.
+fn config(batch: bool, max_num_seqs: usize) -> StageConfig {
+    let mut c = StageConfig::builtin(&FISH_SPEECH, batch).unwrap();
+    c.ar.max_num_seqs = max_num_seqs;
+    c.decoder.max_num_seqs = max_num_seqs;
+    c
+}
+
+fn load(cfg: StageConfig) -> Engine {
+    Engine::load(EngineOptions {
+        model_dir: fixture(),
+        stage_config: cfg,
+        ar_device: DeviceSpec::Cpu,
+        decoder_device: DeviceSpec::Cpu,
+    })
+    .unwrap_or_else(|e| panic!("loading tiny-fish: {e}"))
+}
+
+/// The request of fixture case `case`: its text, and for a clone case the reference's codes
+/// (`[frames][10]`) and transcript.
+fn voice(case: &str, exp: &HashMap<String, Tensor>, meta: &serde_json::Value) -> VoiceRequest {
+    let c = &meta["cases"][case];
+    VoiceRequest {
+        text: c["text"].as_str().unwrap().to_string(),
+        voice_clone: c["ref_text"].as_str().map(|t| VoiceClonePrompt {
+            ref_codes: Some(transpose(&codes_of(&exp["ref_codes"]))),
+            x_vector: Vec::new(),
+            ref_text: Some(t.to_string()),
+            icl: true,
+        }),
+        ..VoiceRequest::default()
+    }
+}
+
+fn greedy(engine: &Engine, voice: VoiceRequest, max_new_tokens: usize) -> EngineRequest {
+    let mut s = engine.default_sampling_params().greedy();
+    s.max_new_tokens = max_new_tokens;
+    EngineRequest::new(voice, s)
+}
+
+/// Drains a tapped request: its run and its codes `[frames][10]`.
+fn drain(h: gstomnitts::engine::RequestHandle, codes: Receiver<Vec<u32>>) -> (Run, Vec<Vec<u32>>) {
+    let mut events = Vec::new();
+    while let Some(ev) = h.recv() {
+        events.push(ev);
+    }
+    (check_protocol(&events), codes.try_iter().collect())
+}
+
+fn run(engine: &Engine, req: EngineRequest) -> (Run, Vec<Vec<u32>>) {
+    let (h, codes) = engine.submit_tapped(req).expect("submit");
+    drain(h, codes)
+}
+
+/// ‖a − b‖ / ‖b‖ (streamed and whole decodes differ by float rounding only: the chunks' convs
+/// and attention run on other shapes).
+fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    reference_util::rel_l2(a, b)
+}
+
+#[test]
+fn engine_describes_fish_and_runs_its_built_in_config() {
+    let e = load(config(false, 1));
+    let d = e.description();
+    assert_eq!(d.model_type, "fish_qwen3_omni");
+    assert_eq!((e.sample_rate(), e.samples_per_frame()), (44_100, 2048));
+    assert_eq!(d.num_codebooks, 10);
+    assert!(d.speakers.is_empty() && d.languages.is_empty());
+    assert!((d.frame_rate() - 44_100.0 / 2048.0).abs() < 1e-9);
+}
+
+#[test]
+fn greedy_codes_and_audio_equal_the_direct_model_calls() {
+    let (exp, meta) = (expected(), meta());
+    let engine = load(config(false, 1));
+    let m = FishModel::load(&fixture(), &Device::Cpu, DType::F32).unwrap();
+    let codec = Codec::load(&fixture(), &Device::Cpu).unwrap();
+    let opts = GenerateOptions {
+        sampling: SamplingParams::GREEDY,
+        max_new_tokens: MAX_NEW_TOKENS,
+        seed: 0,
+    };
+    for case in CASES {
+        let c = &meta["cases"][case];
+        let v = voice(case, &exp, &meta);
+        let (r, codes) = run(&engine, greedy(&engine, v, MAX_NEW_TOKENS));
+        let reference = c["ref_text"].as_str().map(|t| VoiceReference {
+            codes: codes_of(&exp["ref_codes"]),
+            transcript: t.to_string(),
+        });
+        let prompt = m
+            .prompt(c["text"].as_str().unwrap(), reference.as_ref())
+            .unwrap();
+        let direct = m.generate(&prompt, &opts, None).unwrap();
+        assert_eq!(transpose(&codes), direct.codes, "{case}: codes = direct");
+        assert_eq!(
+            transpose(&codes),
+            codes_of(&exp[&format!("{case}.codes")]),
+            "{case}: codes = the reference's"
+        );
+        let want_reason = if direct.stopped {
+            FinishReason::Eos
+        } else {
+            FinishReason::Length
+        };
+        assert_eq!(r.reason, want_reason, "{case}");
+        assert_eq!(r.audio.len(), codes.len() * 2048, "{case}: frames × 2048");
+        let whole = codec.decode(&direct.codes).unwrap();
+        let dev = rel_l2(&r.audio, &whole);
+        assert!(
+            dev < 1e-5,
+            "{case}: streamed audio vs the direct decode: {dev}"
+        );
+    }
+}
+
+#[test]
+fn streamed_equals_whole_and_batched_equals_solo() {
+    let (exp, meta) = (expected(), meta());
+    let whole = load(config(true, 1));
+    let solo: Vec<(Run, Vec<Vec<u32>>)> = CASES
+        .iter()
+        .map(|c| {
+            run(
+                &whole,
+                greedy(&whole, voice(c, &exp, &meta), MAX_NEW_TOKENS),
+            )
+        })
+        .collect();
+    drop(whole);
+    let streamed = load(config(false, 4));
+    // All four at once, plus one that makes no frame (max_new_tokens 1: its only frame is the
+    // dropped last one) and an empty text, refused at submit.
+    let empty = VoiceRequest {
+        text: "  ".into(),
+        ..VoiceRequest::default()
+    };
+    match streamed.submit(greedy(&streamed, empty, 4)) {
+        Err(EngineError::InvalidRequest { field, .. }) => assert_eq!(field, "voice.text"),
+        other => panic!("empty text: {other:?}"),
+    }
+    let handles: Vec<_> = CASES
+        .iter()
+        .map(|c| {
+            streamed
+                .submit_tapped(greedy(&streamed, voice(c, &exp, &meta), MAX_NEW_TOKENS))
+                .unwrap()
+        })
+        .collect();
+    let none = streamed
+        .submit_tapped(greedy(&streamed, voice("en_text", &exp, &meta), 1))
+        .unwrap();
+    let together: Vec<(Run, Vec<Vec<u32>>)> =
+        handles.into_iter().map(|(h, c)| drain(h, c)).collect();
+    let (nothing, no_codes) = drain(none.0, none.1);
+    assert!(no_codes.is_empty() && nothing.audio.is_empty());
+    assert_eq!(nothing.reason, FinishReason::Length);
+    for ((case, (a, ac)), (b, bc)) in CASES.iter().zip(&together).zip(&solo) {
+        assert_eq!(ac, bc, "{case}: batched codes = solo");
+        assert_eq!(a.reason, b.reason, "{case}");
+        assert_eq!(a.audio.len(), b.audio.len(), "{case}");
+        let dev = rel_l2(&a.audio, &b.audio);
+        assert!(dev < 1e-5, "{case}: streamed (chunks) vs whole: {dev}");
+        // Streamed in chunks of 4 then 25 frames (the built-in schedule).
+        assert_eq!(a.chunk_frames(2048)[0], 4.min(ac.len()), "{case}");
+    }
+    let stats = streamed.batch_stats();
+    assert!(
+        stats[0].max_rows >= 2,
+        "stage 0 ran rows together: {stats:?}"
+    );
+}
+
+#[test]
+fn a_stage_config_of_another_family_is_refused_naming_the_key() {
+    let mut cfg = StageConfig::builtin(&QWEN3_TTS, false).unwrap();
+    cfg.ar.device = DeviceSpec::Cpu;
+    cfg.decoder.device = DeviceSpec::Cpu;
+    let err = Engine::load(EngineOptions::new(fixture(), cfg)).unwrap_err();
+    let msg = err.to_string();
+    for part in [
+        "stage_args[0].engine_args.model_stage",
+        "\"qwen3_tts\"",
+        "fish_speech",
+        "fish_qwen3_omni",
+    ] {
+        assert!(msg.contains(part), "{part} in {msg}");
+    }
+    // A model_arch of another family: refused when the file is read (the stage name says the
+    // family), and when a config built in code reaches the engine.
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/fish_speech.yaml"),
+    )
+    .unwrap()
+    .replace(
+        "model_arch: FishSpeechDACDecoder",
+        "model_arch: Qwen3TTSCode2Wav",
+    );
+    let msg = StageConfig::from_yaml_str(&text).unwrap_err().to_string();
+    assert!(
+        msg.contains(
+            "stage_args[1].engine_args.model_arch: expected \"FishSpeechDACDecoder\", got \"Qwen3TTSCode2Wav\""
+        ),
+        "{msg}"
+    );
+    let mut cfg = config(false, 1);
+    cfg.decoder.model.arch = Some("Qwen3TTSCode2Wav".into());
+    let err = Engine::load(EngineOptions::new(fixture(), cfg)).unwrap_err();
+    let msg = err.to_string();
+    for part in [
+        "stage_args[1].engine_args.model_arch",
+        "\"Qwen3TTSCode2Wav\"",
+        "\"FishSpeechDACDecoder\"",
+        "Qwen3-TTS (model_type qwen3_tts)",
+    ] {
+        assert!(msg.contains(part), "{part} in {msg}");
+    }
+}
+
+#[test]
+fn qwen_only_request_fields_are_refused_naming_the_field() {
+    let (exp, meta) = (expected(), meta());
+    let engine = load(config(false, 1));
+    for (field, edit) in [
+        (
+            "voice.speaker",
+            Box::new(|v: &mut VoiceRequest| v.speaker = Some("vivian".into()))
+                as Box<dyn Fn(&mut VoiceRequest)>,
+        ),
+        (
+            "voice.instruct",
+            Box::new(|v: &mut VoiceRequest| v.instruct = Some("whisper".into())),
+        ),
+        (
+            "voice.language",
+            Box::new(|v: &mut VoiceRequest| v.language = Some("german".into())),
+        ),
+    ] {
+        let mut v = voice("en_text", &exp, &meta);
+        edit(&mut v);
+        match engine.submit(greedy(&engine, v, 4)) {
+            Err(EngineError::InvalidRequest { field: f, msg, .. }) => {
+                assert_eq!(f, field);
+                assert!(msg.contains("Fish S2 Pro"), "{msg}");
+            }
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    match engine.submit_open(greedy(&engine, voice("en_text", &exp, &meta), 4)) {
+        Err(EngineError::InvalidRequest { field, .. }) => assert_eq!(field, "voice.model"),
+        Err(other) => panic!("open text: {other}"),
+        Ok(_) => panic!("open text accepted"),
+    }
+}
