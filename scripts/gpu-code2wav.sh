@@ -11,8 +11,7 @@
 #           candle ops it replaces, the implicit-GEMM convolutions among them;
 #  c2w      bench_code2wav, 1.7B shapes: f32 / tf32 / bf16 at 1, 16, 64 streams, f32 without the
 #           decoder's CUDA kernels (OMNITTS_DECODER_KERNELS=0, the code before them), and bf16 and
-#           f32 with the convolutions as candle's (OMNITTS_DECODER_CONV=candle) and bf16 as the
-#           WMMA kernel (OMNITTS_DECODER_CONV=wmma);
+#           f32 with the convolutions as candle's (OMNITTS_DECODER_CONV=candle);
 #  rows     bench_gpu --rows ROWS: stage 0 alone stepping 1 … 64 streams together (no Code2Wav);
 #  ncu-rows Nsight Compute: time per kernel of one batched stage-0 step at 64 rows;
 #  voice    bench_code2wav on the bundled voice: deviation of tf32 / bf16 from f32;
@@ -53,11 +52,8 @@ if has kernels; then
 fi
 if has c2w; then
     run c2w-1.7b 150 "$bin/bench_code2wav" --model-dir /tmp/ckpt/1.7b --json "$out/c2w-1.7b.json"
-    for conv in candle wmma; do
-        p="bf16"; [ "$conv" = candle ] && p="bf16,f32"
-        run "c2w-1.7b-conv-$conv" 90 env OMNITTS_DECODER_CONV=$conv "$bin/bench_code2wav" \
-            --model-dir /tmp/ckpt/1.7b --precisions "$p" --json "$out/c2w-1.7b-conv-$conv.json"
-    done
+    run c2w-1.7b-conv-candle 90 env OMNITTS_DECODER_CONV=candle "$bin/bench_code2wav" \
+        --model-dir /tmp/ckpt/1.7b --precisions bf16,f32 --json "$out/c2w-1.7b-conv-candle.json"
     run c2w-1.7b-nokernels 90 env OMNITTS_DECODER_KERNELS=0 "$bin/bench_code2wav" --model-dir /tmp/ckpt/1.7b \
         --precisions f32 --json "$out/c2w-1.7b-nokernels.json"
 fi
