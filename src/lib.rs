@@ -1,8 +1,10 @@
-//! omnitts: Qwen3-TTS text-to-speech for GStreamer.
+//! omnitts: Qwen3-TTS and Fish Audio S2 Pro text-to-speech for GStreamer.
 //!
-//! The flow, top to bottom: the `omnittssrc` element ([`omnittssrc`]) drives the two-stage
-//! [`engine`], whose stage 0 (talker + code predictor) and stage 1 (Code2Wav) run the
-//! [`models::qwen3_tts`] model, built from the layers in [`nn`].
+//! The flow, top to bottom: the elements ([`omnittssrc`], [`omnittssynth`]) drive the two-stage
+//! [`engine`], whose stage 0 (the AR model) and stage 1 (the codec decoder) run a model family
+//! through the seam in [`models::tts`] ([`models::registry`] picks the family by the
+//! checkpoint's `model_type`: [`models::qwen3_tts`] or [`models::fish_speech`]), built from the
+//! layers in [`nn`].
 //!
 //! The crate is the GStreamer plugin `omnitts` (`libgstomnitts.so`). Applications that link it
 //! statically call [`plugin_register_static`] once after `gst::init()`.

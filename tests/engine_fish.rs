@@ -307,3 +307,87 @@ fn qwen_only_request_fields_are_refused_naming_the_field() {
         Ok(_) => panic!("open text accepted"),
     }
 }
+
+#[test]
+fn voice_clone_prompt_encodes_the_reference_with_the_fish_codec() {
+    let exp = expected();
+    let engine = load(config(false, 1));
+    let codec = Codec::load(&fixture(), &Device::Cpu).unwrap();
+    // A 44.1 kHz recording: the decoded reference codes, scaled to a clear level.
+    let mut audio = codec.decode(&codes_of(&exp["ref_codes"])).unwrap();
+    let peak = audio.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-9);
+    audio.iter_mut().for_each(|x| *x *= 0.5 / peak);
+    if audio.len() < 22_050 {
+        let reps = 22_050usize.div_ceil(audio.len());
+        audio = audio.repeat(reps);
+    }
+    let p = engine
+        .voice_clone_prompt(&audio, Some("The quick brown fox."), false)
+        .unwrap();
+    assert!(p.icl && p.x_vector.is_empty());
+    assert_eq!(p.ref_text.as_deref(), Some("The quick brown fox."));
+    let codes = p.ref_codes.clone().unwrap();
+    assert_eq!(codes.len(), audio.len().div_ceil(2048));
+    assert_eq!(transpose(&codes), codec.encode(&audio).unwrap());
+    // The prompt clones: a request with it runs to its frames.
+    let v = VoiceRequest {
+        text: "Good morning, how are you today?".into(),
+        voice_clone: Some((*p).clone()),
+        ..VoiceRequest::default()
+    };
+    let (r, frames) = run(&engine, greedy(&engine, v, 6));
+    assert_eq!(r.audio.len(), frames.len() * 2048);
+    for (ref_text, speaker_only, field) in [
+        (None, false, "ref_text"),
+        (Some("The quick brown fox."), true, "x_vector_only"),
+    ] {
+        match engine.voice_clone_prompt(&audio, ref_text, speaker_only) {
+            Err(EngineError::InvalidRequest { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    // Too short for a reference: named.
+    match engine.voice_clone_prompt(&audio[..1000], Some("x"), false) {
+        Err(EngineError::InvalidRequest { field, msg, .. }) => {
+            assert_eq!(field, "ref_audio");
+            assert!(msg.contains("44.1 kHz"), "{msg}");
+        }
+        other => panic!("short reference: {other:?}"),
+    }
+}
+
+/// Sampled rows (each with its own seed) batched in one step give each row's solo codes: every
+/// row draws from its own stream in the order it draws alone, and the fast AR's batched rows
+/// equal each row alone.
+#[test]
+fn sampled_rows_together_equal_each_alone() {
+    let (exp, meta) = (expected(), meta());
+    let sampled = |engine: &Engine, case: &str, seed: u64| {
+        let mut s = engine.default_sampling_params();
+        s.do_sample = true;
+        s.seed = seed;
+        s.max_new_tokens = 10;
+        EngineRequest::new(voice(case, &exp, &meta), s)
+    };
+    let cases = [("en_text", 1u64), ("zh_clone", 2), ("zh_text", 3)];
+    let alone = load(config(false, 1));
+    let solo: Vec<Vec<Vec<u32>>> = cases
+        .iter()
+        .map(|(c, seed)| run(&alone, sampled(&alone, c, *seed)).1)
+        .collect();
+    drop(alone);
+    let together = load(config(false, 3));
+    let handles: Vec<_> = cases
+        .iter()
+        .map(|(c, seed)| {
+            together
+                .submit_tapped(sampled(&together, c, *seed))
+                .unwrap()
+        })
+        .collect();
+    for ((case, _), ((h, codes), want)) in cases.iter().zip(handles.into_iter().zip(&solo)) {
+        let (_, got) = drain(h, codes);
+        assert_eq!(&got, want, "{case}: sampled codes batched = alone");
+    }
+    assert!(together.batch_stats()[0].max_rows >= 2);
+}

@@ -169,6 +169,14 @@ mod tests {
         assert_eq!(pts_of(24_000, 24_000), gst::ClockTime::SECOND);
         // One sample is 41666.67 ns, rounded down.
         assert_eq!(pts_of(1, 24_000).nseconds(), 41_666);
+        // Fish S2 Pro's 44.1 kHz: one second, one sample, and the round trip where the time is
+        // whole nanoseconds (every 441 samples); elsewhere both round down.
+        assert_eq!(pts_of(44_100, 44_100), gst::ClockTime::SECOND);
+        assert_eq!(pts_of(1, 44_100).nseconds(), 22_675);
+        for n in [0u64, 441, 44_100 * 7 + 4410] {
+            assert_eq!(pos_of(pts_of(n, 44_100), 44_100), n, "n={n}");
+        }
+        assert_eq!(pos_of(pts_of(2048, 44_100), 44_100), 2047);
         // Every third sample falls on a whole nanosecond: exact both ways.
         for n in [0u64, 3, 480, 24_000, 3 << 40] {
             assert_eq!(pos_of(pts_of(n, 24_000), 24_000), n, "n={n}");

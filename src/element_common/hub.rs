@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use hf_hub::api::sync::ApiBuilder;
 use hf_hub::{Cache, Repo, RepoType};
 
+use crate::models::registry;
+
 /// Where and how to look a repo id up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HubOptions {
@@ -103,7 +105,7 @@ pub enum HubError {
         value: String,
     },
     /// A directory that exists but is not a checkpoint.
-    #[error("model: '{value}' is a directory without config.json, not a Qwen3-TTS checkpoint")]
+    #[error("model: '{value}' is a directory without config.json, not a model checkpoint")]
     NotACheckpoint {
         /// The property value.
         value: String,
@@ -159,20 +161,10 @@ pub fn repo_cache_folder(cache_dir: &Path, repo_id: &str) -> PathBuf {
     cache_dir.join(Repo::new(repo_id.to_string(), RepoType::Model).folder_name())
 }
 
-/// The files a Qwen3-TTS checkpoint cannot load without (one of each group).
-const REQUIRED_FILES: &[&[&str]] = &[
-    &["config.json"],
-    &["generation_config.json"],
-    &["vocab.json"],
-    &["merges.txt"],
-    &["model.safetensors", "model.safetensors.index.json"],
-    &["speech_tokenizer/config.json"],
-    &["speech_tokenizer/model.safetensors"],
-];
-
 /// What the hub cache holds of a repo at `main`.
 enum Cached {
-    /// A snapshot with every [`REQUIRED_FILES`] group.
+    /// A snapshot with every group of its family's required files
+    /// ([`Family::required_files`](crate::models::registry::Family::required_files)).
     Complete(PathBuf),
     /// A snapshot (its `config.json` is there) without these files, e.g. written by another
     /// tool that fetched only some of them.
@@ -191,7 +183,11 @@ fn cached_snapshot(cache_dir: &Path, repo_id: &str) -> Cached {
     else {
         return Cached::Absent;
     };
-    let missing: Vec<&'static str> = REQUIRED_FILES
+    // The family by the snapshot's config.json (Qwen3-TTS's files when it cannot be told: the
+    // load then names what is wrong).
+    let family = registry::detect(&dir).unwrap_or(&registry::QWEN3_TTS);
+    let missing: Vec<&'static str> = family
+        .required_files
         .iter()
         .filter(|group| !group.iter().any(|f| dir.join(f).is_file()))
         .map(|group| group[0])

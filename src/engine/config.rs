@@ -1,5 +1,8 @@
 //! Stage configuration: YAML with vLLM-Omni's field names (`configs/qwen3_tts.yaml`,
-//! `configs/qwen3_tts_batch.yaml`; docs/qwen3-tts.md §9).
+//! `configs/qwen3_tts_batch.yaml`, `configs/fish_speech.yaml`, `configs/fish_speech_batch.yaml`;
+//! docs/qwen3-tts.md §9). `model_stage` names the model family's stage (the registry's names:
+//! `qwen3_tts` / `code2wav`, `fish_speech` / `fish_codec`); `model_arch`, when given, must be that
+//! stage's; [`StageConfig::check_family`] checks both against the checkpoint at load.
 //!
 //! Each stage is read with serde derive ([`ArStageConfig`] and [`DecoderStageConfig`] are the
 //! structs of their `engine_args`) through [`crate::config_path`], so that every unknown key
@@ -16,7 +19,7 @@
 //!     stage_type: llm
 //!     runtime: {devices: auto}       # cpu | cuda:N | N | auto
 //!     engine_args:
-//!       model_stage: qwen3_tts       # required
+//!       model_stage: qwen3_tts       # required (qwen3_tts | fish_speech)
 //!       model_arch: Qwen3TTSTalkerForConditionalGeneration
 //!       engine_output_type: latent
 //!       max_num_seqs: 1              # requests batched frame by frame on this stage
@@ -30,7 +33,7 @@
 //!   - stage_id: 1                    # Code2Wav
 //!     runtime: {devices: auto}
 //!     engine_args:
-//!       model_stage: code2wav        # required
+//!       model_stage: code2wav        # required (code2wav | fish_codec)
 //!       model_arch: Qwen3TTSCode2Wav
 //!       engine_output_type: audio
 //!       max_num_seqs: 1

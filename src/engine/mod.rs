@@ -492,19 +492,22 @@ impl Engine {
         &self.info.batch_graphs
     }
 
-    /// `generation_config.json` overridden by the stage config's `default_sampling_params` /
+    /// The model's sampling defaults (Qwen3-TTS: `generation_config.json`; Fish S2 Pro: its
+    /// reference's) overridden by the stage config's `default_sampling_params` /
     /// `subtalker_sampling_params`.
     pub fn default_sampling_params(&self) -> SamplingParams {
         self.default_sampling.clone()
     }
 
-    /// The voice-clone prompt of a reference recording (Base checkpoints), for
-    /// `VoiceRequest::voice_clone`: the x-vector of the speaker encoder and, unless
-    /// `x_vector_only`, the reference codes (codec encoder, `ceil(samples / 1920)` frames) and
-    /// `ref_text` for ICL — the reference wrapper's `create_voice_clone_prompt`.
+    /// The voice-clone prompt of a reference recording (checkpoints that clone: Qwen3-TTS Base,
+    /// Fish S2 Pro), for `VoiceRequest::voice_clone`: Qwen3-TTS Base's x-vector and, unless
+    /// `x_vector_only`, the reference codes (its codec encoder, `ceil(samples / 1920)` frames)
+    /// and `ref_text` for ICL — the reference wrapper's `create_voice_clone_prompt`; Fish S2
+    /// Pro's codes (`ceil(samples / 2048)` frames) and `ref_text` (no x-vector mode).
     ///
-    /// `audio_24k`: mono samples at 24 kHz, nominally in [-1, 1], 0.5 s to 60 s
-    /// ([`crate::models::qwen3_tts::MIN_REF_AUDIO_SAMPLES`] / `MAX_REF_AUDIO_SAMPLES`).
+    /// `audio`: mono samples at the model's reference rate
+    /// ([`ModelDescription::reference`]: 24 kHz Qwen3-TTS, 44.1 kHz Fish), nominally in
+    /// [-1, 1], within its length limits (0.5 s to 60 s for both).
     /// `ref_text`: the transcript of the recording, required unless `x_vector_only` (then it is
     /// ignored, as in the reference `generate_voice_clone`).
     ///
@@ -518,11 +521,11 @@ impl Engine {
     /// (missing in ICL mode); [`EngineError::Stage`] if stage 0 failed or is gone.
     pub fn voice_clone_prompt(
         &self,
-        audio_24k: &[f32],
+        audio: &[f32],
         ref_text: Option<&str>,
         x_vector_only: bool,
     ) -> Result<Arc<VoiceClonePrompt>, EngineError> {
-        let key = CloneKey::new(audio_24k, ref_text, x_vector_only);
+        let key = CloneKey::new(audio, ref_text, x_vector_only);
         let cache = || {
             self.voice_clones
                 .lock()
@@ -533,7 +536,7 @@ impl Engine {
         }
         let (reply, answer) = mpsc::sync_channel(1);
         let job = EncodeJob {
-            audio: audio_24k.to_vec(),
+            audio: audio.to_vec(),
             ref_text: key.ref_text().map(str::to_string),
             x_vector_only,
             reply,

@@ -44,6 +44,9 @@ pub struct Family {
     pub default_config: (&'static str, &'static str),
     /// The built-in batch stage config (stage 1 decodes once stage 0 is done).
     pub batch_config: (&'static str, &'static str),
+    /// The files a checkpoint cannot load without: one of each group (a hub snapshot without
+    /// them is incomplete).
+    pub required_files: &'static [&'static [&'static str]],
 }
 
 /// Qwen3-TTS (12 Hz): talker + code predictor, Code2Wav at 24 kHz.
@@ -69,6 +72,15 @@ pub const QWEN3_TTS: Family = Family {
         include_str!("../../configs/qwen3_tts_batch.yaml"),
         "configs/qwen3_tts_batch.yaml",
     ),
+    required_files: &[
+        &["config.json"],
+        &["generation_config.json"],
+        &["vocab.json"],
+        &["merges.txt"],
+        &["model.safetensors", "model.safetensors.index.json"],
+        &["speech_tokenizer/config.json"],
+        &["speech_tokenizer/model.safetensors"],
+    ],
 };
 
 /// Fish Audio S2 Pro: slow AR + fast AR, the DAC codec at 44.1 kHz.
@@ -94,6 +106,12 @@ pub const FISH_SPEECH: Family = Family {
         include_str!("../../configs/fish_speech_batch.yaml"),
         "configs/fish_speech_batch.yaml",
     ),
+    required_files: &[
+        &["config.json"],
+        &["tokenizer.json"],
+        &["model.safetensors", "model.safetensors.index.json"],
+        &["codec.pth"],
+    ],
 };
 
 /// Every family, in the order messages list them.

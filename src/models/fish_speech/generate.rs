@@ -56,6 +56,24 @@ pub struct FirstFrame {
     pub fast_logits: Vec<Tensor>,
 }
 
+/// The main token of a frame from its allowed logits `l`: a draw with `sampling` and, always, a
+/// second at the repetition-aware settings, which replaces the first when `window` is given and
+/// holds the first (a semantic token). Two draws from `rng` either way, as the reference makes.
+pub fn main_token(
+    slow: &SlowAr,
+    l: &[f32],
+    sampling: SamplingParams,
+    window: Option<&[u32]>,
+    rng: &mut ChaCha8Rng,
+) -> u32 {
+    let normal = slow.allowed_token(sample(l, sampling, rng));
+    let high = slow.allowed_token(sample(l, sampling.with(RAS_TEMPERATURE, RAS_TOP_P), rng));
+    match window {
+        Some(w) if slow.is_semantic(normal) && w.contains(&normal) => high,
+        _ => normal,
+    }
+}
+
 /// One frame of every row: the main token (sampled with the repetition-aware redraw where
 /// `windows[row]` is given) and the fast AR's codes. `logits`/`hidden` from [`SlowAr::forward`].
 /// Returns per row `(main token, codes[num_codebooks])`.
@@ -71,13 +89,8 @@ pub fn frame_rows(
     let rows: Vec<Vec<f32>> = logits.to_vec2()?;
     let mut mains = Vec::with_capacity(rows.len());
     for (r, l) in rows.iter().enumerate() {
-        let normal = slow.allowed_token(sample(l, sampling, rng));
-        let high = slow.allowed_token(sample(l, sampling.with(RAS_TEMPERATURE, RAS_TOP_P), rng));
-        let main = match windows.get(r).copied().flatten() {
-            Some(w) if slow.is_semantic(normal) && w.contains(&normal) => high,
-            _ => normal,
-        };
-        mains.push(main);
+        let window = windows.get(r).copied().flatten();
+        mains.push(main_token(slow, l, sampling, window, rng));
     }
     let code0: Vec<u32> = mains.iter().map(|&t| slow.code0(t)).collect();
     let fast_logits = debug.map(|d| &mut d.fast_logits);

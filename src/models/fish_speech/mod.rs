@@ -11,7 +11,8 @@
 //! - [`codec`]: the modified DAC (44.1 kHz, 2048 samples a frame, 10 codebooks): decoder and
 //!   encoder, read from `codec.pth` with candle's pickle reader;
 //! - the model seam: [`rules`] (the description and request checks), [`stage0`] (both ARs as
-//!   the engine's stage 0), [`stage1`] (the codec decoder as its stage 1).
+//!   the engine's stage 0: the slow AR per row, the fast AR batched over the rows), [`stage1`]
+//!   (the codec decoder as its stage 1).
 
 pub mod checkpoint;
 pub mod codec;

@@ -5,8 +5,11 @@
 //! Frames follow the reference's `generate` exactly (`generate.rs`): the prefill's frame is
 //! kept without a stop check, a later frame whose main token is `<|im_end|>` stops, and the last
 //! generated frame is dropped — so a session holds each frame back until the next one exists.
-//! `next_frames` runs its rows one after the other (each row is exactly its solo run); CUDA
-//! graphs are not captured for Fish yet (the model runs eagerly on every device).
+//! `next_frames` runs each row's slow AR step on its own cache (the rows' positions differ), then
+//! the fast AR once for all rows (`[rows, dim]`; its 10 positions are the same for every row),
+//! each row drawing from its own random stream in the order it draws alone, so that a row's
+//! codes are its solo run's. CUDA graphs are not captured for Fish yet (the model runs eagerly
+//! on every device).
 
 use std::path::Path;
 
@@ -15,12 +18,12 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::codec::Codec;
-use super::generate::{PROMPT_HEADROOM, frame_rows};
+use super::generate::{PROMPT_HEADROOM, frame_rows, main_token};
 use super::layers::StackCache;
 use super::model::FishModel;
 use super::prompt::VoiceReference;
 use super::rules::{MAX_REF_SAMPLES, MIN_REF_SAMPLES, check_voice};
-use super::sampler::{RAS_WINDOW, SamplingParams as FishSampling};
+use super::sampler::{RAS_WINDOW, SamplingParams as FishSampling, sample};
 use crate::models::tts::{
     ArStep, FinishReason, ModelError, NoOpenText, ReferenceRules, ReferenceUse, SamplingParams,
     Stage0Model, Stage0Options, Stage0Prefill, Stage0Session, VoiceClonePrompt, VoiceRequest,
@@ -203,16 +206,48 @@ impl Stage0Model for FishAr {
         &'m self,
         rows: &mut [&mut FishSession<'m>],
     ) -> Vec<Result<ArStep, ModelError>> {
-        rows.iter_mut()
-            .map(|s| {
-                if !std::ptr::eq(s.ar, self) {
-                    return Err(ModelError::InvalidRequest {
-                        field: "sessions".into(),
-                        value: String::new(),
-                        msg: "a session of another model".into(),
-                    });
+        let mut out: Vec<Option<Result<ArStep, ModelError>>> = rows.iter().map(|_| None).collect();
+        // Each row's slow AR step (or its answer when it needs none).
+        let mut made: Vec<(usize, Step)> = Vec::with_capacity(rows.len());
+        for (i, s) in rows.iter_mut().enumerate() {
+            if !std::ptr::eq(s.ar, self) {
+                out[i] = Some(Err(ModelError::InvalidRequest {
+                    field: "sessions".into(),
+                    value: format!("row {i}"),
+                    msg: "a session of another model".into(),
+                }));
+                continue;
+            }
+            match s.prepare() {
+                Ok(Prep::Done(step)) => out[i] = Some(Ok(step)),
+                Ok(Prep::Make(step)) => made.push((i, step)),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        if !made.is_empty() {
+            match self.make_frames(rows, &made) {
+                Ok(frames) => {
+                    for ((i, step), (main, codes)) in made.into_iter().zip(frames) {
+                        out[i] = Some(Ok(rows[i].finish(main, codes, step.emit)));
+                    }
                 }
-                s.next_frame()
+                Err(e) => {
+                    let msg = format!("batched frame of {} rows: {e}", made.len());
+                    for (i, _) in made {
+                        out[i] = Some(Err(ModelError::Candle(candle_core::Error::Msg(
+                            msg.clone(),
+                        ))));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(ModelError::Candle(candle_core::Error::Msg(
+                        "row without a result".into(),
+                    )))
+                })
             })
             .collect()
     }
@@ -256,6 +291,83 @@ impl Stage0Model for FishAr {
             icl: true,
         })
     }
+}
+
+impl FishAr {
+    /// The next frame of the rows `made` (indices into `rows`, with their slow AR outputs):
+    /// each row's main token from its own stream, then the fast AR once for all of them.
+    fn make_frames(
+        &self,
+        rows: &mut [&mut FishSession<'_>],
+        made: &[(usize, Step)],
+    ) -> Result<Vec<(u32, Vec<u32>)>, ModelError> {
+        let slow = &self.model.slow;
+        let mut mains = Vec::with_capacity(made.len());
+        for (i, step) in made {
+            let s = &mut *rows[*i];
+            let l: Vec<f32> = step.logits.flatten_all()?.to_vec1()?;
+            mains.push(main_token(
+                slow,
+                &l,
+                s.sampling,
+                Some(&s.window),
+                &mut s.rng,
+            ));
+        }
+        let code0: Vec<u32> = mains.iter().map(|&t| slow.code0(t)).collect();
+        let hidden = Tensor::cat(&made.iter().map(|(_, m)| &m.hidden).collect::<Vec<_>>(), 0)?;
+        let mut streams: Vec<(&mut ChaCha8Rng, FishSampling)> = Vec::with_capacity(made.len());
+        {
+            let mut rest: &mut [&mut FishSession<'_>] = rows;
+            let mut base = 0;
+            for (i, _) in made {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(*i - base);
+                let (row, tail) = tail.split_at_mut(1);
+                let s = &mut *row[0];
+                streams.push((&mut s.rng, s.sampling));
+                rest = tail;
+                base = i + 1;
+            }
+        }
+        let rest = self.model.fast.frame(
+            &hidden,
+            &code0,
+            |_, logits| {
+                let l: Vec<Vec<f32>> = logits.to_vec2()?;
+                Ok(l.iter()
+                    .zip(streams.iter_mut())
+                    .map(|(row, (rng, p))| sample(row, *p, *rng) as u32)
+                    .collect())
+            },
+            None,
+        )?;
+        Ok(mains
+            .into_iter()
+            .zip(code0)
+            .zip(rest)
+            .map(|((m, c0), rest)| {
+                let mut codes = vec![c0];
+                codes.extend(rest);
+                (m, codes)
+            })
+            .collect())
+    }
+}
+
+/// A row's slow AR step: its allowed logits `[1, n]` and hidden state `[1, dim]`, and the frame
+/// it gives out once the next one is made.
+struct Step {
+    logits: Tensor,
+    hidden: Tensor,
+    emit: Vec<u32>,
+}
+
+/// What a row needs this step.
+enum Prep {
+    /// Its answer without a new frame (finished, or the cap reached).
+    Done(ArStep),
+    /// A new frame from this slow AR step.
+    Make(Step),
 }
 
 /// A Fish request's prompt, embedded, running through the slow AR a chunk at a time.
@@ -333,10 +445,22 @@ pub struct FishSession<'m> {
 }
 
 impl FishSession<'_> {
-    /// The next frame, or the end (see the module docs).
+    /// The next frame, or the end (see the module docs); as one row of
+    /// [`Stage0Model::next_frames`].
     pub fn next_frame(&mut self) -> Result<ArStep, ModelError> {
+        let ar = self.ar;
+        ar.next_frames(&mut [self]).pop().unwrap_or_else(|| {
+            Err(ModelError::Candle(candle_core::Error::Msg(
+                "no result for the row".into(),
+            )))
+        })
+    }
+
+    /// Everything of a step up to the fast AR: the prefill's frame on the first call (made
+    /// alone, as the reference makes it), the cap, then the slow AR on the held frame.
+    fn prepare(&mut self) -> Result<Prep, ModelError> {
         if let Some(r) = self.finished {
-            return Ok(ArStep::Finished(r));
+            return Ok(Prep::Done(ArStep::Finished(r)));
         }
         let (slow, fast) = (&self.ar.model.slow, &self.ar.model.fast);
         if let Some((logits, hidden)) = self.first.take() {
@@ -360,38 +484,34 @@ impl FishSession<'_> {
         if self.generated >= self.max_new {
             // The cap: the last generated frame is dropped, as the reference does.
             self.finished = Some(FinishReason::Length);
-            return Ok(ArStep::Finished(FinishReason::Length));
+            return Ok(Prep::Done(ArStep::Finished(FinishReason::Length)));
         }
         let mut rows = vec![vec![main]];
         rows.extend(codes.iter().map(|&c| vec![c]));
         let x = slow.embed(&[&rows])?;
         let (logits, hidden) = slow.forward(&x, &mut self.cache)?;
-        let next = frame_rows(
-            (slow, fast),
-            &logits,
-            &hidden,
-            self.sampling,
-            &[Some(&self.window)],
-            &mut self.rng,
-            None,
-        )?;
-        let Some((next_main, next_codes)) = next.into_iter().next() else {
-            return Err(ModelError::Candle(candle_core::Error::Msg(
-                "the fast AR gave no frame".into(),
-            )));
-        };
+        Ok(Prep::Make(Step {
+            logits,
+            hidden,
+            emit: codes,
+        }))
+    }
+
+    /// Takes the new frame (`main`, `codes`): the window moves on; `<|im_end|>` ends the
+    /// utterance (its frame dropped), any other frame is held. Gives out `emit`, the frame
+    /// before it.
+    fn finish(&mut self, main: u32, codes: Vec<u32>, emit: Vec<u32>) -> ArStep {
         if self.window.len() == RAS_WINDOW {
             self.window.remove(0);
         }
-        self.window.push(next_main);
+        self.window.push(main);
         self.generated += 1;
-        if next_main == slow.im_end() {
-            // `<|im_end|>`: its frame is dropped; the held one is the last.
+        if main == self.ar.model.slow.im_end() {
             self.finished = Some(FinishReason::Eos);
         } else {
-            self.held = Some((next_main, next_codes));
+            self.held = Some((main, codes));
         }
-        Ok(ArStep::Frame(codes))
+        ArStep::Frame(emit)
     }
 }
 
