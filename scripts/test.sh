@@ -21,7 +21,7 @@ cargo build
 echo "== gst-inspect-1.0 omnittssrc (private registry)"
 export GST_REGISTRY="$work/registry.bin"
 GST_PLUGIN_PATH="$target/debug" gst-inspect-1.0 omnittssrc > "$work/inspect.txt"
-for want in "Source/Audio" "omnitts" "push-text" "samples-per-buffer" "is-live" "rate: 24000"; do
+for want in "Source/Audio" "omnitts" "push-text" "samples-per-buffer" "is-live" "(int)24000" "(int)44100"; do
     grep -q -- "$want" "$work/inspect.txt" || { echo "gst-inspect output lacks '$want'"; exit 1; }
 done
 echo "ok: omnittssrc registered ($(grep -m1 'Version' "$work/inspect.txt" | xargs))"
@@ -29,7 +29,7 @@ echo "ok: omnittssrc registered ($(grep -m1 'Version' "$work/inspect.txt" | xarg
 echo "== gst-inspect-1.0 omnittssynth (private registry)"
 GST_PLUGIN_PATH="$target/debug" gst-inspect-1.0 omnittssynth > "$work/inspect-synth.txt"
 for want in "Filter/Audio/Text" "text/x-raw" "pango-markup" "overflow" "latency" "speaker-map" \
-        "max-new-tokens" "rate: 24000"; do
+        "max-new-tokens" "(int)24000" "(int)44100"; do
     grep -q -- "$want" "$work/inspect-synth.txt" \
         || { echo "gst-inspect omnittssynth output lacks '$want'"; exit 1; }
 done

@@ -9,7 +9,7 @@
 use gst::prelude::*;
 
 /// The rate the elements offer before a model is loaded (the bundled Qwen3-TTS voice's): the
-/// pad templates allow any rate, a started element offers exactly its model's.
+/// pad templates list every family's rate, a started element offers exactly its model's.
 pub const DEFAULT_RATE: u32 = 24_000;
 
 /// Time of sample position `n` at `rate` Hz: `n * SECOND / rate`, integer, rounded down.
@@ -36,10 +36,16 @@ pub fn caps(rate: u32) -> gst::Caps {
         .build()
 }
 
-/// The pad templates' caps: as [`caps`] at any rate (the model decides it).
+/// The pad templates' caps: as [`caps`] at the rate of each model family omnitts runs
+/// ([`crate::models::registry::FAMILIES`]: 24,000 Hz for Qwen3-TTS, 44,100 Hz for Fish S2 Pro); a
+/// started element offers exactly its model's.
 pub fn template_caps() -> gst::Caps {
+    let rates = crate::models::registry::FAMILIES
+        .iter()
+        .map(|f| f.sample_rate.min(i32::MAX as u32) as i32);
     gst_audio::AudioCapsBuilder::new_interleaved()
         .format_list([gst_audio::AudioFormat::F32le, gst_audio::AudioFormat::S16le])
+        .rate_list(rates)
         .channels(1)
         .build()
 }

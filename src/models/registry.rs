@@ -38,6 +38,9 @@ pub struct Family {
     pub model_type: &'static str,
     /// The family in words.
     pub name: &'static str,
+    /// The output rate of the family's codec decoder, Hz (the elements' pad templates list these;
+    /// a loaded checkpoint's own description gives the rate its caps carry).
+    pub sample_rate: u32,
     /// Stage 0 and stage 1.
     pub stages: [StageNames; 2],
     /// The built-in async-chunk stage config (YAML) and its file name.
@@ -54,6 +57,7 @@ pub const QWEN3_TTS: Family = Family {
     kind: Kind::Qwen3Tts,
     model_type: "qwen3_tts",
     name: "Qwen3-TTS",
+    sample_rate: 24_000,
     stages: [
         StageNames {
             model_stage: "qwen3_tts",
@@ -88,6 +92,7 @@ pub const FISH_SPEECH: Family = Family {
     kind: Kind::FishSpeech,
     model_type: "fish_qwen3_omni",
     name: "Fish Audio S2 Pro",
+    sample_rate: 44_100,
     stages: [
         StageNames {
             model_stage: "fish_speech",
