@@ -15,6 +15,9 @@
 //! ```
 //! `OMNITTS_DECODER_KERNELS=0` runs the decoder without its CUDA kernels (the A/B of those).
 
+#[path = "common/cuda_profiler.rs"]
+mod cuda_profiler;
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -58,28 +61,11 @@ struct Args {
     json: Option<PathBuf>,
 }
 
-/// Starts (`true`) or stops the CUDA profiler's range when `--profile` is given (CUDA builds).
+/// Starts (`true`) or stops the CUDA profiler's range when `--profile` is given.
 fn profiler(args: &Args, on: bool) {
-    if !args.profile {
-        return;
+    if args.profile {
+        cuda_profiler::profiler_range(on);
     }
-    #[cfg(feature = "cuda")]
-    {
-        use candle_core::cuda_backend::cudarc::driver::sys;
-        // SAFETY: plain driver calls without arguments; the context is current on this thread.
-        let r = unsafe {
-            if on {
-                sys::cuProfilerStart()
-            } else {
-                sys::cuProfilerStop()
-            }
-        };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            eprintln!("profiler range call returned {r:?}");
-        }
-    }
-    #[cfg(not(feature = "cuda"))]
-    let _ = on;
 }
 
 /// Deterministic pseudo-random codes (xorshift): `frames × quantizers` ids below `size`.

@@ -33,6 +33,8 @@
 //! CustomVoice fixture, which uses the same tokenizer files as `shared/bench/tok`) in a temp dir.
 //! The tensor layout is derived from the configs and first checked against the tiny fixture.
 
+#[path = "common/cuda_profiler.rs"]
+mod cuda_profiler;
 mod random_checkpoint;
 mod stage0_rows;
 
@@ -489,7 +491,10 @@ fn bench_rows(args: &Args, size: &str, ar: &mut ArModel, ckpt: &Checkpoint) -> R
     if ar.device().is_cuda() {
         ar.enable_cuda_graphs()?;
         let max = args.rows.iter().copied().max().unwrap_or(1);
-        eprintln!("{size}: batched frame graphs {:?}", ar.enable_batch_graphs(max)?);
+        eprintln!(
+            "{size}: batched frame graphs {:?}",
+            ar.enable_batch_graphs(max)?
+        );
     }
     let (req, sampling) = request(args, ckpt);
     let rows = stage0_rows::bench_rows(ar, &req, &sampling, &args.rows, args.frames, args.profile)?;

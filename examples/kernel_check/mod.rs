@@ -28,10 +28,10 @@ use gstomnitts::nn::cuda_kernels::{
     DecodeAt, Pos,
     add_rms_norm::add_rms_norm,
     argmax_embed::argmax_embed,
-    gather_rows::gather_rows,
     decode_attention::decode_attention,
     decode_stack::{Barrier, StackAttention, StackLayer, decode_stack, time_grid_barrier},
     embed_sum::{embed_sum, embed_sum_rows},
+    gather_rows::gather_rows,
     gemv::{gemv_bias, gemv_residual, norm_gemv, norm_gemv_logits, norm_gemv_silu},
     pick_rows::pick_rows,
     qk_norm_rope::{Heads, qk_norm_rope_kv},
@@ -919,8 +919,7 @@ fn stack_checks(
 /// channel), transposed convolutions (k = 2s, s 2 … 8); `gather_rows`.
 fn conv_checks(r: &mut Report, dev: &Device) -> Result<()> {
     use gstomnitts::nn::conv::{
-        CausalConvState, ConvTransposeState, StreamingCausalConv1d,
-        StreamingCausalConvTranspose1d,
+        CausalConvState, ConvTransposeState, StreamingCausalConv1d, StreamingCausalConvTranspose1d,
     };
     let bf = DType::BF16;
     let f32_of = |t: &Tensor| -> Result<Tensor> { Ok(t.to_dtype(DType::F32)?) };
@@ -959,8 +958,12 @@ fn conv_checks(r: &mut Report, dev: &Device) -> Result<()> {
         }
     }
     // Transposed: (batch, c_in, c_out, stride, len); k = 2s as in the decoder.
-    let transposed: [(usize, usize, usize, usize, usize); 4] =
-        [(2, 1536, 768, 8, 25), (3, 384, 192, 4, 50), (2, 192, 96, 3, 17), (1, 1024, 1024, 2, 1)];
+    let transposed: [(usize, usize, usize, usize, usize); 4] = [
+        (2, 1536, 768, 8, 25),
+        (3, 384, 192, 4, 50),
+        (2, 192, 96, 3, 17),
+        (1, 1024, 1024, 2, 1),
+    ];
     for (b, cin, cout, s, len) in transposed {
         let k = 2 * s;
         let q = k.div_ceil(s);
@@ -971,7 +974,10 @@ fn conv_checks(r: &mut Report, dev: &Device) -> Result<()> {
         let xp = f32_of(&Tensor::cat(&[&hist, &x], 2)?)?;
         let mut rows = Vec::new();
         for i in 0..b {
-            rows.push(xp.narrow(0, i, 1)?.conv_transpose1d(&f32_of(&w)?, 0, 0, s, 1, 1)?);
+            rows.push(
+                xp.narrow(0, i, 1)?
+                    .conv_transpose1d(&f32_of(&w)?, 0, 0, s, 1, 1)?,
+            );
         }
         let want = Tensor::cat(&rows, 0)?
             .narrow(2, (q - 1) * s, len * s)?
@@ -999,7 +1005,12 @@ fn conv_checks(r: &mut Report, dev: &Device) -> Result<()> {
         let refs: Vec<&Tensor> = rows.iter().collect();
         let got = gather_rows(&refs)?;
         let want = Tensor::cat(&refs, 0)?;
-        r.check("gather_rows [70 rows of 96x54]", dtype, rel_err(&got, &want)?, 0.0);
+        r.check(
+            "gather_rows [70 rows of 96x54]",
+            dtype,
+            rel_err(&got, &want)?,
+            0.0,
+        );
     }
     // The streaming layers on the kernel: chunked = whole, bit for bit.
     let x = randn(&[2, 96, 200], bf, dev)?;
@@ -1012,7 +1023,12 @@ fn conv_checks(r: &mut Report, dev: &Device) -> Result<()> {
         parts.push(conv.forward(&x.narrow(2, start, n)?, &mut state)?);
     }
     let chunked = Tensor::cat(&parts, 2)?;
-    r.check("conv layer chunked = whole", bf, rel_err(&chunked, &whole)?, 2e-3);
+    r.check(
+        "conv layer chunked = whole",
+        bf,
+        rel_err(&chunked, &whole)?,
+        2e-3,
+    );
     let w = randn(&[96, 48, 6], bf, dev)?.affine(1.0 / 96.0, 0.0)?;
     let up = StreamingCausalConvTranspose1d::new(w, Some(randn(&[48], bf, dev)?), 3)?;
     let whole = up.forward(&x, &mut ConvTransposeState::default())?;
@@ -1022,6 +1038,11 @@ fn conv_checks(r: &mut Report, dev: &Device) -> Result<()> {
         parts.push(up.forward(&x.narrow(2, start, n)?, &mut state)?);
     }
     let chunked = Tensor::cat(&parts, 2)?;
-    r.check("conv transposed layer chunked = whole", bf, rel_err(&chunked, &whole)?, 2e-3);
+    r.check(
+        "conv transposed layer chunked = whole",
+        bf,
+        rel_err(&chunked, &whole)?,
+        2e-3,
+    );
     Ok(())
 }

@@ -10,26 +10,7 @@ use anyhow::{Result, bail};
 use gstomnitts::models::qwen3_tts::{ArModel, ArSession, ArStep, SamplingParams, VoiceRequest};
 use serde_json::{Value, json};
 
-/// Starts (`true`) or stops the CUDA profiler's range (CUDA builds; a no-op elsewhere).
-pub fn profiler(on: bool) {
-    #[cfg(feature = "cuda")]
-    {
-        use candle_core::cuda_backend::cudarc::driver::sys;
-        // SAFETY: plain driver calls without arguments; the context is current on this thread.
-        let r = unsafe {
-            if on {
-                sys::cuProfilerStart()
-            } else {
-                sys::cuProfilerStop()
-            }
-        };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            eprintln!("profiler range call returned {r:?}");
-        }
-    }
-    #[cfg(not(feature = "cuda"))]
-    let _ = on;
-}
+use crate::cuda_profiler::profiler_range;
 
 /// One batched step of every session; errors if a session finished (EOS is unreachable here).
 fn step(ar: &ArModel, sessions: &mut [ArSession<'_>]) -> Result<()> {
@@ -69,11 +50,11 @@ pub fn bench_rows(
         for i in 0..frames {
             let marked = profile && i == frames / 2;
             if marked {
-                profiler(true);
+                profiler_range(true);
             }
             step(ar, &mut sessions)?;
             if marked {
-                profiler(false);
+                profiler_range(false);
             }
         }
         let ms_per_step = t.elapsed().as_secs_f64() * 1e3 / frames.max(1) as f64;

@@ -126,7 +126,9 @@ fn next_history(history: &Tensor, x: &Tensor, ctx: usize) -> Result<Tensor> {
     if n >= ctx {
         x.narrow(2, n - ctx, ctx)?.contiguous()
     } else {
-        Tensor::cat(&[history, x], 2)?.narrow(2, n, ctx)?.contiguous()
+        Tensor::cat(&[history, x], 2)?
+            .narrow(2, n, ctx)?
+            .contiguous()
     }
 }
 
@@ -237,11 +239,16 @@ fn stack_rows(rows: &[Option<&Tensor>]) -> Result<Option<Tensor>> {
     }
     #[cfg(feature = "cuda")]
     if like.device().is_cuda()
-        && matches!(like.dtype(), candle_core::DType::BF16 | candle_core::DType::F32)
+        && matches!(
+            like.dtype(),
+            candle_core::DType::BF16 | candle_core::DType::F32
+        )
         && crate::nn::switches::Switches::get().decoder_kernels
         && parts.iter().all(|p| p.is_contiguous())
     {
-        return Ok(Some(crate::nn::cuda_kernels::gather_rows::gather_rows(&parts)?));
+        return Ok(Some(crate::nn::cuda_kernels::gather_rows::gather_rows(
+            &parts,
+        )?));
     }
     Ok(Some(Tensor::cat(&parts, 0)?))
 }
@@ -670,7 +677,12 @@ impl StreamingCausalConvTranspose1d {
         let history = if ctx == 0 {
             None
         } else {
-            Some(take_history(&mut state.history, &x, ctx, "causal transposed conv")?)
+            Some(take_history(
+                &mut state.history,
+                &x,
+                ctx,
+                "causal transposed conv",
+            )?)
         };
         let cols = shift_cols(history.as_ref(), &x, shape)?; // [b, q · c_in, n]
         let z = w.broadcast_left(x.dim(0)?)?.matmul(&cols)?; // [b, c_out · s, n]

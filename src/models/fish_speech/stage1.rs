@@ -3,6 +3,7 @@
 //! `frames × 2048` samples). `decode_chunks` decodes its streams one after the other (each
 //! exactly as alone); the codec runs in f32 whatever the stage config's dtype.
 
+use crate::models::tts::chunk_count_mismatch;
 use std::path::Path;
 
 use candle_core::Device;
@@ -89,17 +90,8 @@ impl Stage1Model for FishDecoder {
         streams: &mut [&mut FishStream<'c>],
         chunks: &[&[Vec<u32>]],
     ) -> Vec<Result<Vec<f32>, ModelError>> {
-        if chunks.len() != streams.len() {
-            return streams
-                .iter()
-                .map(|_| {
-                    Err(ModelError::InvalidRequest {
-                        field: "chunks.len()".into(),
-                        value: chunks.len().to_string(),
-                        msg: format!("one chunk per stream ({} streams)", streams.len()),
-                    })
-                })
-                .collect();
+        if let Some(errors) = chunk_count_mismatch(streams.len(), chunks.len()) {
+            return errors;
         }
         streams
             .iter_mut()

@@ -32,5 +32,5 @@ pub use sampling::SamplingParams;
 pub use stage0::{
     IncrementalText, NoOpenText, Stage0Model, Stage0Options, Stage0Prefill, Stage0Session,
 };
-pub use stage1::{Stage1Model, Stage1Options, Stage1Stream};
+pub use stage1::{Stage1Model, Stage1Options, Stage1Stream, chunk_count_mismatch};
 pub use step::{ArStep, FinishReason};

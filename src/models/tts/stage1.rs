@@ -73,6 +73,25 @@ pub trait Stage1Model: Sized + 'static {
     ) -> Result<Vec<f32>, ModelError>;
 }
 
+/// What [`Stage1Model::decode_chunks`] returns when `chunks` (the count) does not match `streams`:
+/// the same error for every stream, naming the field; `None` when they match.
+pub fn chunk_count_mismatch<T>(
+    streams: usize,
+    chunks: usize,
+) -> Option<Vec<Result<T, ModelError>>> {
+    (chunks != streams).then(|| {
+        (0..streams)
+            .map(|_| {
+                Err(ModelError::InvalidRequest {
+                    field: "chunks.len()".into(),
+                    value: chunks.to_string(),
+                    msg: format!("one chunk per stream ({streams} streams)"),
+                })
+            })
+            .collect()
+    })
+}
+
 /// One utterance's exact streaming decoder state.
 pub trait Stage1Stream {
     /// Decodes the next frames `[n][codebooks]`: exactly `n × samples_per_frame` samples.

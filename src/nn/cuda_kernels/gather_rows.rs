@@ -5,7 +5,7 @@ use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
 use super::embed_sum::MAX_TABLES;
-use super::{Args, cuda_device, device_address, dev_ptr, empty, expect};
+use super::{Args, cuda_device, dev_ptr, device_address, empty, expect};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gather_rows.ptx"));
 const MODULE: &str = "omnitts_gather_rows";
@@ -35,7 +35,11 @@ pub fn gather_rows(rows: &[&Tensor]) -> Result<Tensor> {
     for r in rows {
         expect(r, dtype, "gathered row")?;
         if r.dims() != first.dims() {
-            candle_core::bail!("gather_rows: a {:?} row with a {:?} one", r.dims(), first.dims());
+            candle_core::bail!(
+                "gather_rows: a {:?} row with a {:?} one",
+                r.dims(),
+                first.dims()
+            );
         }
     }
     let mut dims = first.dims().to_vec();

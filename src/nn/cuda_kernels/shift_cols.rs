@@ -57,7 +57,11 @@ pub fn shift_cols(hist: Option<&Tensor>, x: &Tensor, shape: ConvShape) -> Result
         Some(h) => {
             expect(h, dtype, "conv history")?;
             if h.dims3()? != (b, cin, ctx) {
-                candle_core::bail!("shift_cols: history {:?} for input {:?}", h.dims(), x.dims());
+                candle_core::bail!(
+                    "shift_cols: history {:?} for input {:?}",
+                    h.dims(),
+                    x.dims()
+                );
             }
         }
         None if ctx > 0 => {
@@ -86,7 +90,10 @@ pub fn shift_cols(hist: Option<&Tensor>, x: &Tensor, shape: ConvShape) -> Result
     };
     let cfg = LaunchConfig {
         grid_dim: (
-            grid(len.div_ceil(THREADS * 16 / dtype.size_in_bytes()), "column blocks")?,
+            grid(
+                len.div_ceil(THREADS * 16 / dtype.size_in_bytes()),
+                "column blocks",
+            )?,
             grid(rows, "rows")?,
             grid(b, "batch rows")?,
         ),

@@ -20,6 +20,7 @@
 //! one, ...), and the passes of equal length in a round run together, at most
 //! `max_batch_frames` frames (rows × frames) at a time.
 
+use crate::models::tts::chunk_count_mismatch;
 use std::collections::BTreeMap;
 
 use crate::nn::Linear;
@@ -151,17 +152,8 @@ impl Code2Wav {
         streams: &mut [&mut Code2WavStream<'_>],
         chunks: &[&[Vec<u32>]],
     ) -> Vec<Result<Vec<f32>, ModelError>> {
-        if chunks.len() != streams.len() {
-            return streams
-                .iter()
-                .map(|_| {
-                    Err(ModelError::InvalidRequest {
-                        field: "chunks.len()".into(),
-                        value: chunks.len().to_string(),
-                        msg: format!("one chunk per stream ({} streams)", streams.len()),
-                    })
-                })
-                .collect();
+        if let Some(errors) = chunk_count_mismatch(streams.len(), chunks.len()) {
+            return errors;
         }
         let spf = self.samples_per_frame();
         let per_pass = self.max_frames_per_pass;
