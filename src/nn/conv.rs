@@ -8,7 +8,13 @@
 //! - [`StreamingCausalConv1d`] keeps the last `(kernel_size - 1) * dilation` input samples
 //!   (initially zeros, which reproduces the reference's left zero padding);
 //! - [`StreamingCausalConvTranspose1d`] keeps the `kernel_size - stride` output samples that a
-//!   chunk's last input frames contribute beyond the chunk (the overlap tail).
+//!   chunk's last input frames contribute beyond the chunk (the overlap tail); on CUDA, where it
+//!   runs as a product by phases, the last `⌈kernel_size / stride⌉ - 1` input frames instead.
+//!
+//! On CUDA (bf16 or f32) a convolution runs as one GEMM over its input written tap-major from the
+//! history and the chunk in place ([`crate::nn::cuda_kernels::shift_cols`]), whose output is
+//! already `[batch, channels, time]`; `OMNITTS_DECODER_CONV=candle` keeps candle's `conv1d`
+//! (docs/cuda.md, "Code2Wav convolutions as products over the history").
 //!
 //! Several streams run through a layer together by stacking their states along the batch
 //! dimension ([`CausalConvState::stack`], [`ConvTransposeState::stack`]) for one pass over a
@@ -435,8 +441,8 @@ pub struct StreamingCausalConvTranspose1d {
     weight_gemm: Option<Tensor>,
     /// On CUDA: the weight of the product by phases ([`Self::forward_product`]), `[c_out · s,
     /// q · c_in]` with `q = ⌈k / s⌉`: row `co · s + r`, tap `j` holds the weight's tap
-    /// `(q - 1 - j) · s + r` (zero past `k`), and how it runs. The layer then keeps the last `q - 1`
-    /// input frames as its state instead of the overlap tail.
+    /// `(q - 1 - j) · s + r` (zero past `k`). The layer then keeps the last `q - 1` input frames as
+    /// its state instead of the overlap tail, and `weight_gemm` is not built.
     #[cfg(feature = "cuda")]
     product: Option<Tensor>,
     /// `[c_out]`: the bias, or zeros without one (the product's epilogue adds it).
@@ -455,7 +461,7 @@ pub struct StreamingCausalConvTranspose1d {
 #[derive(Debug, Clone, Default)]
 pub struct ConvTransposeState {
     tail: Option<Tensor>,
-    /// On the implicit-GEMM kernel: the last `⌈k / s⌉ - 1` input frames, `[batch, c_in, q - 1]`.
+    /// On the product by phases (CUDA): the last `⌈k / s⌉ - 1` input frames, `[batch, c_in, q - 1]`.
     history: Option<Tensor>,
 }
 
@@ -514,14 +520,18 @@ impl StreamingCausalConvTranspose1d {
             }
             None => None,
         };
-        let weight_gemm = if weight.device().is_cuda() {
-            Some(gemm_weight(&weight, stride)?)
+        #[cfg(feature = "cuda")]
+        let product = if product_kernel(&weight) {
+            Some(product_weight(&weight, stride)?)
         } else {
             None
         };
         #[cfg(feature = "cuda")]
-        let product = if product_kernel(&weight) {
-            Some(product_weight(&weight, stride)?)
+        let by_phases = product.is_some();
+        #[cfg(not(feature = "cuda"))]
+        let by_phases = false;
+        let weight_gemm = if weight.device().is_cuda() && !by_phases {
+            Some(gemm_weight(&weight, stride)?)
         } else {
             None
         };
