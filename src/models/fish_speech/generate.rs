@@ -105,7 +105,12 @@ pub fn frame_rows(
         },
         fast_logits,
     )?;
-    Ok(mains
+    Ok(frames(mains, code0, rest))
+}
+
+/// Each row's `(main token, codes)`: its code 0 followed by the fast AR's codes 1.. (`rest[row]`).
+pub fn frames(mains: Vec<u32>, code0: Vec<u32>, rest: Vec<Vec<u32>>) -> Vec<(u32, Vec<u32>)> {
+    mains
         .into_iter()
         .zip(code0)
         .zip(rest)
@@ -114,7 +119,7 @@ pub fn frame_rows(
             codes.extend(rest);
             (m, codes)
         })
-        .collect())
+        .collect()
 }
 
 /// Generates the frames of `prompt` (one sequence).

@@ -18,7 +18,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::codec::Codec;
-use super::generate::{PROMPT_HEADROOM, frame_rows, main_token};
+use super::generate::{PROMPT_HEADROOM, frame_rows, frames, main_token};
 use super::layers::StackCache;
 use super::model::FishModel;
 use super::prompt::VoiceReference;
@@ -341,16 +341,7 @@ impl FishAr {
             },
             None,
         )?;
-        Ok(mains
-            .into_iter()
-            .zip(code0)
-            .zip(rest)
-            .map(|((m, c0), rest)| {
-                let mut codes = vec![c0];
-                codes.extend(rest);
-                (m, codes)
-            })
-            .collect())
+        Ok(frames(mains, code0, rest))
     }
 }
 
