@@ -10,7 +10,7 @@
 mod element_util;
 mod reference_util;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
@@ -86,16 +86,17 @@ impl WsServer {
     }
 }
 
-/// The request line's path of the HTTP request waiting on `conn` (peeked: it stays there).
-fn peek_path(conn: &TcpStream) -> Option<String> {
+/// The request line's path of the HTTP request waiting on `conn` and the length of its head
+/// (peeked: it stays there, for the websocket handshake to read).
+fn peek_path(conn: &TcpStream) -> Option<(String, usize)> {
     let mut buf = [0u8; 4096];
     let t0 = Instant::now();
     loop {
         let n = conn.peek(&mut buf).ok()?;
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut req = httparse::Request::new(&mut headers);
-        if let Ok(httparse::Status::Complete(_)) = req.parse(&buf[..n]) {
-            return req.path.map(str::to_string);
+        if let Ok(httparse::Status::Complete(head)) = req.parse(&buf[..n]) {
+            return req.path.map(|p| (p.to_string(), head));
         }
         if t0.elapsed() > Duration::from_secs(5) {
             return None;
@@ -104,7 +105,14 @@ fn peek_path(conn: &TcpStream) -> Option<String> {
     }
 }
 
-fn respond(conn: &mut TcpStream, status: &str, body: &str) {
+/// Answers the plain HTTP request whose head (`head` bytes, no body) is waiting on `conn`. The
+/// head is read first: a socket closed with unread bytes is reset, and the reset can reach the
+/// client before it has read the answer.
+fn respond(conn: &mut TcpStream, head: usize, status: &str, body: &str) {
+    let mut request = vec![0u8; head];
+    if conn.read_exact(&mut request).is_err() {
+        return;
+    }
     let _ = write!(
         conn,
         "HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: application/json\r\n\
@@ -115,17 +123,19 @@ fn respond(conn: &mut TcpStream, status: &str, body: &str) {
 }
 
 fn serve(mut conn: TcpStream, mode: Mode, received: &Mutex<Vec<serde_json::Value>>) {
-    let Some(path) = peek_path(&conn) else { return };
+    let Some((path, head)) = peek_path(&conn) else {
+        return;
+    };
     match path.as_str() {
         "/v1/models" => {
             let body = serde_json::json!({"object": "list", "data": [{
                 "id": "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice", "object": "model",
                 "root": "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"}]});
-            respond(&mut conn, "200 OK", &body.to_string());
+            respond(&mut conn, head, "200 OK", &body.to_string());
         }
         "/v1/audio/voices" => {
             let body = serde_json::json!({"voices": ["vivian", "ryan"], "uploaded_voices": []});
-            respond(&mut conn, "200 OK", &body.to_string());
+            respond(&mut conn, head, "200 OK", &body.to_string());
         }
         p if p == STREAM_PATH && mode != Mode::NoEndpoint => {
             let Ok(mut ws) = tungstenite::accept(conn) else {
@@ -133,7 +143,12 @@ fn serve(mut conn: TcpStream, mode: Mode, received: &Mutex<Vec<serde_json::Value
             };
             session(&mut ws, mode, received);
         }
-        _ => respond(&mut conn, "404 Not Found", r#"{"detail":"Not Found"}"#),
+        _ => respond(
+            &mut conn,
+            head,
+            "404 Not Found",
+            r#"{"detail":"Not Found"}"#,
+        ),
     }
 }
 
@@ -346,7 +361,9 @@ fn the_element_streams_appended_text_to_the_server() {
     e.set_property("speaker", "vivian");
     e.set_property("is-live", true);
     h.use_systemclock();
-    h.play();
+    // As `h.play()`, with the bus's messages when the state change fails.
+    let started = e.set_state(gst::State::Playing);
+    assert!(started.is_ok(), "{:?}", element_util::drain(&bus));
     assert!(e.emit_by_name::<bool>("append-text", &[&"First one"]));
     assert!(e.emit_by_name::<bool>("append-text", &[&" here. And"]));
     // Audio of the first sentence before the text ends.
