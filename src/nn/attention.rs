@@ -168,8 +168,10 @@ pub struct Attention {
     /// bias (`fused_decode.rs`).
     #[cfg(feature = "cuda")]
     pub(super) qkv_proj: Option<Linear>,
-    pub(super) q_norm: RmsNorm,
-    pub(super) k_norm: RmsNorm,
+    /// Per-head RMSNorm of q and k before RoPE; `None` for a stack without it (the fused
+    /// CUDA decode kernels need both).
+    pub(super) q_norm: Option<RmsNorm>,
+    pub(super) k_norm: Option<RmsNorm>,
     pub(super) num_heads: usize,
     pub(super) num_kv_heads: usize,
     pub(super) head_dim: usize,
@@ -197,14 +199,58 @@ impl Attention {
             #[cfg(feature = "cuda")]
             qkv_proj,
             o_proj: vb.linear(qd, h, b, "o_proj")?,
-            q_norm: RmsNorm::new(cfg.head_dim, cfg.rms_norm_eps, &vb.pp("q_norm"))?,
-            k_norm: RmsNorm::new(cfg.head_dim, cfg.rms_norm_eps, &vb.pp("k_norm"))?,
+            q_norm: Some(RmsNorm::new(
+                cfg.head_dim,
+                cfg.rms_norm_eps,
+                &vb.pp("q_norm"),
+            )?),
+            k_norm: Some(RmsNorm::new(
+                cfg.head_dim,
+                cfg.rms_norm_eps,
+                &vb.pp("k_norm"),
+            )?),
             num_heads: cfg.num_attention_heads,
             num_kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim,
             scaling: 1.0 / (cfg.head_dim as f64).sqrt(),
             sliding_window: cfg.sliding_window,
         })
+    }
+
+    /// An attention from weights already loaded (a checkpoint with other names or a fused
+    /// q/k/v matrix): `q_proj` `[heads·head_dim, hidden]`, `k_proj`/`v_proj`
+    /// `[kv_heads·head_dim, hidden]`, `o_proj` `[hidden, heads·head_dim]`, optional per-head
+    /// `q_norm`/`k_norm` (`[head_dim]`, both or neither), NeoX RoPE pairs (dims i and
+    /// i + head_dim/2), scaling `1/sqrt(head_dim)`, no sliding window. `device`: where the
+    /// weights are (on CUDA, q/k/v are fused into one matmul as [`Self::new`] does).
+    pub fn from_parts(
+        [q_proj, k_proj, v_proj, o_proj]: [Linear; 4],
+        qk_norm: Option<(RmsNorm, RmsNorm)>,
+        heads: (usize, usize),
+        head_dim: usize,
+        device: &Device,
+    ) -> Self {
+        #[cfg(feature = "cuda")]
+        let ([q_proj, k_proj, v_proj], qkv_proj) =
+            super::fused_decode::fuse(device, [q_proj, k_proj, v_proj]);
+        #[cfg(not(feature = "cuda"))]
+        let _ = device;
+        let (q_norm, k_norm) = qk_norm.unzip();
+        Self {
+            q_proj,
+            k_proj,
+            v_proj,
+            #[cfg(feature = "cuda")]
+            qkv_proj,
+            o_proj,
+            q_norm,
+            k_norm,
+            num_heads: heads.0,
+            num_kv_heads: heads.1,
+            head_dim,
+            scaling: 1.0 / (head_dim as f64).sqrt(),
+            sliding_window: None,
+        }
     }
 
     /// `x`: `[batch, t, hidden]`; `cos`/`sin`: `[t, head_dim/2]` (f32, or already in the
@@ -333,10 +379,14 @@ impl Attention {
     fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t, _) = x.dims3()?;
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let norm = |n: &Option<RmsNorm>, x: Tensor| match n {
+            Some(n) => n.forward(&x),
+            None => Ok(x),
+        };
         let q = self.q_proj.forward(x)?.reshape((b, t, nh, hd))?;
-        let q = self.q_norm.forward(&q)?.transpose(1, 2)?.contiguous()?;
+        let q = norm(&self.q_norm, q)?.transpose(1, 2)?.contiguous()?;
         let k = self.k_proj.forward(x)?.reshape((b, t, nkv, hd))?;
-        let k = self.k_norm.forward(&k)?.transpose(1, 2)?.contiguous()?;
+        let k = norm(&self.k_norm, k)?.transpose(1, 2)?.contiguous()?;
         let v = self
             .v_proj
             .forward(x)?

@@ -53,7 +53,16 @@ impl Attention {
             && rope_supports_head_dim(self.head_dim)
             && self.num_kv_heads > 0
             && self.num_heads % self.num_kv_heads == 0
-            && self.q_norm.eps() == self.k_norm.eps()
+            && self.qk_norms().is_ok_and(|(q, k)| q.eps() == k.eps())
+    }
+
+    /// The q and k norms, which the fused kernels need. Errors for a stack without them
+    /// ([`Self::fused_ok`] is false there).
+    pub(super) fn qk_norms(&self) -> Result<(&RmsNorm, &RmsNorm)> {
+        match (&self.q_norm, &self.k_norm) {
+            (Some(q), Some(k)) => Ok((q, k)),
+            _ => candle_core::bail!("the fused decode kernels need q/k norms"),
+        }
     }
 
     /// Ensures `cache` has buffers with room for `t` more positions of this layer's keys/values
@@ -135,8 +144,9 @@ impl Attention {
         };
         let dtype = q.dtype();
         let heads = self.heads();
-        let (q_w, k_w) = (self.q_norm.weight_as(dtype)?, self.k_norm.weight_as(dtype)?);
-        let eps = self.q_norm.eps();
+        let (q_norm, k_norm) = self.qk_norms()?;
+        let (q_w, k_w) = (q_norm.weight_as(dtype)?, k_norm.weight_as(dtype)?);
+        let eps = q_norm.eps();
         if cuda_kernels::all_enabled() && rope_attention::supports_head_dim(self.head_dim) {
             return rope_attention::rope_attention(
                 q,
@@ -188,18 +198,22 @@ impl Attention {
         cache: &KvCache,
         dtype: DType,
     ) -> Result<Option<cuda_kernels::decode_stack::StackAttention>> {
-        let (Some((qkv, o)), Some(k_cache), Some(v_cache), None) =
-            (self.gemv_weights(), &cache.k, &cache.v, self.sliding_window)
-        else {
+        let (Some((qkv, o)), Some(k_cache), Some(v_cache), None, Ok((q_norm, k_norm))) = (
+            self.gemv_weights(),
+            &cache.k,
+            &cache.v,
+            self.sliding_window,
+            self.qk_norms(),
+        ) else {
             return Ok(None);
         };
         Ok(Some(cuda_kernels::decode_stack::StackAttention {
             heads: self.heads(),
-            qk_eps: self.q_norm.eps(),
+            qk_eps: q_norm.eps(),
             scale: self.scaling,
             qkv: qkv.clone(),
-            q_norm: self.q_norm.weight_as(dtype)?,
-            k_norm: self.k_norm.weight_as(dtype)?,
+            q_norm: q_norm.weight_as(dtype)?,
+            k_norm: k_norm.weight_as(dtype)?,
             o: o.clone(),
             k_cache: k_cache.clone(),
             v_cache: v_cache.clone(),

@@ -37,6 +37,29 @@ impl Mlp {
         })
     }
 
+    /// An MLP from weights already loaded under other names: `gate_proj`/`up_proj`
+    /// `[intermediate, hidden]`, `down_proj` `[hidden, intermediate]`, on `device` (on CUDA, gate
+    /// and up are fused into one matmul as [`Self::new`] does).
+    pub fn from_parts(
+        gate_proj: Linear,
+        up_proj: Linear,
+        down_proj: Linear,
+        device: &candle_core::Device,
+    ) -> Self {
+        #[cfg(feature = "cuda")]
+        let ([gate_proj, up_proj], gate_up) =
+            super::fused_decode::fuse(device, [gate_proj, up_proj]);
+        #[cfg(not(feature = "cuda"))]
+        let _ = device;
+        Self {
+            gate_proj,
+            up_proj,
+            down_proj,
+            #[cfg(feature = "cuda")]
+            gate_up,
+        }
+    }
+
     /// `x`: `[batch, seq, hidden]` → `[batch, seq, hidden]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gate = candle_nn::ops::silu(&self.gate_proj.forward(x)?)?;

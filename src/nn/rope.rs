@@ -18,6 +18,8 @@ type Tables = (usize, Tensor, Tensor);
 #[derive(Debug, Clone)]
 pub struct RotaryEmbedding {
     inv_freq: Vec<f32>,
+    /// Each cos/sin value rounded to bf16 ([`Self::with_bf16_table`]).
+    bf16_table: bool,
     device: Device,
     tables: Arc<Mutex<Option<Tables>>>,
 }
@@ -36,8 +38,19 @@ impl RotaryEmbedding {
             .collect();
         Self {
             inv_freq,
+            bf16_table: false,
             device: device.clone(),
             tables: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// [`Self::new`] with every cos/sin value rounded to bf16 (still stored as f32), for
+    /// models whose reference keeps its table in bf16 whatever the activation dtype (Fish
+    /// Speech).
+    pub fn with_bf16_table(head_dim: usize, theta: f64, device: &Device) -> Self {
+        Self {
+            bf16_table: true,
+            ..Self::new(head_dim, theta, device)
         }
     }
 
@@ -69,12 +82,16 @@ impl RotaryEmbedding {
         let half = self.inv_freq.len();
         let mut cos = Vec::with_capacity(len * half);
         let mut sin = Vec::with_capacity(len * half);
+        let round = |x: f32| match self.bf16_table {
+            true => half::bf16::from_f32(x).to_f32(),
+            false => x,
+        };
         for p in start..start + len {
             let p = p as f32;
             for &f in &self.inv_freq {
                 let a = f * p;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                cos.push(round(a.cos()));
+                sin.push(round(a.sin()));
             }
         }
         Ok((
@@ -144,6 +161,25 @@ mod tests {
         assert!((cos[0][0] as f64 - 1f64.cos()).abs() < 1e-7);
         let slowest = THETA.powf(-((HEAD_DIM - 2) as f64) / HEAD_DIM as f64);
         assert!((cos[0][HEAD_DIM / 2 - 1] as f64 - slowest.cos()).abs() < 1e-7);
+    }
+
+    #[test]
+    fn a_bf16_table_holds_the_rounded_values() {
+        let exact = RotaryEmbedding::new(HEAD_DIM, THETA, &Device::Cpu);
+        let rounded = RotaryEmbedding::with_bf16_table(HEAD_DIM, THETA, &Device::Cpu);
+        let (c, s) = exact.cos_sin(0, 300).unwrap();
+        let (rc, rs) = rounded.cos_sin(0, 300).unwrap();
+        let mut differs = false;
+        for (e, r) in [(c, rc), (s, rs)] {
+            let (e, r) = (table(&e), table(&r));
+            for (er, rr) in e.iter().zip(&r) {
+                for (&x, &y) in er.iter().zip(rr) {
+                    assert_eq!(y, half::bf16::from_f32(x).to_f32());
+                    differs |= x != y;
+                }
+            }
+        }
+        assert!(differs, "rounding changes some values");
     }
 
     #[test]

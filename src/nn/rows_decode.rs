@@ -15,6 +15,7 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 
 use super::cuda_kernels::{self, rows_attention};
 use super::fused_decode::run_layers_fused;
+use super::rope::RotaryEmbedding;
 use super::transformer::{DecoderLayer, LayerCaches};
 
 /// Device tables of a batch of streams' KV caches and positions for one decode position:
@@ -162,7 +163,8 @@ pub fn run_rows_fused(
         let attn = &layer.self_attn;
         let (q, k, v) = attn.project_qkv(normed)?;
         let dtype = q.dtype();
-        let (q_w, k_w) = (attn.q_norm.weight_as(dtype)?, attn.k_norm.weight_as(dtype)?);
+        let (q_norm, k_norm) = attn.qk_norms()?;
+        let (q_w, k_w) = (q_norm.weight_as(dtype)?, k_norm.weight_as(dtype)?);
         let caches = tables.caches.get(l)?;
         let a = rows_attention::rows_attention(
             &q,
@@ -170,7 +172,7 @@ pub fn run_rows_fused(
             &v,
             &q_w,
             &k_w,
-            attn.q_norm.eps(),
+            q_norm.eps(),
             cos,
             sin,
             &tables.positions,
@@ -184,4 +186,40 @@ pub fn run_rows_fused(
         )?;
         attn.o_proj.forward(&a)
     })
+}
+
+/// [`LayerCaches::decode_rows`] on the fused kernels, without a CUDA graph: `None` when
+/// [`rows_fused_ok`] does not take the stack, `x` or the rows' longest cache (then the caller
+/// runs the eager ops). Makes room in each row's caches, writes a fresh [`RowTables`], runs
+/// [`run_rows_fused`] and advances every row by one position.
+pub(super) fn try_decode_rows_fused(
+    layers: &[DecoderLayer],
+    rope: &RotaryEmbedding,
+    x: &Tensor,
+    caches: &mut [&mut LayerCaches],
+) -> Result<Option<Tensor>> {
+    let keys = caches.iter().map(|c| c.seq_len() + 1).max().unwrap_or(0);
+    if caches.is_empty() || x.dim(0)? != caches.len() || !rows_fused_ok(layers, x, keys) {
+        return Ok(None);
+    }
+    for c in caches.iter_mut() {
+        c.reserve_next(layers, x.dtype(), x.device())?;
+    }
+    let tables = RowTables::new(caches.len(), layers.len(), x.device())?;
+    let streams: Vec<&LayerCaches> = caches.iter().map(|c| &**c).collect();
+    // Every row is a stream: the padding caches are never read.
+    tables.fill(&streams, streams[0])?;
+    let (cos, sin) = rope.cos_sin(0, keys)?;
+    let h = run_rows_fused(
+        layers,
+        x,
+        &cos.contiguous()?,
+        &sin.contiguous()?,
+        &tables,
+        keys,
+    )?;
+    for c in caches.iter_mut() {
+        c.advance(1)?;
+    }
+    Ok(Some(h))
 }

@@ -43,6 +43,22 @@ impl DecoderLayer {
         })
     }
 
+    /// A layer from its parts (weights loaded under other names: [`Attention::from_parts`],
+    /// [`Mlp::from_parts`]) and its two norms `[hidden]`.
+    pub fn from_parts(
+        self_attn: Attention,
+        mlp: Mlp,
+        input_layernorm: RmsNorm,
+        post_attention_layernorm: RmsNorm,
+    ) -> Self {
+        Self {
+            self_attn,
+            mlp,
+            input_layernorm,
+            post_attention_layernorm,
+        }
+    }
+
     /// The layer's linear layers: `q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`,
     /// `up_proj`, `down_proj`.
     pub fn linears(&self) -> [&Linear; 7] {
@@ -320,6 +336,23 @@ impl LayerCaches {
             h = layer.forward_masked(&h, &cos, &sin, cache, mask)?;
         }
         Ok(h)
+    }
+
+    /// [`Self::run_rows`] on the fused CUDA kernels when they take the stack and the rows (one
+    /// attention launch per layer for every row: [`super::rows_decode::run_rows_fused`], up to
+    /// the GEMM's summation order), else the eager ops of [`Self::run_rows`]. Same arguments,
+    /// result and errors.
+    pub fn decode_rows(
+        layers: &[DecoderLayer],
+        rope: &RotaryEmbedding,
+        x: &Tensor,
+        caches: &mut [&mut LayerCaches],
+    ) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(h) = super::rows_decode::try_decode_rows_fused(layers, rope, x, caches)? {
+            return Ok(h);
+        }
+        Self::run_rows(layers, rope, x, caches)
     }
 
     /// One decode position for each of `caches.len()` sequences, each with its own caches at its

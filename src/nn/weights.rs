@@ -219,6 +219,11 @@ impl Weights {
         Ok((view, full))
     }
 
+    /// The error of work on `prefix.name` after it was loaded (a reshaping that failed).
+    pub fn error(&self, name: &str, source: candle_core::Error) -> WeightError {
+        self.load_error(self.full_name(name), source)
+    }
+
     /// A loading error of tensor `name`.
     fn load_error(&self, name: String, source: candle_core::Error) -> WeightError {
         WeightError::Load {

@@ -11,9 +11,8 @@ use candle_core::{DType, Module, Tensor};
 
 use super::config::FishConfig;
 use super::error::{FishError, Result};
-use super::layers::Stack;
-use super::rope::RopeTable;
-use crate::nn::{Linear, RmsNorm, Weights};
+use super::layers::{load_stack, rope};
+use crate::nn::{DecoderLayer, LayerCaches, Linear, RmsNorm, RotaryEmbedding, Weights};
 
 /// The fast AR's weights.
 #[derive(Debug, Clone)]
@@ -21,11 +20,12 @@ pub struct FastAr {
     project_in: Option<Linear>,
     /// `[codebook_size, fast_dim]`.
     embeddings: Tensor,
-    stack: Stack,
+    /// `audio_decoder.layers.N` ([`super::layers`]).
+    layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     /// `[codebook_size, fast_dim]`.
     output: Linear,
-    rope: RopeTable,
+    rope: RotaryEmbedding,
     num_codebooks: usize,
     dim: usize,
 }
@@ -44,10 +44,10 @@ impl FastAr {
         Ok(Self {
             project_in,
             embeddings: a.get(&[cbs, d.dim], "embeddings.weight")?,
-            stack: Stack::new(&d, &a)?,
+            layers: load_stack(&d, &a)?,
             norm: RmsNorm::new(d.dim, d.norm_eps, &a.pp("norm"))?,
             output: a.linear(d.dim, cbs, false, "output")?,
-            rope: RopeTable::new(cfg.num_codebooks(), d.head_dim, d.rope_base, vb.device())?,
+            rope: rope(&d, vb.device()),
             num_codebooks: cfg.num_codebooks(),
             dim: d.dim,
         })
@@ -71,13 +71,12 @@ impl FastAr {
                 msg: format!("{} codes for {b} rows", code0.len()),
             });
         }
-        let mut cache = self.stack.new_cache();
+        let mut cache = LayerCaches::new(self.layers.len(), self.num_codebooks);
         let h = match &self.project_in {
             Some(p) => p.forward(hidden)?,
             None => hidden.clone(),
         };
-        self.stack
-            .forward(&h.reshape((b, 1, self.dim))?, &self.rope, &mut cache)?;
+        cache.run(&self.layers, &self.rope, &h.reshape((b, 1, self.dim))?)?;
         let mut prev = code0.to_vec();
         let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(self.num_codebooks - 1); b];
         for step in 1..self.num_codebooks {
@@ -86,7 +85,7 @@ impl FastAr {
                 .embeddings
                 .index_select(&ids, 0)?
                 .reshape((b, 1, self.dim))?;
-            let y = self.stack.forward(&x, &self.rope, &mut cache)?;
+            let y = cache.run(&self.layers, &self.rope, &x)?;
             let logits = self
                 .output
                 .forward(&self.norm.forward(&y)?)?

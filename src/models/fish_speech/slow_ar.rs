@@ -13,10 +13,12 @@ use candle_core::{DType, Device, Tensor};
 
 use super::config::{FishConfig, StackDims};
 use super::error::{FishError, Result};
-use super::layers::{Stack, StackCache};
-use super::rope::RopeTable;
+use super::layers::{load_stack, rope};
 use super::tokenizer::FishTokenizer;
-use crate::nn::{RmsNorm, Weights};
+use crate::nn::{DecoderLayer, LayerCaches, RmsNorm, RotaryEmbedding, Weights};
+
+/// Positions a KV cache grows by.
+const CACHE_STEP: usize = 256;
 
 /// The slow AR's weights.
 #[derive(Debug, Clone)]
@@ -25,12 +27,13 @@ pub struct SlowAr {
     embeddings: Tensor,
     /// `[num_codebooks · codebook_size, dim]`.
     codebook_embeddings: Tensor,
-    stack: Stack,
+    /// `text_model.model.layers.N` ([`super::layers`]).
+    layers: Vec<DecoderLayer>,
     norm: RmsNorm,
     /// The head rows of the allowed tokens, `[num_semantic + 1, dim]`: semantic 0..N, then
     /// `<|im_end|>`.
     head: Tensor,
-    rope: RopeTable,
+    rope: RotaryEmbedding,
     dims: StackDims,
     semantic_begin: u32,
     semantic_end: u32,
@@ -90,9 +93,9 @@ impl SlowAr {
         .contiguous()?;
         let device = vb.device().clone();
         Ok(Self {
-            stack: Stack::new(&d, &m)?,
+            layers: load_stack(&d, &m)?,
             norm: RmsNorm::new(d.dim, d.norm_eps, &m.pp("norm"))?,
-            rope: RopeTable::new(t.max_seq_len, d.head_dim, d.rope_base, &device)?,
+            rope: rope(&d, &device),
             scale: Tensor::new(((ncb + 1) as f32).sqrt(), &device)?.to_dtype(vb.dtype())?,
             embeddings,
             codebook_embeddings,
@@ -122,8 +125,8 @@ impl SlowAr {
     }
 
     /// An empty KV cache.
-    pub fn new_cache(&self) -> StackCache {
-        self.stack.new_cache()
+    pub fn new_cache(&self) -> LayerCaches {
+        LayerCaches::new(self.layers.len(), CACHE_STEP)
     }
 
     /// Input embeddings of `batch` sequences of equal length: `rows[b]` holds
@@ -187,23 +190,48 @@ impl SlowAr {
 
     /// Runs `x` `[b, t, dim]` through the stack (appending to `cache`); returns the logits of the
     /// last position over the allowed tokens `[b, num_semantic + 1]` (f32) and its final-normed
-    /// hidden state `[b, dim]`.
-    pub fn forward(&self, x: &Tensor, cache: &mut StackCache) -> Result<(Tensor, Tensor)> {
+    /// hidden state `[b, dim]`. Errors past `max_seq_len`.
+    pub fn forward(&self, x: &Tensor, cache: &mut LayerCaches) -> Result<(Tensor, Tensor)> {
         let t = x.dim(1)?;
-        let start = cache.first().map_or(0, |c| c.len());
-        if start + t > self.max_seq_len {
+        self.check_room(cache.seq_len() + t)?;
+        let h = cache.run(&self.layers, &self.rope, x)?;
+        self.head(&h.narrow(1, t - 1, 1)?.squeeze(1)?)
+    }
+
+    /// One position for each of several sequences, each at its own position with its own cache:
+    /// `x` `[rows, 1, dim]`, row i appended to `caches[i]` (on CUDA one batched step over every
+    /// row: [`LayerCaches::decode_rows`]). Returns [`Self::forward`]'s values for every row,
+    /// `[rows, num_semantic + 1]` and `[rows, dim]`, each row's equal to its own
+    /// [`Self::forward`] up to the matmul's summation order. Errors past `max_seq_len`.
+    pub fn forward_rows(
+        &self,
+        x: &Tensor,
+        caches: &mut [&mut LayerCaches],
+    ) -> Result<(Tensor, Tensor)> {
+        for c in caches.iter() {
+            self.check_room(c.seq_len() + 1)?;
+        }
+        let h = LayerCaches::decode_rows(&self.layers, &self.rope, x, caches)?;
+        self.head(&h.squeeze(1)?)
+    }
+
+    /// An error when `positions` exceed `max_seq_len`.
+    fn check_room(&self, positions: usize) -> Result<()> {
+        if positions > self.max_seq_len {
             return Err(FishError::InvalidRequest {
                 field: "prompt",
                 msg: format!(
-                    "{} positions exceed max_seq_len {}",
-                    start + t,
+                    "{positions} positions exceed max_seq_len {}",
                     self.max_seq_len
                 ),
             });
         }
-        let h = self.stack.forward(x, &self.rope, cache)?;
-        let last = h.narrow(1, t - 1, 1)?.squeeze(1)?;
-        let hidden = self.norm.forward(&last)?;
+        Ok(())
+    }
+
+    /// The final norm and the allowed-token logits of `last` `[b, dim]`.
+    fn head(&self, last: &Tensor) -> Result<(Tensor, Tensor)> {
+        let hidden = self.norm.forward(last)?;
         let logits = hidden.matmul(&self.head.t()?)?.to_dtype(DType::F32)?;
         Ok((logits, hidden))
     }

@@ -5,11 +5,11 @@
 //! Frames follow the reference's `generate` exactly (`generate.rs`): the prefill's frame is
 //! kept without a stop check, a later frame whose main token is `<|im_end|>` stops, and the last
 //! generated frame is dropped — so a session holds each frame back until the next one exists.
-//! `next_frames` runs each row's slow AR step on its own cache (the rows' positions differ), then
-//! the fast AR once for all rows (`[rows, dim]`; its 10 positions are the same for every row),
-//! each row drawing from its own random stream in the order it draws alone, so that a row's
-//! codes are its solo run's. CUDA graphs are not captured for Fish yet (the model runs eagerly
-//! on every device).
+//! `next_frames` runs the slow AR's step once for all rows, each at its own position over its own
+//! cache (`SlowAr::forward_rows`: on CUDA the fused batched decode kernels), then the fast AR
+//! once for all rows (`[rows, dim]`; its 10 positions are the same for every row), each row
+//! drawing from its own random stream in the order it draws alone, so that a row's codes are its
+//! solo run's. CUDA graphs are not captured for Fish yet (the steps run without them).
 
 use std::path::Path;
 
@@ -19,7 +19,6 @@ use rand_chacha::ChaCha8Rng;
 
 use super::codec::Codec;
 use super::generate::{PROMPT_HEADROOM, frame_rows, frames, main_token};
-use super::layers::StackCache;
 use super::model::FishModel;
 use super::prompt::VoiceReference;
 use super::rules::{MAX_REF_SAMPLES, MIN_REF_SAMPLES, check_voice};
@@ -28,7 +27,7 @@ use crate::models::tts::{
     ArStep, FinishReason, ModelError, NoOpenText, ReferenceRules, ReferenceUse, SamplingParams,
     Stage0Model, Stage0Options, Stage0Prefill, Stage0Session, VoiceClonePrompt, VoiceRequest,
 };
-use crate::nn::{Quantization, QuantizationSpec, WeightForm};
+use crate::nn::{LayerCaches, Quantization, QuantizationSpec, WeightForm};
 
 /// Stage 0 of Fish S2 Pro: tokenizer, prompt builder, slow AR and fast AR, and the codec (its
 /// encoder turns a reference recording into the codes a clone's prompt holds).
@@ -294,41 +293,39 @@ impl Stage0Model for FishAr {
 }
 
 impl FishAr {
-    /// The next frame of the rows `made` (indices into `rows`, with their slow AR outputs):
-    /// each row's main token from its own stream, then the fast AR once for all of them.
+    /// The next frame of the rows `made` (indices into `rows`, increasing, with their slow AR
+    /// inputs): one slow AR step over all of them, each row's main token from its own stream,
+    /// then the fast AR once for all of them.
     fn make_frames(
         &self,
         rows: &mut [&mut FishSession<'_>],
         made: &[(usize, Step)],
     ) -> Result<Vec<(u32, Vec<u32>)>, ModelError> {
         let slow = &self.model.slow;
-        let mut mains = Vec::with_capacity(made.len());
-        for (i, step) in made {
-            let s = &mut *rows[*i];
-            let l: Vec<f32> = step.logits.flatten_all()?.to_vec1()?;
-            mains.push(main_token(
-                slow,
-                &l,
-                s.sampling,
-                Some(&s.window),
-                &mut s.rng,
-            ));
-        }
+        let inputs: Vec<&[Vec<u32>]> = made.iter().map(|(_, s)| s.ids.as_slice()).collect();
+        let x = slow.embed(&inputs)?;
+        let mut picked: Vec<&mut FishSession<'_>> = rows
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| made.iter().any(|(m, _)| m == i))
+            .map(|(_, s)| &mut **s)
+            .collect();
+        let (logits, hidden) = {
+            let mut caches: Vec<&mut LayerCaches> =
+                picked.iter_mut().map(|s| &mut s.cache).collect();
+            slow.forward_rows(&x, &mut caches)?
+        };
+        let logits: Vec<Vec<f32>> = logits.to_vec2()?;
+        let mains: Vec<u32> = picked
+            .iter_mut()
+            .zip(&logits)
+            .map(|(s, l)| main_token(slow, l, s.sampling, Some(&s.window), &mut s.rng))
+            .collect();
         let code0: Vec<u32> = mains.iter().map(|&t| slow.code0(t)).collect();
-        let hidden = Tensor::cat(&made.iter().map(|(_, m)| &m.hidden).collect::<Vec<_>>(), 0)?;
-        let mut streams: Vec<(&mut ChaCha8Rng, FishSampling)> = Vec::with_capacity(made.len());
-        {
-            let mut rest: &mut [&mut FishSession<'_>] = rows;
-            let mut base = 0;
-            for (i, _) in made {
-                let (_, tail) = std::mem::take(&mut rest).split_at_mut(*i - base);
-                let (row, tail) = tail.split_at_mut(1);
-                let s = &mut *row[0];
-                streams.push((&mut s.rng, s.sampling));
-                rest = tail;
-                base = i + 1;
-            }
-        }
+        let mut streams: Vec<(&mut ChaCha8Rng, FishSampling)> = picked
+            .iter_mut()
+            .map(|s| (&mut s.rng, s.sampling))
+            .collect();
         let rest = self.model.fast.frame(
             &hidden,
             &code0,
@@ -345,11 +342,11 @@ impl FishAr {
     }
 }
 
-/// A row's slow AR step: its allowed logits `[1, n]` and hidden state `[1, dim]`, and the frame
-/// it gives out once the next one is made.
+/// A row's slow AR input for this step (the held frame's main token and codes, one position
+/// each: `1 + num_codebooks` rows of one id) and the frame it gives out once the next one is
+/// made.
 struct Step {
-    logits: Tensor,
-    hidden: Tensor,
+    ids: Vec<Vec<u32>>,
     emit: Vec<u32>,
 }
 
@@ -368,7 +365,7 @@ pub struct FishPrefill<'m> {
     x: Tensor,
     /// Positions run so far.
     done: usize,
-    cache: StackCache,
+    cache: LayerCaches,
     /// The last chunk's allowed logits and final-normed hidden state.
     last: Option<(Tensor, Tensor)>,
     sampling: FishSampling,
@@ -419,7 +416,7 @@ impl<'m> Stage0Prefill for FishPrefill<'m> {
 /// One Fish utterance's generation state.
 pub struct FishSession<'m> {
     ar: &'m FishAr,
-    cache: StackCache,
+    cache: LayerCaches,
     rng: ChaCha8Rng,
     sampling: FishSampling,
     /// The last main tokens of the decode steps (repetition-aware sampling).
@@ -447,8 +444,9 @@ impl FishSession<'_> {
         })
     }
 
-    /// Everything of a step up to the fast AR: the prefill's frame on the first call (made
-    /// alone, as the reference makes it), the cap, then the slow AR on the held frame.
+    /// Everything of a step before the batched slow AR: the prefill's frame on the first call
+    /// (made alone, as the reference makes it), the cap, then the slow AR's input from the held
+    /// frame.
     fn prepare(&mut self) -> Result<Prep, ModelError> {
         if let Some(r) = self.finished {
             return Ok(Prep::Done(ArStep::Finished(r)));
@@ -477,15 +475,9 @@ impl FishSession<'_> {
             self.finished = Some(FinishReason::Length);
             return Ok(Prep::Done(ArStep::Finished(FinishReason::Length)));
         }
-        let mut rows = vec![vec![main]];
-        rows.extend(codes.iter().map(|&c| vec![c]));
-        let x = slow.embed(&[&rows])?;
-        let (logits, hidden) = slow.forward(&x, &mut self.cache)?;
-        Ok(Prep::Make(Step {
-            logits,
-            hidden,
-            emit: codes,
-        }))
+        let mut ids = vec![vec![main]];
+        ids.extend(codes.iter().map(|&c| vec![c]));
+        Ok(Prep::Make(Step { ids, emit: codes }))
     }
 
     /// Takes the new frame (`main`, `codes`): the window moves on; `<|im_end|>` ends the
