@@ -232,11 +232,17 @@ fn request(engine: &Engine, i: usize, frames: usize) -> EngineRequest {
     EngineRequest::new(voice, s)
 }
 
-/// The stage config of an engine batching up to `max_seqs` streams; `guard`: the runaway guard
-/// on (else only `max_new_tokens` ends a request that EOS does not); `max_waiting`: the queue
-/// beyond them (default: the built-in config's).
-fn config(args: &Args, max_seqs: usize, guard: bool, max_waiting: Option<usize>) -> StageConfig {
-    let mut c = StageConfig::default_async();
+/// The checkpoint family's built-in stage config (`configs/qwen3_tts.yaml`,
+/// `configs/fish_speech.yaml`) for an engine batching up to `max_seqs` streams; `guard`: the
+/// runaway guard on (else only `max_new_tokens` ends a request that EOS does not);
+/// `max_waiting`: the queue beyond them (default: the built-in config's).
+fn config(
+    args: &Args,
+    max_seqs: usize,
+    guard: bool,
+    max_waiting: Option<usize>,
+) -> Result<StageConfig> {
+    let mut c = StageConfig::default_for_model(&args.model_dir)?;
     c.decoder.dtype = DTypeSpec::parse(&args.decoder_dtype).unwrap_or(DTypeSpec::F32);
     c.decoder.allow_tf32 = args.allow_tf32;
     c.decoder.max_num_batched_tokens = args.decoder_pass_frames;
@@ -246,7 +252,7 @@ fn config(args: &Args, max_seqs: usize, guard: bool, max_waiting: Option<usize>)
     if let Some(w) = max_waiting {
         c.ar.max_waiting = w;
     }
-    c
+    Ok(c)
 }
 
 /// Loads the checkpoint with `config` on `--device`.
@@ -371,7 +377,7 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
         "ratio"
     );
     for &n in counts {
-        let shared = SharedEngine::unshared(load(args, config(args, n, false, None))?);
+        let shared = SharedEngine::unshared(load(args, config(args, n, false, None)?)?);
         // Warm-up: one short stream (first-touch allocations, thread pools).
         run_streams(std::slice::from_ref(&shared), 1, 4)?;
         let before = shared.batch_stats()[0];
@@ -385,7 +391,11 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
             None
         } else {
             let engines: Vec<SharedEngine> = (0..n)
-                .map(|_| load(args, config(args, 1, false, None)).map(SharedEngine::unshared))
+                .map(|_| {
+                    config(args, 1, false, None)
+                        .and_then(|c| load(args, c))
+                        .map(SharedEngine::unshared)
+                })
                 .collect::<Result<_>>()?;
             run_streams(&engines[..1], 1, 4)?;
             let streams = run_streams(&engines, n, args.frames)?;
@@ -426,7 +436,7 @@ fn text_stream_runs(args: &Args) -> Result<Value> {
             "--text-rates: {rate} is not a rate"
         );
     }
-    let shared = SharedEngine::unshared(load(args, config(args, 1, false, None))?);
+    let shared = SharedEngine::unshared(load(args, config(args, 1, false, None)?)?);
     text_stream::run(&shared, 50.0, args.greedy, 1, args.text_frames)?;
     eprintln!(
         "text streamed into one request: {} tokens at each rate, {} decoding, at most {} frames",
@@ -482,7 +492,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
     let fixed = fixed_length(args);
     let shared = SharedEngine::unshared(load(
         args,
-        config(args, args.max_batch, !fixed, args.max_waiting),
+        config(args, args.max_batch, !fixed, args.max_waiting)?,
     )?);
     // First-touch allocations and thread pools before any timing.
     run_streams(std::slice::from_ref(&shared), 1, 4)?;

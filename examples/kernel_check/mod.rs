@@ -34,7 +34,7 @@ use gstomnitts::nn::cuda_kernels::{
     gather_rows::gather_rows,
     gemv::{gemv_bias, gemv_residual, norm_gemv, norm_gemv_logits, norm_gemv_silu},
     pick_rows::pick_rows,
-    qk_norm_rope::{Heads, qk_norm_rope_kv},
+    qk_norm_rope::{HeadNorms, Heads, qk_norm_rope_kv},
     rope_attention::rope_attention,
     rows_attention::{RowCaches, rows_attention},
     sample_embed::sample_embed,
@@ -283,7 +283,12 @@ fn qk_and_attention(
     } else {
         Pos::Host(p)
     };
-    let q_out = qk_norm_rope_kv(&q, &k, &v, &qw, &kw, eps, &cos, &sin, pos, &kc, &vc, heads)?;
+    let norms = Some(HeadNorms {
+        q: &qw,
+        k: &kw,
+        eps,
+    });
+    let q_out = qk_norm_rope_kv(&q, &k, &v, norms, &cos, &sin, pos, &kc, &vc, heads)?;
 
     // Unfused reference (Attention::qkv + KvCache append), same dtype.
     let rc = cos.narrow(0, p, t)?.to_dtype(dtype)?;
@@ -336,6 +341,28 @@ fn qk_and_attention(
         untouched,
         0.0,
     );
+    // Without head norms (a stack without them, Fish's fast AR): RoPE only.
+    let (kc2, vc2) = (kc0.copy()?, vc0.copy()?);
+    let q_plain = qk_norm_rope_kv(&q, &k, &v, None, &cos, &sin, pos, &kc2, &vc2, heads)?;
+    let rotate = |x: &Tensor, heads: usize| -> Result<Tensor> {
+        let x = x
+            .reshape((1, t, heads, hd))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        Ok(candle_nn::rotary_emb::rope(&x, &rc, &rs)?)
+    };
+    r.check(
+        &format!("qk rope without norms q [{tag}]"),
+        dtype,
+        rel_err(&q_plain, &rotate(&q, nh)?)?,
+        tol,
+    );
+    r.check(
+        &format!("qk rope without norms k slot [{tag}]"),
+        dtype,
+        rel_err(&kc2.narrow(2, p, n)?, &rotate(&k, nkv)?.narrow(2, 0, n)?)?,
+        tol,
+    );
 
     // Attention over slots 0..=p+i with the bucket `cap` as max_keys, against f32 math on the
     // same (dtype-rounded) inputs with the additive causal mask.
@@ -371,7 +398,7 @@ fn qk_and_attention(
     );
     // One launch for both: bit-identical output and caches.
     let merged = rope_attention(
-        &q, &k, &v, &qw, &kw, eps, &cos, &sin, pos, &kc1, &vc1, heads, cap, scale,
+        &q, &k, &v, norms, &cos, &sin, pos, &kc1, &vc1, heads, cap, scale,
     )?;
     let caches = rel_err(&kc1, &kc)?.max(rel_err(&vc1, &vc)?);
     r.check(
@@ -617,6 +644,11 @@ fn rows_checks(r: &mut Report, dev: &Device, dtype: DType, eps: f64) -> Result<(
     let (cos, sin) = tables(max_keys, heads.hd, dev)?;
     let qw = randn(&[heads.hd], dtype, dev)?.affine(0.1, 1.0)?;
     let kw = randn(&[heads.hd], dtype, dev)?.affine(0.1, 1.0)?;
+    let norms = Some(HeadNorms {
+        q: &qw,
+        k: &kw,
+        eps,
+    });
     // (capacity, position) per row.
     let rows_spec: [(usize, usize); 6] = [
         (64, 0),
@@ -645,9 +677,7 @@ fn rows_checks(r: &mut Report, dev: &Device, dtype: DType, eps: f64) -> Result<(
             &row(&q)?,
             &row(&k)?,
             &row(&v)?,
-            &qw,
-            &kw,
-            eps,
+            norms,
             &cos,
             &sin,
             Pos::Host(p),
@@ -674,9 +704,7 @@ fn rows_checks(r: &mut Report, dev: &Device, dtype: DType, eps: f64) -> Result<(
         &q,
         &k,
         &v,
-        &qw,
-        &kw,
-        eps,
+        norms,
         &cos,
         &sin,
         &positions,
@@ -846,8 +874,7 @@ fn stack_checks(
                 qk_eps: eps,
                 scale,
                 qkv: mat((nh + 2 * nkv) * hd, hidden)?,
-                q_norm: vec(hd)?,
-                k_norm: vec(hd)?,
+                qk_norm: Some((vec(hd)?, vec(hd)?)),
                 o: mat(hidden, nh * hd)?,
                 k_cache: randn(&[1, nkv, cap, hd], dtype, dev)?,
                 v_cache: randn(&[1, nkv, cap, hd], dtype, dev)?,
@@ -882,9 +909,7 @@ fn stack_checks(
             &qkv.narrow(2, 0, qw)?,
             &qkv.narrow(2, qw, kvw)?,
             &qkv.narrow(2, qw + kvw, kvw)?,
-            &a.q_norm,
-            &a.k_norm,
-            eps,
+            a.qk_norm.as_ref().map(|(q, k)| HeadNorms { q, k, eps }),
             &cos,
             &sin,
             pos,

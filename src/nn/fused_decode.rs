@@ -53,15 +53,20 @@ impl Attention {
             && rope_supports_head_dim(self.head_dim)
             && self.num_kv_heads > 0
             && self.num_heads % self.num_kv_heads == 0
-            && self.qk_norms().is_ok_and(|(q, k)| q.eps() == k.eps())
+            && self.q_norm.is_some() == self.k_norm.is_some()
+            && self
+                .q_norm
+                .as_ref()
+                .zip(self.k_norm.as_ref())
+                .is_none_or(|(q, k)| q.eps() == k.eps())
     }
 
-    /// The q and k norms, which the fused kernels need. Errors for a stack without them
-    /// ([`Self::fused_ok`] is false there).
-    pub(super) fn qk_norms(&self) -> Result<(&RmsNorm, &RmsNorm)> {
+    /// The q and k head norms' weights in `dtype` and their epsilon, as the fused kernels take
+    /// them (`None` for a stack without them: the kernels then apply RoPE only).
+    pub(super) fn head_norm_weights(&self, dtype: DType) -> Result<Option<(Tensor, Tensor, f64)>> {
         match (&self.q_norm, &self.k_norm) {
-            (Some(q), Some(k)) => Ok((q, k)),
-            _ => candle_core::bail!("the fused decode kernels need q/k norms"),
+            (Some(q), Some(k)) => Ok(Some((q.weight_as(dtype)?, k.weight_as(dtype)?, q.eps()))),
+            _ => Ok(None),
         }
     }
 
@@ -144,17 +149,16 @@ impl Attention {
         };
         let dtype = q.dtype();
         let heads = self.heads();
-        let (q_norm, k_norm) = self.qk_norms()?;
-        let (q_w, k_w) = (q_norm.weight_as(dtype)?, k_norm.weight_as(dtype)?);
-        let eps = q_norm.eps();
+        let weights = self.head_norm_weights(dtype)?;
+        let norms = weights
+            .as_ref()
+            .map(|(q, k, eps)| qk_norm_rope::HeadNorms { q, k, eps: *eps });
         if cuda_kernels::all_enabled() && rope_attention::supports_head_dim(self.head_dim) {
             return rope_attention::rope_attention(
                 q,
                 k,
                 v,
-                &q_w,
-                &k_w,
-                eps,
+                norms,
                 cos,
                 sin,
                 pos,
@@ -165,8 +169,7 @@ impl Attention {
                 self.scaling,
             );
         }
-        let q =
-            qk_norm_rope::qk_norm_rope_kv(q, k, v, &q_w, &k_w, eps, cos, sin, pos, kb, vb, heads)?;
+        let q = qk_norm_rope::qk_norm_rope_kv(q, k, v, norms, cos, sin, pos, kb, vb, heads)?;
         decode_attention::decode_attention(&q, kb, vb, pos, max_keys, self.scaling)
     }
 
@@ -198,22 +201,18 @@ impl Attention {
         cache: &KvCache,
         dtype: DType,
     ) -> Result<Option<cuda_kernels::decode_stack::StackAttention>> {
-        let (Some((qkv, o)), Some(k_cache), Some(v_cache), None, Ok((q_norm, k_norm))) = (
-            self.gemv_weights(),
-            &cache.k,
-            &cache.v,
-            self.sliding_window,
-            self.qk_norms(),
-        ) else {
+        let (Some((qkv, o)), Some(k_cache), Some(v_cache), None) =
+            (self.gemv_weights(), &cache.k, &cache.v, self.sliding_window)
+        else {
             return Ok(None);
         };
+        let norms = self.head_norm_weights(dtype)?;
         Ok(Some(cuda_kernels::decode_stack::StackAttention {
             heads: self.heads(),
-            qk_eps: q_norm.eps(),
+            qk_eps: norms.as_ref().map_or(0.0, |n| n.2),
             scale: self.scaling,
             qkv: qkv.clone(),
-            q_norm: q_norm.weight_as(dtype)?,
-            k_norm: k_norm.weight_as(dtype)?,
+            qk_norm: norms.map(|(q, k, _)| (q, k)),
             o: o.clone(),
             k_cache: k_cache.clone(),
             v_cache: v_cache.clone(),

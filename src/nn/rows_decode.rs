@@ -163,16 +163,15 @@ pub fn run_rows_fused(
         let attn = &layer.self_attn;
         let (q, k, v) = attn.project_qkv(normed)?;
         let dtype = q.dtype();
-        let (q_norm, k_norm) = attn.qk_norms()?;
-        let (q_w, k_w) = (q_norm.weight_as(dtype)?, k_norm.weight_as(dtype)?);
+        let weights = attn.head_norm_weights(dtype)?;
         let caches = tables.caches.get(l)?;
         let a = rows_attention::rows_attention(
             &q,
             &k,
             &v,
-            &q_w,
-            &k_w,
-            q_norm.eps(),
+            weights
+                .as_ref()
+                .map(|(q, k, eps)| cuda_kernels::qk_norm_rope::HeadNorms { q, k, eps: *eps }),
             cos,
             sin,
             &tables.positions,

@@ -34,7 +34,8 @@ pub const MAX_LAYERS: usize = 40;
 
 /// One layer's attention for the stack kernel, in the layouts the per-layer kernels take (all
 /// contiguous, in the activation dtype): `qkv` `[(nh + 2·nkv)·hd, hidden]` (the fused q/k/v
-/// weight), `q_norm`/`k_norm` `[hd]` (epsilon `qk_eps`), `o` `[hidden, nh·hd]`,
+/// weight), `qk_norm` the q and k head norms' weights `[hd]` (epsilon `qk_eps`; `None`: a
+/// stack without them), `o` `[hidden, nh·hd]`,
 /// `k_cache`/`v_cache` `[batch, nkv, cap, hd]`; `scale` multiplies the scores.
 #[derive(Debug, Clone)]
 pub struct StackAttention {
@@ -42,8 +43,7 @@ pub struct StackAttention {
     pub qk_eps: f64,
     pub scale: f64,
     pub qkv: Tensor,
-    pub q_norm: Tensor,
-    pub k_norm: Tensor,
+    pub qk_norm: Option<(Tensor, Tensor)>,
     pub o: Tensor,
     pub k_cache: Tensor,
     pub v_cache: Tensor,
@@ -168,8 +168,9 @@ fn check(x: &Tensor, layers: &[StackLayer], max_keys: usize) -> Result<Sizes> {
                 == (heads, first.attn.qk_eps, first.attn.scale, first.eps)
                 && vec(&l.input_norm, hidden)
                 && vec(&l.post_norm, hidden)
-                && vec(&a.q_norm, hd)
-                && vec(&a.k_norm, hd)
+                && a.qk_norm
+                    .as_ref()
+                    .is_none_or(|(q, k)| vec(q, hd) && vec(k, hd))
                 && mat(&a.qkv, (nh + 2 * nkv) * hd, hidden)
                 && mat(&a.o, hidden, nh * hd)
                 && mat(&l.gate_up, 2 * inter, hidden)
@@ -270,8 +271,18 @@ pub fn decode_stack(
         *slot = LayerPtrs {
             input_norm: addr(&l.input_norm)?,
             qkv: addr(&a.qkv)?,
-            q_norm: addr(&a.q_norm)?,
-            k_norm: addr(&a.k_norm)?,
+            q_norm: a
+                .qk_norm
+                .as_ref()
+                .map(|(q, _)| addr(q))
+                .transpose()?
+                .unwrap_or(0),
+            k_norm: a
+                .qk_norm
+                .as_ref()
+                .map(|(_, k)| addr(k))
+                .transpose()?
+                .unwrap_or(0),
             o: addr(&a.o)?,
             post_norm: addr(&l.post_norm)?,
             gate_up: addr(&l.gate_up)?,

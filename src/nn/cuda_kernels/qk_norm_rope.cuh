@@ -34,13 +34,19 @@ __device__ void qk_norm_rope_kv(const T* __restrict__ q, const T* __restrict__ k
     const bool is_q = head < nh;
     const int h = is_q ? head : head - nh;
     const T* src = is_q ? q + row * q_stride + (long)h * hd : k + row * k_stride + (long)h * hd;
+    // No norm weights (null): a stack without q/k norms, RoPE only.
     const T* w = is_q ? q_w : k_w;
     const float x1 = lane ? to_f(src[j]) : 0.f, x2 = lane ? to_f(src[j + half]) : 0.f;
-    const float ss = block_sum(x1 * x1 + x2 * x2, scratch);
-    const float scale = rsqrtf(ss / (float)hd + eps);
+    float n1 = x1, n2 = x2;
+    if (w != nullptr) {
+        const float ss = block_sum(x1 * x1 + x2 * x2, scratch);
+        const float scale = rsqrtf(ss / (float)hd + eps);
+        if (lane) {
+            n1 = round_to<T>(x1 * scale * to_f(w[j]));
+            n2 = round_to<T>(x2 * scale * to_f(w[j + half]));
+        }
+    }
     if (!lane) return;
-    const float n1 = round_to<T>(x1 * scale * to_f(w[j]));
-    const float n2 = round_to<T>(x2 * scale * to_f(w[j + half]));
     const float c = round_to<T>(cos[(long)p * half + j]);
     const float s = round_to<T>(sin[(long)p * half + j]);
     const float o1 = n1 * c - n2 * s;

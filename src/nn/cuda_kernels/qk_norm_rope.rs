@@ -21,6 +21,55 @@ pub struct Heads {
     pub hd: usize,
 }
 
+/// The per-head RMSNorms of q and k that the kernels apply before RoPE: weights `[hd]` in the
+/// activation dtype and their epsilon. A stack without them passes `None`: RoPE only.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadNorms<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub eps: f64,
+}
+
+/// The launch arguments of `norms`: the weights' addresses (0 for none: the kernels then skip
+/// the norm), the epsilon, and the guards that keep the weights' storage borrowed.
+pub(super) fn norm_args<'a>(
+    norms: Option<HeadNorms<'a>>,
+    dev: &candle_core::cuda_backend::CudaDevice,
+) -> Result<(
+    u64,
+    u64,
+    f32,
+    Option<(super::DevPtr<'a>, super::DevPtr<'a>)>,
+)> {
+    Ok(match norms {
+        Some(n) => {
+            let (q, k) = (super::dev_ptr(n.q, dev)?, super::dev_ptr(n.k, dev)?);
+            (q.addr, k.addr, n.eps as f32, Some((q, k)))
+        }
+        None => (0, 0, 0.0, None),
+    })
+}
+
+/// Checks `norms` against `dtype` and the head width `hd`.
+pub(super) fn check_norms(
+    norms: Option<HeadNorms<'_>>,
+    dtype: candle_core::DType,
+    hd: usize,
+    what: &str,
+) -> Result<()> {
+    let Some(n) = norms else { return Ok(()) };
+    expect(n.q, dtype, "q_norm weight")?;
+    expect(n.k, dtype, "k_norm weight")?;
+    if n.q.dims1()? != hd || n.k.dims1()? != hd {
+        candle_core::bail!(
+            "{what}: norm weights {:?} / {:?} do not match hd {hd}",
+            n.q.dims(),
+            n.k.dims()
+        );
+    }
+    Ok(())
+}
+
 /// Whether the kernel handles heads of width `hd`: one thread per NeoX pair, `hd / 2` threads a
 /// block, which must be whole warps (its block reductions shuffle across all 32 lanes), so `hd` is
 /// a multiple of 64, at most 2048. Narrower heads (the tiny test checkpoints: 16) take the unfused ops.
@@ -47,8 +96,7 @@ pub(super) fn check(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    q_w: &Tensor,
-    k_w: &Tensor,
+    norms: Option<HeadNorms<'_>>,
     cos: &Tensor,
     sin: &Tensor,
     pos: Pos<'_>,
@@ -75,8 +123,7 @@ pub(super) fn check(
             candle_core::bail!("qk_norm_rope_kv: {what} is {:?}, q {dtype:?}", x.dtype());
         }
     }
-    expect(q_w, dtype, "q_norm weight")?;
-    expect(k_w, dtype, "k_norm weight")?;
+    check_norms(norms, dtype, hd, "qk_norm_rope_kv")?;
     expect(k_cache, dtype, "k cache")?;
     expect(v_cache, dtype, "v cache")?;
     expect(cos, candle_core::DType::F32, "cos table")?;
@@ -90,13 +137,9 @@ pub(super) fn check(
         );
     }
     let (positions, half) = cos.dims2()?;
-    if half != hd / 2
-        || sin.dims2()? != (positions, half)
-        || q_w.dims1()? != hd
-        || k_w.dims1()? != hd
-    {
+    if half != hd / 2 || sin.dims2()? != (positions, half) {
         candle_core::bail!(
-            "qk_norm_rope_kv: tables {:?} or norm weights do not match hd {hd}",
+            "qk_norm_rope_kv: tables {:?} do not match hd {hd}",
             cos.dims()
         );
     }
@@ -116,9 +159,7 @@ pub fn qk_norm_rope_kv(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    q_w: &Tensor,
-    k_w: &Tensor,
-    eps: f64,
+    norms: Option<HeadNorms<'_>>,
     cos: &Tensor,
     sin: &Tensor,
     pos: Pos<'_>,
@@ -128,12 +169,12 @@ pub fn qk_norm_rope_kv(
 ) -> Result<Tensor> {
     let Heads { nh, nkv, hd } = heads;
     let dtype = q.dtype();
-    let (b, t, cap) = check(q, k, v, q_w, k_w, cos, sin, pos, k_cache, v_cache, heads)?;
+    let (b, t, cap) = check(q, k, v, norms, cos, sin, pos, k_cache, v_cache, heads)?;
     let dev = cuda_device(q)?;
     let out = empty(&dev, dtype, (b, nh, t, hd))?;
     let (qs, ks, vs) = (row_stride(q)?, row_stride(k)?, row_stride(v)?);
     let (pq, pk, pv) = (dev_ptr(q, &dev)?, dev_ptr(k, &dev)?, dev_ptr(v, &dev)?);
-    let (pqw, pkw) = (dev_ptr(q_w, &dev)?, dev_ptr(k_w, &dev)?);
+    let (pqw, pkw, eps, norm_guards) = norm_args(norms, &dev)?;
     let (pcos, psin) = (dev_ptr(cos, &dev)?, dev_ptr(sin, &dev)?);
     let (pkc, pvc, pout) = (
         dev_ptr(k_cache, &dev)?,
@@ -148,8 +189,8 @@ pub fn qk_norm_rope_kv(
         .i32(qs)?
         .i32(ks)?
         .i32(vs)?
-        .ptr(pqw.addr)
-        .ptr(pkw.addr)
+        .ptr(pqw)
+        .ptr(pkw)
         .ptr(pcos.addr)
         .ptr(psin.addr)
         .ptr(pos_ptr)
@@ -162,7 +203,7 @@ pub fn qk_norm_rope_kv(
         .i32(nkv)?
         .i32(hd)?
         .i32(cap)?
-        .f32(eps as f32);
+        .f32(eps);
     let cfg = LaunchConfig {
         grid_dim: ((nh + 2 * nkv) as u32, t as u32, b as u32),
         block_dim: ((hd / 2) as u32, 1, 1),
@@ -175,6 +216,6 @@ pub fn qk_norm_rope_kv(
         &kernel_name("qk_norm_rope_kv", dtype)?,
         cfg,
     )?;
-    drop((pq, pk, pv, pqw, pkw, pcos, psin, pkc, pvc, pout));
+    drop((pq, pk, pv, norm_guards, pcos, psin, pkc, pvc, pout));
     Ok(out)
 }

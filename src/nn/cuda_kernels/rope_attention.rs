@@ -6,7 +6,7 @@
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{Result, Tensor};
 
-use super::qk_norm_rope::Heads;
+use super::qk_norm_rope::{HeadNorms, Heads};
 use super::{Args, Pos, cuda_device, dev_ptr, empty, kernel_name, row_stride};
 use super::{decode_attention, qk_norm_rope};
 
@@ -32,9 +32,7 @@ pub fn rope_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    q_w: &Tensor,
-    k_w: &Tensor,
-    eps: f64,
+    norms: Option<HeadNorms<'_>>,
     cos: &Tensor,
     sin: &Tensor,
     pos: Pos<'_>,
@@ -49,15 +47,14 @@ pub fn rope_attention(
         candle_core::bail!("rope_attention: head width {hd} unsupported");
     }
     let dtype = q.dtype();
-    let (b, t, cap) =
-        qk_norm_rope::check(q, k, v, q_w, k_w, cos, sin, pos, k_cache, v_cache, heads)?;
+    let (b, t, cap) = qk_norm_rope::check(q, k, v, norms, cos, sin, pos, k_cache, v_cache, heads)?;
     let dev = cuda_device(q)?;
     let q_rot = empty(&dev, dtype, (b, nh, t, hd))?;
     decode_attention::check(&q_rot, k_cache, v_cache, pos, max_keys)?;
     let out = empty(&dev, dtype, (b, t, nh * hd))?;
     let (qs, ks, vs) = (row_stride(q)?, row_stride(k)?, row_stride(v)?);
     let (pq, pk, pv) = (dev_ptr(q, &dev)?, dev_ptr(k, &dev)?, dev_ptr(v, &dev)?);
-    let (pqw, pkw) = (dev_ptr(q_w, &dev)?, dev_ptr(k_w, &dev)?);
+    let (pqw, pkw, eps, norm_guards) = qk_norm_rope::norm_args(norms, &dev)?;
     let (pcos, psin) = (dev_ptr(cos, &dev)?, dev_ptr(sin, &dev)?);
     let (prot, pkc, pvc, pout) = (
         dev_ptr(&q_rot, &dev)?,
@@ -73,8 +70,8 @@ pub fn rope_attention(
         .i32(qs)?
         .i32(ks)?
         .i32(vs)?
-        .ptr(pqw.addr)
-        .ptr(pkw.addr)
+        .ptr(pqw)
+        .ptr(pkw)
         .ptr(pcos.addr)
         .ptr(psin.addr)
         .ptr(pos_ptr)
@@ -89,7 +86,7 @@ pub fn rope_attention(
         .i32(hd)?
         .i32(cap)?
         .i32(max_keys)?
-        .f32(eps as f32)
+        .f32(eps)
         .f32(scale as f32);
     let cfg = LaunchConfig {
         grid_dim: (nh as u32, t as u32, b as u32),
@@ -103,6 +100,6 @@ pub fn rope_attention(
         &kernel_name("rope_attention", dtype)?,
         cfg,
     )?;
-    drop((pq, pk, pv, pqw, pkw, pcos, psin, prot, pkc, pvc, pout));
+    drop((pq, pk, pv, norm_guards, pcos, psin, prot, pkc, pvc, pout));
     Ok(out)
 }

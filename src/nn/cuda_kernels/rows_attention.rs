@@ -6,7 +6,7 @@
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
 use candle_core::{DType, Result, Tensor};
 
-use super::qk_norm_rope::Heads;
+use super::qk_norm_rope::{self, HeadNorms, Heads};
 use super::{Args, cuda_device, dev_ptr, empty, expect, kernel_name, row_stride};
 use super::{decode_attention, rope_attention};
 
@@ -44,9 +44,7 @@ pub fn rows_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    q_w: &Tensor,
-    k_w: &Tensor,
-    eps: f64,
+    norms: Option<HeadNorms<'_>>,
     cos: &Tensor,
     sin: &Tensor,
     positions: &Tensor,
@@ -78,8 +76,7 @@ pub fn rows_attention(
     if max_keys == 0 || max_keys > decode_attention::MAX_KEYS {
         candle_core::bail!("rows_attention: {max_keys} keys unsupported");
     }
-    expect(q_w, dtype, "q_norm weight")?;
-    expect(k_w, dtype, "k_norm weight")?;
+    qk_norm_rope::check_norms(norms, dtype, hd, "rows_attention")?;
     expect(cos, DType::F32, "cos table")?;
     expect(sin, DType::F32, "sin table")?;
     expect(positions, DType::U32, "positions")?;
@@ -88,8 +85,6 @@ pub fn rows_attention(
     let (table_len, half) = cos.dims2()?;
     if half != hd / 2
         || sin.dims2()? != (table_len, half)
-        || q_w.dims1()? != hd
-        || k_w.dims1()? != hd
         || positions.dims1()? != rows
         || kv.caches.dims2()? != (2, rows)
         || kv.caps.dims1()? != rows
@@ -112,7 +107,7 @@ pub fn rows_attention(
     let out = empty(&dev, dtype, (rows, 1, nh * hd))?;
     let (qs, ks, vs) = (row_stride(q)?, row_stride(k)?, row_stride(v)?);
     let (pq, pk, pv) = (dev_ptr(q, &dev)?, dev_ptr(k, &dev)?, dev_ptr(v, &dev)?);
-    let (pqw, pkw) = (dev_ptr(q_w, &dev)?, dev_ptr(k_w, &dev)?);
+    let (pqw, pkw, eps, norm_guards) = qk_norm_rope::norm_args(norms, &dev)?;
     let (pcos, psin) = (dev_ptr(cos, &dev)?, dev_ptr(sin, &dev)?);
     let (ppos, pkv, pcaps) = (
         dev_ptr(positions, &dev)?,
@@ -127,8 +122,8 @@ pub fn rows_attention(
         .i32(qs)?
         .i32(ks)?
         .i32(vs)?
-        .ptr(pqw.addr)
-        .ptr(pkw.addr)
+        .ptr(pqw)
+        .ptr(pkw)
         .ptr(pcos.addr)
         .ptr(psin.addr)
         .ptr(ppos.addr)
@@ -140,7 +135,7 @@ pub fn rows_attention(
         .i32(nkv)?
         .i32(hd)?
         .i32(max_keys)?
-        .f32(eps as f32)
+        .f32(eps)
         .f32(scale as f32);
     let cfg = LaunchConfig {
         grid_dim: (nh as u32, 1, rows as u32),
@@ -155,7 +150,17 @@ pub fn rows_attention(
         cfg,
     )?;
     drop((
-        pq, pk, pv, pqw, pkw, pcos, psin, ppos, pkv, pcaps, prot, pout,
+        pq,
+        pk,
+        pv,
+        norm_guards,
+        pcos,
+        psin,
+        ppos,
+        pkv,
+        pcaps,
+        prot,
+        pout,
     ));
     Ok(out)
 }
