@@ -17,20 +17,22 @@
 # Steps: install the wheels into $SITE (/tmp/site) with pip --no-index --no-deps --target; write
 # the checkpoint into $CKPT (/tmp/s2pro; skipped when $CKPT/.complete exists, e.g. on a warm
 # machine) with scripts/fish/real_shape.py on the GPU; run scripts/fish/ref_bench.py: eager,
-# greedy and sampling, $FRAMES frames x $REPEATS repeats, then the codec decode, then (COMPILE=1,
-# the default) the reference's torch.compile path for greedy, all in one process so the model is
-# loaded once; the whole bench is cut at $BENCH_TIMEOUT seconds (the device tool allows 600 s a
+# greedy and sampling, $FRAMES frames x $REPEATS repeats, then the codec decode, then eager greedy
+# with a short KV cache ($SHORT_SEQ_LEN), then (COMPILE=1, the default) the reference's
+# torch.compile path for greedy, all in one process so the model is loaded once; the whole bench is cut at $BENCH_TIMEOUT seconds (the device tool allows 600 s a
 # command: checkpoint ~1 min, load ~1-2 min, eager runs ~1-2 min, compile minutes).
 #
 # Knobs (environment): FRAMES=200 REPEATS=2 MODE=both COMPILE=1 COMPILE_MODES=greedy
 #   MAX_SEQ_LEN= (empty: the checkpoint's, 32768 from real_shape.py; the reference's decode step
 #   attends over all max_seq_len cache positions, so its ms/frame grows with it: use the value
-#   omnitts is run with) SHAPE=real BENCH_TIMEOUT=420 PYTHON=python3 SITE=/tmp/site CKPT=/tmp/s2pro
+#   omnitts is run with) SHORT_SEQ_LEN=1024 (then eager greedy once more with the reference's KV
+#   cache cut to that many positions, variant eager-seq1024; 0: off) SHAPE=real
+#   BENCH_TIMEOUT=420 PYTHON=python3 SITE=/tmp/site CKPT=/tmp/s2pro
 #   BENCH_ARGS= (more ref_bench.py arguments, e.g. "--ref-frames 300" for a clone-sized prompt).
 set -uo pipefail
 
 if [ $# -lt 2 ]; then
-    sed -n 2,30p "$0"
+    sed -n 2,33p "$0"
     exit 2
 fi
 BUNDLE=$(cd "$1" && pwd) || { echo "no bundle at $1"; exit 2; }
@@ -49,6 +51,7 @@ COMPILE_MODES=${COMPILE_MODES:-greedy}
 MAX_SEQ_LEN=${MAX_SEQ_LEN:-}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-420}
 BENCH_ARGS=${BENCH_ARGS:-}
+SHORT_SEQ_LEN=${SHORT_SEQ_LEN:-1024}
 
 exec > >(tee -a "$OUT/gpu-fish-ref.log") 2>&1
 stamp() { echo "== $(date -u +%H:%M:%S) $*"; }
@@ -112,7 +115,7 @@ compile_args=()
 # shellcheck disable=SC2086 # BENCH_ARGS is a list of words
 timeout --signal=INT --kill-after=20 "$BENCH_TIMEOUT" \
     "$PY" scripts/fish/ref_bench.py --ckpt "$CKPT" --frames "$FRAMES" --repeats "$REPEATS" \
-    --mode "$MODE" "${compile_args[@]}" --json-out "$OUT/bench.json" $BENCH_ARGS \
+    --mode "$MODE" "${compile_args[@]}" --short-seq-len "$SHORT_SEQ_LEN" --json-out "$OUT/bench.json" $BENCH_ARGS \
     > "$OUT/bench.log" 2>&1
 rc=$?
 # the per-run lines and the summary, without the progress bars

@@ -36,6 +36,9 @@ Reported (one JSON line at the end, plus one per run):
                forward (forward_generate), the 10 fast-AR forwards (forward_generate_fast), and
                the rest (sampling, embeddings, cache clears). Not available with --compile (the
                whole step is one compiled graph)
+  eager-seqN   (--short-seq-len N) eager greedy again with the KV cache cut to N positions: the
+               reference's decode step attends over every cache position (max_seq_len of them,
+               repeat_interleave'd from 8 to 32 heads in each layer), omnitts' over the filled ones
   decode_ms    codec decode of all frames (decode_to_audio); first call and a second call
   rtf          (generation wall + codec decode) / audio seconds at 44.1 kHz, 2048 samples a frame;
                rtf_llm without the codec
@@ -233,6 +236,10 @@ def main():
     ap.add_argument("--max-seq-len", type=int, default=None,
                     help="override config.json's text_config.max_seq_len (the KV cache length; "
                     "the reference's decode cost grows with it)")
+    ap.add_argument("--short-seq-len", type=int, default=0,
+                    help="also run eager greedy with the KV cache cut to this many positions "
+                    "(variant eager-seqN; the reference's decode attends over the whole cache, "
+                    "omnitts' over the filled positions only); 0: off")
     ap.add_argument("--text", default=DEFAULT_TEXT)
     ap.add_argument("--ref-frames", type=int, default=0,
                     help="a clone-style prompt with this many (random) reference frames")
@@ -320,9 +327,16 @@ def main():
     def modes_of(m):
         return ["greedy", "sample"] if m == "both" else [m]
 
-    variants = []
+    variants = []  # (name, step function, modes, KV cache positions)
+    full_seq = model.config.max_seq_len
     if not args.compile_only:
-        variants.append(("eager", decode_one_token, modes_of(args.mode)))
+        variants.append(("eager", decode_one_token, modes_of(args.mode), full_seq))
+        n = args.short_seq_len
+        if n and n < full_seq:
+            if prompt_len + max(args.frames, args.warmup_frames) > n:
+                log(f"--short-seq-len {n}: shorter than the prompt + frames; skipped")
+            else:
+                variants.append((f"eager-seq{n}", decode_one_token, ["greedy"], n))
     if args.compile or args.compile_only:
         # init_model(compile=True)'s call, on the same (unwrapped) function
         compiled = torch.compile(
@@ -331,7 +345,7 @@ def main():
             mode="reduce-overhead" if torch.cuda.is_available() else None,
             fullgraph=True,
         )
-        variants.append(("compiled", compiled, modes_of(args.compile_modes)))
+        variants.append(("compiled", compiled, modes_of(args.compile_modes), full_seq))
     audio_s = args.frames * HOP / SAMPLE_RATE
     results, last_codes = [], None
     state = {"llm_mem": {}, "codec": {}}
@@ -375,7 +389,7 @@ def main():
             "bench": "fish-speech reference", "complete": final, "ckpt": str(ckpt),
             "device": device, "gpu": torch.cuda.get_device_name() if cuda else None,
             "dtype": dtype_name, "torch": torch.__version__, "params_b": round(n_params / 1e9, 3),
-            "max_seq_len": model.config.max_seq_len, "frames": args.frames,
+            "max_seq_len": full_seq, "frames": args.frames,
             "audio_s": round(audio_s, 3), "load_s": round(t_load, 1), **state["llm_mem"],
             **state["codec"], "modes": {},
         }
@@ -384,7 +398,8 @@ def main():
         for variant, mode in dict.fromkeys((r["variant"], r["mode"]) for r in results):
             rs = [r for r in results if r["mode"] == mode and r["variant"] == variant]
             best = min(rs, key=lambda r: r["ms_per_frame"])
-            m = {k: best[k] for k in ("ttff_ms", "ms_per_frame", "gen_wall_s", "warmup_s")}
+            m = {k: best[k] for k in ("kv_positions", "ttff_ms", "ms_per_frame", "gen_wall_s",
+                                      "warmup_s")}
             for r in rs:
                 for k in ("slow_ms", "fast_ms", "other_ms", "step_ms"):
                     if k in r:
@@ -403,14 +418,28 @@ def main():
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    for variant, fn, modes in variants:
+    def set_seq_len(n):
+        """The KV cache (and the attention mask's width) cut or restored to n positions, as
+        init_model with from_pretrained(max_length=n) would have made them."""
+        if model.config.max_seq_len == n:
+            return
+        model.config.max_seq_len = n
+        model.max_seq_len = -1
+        with torch.device(device):
+            model.setup_caches(max_batch_size=1, max_seq_len=n,
+                               dtype=next(model.parameters()).dtype)
+        if cuda:
+            torch.cuda.empty_cache()
+
+    for variant, fn, modes, seq_len in variants:
+        set_seq_len(seq_len)
         for mode in modes:
             tw = timer.now()
             run(mode, args.warmup_frames, None, fn)  # warm-up (and the compile)
             warmup_s = timer.now() - tw
             for rep in range(args.repeats):
                 # the slow/fast split on the last repeat only (its events cost a few µs a step)
-                split = variant == "eager" and (rep == args.repeats - 1 or args.repeats == 1)
+                split = variant.startswith("eager") and (rep == args.repeats - 1 or args.repeats == 1)
                 events = StepEvents(model, cuda) if split else None
                 try:
                     codes, t_start, t_end = run(mode, args.frames, events, fn)
@@ -421,6 +450,7 @@ def main():
                 decode_wall = t_end - marks["prefill_end"]
                 r = {
                     "variant": variant, "mode": mode, "repeat": rep, "frames": args.frames,
+                    "kv_positions": model.max_seq_len,
                     "prompt_len": prompt_len, "ttff_ms": round(ttff * 1000, 2),
                     "prefill_call_ms": round((marks["prefill_end"] - marks["prefill_start"]) * 1000, 2),
                     "ms_per_frame": round(decode_wall * 1000 / max(1, args.frames - 1), 3),
