@@ -19,8 +19,9 @@
 # machine) with scripts/fish/real_shape.py on the GPU; run scripts/fish/ref_bench.py: eager,
 # greedy and sampling, $FRAMES frames x $REPEATS repeats, then the codec decode, then eager greedy
 # with a short KV cache ($SHORT_SEQ_LEN), then (COMPILE=1, the default) the reference's
-# torch.compile path for greedy, all in one process so the model is loaded once; the whole bench is cut at $BENCH_TIMEOUT seconds (the device tool allows 600 s a
-# command: checkpoint ~1 min, load ~1-2 min, eager runs ~1-2 min, compile minutes).
+# torch.compile path for greedy, all in one process so the model is loaded once; the whole bench
+# is cut at $BENCH_TIMEOUT seconds (the device tool allows 600 s a command: checkpoint ~1 min,
+# load ~1-2 min, eager runs ~1-2 min, codec ~0.5 min, compile minutes).
 #
 # Knobs (environment): FRAMES=200 REPEATS=2 MODE=both COMPILE=1 COMPILE_MODES=greedy
 #   MAX_SEQ_LEN= (empty: the checkpoint's, 32768 from real_shape.py; the reference's decode step
