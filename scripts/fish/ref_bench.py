@@ -309,11 +309,11 @@ def main():
         torch.manual_seed(args.seed)
         if cuda:
             torch.cuda.manual_seed(args.seed)
-        step_fn = fn
-        if events is not None:
-            def step_fn(*a, **k):
-                events.step_mark()
-                return fn(*a, **k)
+        def marked(*a, **k):
+            events.step_mark()
+            return fn(*a, **k)
+
+        step_fn = fn if events is None else marked
         t_start = timer.now()
         y = inf.generate(model=model, prompt=encoded.to(device), max_new_tokens=frames,
                          audio_masks=audio_masks, audio_parts=audio_parts,
