@@ -31,27 +31,33 @@ What it writes into --out:
                                    the reference then use the real codec values); for `small`, the
                                    tiny codec of make_tiny.py and its codec_config.yaml.
 
-Where the real values come from (the real fishaudio/s2-pro config.json was not available offline):
+Where the real values come from (the real fishaudio/s2-pro config.json was not available offline;
+every value below is also what public third-party S2 ports pin as the published config.json, seen
+in public code while writing this: text_config max_seq_len 32768, the fast AR's 32/8 heads, 128
+head_dim, 9728 SwiGLU, no q/k norm, norm_eps 1e-6, rope_base 1e6, audio_decoder max_seq_len 11,
+text_dim 2560, plus two keys no loader reads, "audio_hidden_dim": 5120 and "use_moe": false, and
+"initializer_range": 0.01976423537605237, all written here for `real`):
   - slow AR: 36 layers, dim 2560, 32 query / 8 KV heads, head_dim 128, q/k norm, SwiGLU 9728,
-    tied output, vocab 155,776, RoPE base 1e6: the task's brief (Qwen3 backbone). norm_eps 1e-6:
+    tied output, vocab 155,776, RoPE base 1e6: the task's brief (a Qwen3 backbone). norm_eps 1e-6:
     Qwen3's value, as make_tiny.py's tiny fixture (which mirrors S2 Pro's structure) uses.
   - fast AR: 4 layers, width 2560, 10 positions: the brief. Its heads (32 / 8, head_dim 128) and
-    SwiGLU width (9728) are NOT in the brief: they are the reference's fallbacks (llama.py
-    DualARModelArgs takes every unset fast_* value from the slow model, and so does omnitts'
-    config.rs); with them the fast AR has ~0.42 B parameters, matching the reference README's
-    "400M parameters along the depth axis" (and the slow ~4.1 B its "4B"). attention_qk_norm false
-    in the fast AR: make_tiny.py's structure ("q/k norm in the slow model only") - UNCONFIRMED
-    against the real file, and it changes the fast AR's cost only by two tiny norms.
+    SwiGLU width (9728) are also the reference's fallbacks (llama.py DualARModelArgs takes every
+    unset fast_* value from the slow model, and so does omnitts' config.rs); with them the fast AR
+    has 0.42 B parameters, matching the reference README's "400M parameters along the depth axis"
+    (and the slow ~4.1 B its "4B"). attention_qk_norm false in the fast AR: make_tiny.py's
+    structure ("q/k norm in the slow model only").
   - num_codebooks 10, codebook vocab 4096 (audio_decoder_config.vocab_size; the fast head and each
     codebook-embedding slice), residual codebooks 9 x 1024 and semantic 4096: configs/
     modded_dac_vq.yaml (n_codebooks 9, codebook_size 1024, semantic_codebook_size 4096) and the
     tokenizer's 4096 <|semantic:i|> tokens.
-  - max_seq_len: NOT known (the reference's default, 2048, cannot run at all: it refuses prompts
-    longer than max_seq_len - 2048). --max-seq-len, default 32768 (Qwen3's native context) for
-    `real`: UNCONFIRMED. It matters for speed: the reference's decode step attends over the whole
-    KV cache (max_seq_len positions, repeat_interleave'd to 32 heads in every layer), so its ms per
-    frame grows with it; compare omnitts at the same value or say which one was used.
+  - max_seq_len 32768 (--max-seq-len to change it): the reference's own default, 2048, cannot run
+    at all (it refuses prompts longer than max_seq_len - 2048). It matters for speed: the
+    reference's decode step attends over the whole KV cache (max_seq_len positions,
+    repeat_interleave'd to 32 heads in every layer), so its ms per frame grows with it (see
+    ref_bench.py --short-seq-len).
   - codec: configs/modded_dac_vq.yaml of the reference (44.1 kHz, hop 512 x 2 x 2 = 2048).
+  - token ids: the tiny tokenizer's (<|im_end|> 536, semantic 565..4660), not the real ones
+    (151645, 151678..155773); both loaders take them from tokenizer.json.
 
 Values: norms 1 + 0.2 N(0,1); embeddings N(0,1); other matrices N(0,1)/sqrt(fan_in) (O(1)
 activations, as make_tiny.py); the codec as make_tiny.py's build_codec. Each tensor is drawn from
@@ -82,6 +88,8 @@ SHAPES = {
         fast=dict(dim=2560, n_layer=4, n_head=32, n_local_heads=8, head_dim=128,
                   intermediate_size=9728, attention_qk_norm=False),
         max_seq_len=32768,
+        # keys of the published config.json that no loader reads (kept for fidelity)
+        extra=dict(audio_hidden_dim=5120, use_moe=False, initializer_range=0.01976423537605237),
         codec=None,  # the reference's configs/modded_dac_vq.yaml; no codec_config.yaml written
     ),
     "small": dict(
@@ -113,6 +121,7 @@ def write_config(out: Path, shape, ids, sem0, sem1, max_seq_len):
         attention_o_bias=False, attention_qkv_bias=False, dropout=0.0, norm_eps=NORM_EPS,
         rope_base=ROPE_BASE, use_gradient_checkpointing=True, initializer_range=0.02,
     )
+    common.update(shape.get("extra", {}))
     t, f = dict(shape["text"]), dict(shape["fast"])
     cfg = {
         "architectures": ["FishQwen3OmniForCausalLM"],
@@ -258,7 +267,7 @@ def main():
     ap.add_argument("--device", default=None, help="cuda if available, else cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-seq-len", type=int, default=None,
-                    help="text_config.max_seq_len (real: 32768, small: 4096; UNCONFIRMED, see above)")
+                    help="text_config.max_seq_len (real: 32768, small: 4096)")
     ap.add_argument("--shard-gb", type=float, default=5.0, help="largest shard, GB (1e9 bytes)")
     ap.add_argument("--dry-run", action="store_true",
                     help="config, tokenizer and the parameter count only: no tensors")
