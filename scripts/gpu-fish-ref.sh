@@ -30,10 +30,15 @@
 #   cache cut to that many positions, variant eager-seq1024; 0: off) SHAPE=real
 #   BENCH_TIMEOUT=420 PYTHON=python3 SITE=/tmp/site CKPT=/tmp/s2pro
 #   BENCH_ARGS= (more ref_bench.py arguments, e.g. "--ref-frames 300" for a clone-sized prompt).
+#
+# With the device tool (the bundle kept out of git, carried as an ignored folder):
+#     cp -r /work/fishbundle .fishbundle && echo /.fishbundle/ >> "$(git rev-parse --git-common-dir)/info/exclude"
+#     run(command="bash scripts/gpu-fish-ref.sh .fishbundle $OUT", carry=[".fishbundle"], timeout_s=600)
+# ($OUT gets 7 files: within the tool's 8.)
 set -uo pipefail
 
 if [ $# -lt 2 ]; then
-    sed -n 2,33p "$0"
+    sed -n 2,38p "$0"
     exit 2
 fi
 BUNDLE=$(cd "$1" && pwd) || { echo "no bundle at $1"; exit 2; }

@@ -40,6 +40,10 @@ Reported (one JSON line at the end, plus one per run):
                reference's decode step attends over every cache position (max_seq_len of them,
                repeat_interleave'd from 8 to 32 heads in each layer), omnitts' over the filled ones
   decode_ms    codec decode of all frames (decode_to_audio); first call and a second call
+               (codec_weights_and_buffers_gib: the codec on the GPU, 3.1 GiB of it three 1 GiB
+               bool causal masks of 32768 x 32768 that modded_dac.Transformer builds whatever the
+               yaml's block_size (never read at this commit) and decoding never uses; the decode
+               itself builds a frames x frames window mask: no care needed for 200 frames)
   rtf          (generation wall + codec decode) / audio seconds at 44.1 kHz, 2048 samples a frame;
                rtf_llm without the codec
   peak GPU memory (allocated / reserved), LLM phase and codec phase separately
