@@ -28,7 +28,8 @@
 #   attends over all max_seq_len cache positions, so its ms/frame grows with it: use the value
 #   omnitts is run with) SHORT_SEQ_LEN=1024 (then eager greedy once more with the reference's KV
 #   cache cut to that many positions, variant eager-seq1024; 0: off) SHAPE=real
-#   BENCH_TIMEOUT=420 PYTHON=python3 SITE=/tmp/site CKPT=/tmp/s2pro
+#   BENCH_TIMEOUT=420 TOTAL_BUDGET=560 (the bench is cut to what is left of it)
+#   PYTHON=python3 SITE=/tmp/site CKPT=/tmp/s2pro
 #   BENCH_ARGS= (more ref_bench.py arguments, e.g. "--ref-frames 300" for a clone-sized prompt).
 #
 # With the device tool (the bundle kept out of git, carried as an ignored folder):
@@ -38,7 +39,7 @@
 set -uo pipefail
 
 if [ $# -lt 2 ]; then
-    sed -n 2,38p "$0"
+    sed -n 2,39p "$0"
     exit 2
 fi
 BUNDLE=$(cd "$1" && pwd) || { echo "no bundle at $1"; exit 2; }
@@ -56,6 +57,7 @@ COMPILE=${COMPILE:-1}
 COMPILE_MODES=${COMPILE_MODES:-greedy}
 MAX_SEQ_LEN=${MAX_SEQ_LEN:-}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-420}
+TOTAL_BUDGET=${TOTAL_BUDGET:-560} # seconds for the whole script: the bench is cut to what is left
 BENCH_ARGS=${BENCH_ARGS:-}
 SHORT_SEQ_LEN=${SHORT_SEQ_LEN:-1024}
 
@@ -115,7 +117,10 @@ else
     ls -la "$CKPT"
 fi
 
-stamp "reference bench (cut at ${BENCH_TIMEOUT}s)"
+left=$((TOTAL_BUDGET - SECONDS))
+[ "$left" -lt "$BENCH_TIMEOUT" ] && BENCH_TIMEOUT=$left
+[ "$BENCH_TIMEOUT" -gt 30 ] || { stamp "no time left for the bench (${SECONDS}s used)"; exit 1; }
+stamp "reference bench (cut at ${BENCH_TIMEOUT}s; ${SECONDS}s used so far)"
 compile_args=()
 [ "$COMPILE" = 1 ] && compile_args=(--compile --compile-modes "$COMPILE_MODES")
 # shellcheck disable=SC2086 # BENCH_ARGS is a list of words
