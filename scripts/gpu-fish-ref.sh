@@ -30,7 +30,8 @@
 #   cache cut to that many positions, variant eager-seq1024; 0: off) SHAPE=real
 #   BENCH_TIMEOUT=420 TOTAL_BUDGET=560 (the bench is cut to what is left of it)
 #   PYTHON=python3 SITE=/tmp/site CKPT=/tmp/s2pro
-#   BENCH_ARGS= (more ref_bench.py arguments, e.g. "--ref-frames 300" for a clone-sized prompt).
+#   BENCH_ARGS= (more ref_bench.py arguments, e.g. "--ref-frames 300" for a clone-sized prompt)
+#   REF_BENCH=1 (0: stop after the checkpoint; scripts/gpu-fish.sh uses that for omnitts' own runs).
 #
 # With the device tool (the bundle kept out of git, carried as an ignored folder):
 #     cp -r /work/fishbundle .fishbundle && echo /.fishbundle/ >> "$(git rev-parse --git-common-dir)/info/exclude"
@@ -116,6 +117,8 @@ else
     echo "$SHAPE ${MAX_SEQ_LEN:-default}" > "$CKPT/.complete"
     ls -la "$CKPT"
 fi
+
+[ "${REF_BENCH:-1}" = 1 ] || exit 0
 
 left=$((TOTAL_BUDGET - SECONDS))
 [ "$left" -lt "$BENCH_TIMEOUT" ] && BENCH_TIMEOUT=$left
