@@ -2,7 +2,8 @@
 //! directory just works; output caps at 44,100 Hz; buffer offsets, timestamps, durations and
 //! the bus messages counted at 44,100 Hz, 2048 samples a frame; a cue of omnittssynth placed at
 //! its PTS in 44.1 kHz samples; voice cloning with `ref-audio` / `ref-text`; the Qwen3-TTS-only
-//! properties refused, naming the property and the model.
+//! properties refused, naming the property and the model; and through gst-launch syntax, the
+//! official reference's waveforms.
 
 mod element_util;
 mod reference_util;
@@ -261,4 +262,65 @@ fn ref_audio_and_ref_text_clone_with_fish() {
         ],
     );
     assert_names(&errs, &["ref-text"]);
+}
+
+/// Through gst-launch syntax, greedy, each case of the reference fixture (English and Chinese,
+/// text only and cloned from the reference recording through `ref-audio` / `ref-text`): the
+/// WAV written by `wavenc` holds the official reference's waveform for the case (relative L2
+/// < 1e-4), sample for sample in length.
+#[test]
+fn gst_launch_speaks_the_references_waveforms() {
+    init();
+    let exp = candle_core::safetensors::load(
+        std::path::Path::new(&model()).join("expected/reference.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let meta: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(std::path::Path::new(&model()).join("expected/reference.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let dir = TempDir::new("fish-launch");
+    // The reference recording the clone cases' codes were encoded from (44.1 kHz, f32).
+    let ref_wav = dir.path().join("ref.wav");
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 44_100,
+        bits_per_sample: 32,
+        sample_format: hound::SampleFormat::Float,
+    };
+    let mut w = hound::WavWriter::create(&ref_wav, spec).unwrap();
+    for x in reference_util::f32s(&exp["ref_audio"]) {
+        w.write_sample(x).unwrap();
+    }
+    w.finalize().unwrap();
+    let max_new = meta["generation"]["max_new_tokens"].as_u64().unwrap();
+    for case in ["en_text", "zh_text", "en_clone", "zh_clone"] {
+        let c = &meta["cases"][case];
+        let out = dir.path().join(format!("{case}.wav"));
+        let clone = c["ref_text"]
+            .as_str()
+            .map(|t| format!("ref-audio=\"{}\" ref-text=\"{t}\"", ref_wav.display()))
+            .unwrap_or_default();
+        let pipeline = gst::parse::launch(&format!(
+            "omnittssrc model=\"{}\" do-sample=false max-new-tokens={max_new} \
+             split-sentences=false {clone} text=\"{}\" ! audio/x-raw,format=F32LE ! wavenc ! \
+             filesink location=\"{}\"",
+            model(),
+            c["text"].as_str().unwrap(),
+            out.display()
+        ))
+        .unwrap();
+        let dones = element_util::play_to_eos(&pipeline);
+        assert_eq!(dones.len(), 1, "{case}");
+        let mut r = hound::WavReader::open(&out).unwrap();
+        assert_eq!(r.spec().sample_rate, 44_100, "{case}");
+        let got: Vec<f32> = r.samples::<f32>().map(Result::unwrap).collect();
+        let want = reference_util::f32s(&exp[&format!("{case}.wav")]);
+        assert!(!want.is_empty(), "{case}: the fixture holds a waveform");
+        assert_eq!(got.len(), want.len(), "{case}: samples");
+        let e = reference_util::rel_l2(&got, &want);
+        assert!(e < 1e-4, "{case}: waveform relative L2 {e:.2e}");
+    }
 }
