@@ -1,4 +1,5 @@
-//! Command-line synthesis with the stage-0 model (talker + code predictor).
+//! Command-line synthesis with the stage-0 model (talker + code predictor; for a Fish S2 Pro
+//! checkpoint, chosen by config.json's `model_type`, the slow and fast ARs) and the codec.
 //!
 //! ```sh
 //! cargo run --release --example synth -- --model DIR --text "Hello." --speaker vivian \
@@ -21,6 +22,14 @@
 //! cargo run --release --example synth -- --model BASE_DIR --text "Hello." \
 //!     --ref-audio ref.wav --ref-text "What the reference says." --codes-out c.json --wav-out o.wav
 //! ```
+//!
+//! Fish S2 Pro: the text (with `<|speaker:N|>` tags if wanted) as the reference's
+//! `generate_long` takes it, optionally cloned from `--ref-audio` (resampled to 44.1 kHz) with
+//! `--ref-text`; `--greedy` or the reference's sampling (temperature 1.0, top_p 0.9, top_k 30),
+//! `--seed`; `--max-new-tokens` frames at most (default: up to the position limit). The codes
+//! JSON holds the frames (10 codes each) and the WAV is 44.1 kHz. Qwen3-TTS-only options
+//! (`--speaker`, `--language`, `--instruct`, `--prompt-mode`, `--x-vector-only`,
+//! `--quantization` other than `auto`) are refused.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -28,8 +37,13 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::{DType, Device};
 use clap::Parser;
-use gstomnitts::element_common::ref_audio::decode_ref_audio;
+use gstomnitts::element_common::ref_audio::{decode_ref_audio, decode_ref_audio_at};
 use gstomnitts::engine::DeviceSpec;
+use gstomnitts::models::fish_speech::codec::Codec;
+use gstomnitts::models::fish_speech::rules::MAX_REF_SAMPLES as FISH_MAX_REF_SAMPLES;
+use gstomnitts::models::fish_speech::{
+    FishModel, GenerateOptions, SamplingParams as FishSampling, VoiceReference,
+};
 use gstomnitts::models::qwen3_tts::code2wav::{
     Code2Wav, REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES,
 };
@@ -37,10 +51,11 @@ use gstomnitts::models::qwen3_tts::{
     ArModel, ArStep, Checkpoint, MAX_REF_AUDIO_SAMPLES, PromptMode, SamplingParams, VoiceRequest,
     WeightForm,
 };
+use gstomnitts::models::registry;
 use gstomnitts::nn::QuantizationSpec;
 
 #[derive(Parser, Debug)]
-#[command(about = "Qwen3-TTS synthesis (stage 0 + codec decode)")]
+#[command(about = "Qwen3-TTS or Fish S2 Pro synthesis (stage 0 + codec decode)")]
 struct Args {
     /// Checkpoint directory (config.json, generation_config.json, model.safetensors, ...).
     #[arg(long)]
@@ -115,6 +130,9 @@ fn dtype(s: &str) -> Result<DType> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if registry::detect(&args.model)?.model_type == registry::FISH_SPEECH.model_type {
+        return fish(&args);
+    }
     let dev = device(&args.device)?;
     let ckpt = Checkpoint::open(&args.model)?;
     let t0 = Instant::now();
@@ -214,6 +232,87 @@ fn main() -> Result<()> {
 
     if let Some(path) = &args.wav_out {
         write_pcm(path, &wav, code2wav.sample_rate())?;
+    }
+    Ok(())
+}
+
+/// Fish S2 Pro: the reference's `generate_long` (the text's speaker-turn batches, earlier
+/// batches kept in the prompt), then the codec's whole decode.
+fn fish(args: &Args) -> Result<()> {
+    let qwen_only = [
+        ("--speaker", args.speaker.is_some()),
+        ("--language", args.language.is_some()),
+        ("--instruct", args.instruct.is_some()),
+        ("--prompt-mode", args.prompt_mode.is_some()),
+        ("--x-vector-only", args.x_vector_only),
+        ("--quantization", args.quantization != "auto"),
+    ];
+    if let Some((flag, _)) = qwen_only.iter().find(|(_, set)| *set) {
+        bail!(
+            "{flag}: a Qwen3-TTS option; Fish S2 Pro ({}) has none",
+            args.model.display()
+        );
+    }
+    let dev = device(&args.device)?;
+    let t0 = Instant::now();
+    let model = FishModel::load(&args.model, &dev, dtype(&args.dtype)?)?;
+    let codec = Codec::load(&args.model, &dev)?;
+    eprintln!(
+        "loaded {} (Fish S2 Pro) in {:.2} s",
+        args.model.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    let voice = match &args.ref_audio {
+        Some(location) => {
+            let audio = decode_ref_audio_at(location, FISH_MAX_REF_SAMPLES, codec.sample_rate())
+                .with_context(|| format!("reference audio {location}"))?;
+            let transcript = args
+                .ref_text
+                .clone()
+                .context("--ref-audio needs --ref-text (its transcript) for Fish S2 Pro")?;
+            Some(VoiceReference {
+                codes: codec.encode(&audio)?,
+                transcript,
+            })
+        }
+        None if args.ref_text.is_some() => bail!("--ref-text needs --ref-audio"),
+        None => None,
+    };
+    let opts = GenerateOptions {
+        sampling: if args.greedy {
+            FishSampling::GREEDY
+        } else {
+            FishSampling::REFERENCE_DEFAULT
+        },
+        max_new_tokens: args.max_new_tokens.unwrap_or(0),
+        seed: args.seed,
+    };
+    let t1 = Instant::now();
+    let codes = model.synthesize_codes(&args.text, voice.as_ref(), &opts)?;
+    let ar_s = t1.elapsed().as_secs_f64();
+    let frames: Vec<Vec<u32>> = (0..codes.first().map_or(0, Vec::len))
+        .map(|i| codes.iter().map(|c| c[i]).collect())
+        .collect();
+    if let Some(path) = &args.codes_out {
+        std::fs::write(path, serde_json::to_string(&frames)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    let t2 = Instant::now();
+    let wav = codec.decode(&codes)?;
+    let decode_s = t2.elapsed().as_secs_f64();
+    let audio_s = wav.len() as f64 / codec.sample_rate() as f64;
+    println!("frames: {}", frames.len());
+    println!("audio seconds: {audio_s:.2}");
+    println!(
+        "wall time: {:.2} s (slow + fast AR: {:.2} s, {:.1} ms/frame; codec: {:.2} s; RTF {:.2})",
+        t0.elapsed().as_secs_f64(),
+        ar_s,
+        1000.0 * ar_s / frames.len().max(1) as f64,
+        decode_s,
+        (ar_s + decode_s) / audio_s.max(f64::EPSILON)
+    );
+    if let Some(path) = &args.wav_out {
+        write_pcm(path, &wav, codec.sample_rate())?;
     }
     Ok(())
 }
