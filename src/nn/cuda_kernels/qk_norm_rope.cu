@@ -5,7 +5,7 @@
 //
 // Inputs (row r = batch * t + i of the projections; heads are contiguous runs of `hd` elements):
 //   q, k, v      rows at q + r * q_stride (elements), heads h * hd .. h * hd + hd
-//   q_w, k_w     [hd] RMSNorm weights (in T)
+//   q_w, k_w     [hd] RMSNorm weights (in T), or both null: no norm, RoPE only
 //   cos, sin     f32 RoPE tables [positions, hd / 2]; row p is position p
 //   pos_dev      device u32 base position (nullptr: use pos_host); query i is at base + i
 // Outputs:

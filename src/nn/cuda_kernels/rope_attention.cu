@@ -8,7 +8,8 @@
 // (blocks sharing a kv head write identical values), then attends over keys 0..=base + i.
 //
 // Inputs: q [batch, t, nh * hd], k / v [batch, t, nkv * hd] (rows at a fixed stride, e.g. views
-// of one q/k/v output); q_w / k_w [hd]; f32 cos / sin [positions, hd / 2]; the position
+// of one q/k/v output); q_w / k_w [hd] (both null: no head norm); f32 cos / sin
+// [positions, hd / 2]; the position
 // (pos_dev, else pos_host). Outputs: q_rot [batch, nh, t, hd] (scratch), k_cache / v_cache
 // [batch, nkv, cap, hd] slots base..base + t, out [batch, t, nh * hd].
 // Launch: grid (nh, t, batch), block ROPE_ATTN_THREADS (>= hd / 2), dynamic shared memory as

@@ -8,7 +8,8 @@
 // then attention over keys 0..=positions[r] (never past caps[r] or max_keys).
 //
 // Inputs: q [rows, nh * hd], k / v [rows, nkv * hd] (rows at a fixed stride, e.g. views of one
-// q/k/v output); q_w / k_w [hd]; f32 cos / sin [positions, hd / 2]; positions [rows] u32;
+// q/k/v output); q_w / k_w [hd] (both null: no head norm); f32 cos / sin [positions, hd / 2];
+// positions [rows] u32;
 // caches [2, rows] u64: the device addresses of row r's key and value buffers
 // [nkv, caps[r], hd] (one stream's `[1, nkv, cap, hd]` KV cache of this layer); caps [rows] u32.
 // Outputs: q_rot [rows, nh, hd] (scratch), the caches' slot positions[r], out [rows, nh * hd].
