@@ -204,7 +204,7 @@ fn main() -> Result<()> {
         b.len(),
         a.len()
     );
-    if a.len() != b.len() || !(err < 1e-4) {
+    if a.len() != b.len() || err.is_nan() || err >= 1e-4 {
         failed.push("codec".into());
     }
     report.insert("codec_rel_l2".into(), err.into());
