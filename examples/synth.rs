@@ -216,17 +216,17 @@ fn main() -> Result<()> {
     let mut wav =
         code2wav.decode_chunked(&all, REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES)?;
     wav.drain(..ref_codes.len() * code2wav.samples_per_frame());
-    let decode_s = t2.elapsed().as_secs_f64();
-    let audio_s = wav.len() as f64 / code2wav.sample_rate() as f64;
-    println!("frames: {}", frames.len());
-    println!("audio seconds: {audio_s:.2}");
-    println!(
-        "wall time: {:.2} s (stage 0: {:.2} s, {:.1} ms/frame; Code2Wav: {:.2} s; RTF {:.2})",
-        t0.elapsed().as_secs_f64(),
+    let timing = Timing {
+        total_s: t0.elapsed().as_secs_f64(),
         ar_s,
-        1000.0 * ar_s / frames.len().max(1) as f64,
-        decode_s,
-        (ar_s + decode_s) / audio_s.max(f64::EPSILON)
+        decode_s: t2.elapsed().as_secs_f64(),
+    };
+    timing.print(
+        frames.len(),
+        wav.len(),
+        code2wav.sample_rate(),
+        "stage 0",
+        "Code2Wav",
     );
     println!("finish reason: {reason:?}");
 
@@ -299,22 +299,47 @@ fn fish(args: &Args) -> Result<()> {
     }
     let t2 = Instant::now();
     let wav = codec.decode(&codes)?;
-    let decode_s = t2.elapsed().as_secs_f64();
-    let audio_s = wav.len() as f64 / codec.sample_rate() as f64;
-    println!("frames: {}", frames.len());
-    println!("audio seconds: {audio_s:.2}");
-    println!(
-        "wall time: {:.2} s (slow + fast AR: {:.2} s, {:.1} ms/frame; codec: {:.2} s; RTF {:.2})",
-        t0.elapsed().as_secs_f64(),
+    let timing = Timing {
+        total_s: t0.elapsed().as_secs_f64(),
         ar_s,
-        1000.0 * ar_s / frames.len().max(1) as f64,
-        decode_s,
-        (ar_s + decode_s) / audio_s.max(f64::EPSILON)
+        decode_s: t2.elapsed().as_secs_f64(),
+    };
+    timing.print(
+        frames.len(),
+        wav.len(),
+        codec.sample_rate(),
+        "slow + fast AR",
+        "codec",
     );
     if let Some(path) = &args.wav_out {
         write_pcm(path, &wav, codec.sample_rate())?;
     }
     Ok(())
+}
+
+/// Where a synthesis' time went, seconds: all of it, stage 0's frames, the codec's decode.
+struct Timing {
+    total_s: f64,
+    ar_s: f64,
+    decode_s: f64,
+}
+
+impl Timing {
+    /// Prints the frames, the audio's length (`samples` at `rate` Hz) and the times, naming the
+    /// two parts `ar` and `decoder`.
+    fn print(&self, frames: usize, samples: usize, rate: u32, ar: &str, decoder: &str) {
+        let audio_s = samples as f64 / rate as f64;
+        println!("frames: {frames}");
+        println!("audio seconds: {audio_s:.2}");
+        println!(
+            "wall time: {:.2} s ({ar}: {:.2} s, {:.1} ms/frame; {decoder}: {:.2} s; RTF {:.2})",
+            self.total_s,
+            self.ar_s,
+            1000.0 * self.ar_s / frames.max(1) as f64,
+            self.decode_s,
+            (self.ar_s + self.decode_s) / audio_s.max(f64::EPSILON)
+        );
+    }
 }
 
 /// Writes `samples` (mono, [-1, 1]) as a 32-bit float WAV at `sample_rate` Hz.

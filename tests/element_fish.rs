@@ -48,6 +48,21 @@ fn check_buffer(b: &gst::BufferRef, n: u64) {
     assert_eq!(b.duration(), Some(pts_of(n + len) - pts_of(n)), "duration");
 }
 
+/// Writes `samples` as a mono 44.1 kHz f32 WAV at `path`.
+fn write_wav(path: &std::path::Path, samples: &[f32]) {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 44_100,
+        bits_per_sample: 32,
+        sample_format: hound::SampleFormat::Float,
+    };
+    let mut w = hound::WavWriter::create(path, spec).unwrap();
+    for &x in samples {
+        w.write_sample(x).unwrap();
+    }
+    w.finalize().unwrap();
+}
+
 fn rate_of(caps: &gst::Caps) -> i32 {
     caps.structure(0).unwrap().get::<i32>("rate").unwrap()
 }
@@ -206,19 +221,13 @@ fn qwen_only_properties_are_refused_naming_the_property_and_the_model() {
 fn ref_audio_and_ref_text_clone_with_fish() {
     let dir = TempDir::new("fish-clone");
     let wav = dir.path().join("ref.wav");
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 44_100,
-        bits_per_sample: 32,
-        sample_format: hound::SampleFormat::Float,
-    };
-    let mut w = hound::WavWriter::create(&wav, spec).unwrap();
-    for i in 0..44_100 {
-        let t = i as f32 / 44_100.0;
-        w.write_sample(0.3 * (std::f32::consts::TAU * (300.0 - 100.0 * t) * t).sin())
-            .unwrap();
-    }
-    w.finalize().unwrap();
+    let tone: Vec<f32> = (0..44_100)
+        .map(|i| {
+            let t = i as f32 / 44_100.0;
+            0.3 * (std::f32::consts::TAU * (300.0 - 100.0 * t) * t).sin()
+        })
+        .collect();
+    write_wav(&wav, &tone);
     let run = |ref_text: Option<&str>| {
         init();
         let mut h = Harness::new("omnittssrc");
@@ -284,17 +293,7 @@ fn gst_launch_speaks_the_references_waveforms() {
     let dir = TempDir::new("fish-launch");
     // The reference recording the clone cases' codes were encoded from (44.1 kHz, f32).
     let ref_wav = dir.path().join("ref.wav");
-    let spec = hound::WavSpec {
-        channels: 1,
-        sample_rate: 44_100,
-        bits_per_sample: 32,
-        sample_format: hound::SampleFormat::Float,
-    };
-    let mut w = hound::WavWriter::create(&ref_wav, spec).unwrap();
-    for x in reference_util::f32s(&exp["ref_audio"]) {
-        w.write_sample(x).unwrap();
-    }
-    w.finalize().unwrap();
+    write_wav(&ref_wav, &reference_util::f32s(&exp["ref_audio"]));
     let max_new = meta["generation"]["max_new_tokens"].as_u64().unwrap();
     for case in ["en_text", "zh_text", "en_clone", "zh_clone"] {
         let c = &meta["cases"][case];
