@@ -1,4 +1,5 @@
-//! `model` as a Hugging Face repo id: download into the hub cache from a loopback hub, reuse
+//! `model` as a Hugging Face repo id (Qwen3-TTS and Fish S2 Pro checkpoints): download into the
+//! hub cache from a loopback hub, reuse
 //! of the cache without network, and the errors when it can be neither found nor fetched.
 
 mod element_util;
@@ -225,48 +226,47 @@ fn run_child(name: &str, env: &[(&str, &str)]) {
     );
 }
 
-/// The element itself with `model` = a repo id: first run downloads from the loopback hub
-/// (HF_ENDPOINT), second run (hub gone, HF_HUB_OFFLINE=1) loads it from the cache. Each run is a
-/// child process (this test binary, running the ignored test below) so that the HF_* variables
-/// are set before anything in the process reads them.
+/// The element itself with `model` = a repo id, for a checkpoint of each family (Qwen3-TTS
+/// CustomVoice, Fish S2 Pro): first run downloads from the loopback hub (HF_ENDPOINT), second run
+/// (hub gone, HF_HUB_OFFLINE=1) loads it from the cache. Each run is a child process (this test
+/// binary, running the ignored test below) so that the HF_* variables are set before anything in
+/// the process reads them.
 #[test]
 fn element_loads_a_repo_id_through_the_hub_cache() {
-    const ELEMENT_REPO: &str = "omnitts-test/tiny-customvoice";
-    let cache = TempDir::new("hub-element");
-    let server = HubServer::start(
-        ELEMENT_REPO,
-        std::path::Path::new(&reference_util::fixture_model("tiny-customvoice")),
-    );
-    let cache_dir = cache.path().display().to_string();
-    let run = |endpoint: &str, offline: bool| {
-        run_child(
-            "element_child_speaks_from_repo_id",
-            &[
-                ("HF_ENDPOINT", endpoint),
-                ("HF_HUB_CACHE", &cache_dir),
-                ("HF_HUB_OFFLINE", if offline { "1" } else { "0" }),
-                ("OMNITTS_TEST_REPO", ELEMENT_REPO),
-            ],
-        )
-    };
-    run(&server.endpoint, false);
-    assert!(
-        server.requests.load(Ordering::SeqCst) > 0,
-        "nothing was downloaded"
-    );
-    let snapshot = cache
-        .path()
-        .join("models--omnitts-test--tiny-customvoice/snapshots")
-        .join(hub_server::FAKE_COMMIT);
-    assert_eq!(
-        read_tree(&snapshot),
-        read_tree(std::path::Path::new(&reference_util::fixture_model(
-            "tiny-customvoice"
-        ))),
-        "cached snapshot differs from the checkpoint"
-    );
-    drop(server);
-    run(&dead_endpoint(), true);
+    for fixture in ["tiny-customvoice", "tiny-fish"] {
+        let repo = format!("omnitts-test/{fixture}");
+        let checkpoint = reference_util::fixture_model(fixture);
+        let cache = TempDir::new(&format!("hub-element-{fixture}"));
+        let server = HubServer::start(&repo, std::path::Path::new(&checkpoint));
+        let cache_dir = cache.path().display().to_string();
+        let run = |endpoint: &str, offline: bool| {
+            run_child(
+                "element_child_speaks_from_repo_id",
+                &[
+                    ("HF_ENDPOINT", endpoint),
+                    ("HF_HUB_CACHE", &cache_dir),
+                    ("HF_HUB_OFFLINE", if offline { "1" } else { "0" }),
+                    ("OMNITTS_TEST_REPO", &repo),
+                ],
+            )
+        };
+        run(&server.endpoint, false);
+        assert!(
+            server.requests.load(Ordering::SeqCst) > 0,
+            "{fixture}: nothing was downloaded"
+        );
+        let snapshot = cache
+            .path()
+            .join(format!("models--omnitts-test--{fixture}/snapshots"))
+            .join(hub_server::FAKE_COMMIT);
+        assert_eq!(
+            read_tree(&snapshot),
+            needed_tree(std::path::Path::new(&checkpoint)),
+            "{fixture}: cached snapshot differs from the checkpoint"
+        );
+        drop(server);
+        run(&dead_endpoint(), true);
+    }
 }
 
 /// Child half of the test above (run only by it, with the HF_* environment prepared).
@@ -276,7 +276,8 @@ fn element_child_speaks_from_repo_id() {
     let repo = std::env::var("OMNITTS_TEST_REPO").expect("OMNITTS_TEST_REPO");
     element_util::init();
     let pipeline = gst::parse::launch(&format!(
-        "omnittssrc model={repo} do-sample=false max-new-tokens=4 text=\"From the hub.\" ! fakesink"
+        "omnittssrc model={repo} do-sample=false max-new-tokens=4 split-sentences=false \
+         text=\"Hello world. This is a small test of speech.\" ! fakesink"
     ))
     .unwrap();
     let dones = element_util::play_to_eos(&pipeline);
