@@ -1,6 +1,6 @@
 //! `model` as a Hugging Face repo id (Qwen3-TTS and Fish S2 Pro checkpoints): download into the
-//! hub cache from a loopback hub, reuse
-//! of the cache without network, and the errors when it can be neither found nor fetched.
+//! hub cache from a loopback hub, reuse of the cache without network, and the errors when it can
+//! be neither found nor fetched.
 
 mod element_util;
 mod hub_server;
