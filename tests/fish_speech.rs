@@ -369,6 +369,65 @@ fn streamed_decode_equals_whole_and_is_frames_times_2048() {
     assert!(e < 1e-5, "streamed vs whole: relative L2 {e}");
 }
 
+/// Several streams decoded together (`Codec::decode_chunks`: the waveform decoder over the
+/// streams whose chunks have the same length, states stacked) give, round after round, each
+/// stream's samples alone to the bit — streams at different points of their utterances, chunks of
+/// different lengths in one call (so several passes), one stream idle in a round, passes capped
+/// by `max_batch_frames` — and a chunk with bad codes fails its stream only.
+#[test]
+fn streams_decoded_together_equal_each_alone() {
+    let (c, exp) = (codec(), expected());
+    let sources: Vec<Codes> = ["window.codes", "en_text.codes", "zh_clone.codes"]
+        .iter()
+        .map(|k| codes_of(&exp[*k]))
+        .collect();
+    let part = |codes: &Codes, start: usize, len: usize| -> Codes {
+        let n = codes[0].len();
+        codes
+            .iter()
+            .map(|r| r[start.min(n)..(start + len).min(n)].to_vec())
+            .collect()
+    };
+    // Chunk lengths per round and stream (0: the stream sends nothing that round).
+    let rounds: [[usize; 3]; 4] = [[4, 4, 1], [25, 4, 0], [25, 3, 6], [1, 4, 4]];
+    for max_batch_frames in [512, 4] {
+        let mut alone = vec![DecodeState::default(); 3];
+        let mut together = vec![DecodeState::default(); 3];
+        let mut at = [0usize; 3];
+        for lens in rounds {
+            let chunks: Vec<Codes> = (0..3).map(|i| part(&sources[i], at[i], lens[i])).collect();
+            let want: Vec<Vec<f32>> = (0..3)
+                .map(|i| c.decode_chunk(&chunks[i], &mut alone[i]).unwrap())
+                .collect();
+            let refs: Vec<&Codes> = chunks.iter().collect();
+            let mut states: Vec<&mut DecodeState> = together.iter_mut().collect();
+            let got = c.decode_chunks(&refs, &mut states, max_batch_frames);
+            for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
+                let g = g.unwrap();
+                assert_eq!(g.len(), chunks[i][0].len() * 2048, "stream {i}");
+                assert!(
+                    g == *w,
+                    "stream {i}, round {lens:?}: batched differs from alone"
+                );
+            }
+            for i in 0..3 {
+                at[i] += lens[i];
+                assert_eq!(together[i].frames(), alone[i].frames());
+            }
+        }
+        assert!(at.iter().all(|&a| a > 0));
+    }
+    // Bad codes (nine codebooks) fail that stream; the other decodes.
+    let good = part(&sources[1], 0, 3);
+    let bad: Codes = good[..9].to_vec();
+    let mut states = [DecodeState::default(), DecodeState::default()];
+    let mut refs: Vec<&mut DecodeState> = states.iter_mut().collect();
+    let got = c.decode_chunks(&[&bad, &good], &mut refs, 512);
+    assert!(got[0].is_err());
+    assert_eq!(got[1].as_ref().unwrap().len(), 3 * 2048);
+    assert_eq!(states[0].frames(), 0);
+}
+
 #[test]
 fn residual_codes_past_the_codebook_are_clamped() {
     let (c, exp) = (codec(), expected());

@@ -1,7 +1,9 @@
 //! Fish S2 Pro's stage 1 through the model seam: the codec decoder ([`FishDecoder`]) as a
 //! [`Stage1Model`], exact streaming with [`DecodeState`] (any chunking gives the whole decode's
-//! `frames × 2048` samples). `decode_chunks` decodes its streams one after the other (each
-//! exactly as alone); the codec runs in f32 whatever the stage config's dtype.
+//! `frames × 2048` samples). `decode_chunks` runs each stream's quantizer half alone and the
+//! waveform decoder once over the streams whose chunks have the same length
+//! ([`Codec::decode_chunks`]: each row as its stream alone); the codec runs in f32 whatever the
+//! stage config's dtype.
 
 use crate::models::tts::chunk_count_mismatch;
 use std::path::Path;
@@ -27,12 +29,9 @@ impl FishDecoder {
         &self.codec
     }
 
-    /// Checks a chunk `[frames][codebooks]` and decodes it on `state`.
-    fn decode_on(
-        &self,
-        frames: &[Vec<u32>],
-        state: &mut DecodeState,
-    ) -> Result<Vec<f32>, ModelError> {
+    /// A chunk `[frames][codebooks]` as the codec's codes `[codebooks][frames]`. Errors for a
+    /// frame of another width.
+    fn checked_codes(&self, frames: &[Vec<u32>]) -> Result<Vec<Vec<u32>>, ModelError> {
         let n = self.codec.config.num_codebooks();
         if let Some((i, f)) = frames.iter().enumerate().find(|(_, f)| f.len() != n) {
             return Err(ModelError::InvalidRequest {
@@ -41,7 +40,18 @@ impl FishDecoder {
                 msg: format!("every frame needs {n} codes"),
             });
         }
-        Ok(self.codec.decode_chunk(&transpose(frames), state)?)
+        Ok(transpose(frames))
+    }
+
+    /// Checks a chunk `[frames][codebooks]` and decodes it on `state`.
+    fn decode_on(
+        &self,
+        frames: &[Vec<u32>],
+        state: &mut DecodeState,
+    ) -> Result<Vec<f32>, ModelError> {
+        Ok(self
+            .codec
+            .decode_chunk(&self.checked_codes(frames)?, state)?)
     }
 }
 
@@ -93,10 +103,44 @@ impl Stage1Model for FishDecoder {
         if let Some(errors) = chunk_count_mismatch(streams.len(), chunks.len()) {
             return errors;
         }
-        streams
-            .iter_mut()
-            .zip(chunks)
-            .map(|(s, c)| s.decode_chunk(c))
+        let mut out: Vec<Option<Result<Vec<f32>, ModelError>>> =
+            streams.iter().map(|_| None).collect();
+        let mut codes = Vec::with_capacity(streams.len());
+        let mut states = Vec::with_capacity(streams.len());
+        let mut rows = Vec::with_capacity(streams.len());
+        for (i, (s, c)) in streams.iter_mut().zip(chunks).enumerate() {
+            if !std::ptr::eq(s.decoder, self) {
+                out[i] = Some(Err(ModelError::InvalidRequest {
+                    field: "streams".into(),
+                    value: format!("stream {i}"),
+                    msg: "a stream of another decoder".into(),
+                }));
+                continue;
+            }
+            match self.checked_codes(c) {
+                Ok(k) => {
+                    codes.push(k);
+                    states.push(&mut s.state);
+                    rows.push(i);
+                }
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        let refs: Vec<&Vec<Vec<u32>>> = codes.iter().collect();
+        let decoded = self
+            .codec
+            .decode_chunks(&refs, &mut states, self.max_batch_frames);
+        for (i, r) in rows.into_iter().zip(decoded) {
+            out[i] = Some(r.map_err(ModelError::from));
+        }
+        out.into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(ModelError::Candle(candle_core::Error::Msg(
+                        "stream without a result".into(),
+                    )))
+                })
+            })
             .collect()
     }
 

@@ -31,6 +31,74 @@ pub struct DecoderState {
     conv_out: CausalConvState,
 }
 
+impl DecoderState {
+    /// The states of several streams stacked along the batch dimension, in order, for one pass
+    /// of a decoder with `blocks` blocks over all of them (a stream that has decoded nothing
+    /// starts from zeros, as it does alone). Errors for states of different decoders.
+    pub fn stack(states: &[&DecoderState], blocks: usize) -> Result<DecoderState> {
+        let filled: Vec<DecoderState> = states
+            .iter()
+            .map(|s| {
+                let mut s = (*s).clone();
+                s.blocks.resize(blocks, Default::default());
+                s
+            })
+            .collect();
+        let rows = |pick: &dyn Fn(&DecoderState) -> &CausalConvState| {
+            CausalConvState::stack(&filled.iter().map(pick).collect::<Vec<_>>())
+        };
+        let mut stacked = Vec::with_capacity(blocks);
+        for i in 0..blocks {
+            let ups: Vec<&ConvTransposeState> = filled.iter().map(|s| &s.blocks[i].0).collect();
+            let unit = |u: usize, c: usize| rows(&|s| &s.blocks[i].1[u][c]);
+            stacked.push((
+                ConvTransposeState::stack(&ups)?,
+                [
+                    [unit(0, 0)?, unit(0, 1)?],
+                    [unit(1, 0)?, unit(1, 1)?],
+                    [unit(2, 0)?, unit(2, 1)?],
+                ],
+            ));
+        }
+        Ok(DecoderState {
+            conv_in: rows(&|s| &s.conv_in)?,
+            blocks: stacked,
+            conv_out: rows(&|s| &s.conv_out)?,
+        })
+    }
+
+    /// A state of `rows` rows (after a pass) as the per-stream states, in order: the inverse of
+    /// [`Self::stack`].
+    pub fn split(self, rows: usize) -> Result<Vec<DecoderState>> {
+        let mut blocks: Vec<Vec<(ConvTransposeState, [ResidualState; 3])>> = vec![Vec::new(); rows];
+        for (up, [[a0, a1], [b0, b1], [c0, c1]]) in self.blocks {
+            let mut convs = Vec::with_capacity(6);
+            for c in [a0, a1, b0, b1, c0, c1] {
+                convs.push(c.split(rows)?.into_iter());
+            }
+            for (row, up) in blocks.iter_mut().zip(up.split(rows)?) {
+                let mut next = |i: usize| convs[i].next().unwrap_or_default();
+                row.push((
+                    up,
+                    [[next(0), next(1)], [next(2), next(3)], [next(4), next(5)]],
+                ));
+            }
+        }
+        Ok(self
+            .conv_in
+            .split(rows)?
+            .into_iter()
+            .zip(self.conv_out.split(rows)?)
+            .zip(blocks)
+            .map(|((conv_in, conv_out), blocks)| DecoderState {
+                conv_in,
+                blocks,
+                conv_out,
+            })
+            .collect())
+    }
+}
+
 /// The decoder's weights.
 #[derive(Debug, Clone)]
 pub struct Decoder {
@@ -69,6 +137,11 @@ impl Decoder {
             snake: snake(w, &format!("decoder.model.{}", n + 1), out)?,
             conv_out: causal_conv(w, &format!("decoder.model.{}", n + 2), out, 1, 7, 1, 1)?,
         })
+    }
+
+    /// Its blocks (one per upsampling rate).
+    pub fn blocks(&self) -> usize {
+        self.blocks.len()
     }
 
     /// Latent `[b, latent, t]` → audio `[b, 1, t · Π rates]`, continuing `state`'s stream.

@@ -110,6 +110,77 @@ impl Codec {
         Ok(y.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?)
     }
 
+    /// Decodes the next chunk of several streams: `chunks[i]` `[10][frames_i]` on `states[i]`.
+    /// Each stream's quantizer half runs alone; the waveform decoder then runs once over the
+    /// streams whose chunks have the same length, in passes of at most `max_batch_frames`
+    /// frames (rows × frames), its states stacked along the batch ([`DecoderState::stack`]).
+    /// Rows never mix: each computes what its stream computes alone (on the CPU to the bit,
+    /// the products run row by row; on CUDA one product for all rows, within float rounding).
+    /// Returns per stream what `decode_chunk(chunks[i], states[i])` returns. Errors, per stream:
+    /// bad codes (that stream only, its state untouched), or a failed pass (every stream in it;
+    /// their states are then undefined).
+    pub fn decode_chunks(
+        &self,
+        chunks: &[&Codes],
+        states: &mut [&mut DecodeState],
+        max_batch_frames: usize,
+    ) -> Vec<Result<Vec<f32>>> {
+        let mut out: Vec<Option<Result<Vec<f32>>>> = chunks.iter().map(|_| None).collect();
+        // The quantizer half, stream by stream; the latents wait by chunk length.
+        let mut by_len: std::collections::BTreeMap<usize, Vec<(usize, Tensor)>> =
+            Default::default();
+        for (i, (codes, state)) in chunks.iter().zip(states.iter_mut()).enumerate() {
+            let frames = codes.first().map_or(0, Vec::len);
+            if frames == 0 {
+                out[i] = Some(Ok(Vec::new()));
+                continue;
+            }
+            let z = self
+                .codes_tensor(codes)
+                .and_then(|c| self.quantizer.decode(&c, &mut state.quantizer));
+            match z {
+                Ok(z) => by_len.entry(frames).or_default().push((i, z)),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        let blocks = self.decoder.blocks();
+        for (frames, rows) in by_len {
+            let per_pass = (max_batch_frames / frames).max(1);
+            for pass in rows.chunks(per_pass) {
+                let mut run = || -> Result<Vec<Vec<f32>>> {
+                    let z = Tensor::cat(&pass.iter().map(|(_, z)| z).collect::<Vec<_>>(), 0)?;
+                    let parts: Vec<&DecoderState> =
+                        pass.iter().map(|(i, _)| &states[*i].decoder).collect();
+                    let mut stacked = DecoderState::stack(&parts, blocks)?;
+                    let y = self.decoder.forward(&z, &mut stacked)?;
+                    for ((i, _), s) in pass.iter().zip(stacked.split(pass.len())?) {
+                        states[*i].decoder = s;
+                        states[*i].frames += frames;
+                    }
+                    let y = y.flatten_from(1)?.to_dtype(DType::F32)?;
+                    Ok(y.to_vec2()?)
+                };
+                match run() {
+                    Ok(audio) => {
+                        for ((i, _), a) in pass.iter().zip(audio) {
+                            out[*i] = Some(Ok(a));
+                        }
+                    }
+                    Err(e) => {
+                        let msg = format!("batched decode of {} streams: {e}", pass.len());
+                        for (i, _) in pass {
+                            out[*i] =
+                                Some(Err(FishError::Candle(candle_core::Error::Msg(msg.clone()))));
+                        }
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| Ok(Vec::new())))
+            .collect()
+    }
+
     /// Encodes mono audio at [`Self::sample_rate`]: padded with zeros to a whole frame,
     /// `⌈samples / 2048⌉` frames of codes `[10][frames]`.
     pub fn encode(&self, audio: &[f32]) -> Result<Codes> {
