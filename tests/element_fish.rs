@@ -323,3 +323,52 @@ fn gst_launch_speaks_the_references_waveforms() {
         assert!(e < 1e-4, "{case}: waveform relative L2 {e:.2e}");
     }
 }
+
+/// `append-text` on a Fish checkpoint (a model that takes whole texts only): the fragments are
+/// spoken clause by clause as each completes (clause mode, said in the text-stream-mode
+/// message), the utterance ends with `end-text`, and its done message holds the whole text.
+#[test]
+fn appended_text_is_spoken_clause_by_clause() {
+    init();
+    let mut h = Harness::new("omnittssrc");
+    let e = h.element().unwrap();
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    e.set_property("model", model());
+    e.set_property("do-sample", false);
+    e.set_property("max-new-tokens", 12u32);
+    e.set_property("is-live", true);
+    h.use_systemclock();
+    let started = e.set_state(gst::State::Playing);
+    assert!(started.is_ok(), "{:?}", drain(&bus));
+    assert!(e.emit_by_name::<bool>("append-text", &[&"Hello world, this is"]));
+    assert!(e.emit_by_name::<bool>("append-text", &[&" a small test of speech."]));
+    assert!(e.emit_by_name::<bool>("end-text", &[]));
+    let mut seen = Vec::new();
+    let done = element_util::wait_element_message(
+        &bus,
+        messages::DONE,
+        Duration::from_secs(60),
+        &mut seen,
+    )
+    .unwrap_or_else(|| panic!("no done message; errors {:?}", errors(&seen)));
+    assert!(errors(&seen).is_empty(), "{:?}", errors(&seen));
+    let modes = element_messages(&seen, messages::TEXT_STREAM_MODE);
+    assert_eq!(modes.len(), 1);
+    assert_eq!(modes[0].get::<String>("mode").unwrap(), "clause");
+    assert!(
+        modes[0]
+            .get::<String>("reason")
+            .unwrap()
+            .contains("whole texts"),
+        "{:?}",
+        modes[0]
+    );
+    assert_eq!(
+        done.get::<String>("text").unwrap(),
+        "Hello world, this is a small test of speech."
+    );
+    assert!(done.get::<u64>("samples").unwrap() > 0);
+    assert_eq!(done.get::<u64>("samples").unwrap() % SPF, 0);
+    let _ = e.set_state(gst::State::Null);
+}

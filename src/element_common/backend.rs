@@ -13,7 +13,7 @@ use crate::engine::{
     Canceller, EngineEvent, EngineRequest, RequestHandle, SharedEngine, TextSender,
 };
 use crate::models::qwen3_tts::{ModelVariant, served_description};
-use crate::models::tts::PromptMode;
+use crate::models::tts::{ModelDescription, PromptMode};
 use crate::remote::{
     RemoteCanceller, RemoteHandle, SpeechClient, SpeechRequest, StreamTextSender,
     reference_data_url,
@@ -72,15 +72,27 @@ impl TextStreamMode {
     }
 }
 
-/// The mode an open utterance gets, and why: from `prompt-mode` (`streaming` forces token mode,
-/// `non-streaming` clause mode) and, under `auto`, what the checkpoint says of its streaming
-/// prompt mode (`streaming_prompt` in its `omnitts.json`, [`streaming_prompt_hint`]).
+/// The mode an open utterance gets, and why. A model that takes whole texts only (`open_text`
+/// false in its description: Fish S2 Pro) gets clause mode. Otherwise `prompt-mode` decides
+/// (`streaming` forces token mode, `non-streaming` clause mode) and, under `auto`, what the
+/// checkpoint says of its streaming prompt mode (`streaming_prompt` in its `omnitts.json`,
+/// [`streaming_prompt_hint`]).
 ///
 /// [`streaming_prompt_hint`]: super::split_policy::streaming_prompt_hint
 pub(crate) fn text_stream_mode(
+    model: &ModelDescription,
     prompt_mode: Option<PromptMode>,
     streaming_prompt: Option<bool>,
 ) -> (TextStreamMode, String) {
+    if !model.open_text {
+        return (
+            TextStreamMode::Clause,
+            format!(
+                "{} takes whole texts only: each clause is spoken whole once it is complete",
+                model.name
+            ),
+        );
+    }
     match (prompt_mode, streaming_prompt) {
         (Some(PromptMode::Streaming), _) => (
             TextStreamMode::Token,
@@ -460,9 +472,10 @@ impl Requests {
                 let mut r = checked_request(s, info, engine, cloner, "x")?;
                 let open = Arc::new(OpenText::new(mode));
                 if mode == TextStreamMode::Clause {
-                    // Each clause is a whole text: the non-streaming prompt unless set.
+                    // Each clause is a whole text: the non-streaming prompt unless set (for a
+                    // model with prompt modes).
                     let mut s = s.clone();
-                    if s.prompt_mode == PromptModeSetting::Auto {
+                    if s.prompt_mode == PromptModeSetting::Auto && info.description.prompt_modes {
                         s.prompt_mode = PromptModeSetting::NonStreaming;
                     }
                     let (requests, info) = (self.clone(), info.clone());
@@ -511,6 +524,7 @@ impl Requests {
     /// [`text_stream_mode`].
     pub fn stream_mode(
         &self,
+        model: &ModelDescription,
         prompt_mode: Option<PromptMode>,
         streaming_prompt: Option<bool>,
     ) -> (TextStreamMode, String) {
@@ -521,7 +535,7 @@ impl Requests {
                  (/v1/audio/speech/stream), which speaks each sentence once it is complete"
                     .into(),
             ),
-            Requests::Local { .. } => text_stream_mode(prompt_mode, streaming_prompt),
+            Requests::Local { .. } => text_stream_mode(model, prompt_mode, streaming_prompt),
         }
     }
 
@@ -644,10 +658,26 @@ mod tests {
             (None, Some(true), Token, "prompt-mode=auto"),
             (None, None, Token, "prompt-mode=auto"),
         ];
+        let qwen = served_description(ModelVariant::CustomVoice, Vec::new(), Vec::new(), false);
+        assert!(qwen.open_text);
         for (prompt, hint, want, why) in cases {
-            let (mode, reason) = text_stream_mode(prompt, hint);
+            let (mode, reason) = text_stream_mode(&qwen, prompt, hint);
             assert_eq!(mode, want, "{prompt:?} {hint:?}");
             assert!(reason.contains(why), "{reason}");
+        }
+        // A model that takes whole texts only: clause mode whatever the rest says.
+        let whole = ModelDescription {
+            name: "Fish S2 Pro".into(),
+            open_text: false,
+            ..qwen
+        };
+        for hint in [None, Some(true)] {
+            let (mode, reason) = text_stream_mode(&whole, None, hint);
+            assert_eq!(mode, Clause);
+            assert!(
+                reason.contains("Fish S2 Pro takes whole texts only"),
+                "{reason}"
+            );
         }
     }
 

@@ -288,7 +288,11 @@ impl OmniTtsSrc {
         );
         let now = rt.live_latency.map(|_| self.running_time(rt.started));
         drop(state);
-        let (mode, why) = requests.stream_mode(settings.synthesis.prompt_mode.prompt_mode(), hint);
+        let (mode, why) = requests.stream_mode(
+            &info.description,
+            settings.synthesis.prompt_mode.prompt_mode(),
+            hint,
+        );
         let (request, open) = match requests.checked_open(&settings.synthesis, &info, mode) {
             Ok(r) => r,
             Err(e) => {

@@ -782,7 +782,8 @@ impl OmniTtsSynth {
             // Live: later chunks as small as the first, so audio keeps pace.
             settings.chunk_frames = info.first_chunk_frames as u32;
         }
-        let (mode, why) = text_stream_mode(settings.prompt_mode.prompt_mode(), hint);
+        let (mode, why) =
+            text_stream_mode(&info.description, settings.prompt_mode.prompt_mode(), hint);
         let at = pts.display();
         let (kind, job, cue) = match requests.checked_open(&settings, &info, mode) {
             Ok((request, open)) => {
