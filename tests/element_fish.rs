@@ -2,8 +2,9 @@
 //! directory just works; output caps at 44,100 Hz; buffer offsets, timestamps, durations and
 //! the bus messages counted at 44,100 Hz, 2048 samples a frame; a cue of omnittssynth placed at
 //! its PTS in 44.1 kHz samples; voice cloning with `ref-audio` / `ref-text`; the Qwen3-TTS-only
-//! properties refused, naming the property and the model; and through gst-launch syntax, the
-//! official reference's waveforms.
+//! properties refused, naming the property and the model; streamed text (`append-text`,
+//! `omnittssynth` fragments) in clause mode; and through gst-launch syntax, the official
+//! reference's waveforms.
 
 mod element_util;
 mod reference_util;
@@ -46,6 +47,31 @@ fn check_buffer(b: &gst::BufferRef, n: u64) {
     assert_eq!(b.offset_end(), n + len, "offset_end");
     assert_eq!(b.pts(), Some(pts_of(n)), "pts of sample {n}");
     assert_eq!(b.duration(), Some(pts_of(n + len) - pts_of(n)), "duration");
+}
+
+/// Every buffer of `h` up to EOS (each checked to continue the 44.1 kHz timeline), as samples.
+fn pull_to_eos(h: &mut Harness) -> Vec<f32> {
+    let t0 = Instant::now();
+    let mut out: Vec<f32> = Vec::new();
+    loop {
+        assert!(t0.elapsed() < Duration::from_secs(120), "no EOS");
+        if let Some(ev) = h.try_pull_event()
+            && ev.type_() == gst::EventType::Eos
+        {
+            while let Some(b) = h.try_pull() {
+                check_buffer(&b, out.len() as u64);
+                out.extend(f32_of(&b));
+            }
+            return out;
+        }
+        match h.try_pull() {
+            Some(b) => {
+                check_buffer(&b, out.len() as u64);
+                out.extend(f32_of(&b));
+            }
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
 }
 
 /// Writes `samples` as a mono 44.1 kHz f32 WAV at `path`.
@@ -135,27 +161,7 @@ fn omnittssynth_places_a_fish_cue_at_its_pts_in_44100_hz_samples() {
     }
     h.push(b).unwrap();
     h.push_event(gst::event::Eos::new());
-    let t0 = Instant::now();
-    let mut out: Vec<f32> = Vec::new();
-    loop {
-        assert!(t0.elapsed() < Duration::from_secs(120), "no EOS");
-        if let Some(ev) = h.try_pull_event()
-            && ev.type_() == gst::EventType::Eos
-        {
-            while let Some(b) = h.try_pull() {
-                check_buffer(&b, out.len() as u64);
-                out.extend(f32_of(&b));
-            }
-            break;
-        }
-        match h.try_pull() {
-            Some(b) => {
-                check_buffer(&b, out.len() as u64);
-                out.extend(f32_of(&b));
-            }
-            None => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
+    let out = pull_to_eos(&mut h);
     let caps = h.sinkpad().unwrap().current_caps().expect("caps");
     assert_eq!(rate_of(&caps), 44_100, "{caps}");
     let start = (RATE / 2) as usize; // 500 ms
@@ -371,4 +377,67 @@ fn appended_text_is_spoken_clause_by_clause() {
     assert!(done.get::<u64>("samples").unwrap() > 0);
     assert_eq!(done.get::<u64>("samples").unwrap() % SPF, 0);
     let _ = e.set_state(gst::State::Null);
+}
+
+/// `omnittssynth input-mode=fragments` on a Fish checkpoint: clause mode (the model takes whole
+/// texts only), the fragments up to the MARKER spoken as one utterance whose cue is at its first
+/// fragment's PTS, silence before it.
+#[test]
+fn omnittssynth_fragments_speak_fish_in_clause_mode() {
+    init();
+    let e = gst::ElementFactory::make("omnittssynth")
+        .property("model", model())
+        .property("do-sample", false)
+        .property("max-new-tokens", 12u32)
+        .build()
+        .unwrap();
+    e.set_property_from_str("input-mode", "fragments");
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    let mut h = Harness::with_element(&e, Some("sink"), Some("src"));
+    h.set_live(false);
+    h.set_src_caps_str("text/x-raw,format=utf8");
+    for (text, ms, end) in [
+        ("Hello world, this is", 300, false),
+        (" a small test of speech.", 350, true),
+    ] {
+        let mut b = gst::Buffer::from_slice(text.as_bytes().to_vec());
+        {
+            let b = b.get_mut().unwrap();
+            b.set_pts(gst::ClockTime::from_mseconds(ms));
+            if end {
+                b.set_flags(gst::BufferFlags::MARKER);
+            }
+        }
+        h.push(b).unwrap();
+    }
+    h.push_event(gst::event::Eos::new());
+    let out = pull_to_eos(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let modes = element_messages(&msgs, messages::TEXT_STREAM_MODE);
+    assert_eq!(modes.len(), 1, "{modes:?}");
+    assert_eq!(modes[0].get::<String>("mode").unwrap(), "clause");
+    let why = modes[0].get::<String>("reason").unwrap();
+    assert!(why.contains("whole texts"), "{why}");
+    let cues = element_messages(&msgs, gstomnitts::omnittssynth::cue_message::CUE);
+    assert_eq!(cues.len(), 1, "{cues:?}");
+    assert_eq!(
+        cues[0].get::<String>("text").unwrap(),
+        "Hello world, this is a small test of speech."
+    );
+    assert_eq!(
+        cues[0].get::<Option<gst::ClockTime>>("pts").unwrap(),
+        Some(gst::ClockTime::from_mseconds(300))
+    );
+    let start = (RATE * 3 / 10) as usize; // 300 ms
+    assert!(out.len() > start, "{} samples", out.len());
+    assert!(
+        out[..start].iter().all(|&x| x == 0.0),
+        "silence before the cue"
+    );
+    assert!(
+        out[start..].iter().any(|&x| x != 0.0),
+        "speech after the cue"
+    );
 }
