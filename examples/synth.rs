@@ -216,12 +216,7 @@ fn main() -> Result<()> {
     let mut wav =
         code2wav.decode_chunked(&all, REFERENCE_CHUNK_FRAMES, REFERENCE_LEFT_CONTEXT_FRAMES)?;
     wav.drain(..ref_codes.len() * code2wav.samples_per_frame());
-    let timing = Timing {
-        total_s: t0.elapsed().as_secs_f64(),
-        ar_s,
-        decode_s: t2.elapsed().as_secs_f64(),
-    };
-    timing.print(
+    Timing::until_now(t0, ar_s, t2).print(
         frames.len(),
         wav.len(),
         code2wav.sample_rate(),
@@ -299,12 +294,7 @@ fn fish(args: &Args) -> Result<()> {
     }
     let t2 = Instant::now();
     let wav = codec.decode(&codes)?;
-    let timing = Timing {
-        total_s: t0.elapsed().as_secs_f64(),
-        ar_s,
-        decode_s: t2.elapsed().as_secs_f64(),
-    };
-    timing.print(
+    Timing::until_now(t0, ar_s, t2).print(
         frames.len(),
         wav.len(),
         codec.sample_rate(),
@@ -325,6 +315,16 @@ struct Timing {
 }
 
 impl Timing {
+    /// The times of a synthesis that started at `start`, whose frames took `ar_s` and whose
+    /// decode started at `decode_start`, both ending now.
+    fn until_now(start: Instant, ar_s: f64, decode_start: Instant) -> Self {
+        Self {
+            total_s: start.elapsed().as_secs_f64(),
+            ar_s,
+            decode_s: decode_start.elapsed().as_secs_f64(),
+        }
+    }
+
     /// Prints the frames, the audio's length (`samples` at `rate` Hz) and the times, naming the
     /// two parts `ar` and `decoder`.
     fn print(&self, frames: usize, samples: usize, rate: u32, ar: &str, decoder: &str) {

@@ -7,6 +7,7 @@
 //! reference's waveforms.
 
 mod element_util;
+mod fish_fixture;
 mod reference_util;
 
 use std::time::{Duration, Instant};
@@ -24,6 +25,35 @@ const SPF: u64 = 2048;
 
 fn model() -> String {
     fixture_model("tiny-fish")
+}
+
+/// An `omnittssrc` harness on the Fish fixture, greedy, at most 12 frames an utterance, with a
+/// bus of its own and `props` set in order after those.
+fn fish_src(props: &[(&str, gst::glib::SendValue)]) -> (Harness, gst::Element, gst::Bus) {
+    let mut all = vec![("model", v(model())), ("max-new-tokens", v(12u32))];
+    all.extend(props.iter().cloned());
+    let (h, bus) = element_util::harness(&all);
+    let e = h.element().unwrap();
+    (h, e, bus)
+}
+
+/// An `omnittssynth` harness on the Fish fixture (greedy, at most 12 frames an utterance,
+/// `input-mode` as given), with a non-live upstream of UTF-8 text and a bus of its own.
+fn fish_synth(input_mode: &str) -> (Harness, gst::Bus) {
+    init();
+    let e = gst::ElementFactory::make("omnittssynth")
+        .property("model", model())
+        .property("do-sample", false)
+        .property("max-new-tokens", 12u32)
+        .build()
+        .unwrap();
+    e.set_property_from_str("input-mode", input_mode);
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    let mut h = Harness::with_element(&e, Some("sink"), Some("src"));
+    h.set_live(false);
+    h.set_src_caps_str("text/x-raw,format=utf8");
+    (h, bus)
 }
 
 /// `n * SECOND / 44100`, rounded down.
@@ -95,15 +125,7 @@ fn rate_of(caps: &gst::Caps) -> i32 {
 
 #[test]
 fn omnittssrc_speaks_fish_at_44100_hz() {
-    init();
-    let mut h = Harness::new("omnittssrc");
-    let e = h.element().unwrap();
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
-    e.set_property("model", model());
-    e.set_property("do-sample", false);
-    e.set_property("max-new-tokens", 12u32);
-    e.set_property("text", "Hello world. This is a small test of speech.");
+    let (mut h, _e, bus) = fish_src(&[("text", v("Hello world. This is a small test of speech."))]);
     h.play();
     let mut bufs = Vec::new();
     loop {
@@ -141,18 +163,7 @@ fn omnittssrc_speaks_fish_at_44100_hz() {
 
 #[test]
 fn omnittssynth_places_a_fish_cue_at_its_pts_in_44100_hz_samples() {
-    init();
-    let e = gst::ElementFactory::make("omnittssynth")
-        .property("model", model())
-        .property("do-sample", false)
-        .property("max-new-tokens", 12u32)
-        .build()
-        .unwrap();
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
-    let mut h = Harness::with_element(&e, Some("sink"), Some("src"));
-    h.set_live(false);
-    h.set_src_caps_str("text/x-raw,format=utf8");
+    let (mut h, bus) = fish_synth("cues");
     let mut b = gst::Buffer::from_slice(b"Hello world. This is a small test of speech.".to_vec());
     {
         let b = b.get_mut().unwrap();
@@ -235,19 +246,12 @@ fn ref_audio_and_ref_text_clone_with_fish() {
         .collect();
     write_wav(&wav, &tone);
     let run = |ref_text: Option<&str>| {
-        init();
-        let mut h = Harness::new("omnittssrc");
-        let e = h.element().unwrap();
-        let bus = gst::Bus::new();
-        e.set_bus(Some(&bus));
-        e.set_property("model", model());
-        e.set_property("do-sample", false);
-        e.set_property("max-new-tokens", 12u32);
-        e.set_property("ref-audio", wav.to_str().unwrap());
+        let mut props = vec![("ref-audio", v(wav.to_str().unwrap().to_string()))];
         if let Some(t) = ref_text {
-            e.set_property("ref-text", t);
+            props.push(("ref-text", v(t)));
         }
-        e.set_property("text", "Good morning, how are you today?");
+        props.push(("text", v("Good morning, how are you today?")));
+        let (mut h, _e, bus) = fish_src(&props);
         h.play();
         let mut n = 0u64;
         loop {
@@ -286,16 +290,7 @@ fn ref_audio_and_ref_text_clone_with_fish() {
 #[test]
 fn gst_launch_speaks_the_references_waveforms() {
     init();
-    let exp = candle_core::safetensors::load(
-        std::path::Path::new(&model()).join("expected/reference.safetensors"),
-        &candle_core::Device::Cpu,
-    )
-    .unwrap();
-    let meta: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(std::path::Path::new(&model()).join("expected/reference.json"))
-            .unwrap(),
-    )
-    .unwrap();
+    let (exp, meta) = (fish_fixture::expected(), fish_fixture::meta());
     let dir = TempDir::new("fish-launch");
     // The reference recording the clone cases' codes were encoded from (44.1 kHz, f32).
     let ref_wav = dir.path().join("ref.wav");
@@ -335,15 +330,7 @@ fn gst_launch_speaks_the_references_waveforms() {
 /// message), the utterance ends with `end-text`, and its done message holds the whole text.
 #[test]
 fn appended_text_is_spoken_clause_by_clause() {
-    init();
-    let mut h = Harness::new("omnittssrc");
-    let e = h.element().unwrap();
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
-    e.set_property("model", model());
-    e.set_property("do-sample", false);
-    e.set_property("max-new-tokens", 12u32);
-    e.set_property("is-live", true);
+    let (mut h, e, bus) = fish_src(&[("is-live", v(true))]);
     h.use_systemclock();
     let started = e.set_state(gst::State::Playing);
     assert!(started.is_ok(), "{:?}", drain(&bus));
@@ -359,17 +346,7 @@ fn appended_text_is_spoken_clause_by_clause() {
     )
     .unwrap_or_else(|| panic!("no done message; errors {:?}", errors(&seen)));
     assert!(errors(&seen).is_empty(), "{:?}", errors(&seen));
-    let modes = element_messages(&seen, messages::TEXT_STREAM_MODE);
-    assert_eq!(modes.len(), 1);
-    assert_eq!(modes[0].get::<String>("mode").unwrap(), "clause");
-    assert!(
-        modes[0]
-            .get::<String>("reason")
-            .unwrap()
-            .contains("whole texts"),
-        "{:?}",
-        modes[0]
-    );
+    element_util::assert_stream_mode(&seen, "clause", "whole texts");
     assert_eq!(
         done.get::<String>("text").unwrap(),
         "Hello world, this is a small test of speech."
@@ -384,19 +361,7 @@ fn appended_text_is_spoken_clause_by_clause() {
 /// fragment's PTS, silence before it.
 #[test]
 fn omnittssynth_fragments_speak_fish_in_clause_mode() {
-    init();
-    let e = gst::ElementFactory::make("omnittssynth")
-        .property("model", model())
-        .property("do-sample", false)
-        .property("max-new-tokens", 12u32)
-        .build()
-        .unwrap();
-    e.set_property_from_str("input-mode", "fragments");
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
-    let mut h = Harness::with_element(&e, Some("sink"), Some("src"));
-    h.set_live(false);
-    h.set_src_caps_str("text/x-raw,format=utf8");
+    let (mut h, bus) = fish_synth("fragments");
     for (text, ms, end) in [
         ("Hello world, this is", 300, false),
         (" a small test of speech.", 350, true),
@@ -415,11 +380,7 @@ fn omnittssynth_fragments_speak_fish_in_clause_mode() {
     let out = pull_to_eos(&mut h);
     let msgs = drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
-    let modes = element_messages(&msgs, messages::TEXT_STREAM_MODE);
-    assert_eq!(modes.len(), 1, "{modes:?}");
-    assert_eq!(modes[0].get::<String>("mode").unwrap(), "clause");
-    let why = modes[0].get::<String>("reason").unwrap();
-    assert!(why.contains("whole texts"), "{why}");
+    element_util::assert_stream_mode(&msgs, "clause", "whole texts");
     let cues = element_messages(&msgs, gstomnitts::omnittssynth::cue_message::CUE);
     assert_eq!(cues.len(), 1, "{cues:?}");
     assert_eq!(

@@ -263,11 +263,7 @@ fn clause_mode_speaks_each_clause_whole_without_gaps() {
     let got = pull_all_samples(&mut h);
     let msgs = drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
-    let modes = element_messages(&msgs, messages::TEXT_STREAM_MODE);
-    assert_eq!(modes.len(), 1, "{modes:?}");
-    assert_eq!(modes[0].get::<String>("mode").unwrap(), "clause");
-    let why = modes[0].get::<String>("reason").unwrap();
-    assert!(why.contains("streaming_prompt=false"), "{why}");
+    element_util::assert_stream_mode(&msgs, "clause", "streaming_prompt=false");
     let d = element_messages(&msgs, messages::DONE);
     assert_eq!(d.len(), 2, "one utterance for the streamed text");
     assert_eq!(d[1].get::<String>("text").unwrap(), whole);
@@ -315,10 +311,7 @@ fn prompt_mode_forces_the_text_stream_mode() {
         h.play();
         let e = h.element().expect("element");
         assert!(e.emit_by_name::<bool>("append-text", &[&"Hello there, "]));
-        let modes = element_messages(&drain(&bus), messages::TEXT_STREAM_MODE);
-        assert_eq!(modes.len(), 1, "{modes:?}");
-        assert_eq!(modes[0].get::<String>("mode").unwrap(), want);
-        assert!(modes[0].get::<String>("reason").unwrap().contains(why));
+        element_util::assert_stream_mode(&drain(&bus), want, why);
         assert!(e.emit_by_name::<bool>("cancel", &[]));
     }
 }

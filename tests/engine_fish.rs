@@ -6,8 +6,11 @@
 mod engine_common;
 mod reference_util;
 
+mod fish_fixture;
+
+use fish_fixture::{expected, fixture, meta};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc::Receiver;
 
 use candle_core::{DType, Device, Tensor};
@@ -22,23 +25,6 @@ use gstomnitts::models::tts::{VoiceClonePrompt, VoiceRequest};
 
 const MAX_NEW_TOKENS: usize = 12;
 const CASES: [&str; 4] = ["en_text", "zh_text", "en_clone", "zh_clone"];
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-fish")
-}
-
-fn expected() -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(
-        fixture().join("expected/reference.safetensors"),
-        &Device::Cpu,
-    )
-    .unwrap()
-}
-
-fn meta() -> serde_json::Value {
-    let text = std::fs::read_to_string(fixture().join("expected/reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
 
 /// `[a][b]` → `[b][a]`.
 fn transpose(rows: &[Vec<u32>]) -> Vec<Vec<u32>> {

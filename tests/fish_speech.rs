@@ -2,31 +2,17 @@
 //! random-weight checkpoint in the real layout and the reference's float32 outputs on it; its
 //! README has the reference commit and licence).
 
+mod fish_fixture;
+
+use fish_fixture::{expected, fixture, meta};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use gstomnitts::models::fish_speech::generate::FirstFrame;
 use gstomnitts::models::fish_speech::{
     Codes, FishModel, GenerateOptions, SamplingParams, VoiceReference,
 };
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-fish")
-}
-
-fn expected() -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(
-        fixture().join("expected/reference.safetensors"),
-        &Device::Cpu,
-    )
-    .unwrap()
-}
-
-fn meta() -> serde_json::Value {
-    let text = std::fs::read_to_string(fixture().join("expected/reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
 
 fn model() -> FishModel {
     FishModel::load(&fixture(), &Device::Cpu, DType::F32).unwrap()

@@ -279,11 +279,7 @@ fn clause_mode_speaks_the_first_clause_before_the_end() {
     let mut out = Vec::new();
     pull_until_speech(&mut h, &mut out);
     let msgs = no_errors(&bus);
-    let modes = element_messages(&msgs, messages::TEXT_STREAM_MODE);
-    assert_eq!(modes.len(), 1, "{modes:?}");
-    assert_eq!(modes[0].get::<String>("mode").unwrap(), "clause");
-    let why = modes[0].get::<String>("reason").unwrap();
-    assert!(why.contains("streaming_prompt=false"), "{why}");
+    element_util::assert_stream_mode(&msgs, "clause", "streaming_prompt=false");
     assert!(cues(&msgs).is_empty(), "the utterance is still open");
     push(&mut h, b"opped.", 80, false);
     h.push_event(gst::event::CustomDownstream::new(

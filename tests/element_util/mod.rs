@@ -72,6 +72,16 @@ pub fn element_messages(msgs: &[gst::Message], name: &str) -> Vec<gst::Structure
         .collect()
 }
 
+/// Checks that `msgs` hold one `omnitts/text-stream-mode` message, for mode `mode` with a reason
+/// that contains `why`.
+pub fn assert_stream_mode(msgs: &[gst::Message], mode: &str, why: &str) {
+    let modes = element_messages(msgs, gstomnitts::element_common::messages::TEXT_STREAM_MODE);
+    assert_eq!(modes.len(), 1, "{modes:?}");
+    assert_eq!(modes[0].get::<String>("mode").unwrap(), mode, "{modes:?}");
+    let reason = modes[0].get::<String>("reason").unwrap();
+    assert!(reason.contains(why), "{reason}");
+}
+
 /// Error messages as "text | debug" strings.
 pub fn errors(msgs: &[gst::Message]) -> Vec<String> {
     msgs.iter()
