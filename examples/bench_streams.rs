@@ -177,6 +177,10 @@ struct Args {
     /// decoder's own, 512 on CUDA).
     #[arg(long, default_value_t = 0)]
     decoder_pass_frames: usize,
+    /// Stage 1 `engine_args.first_chunk_lane`: `on`, `off`, or `auto` (the stage config's
+    /// default: on for a CUDA decoder).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    first_chunk_lane: String,
     /// Text streamed into one running request: token rates of the simulated LLM reply, comma
     /// separated; none by default (see `text_stream.rs`).
     #[arg(long, value_delimiter = ',')]
@@ -246,6 +250,11 @@ fn config(
     c.decoder.dtype = DTypeSpec::parse(&args.decoder_dtype).unwrap_or(DTypeSpec::F32);
     c.decoder.allow_tf32 = args.allow_tf32;
     c.decoder.max_num_batched_tokens = args.decoder_pass_frames;
+    c.decoder.first_chunk_lane = match args.first_chunk_lane.as_str() {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    };
     c.ar.guard.enabled = guard;
     c.ar.max_num_seqs = max_seqs.max(1);
     c.decoder.max_num_seqs = max_seqs.max(1);
@@ -268,10 +277,11 @@ fn load(args: &Args, config: StageConfig) -> Result<Engine> {
     })
     .with_context(|| format!("loading {}", args.model_dir.display()))?;
     eprintln!(
-        "engine for {n} streams loaded in {:.1} s; CUDA graphs {:?}, batched {:?}",
+        "engine for {n} streams loaded in {:.1} s; CUDA graphs {:?}, batched {:?}, first-chunk lane {:?}",
         t.elapsed().as_secs_f64(),
         e.cuda_graphs(),
-        e.batch_graphs()
+        e.batch_graphs(),
+        e.first_chunk_lane()
     );
     Ok(e)
 }
@@ -576,6 +586,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
         "sample_rate": shared.sample_rate(),
         "decoder_dtype": args.decoder_dtype, "allow_tf32": args.allow_tf32,
         "decoder_pass_frames": args.decoder_pass_frames,
+        "first_chunk_lane": format!("{:?}", shared.first_chunk_lane()),
         "rates": per_rate, "highest_rate_without_underruns": highest_clean,
     }))
 }

@@ -17,7 +17,9 @@
 #  open-off the same at OFF_RATES (10,20) with the prefill graphs off;
 #  pass     the open loop at PASS_RATES (10,20) with Code2Wav passes of at most PASS_FRAMES (128) frames;
 #  greedy   the open loop at SHORT_RATES (1,10,20), greedy, 1.7B;
-#  small    the open loop at SHORT_RATES, sampled, 0.6B.
+#  small    the open loop at SHORT_RATES, sampled, 0.6B;
+#  lane     the first-chunk lane off and on (bench_streams --first-chunk-lane): the open loop at
+#           RATES, then the closed loop at STREAMS (100 frames), each pair in one call.
 set -uo pipefail
 bin=$1 template=$2 out=$3 fx=${4:-}
 mkdir -p "$out"
@@ -86,5 +88,13 @@ fi
 if has small; then
     ckpt 0.6b
     SIZE=0.6b streams open-0.6b 120 -- --rates "$SHORT_RATES" "${open_args[@]}"
+fi
+if has lane; then
+    for l in off on; do
+        streams "open-lane-$l" 200 -- --rates "$RATES" --first-chunk-lane "$l" "${open_args[@]}"
+    done
+    for l in off on; do
+        streams "closed-lane-$l" 90 -- --streams "$STREAMS" --frames 100 --first-chunk-lane "$l"
+    done
 fi
 stamp done

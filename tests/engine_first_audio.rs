@@ -1,6 +1,7 @@
 //! First audio under load (tiny fixture, CPU): a request that arrives while 16 streams run gets
 //! its first frame within a bounded number of stage-0 steps, and its first chunk is decoded in a
-//! pass of its own, not behind the running streams' long chunks; the chunk ramp shapes its audio.
+//! pass of its own, not behind the running streams' long chunks; the chunk ramp shapes its audio;
+//! the first-chunk lane (a second decoder for first chunks) leaves every stream's audio as it was.
 
 mod engine_common;
 mod reference_util;
@@ -8,7 +9,7 @@ mod reference_util;
 use std::time::{Duration, Instant};
 
 use engine_common::*;
-use gstomnitts::engine::{Engine, EngineEvent, RequestHandle};
+use gstomnitts::engine::{Engine, EngineEvent, FirstChunkLane, RequestHandle};
 
 const TEXT: &str = "A sentence that keeps the stream busy for quite a while longer.";
 
@@ -46,6 +47,10 @@ impl Running {
 }
 
 fn engine(ramp: bool) -> Engine {
+    engine_with_lane(ramp, false)
+}
+
+fn engine_with_lane(ramp: bool, lane: bool) -> Engine {
     load(
         "tiny-customvoice",
         config(|c| {
@@ -54,6 +59,7 @@ fn engine(ramp: bool) -> Engine {
             c.decoder.initial_codec_chunk_frames = 1;
             c.decoder.codec_chunk_frames = 25;
             c.decoder.codec_chunk_ramp = ramp;
+            c.decoder.first_chunk_lane = Some(lane);
             c.ar.guard.enabled = false;
         }),
     )
@@ -151,4 +157,49 @@ fn the_chunk_ramp_doubles_the_chunks_up_to_the_chunk_size() {
     let mut plain_want = vec![1];
     plain_want.extend((1..frames).step_by(25).map(|f| 25.min(frames - f)));
     assert_eq!(plain.chunk_frames(spf), plain_want, "{frames} frames");
+}
+
+#[test]
+fn the_first_chunk_lane_leaves_every_streams_audio_as_it_was() {
+    let lane = engine_with_lane(true, true);
+    assert_eq!(lane.first_chunk_lane(), &FirstChunkLane::On);
+    let plain = engine(true);
+    assert_eq!(plain.first_chunk_lane(), &FirstChunkLane::Off);
+    let spf = lane.samples_per_frame();
+    let requests: Vec<_> = [("ryan", 40), ("vivian", 3), ("ryan", 2), ("vivian", 25)]
+        .into_iter()
+        .enumerate()
+        .map(|(k, (speaker, frames))| {
+            let mut r = greedy(&lane, voice(TEXT, Some(speaker)), frames);
+            r.sampling.seed = k as u64;
+            r
+        })
+        .collect();
+    // Four at once through the lane (their first chunks decoded there, the rest on stage 1's
+    // thread after the carried frames), each against the same request alone without the lane.
+    let together: Vec<_> = std::thread::scope(|s| {
+        let lane = &lane;
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|r| s.spawn(move || run(lane, r.clone())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a request thread"))
+            .collect()
+    });
+    for (k, (with, r)) in together.iter().zip(&requests).enumerate() {
+        let without = run(&plain, r.clone());
+        assert_eq!(with.reason, without.reason, "request {k}");
+        assert_eq!(
+            with.chunk_frames(spf),
+            without.chunk_frames(spf),
+            "request {k}: chunks"
+        );
+        assert!(!with.audio.is_empty(), "request {k}: no audio");
+        let e = reference_util::rel_l2(&with.audio, &without.audio);
+        assert!(e <= 1e-4, "request {k}: lane vs none: rel L2 {e:e}");
+        assert_eq!(with.metrics.frames, without.metrics.frames, "request {k}");
+        assert!(with.metrics.ttfa_ms.is_some(), "request {k}: no TTFA");
+    }
 }

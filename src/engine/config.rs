@@ -46,6 +46,8 @@
 //!       decoder_streaming_mode: exact   # exact (stateful) | windowed (stateless, approximate)
 //!       codec_buffer_frames: 50         # async-chunk buffer bound (raised to the largest chunk)
 //!       max_num_batched_tokens: 0       # frames a Code2Wav pass takes at most (0: 512 on CUDA)
+//!       first_chunk_lane: true          # omnitts: first chunks on a decoder of their own
+//!                                       # (left out: on for a CUDA decoder, off on the CPU)
 //!     engine_input_source: [0]
 //!     final_output: true
 //!     final_output_type: audio
@@ -379,12 +381,30 @@ pub struct DecoderStageConfig {
     /// bound how long a first chunk waits for the pass before it, at some cost in throughput.
     #[serde(default, deserialize_with = "checked::<NonNegative, _>")]
     pub max_num_batched_tokens: usize,
+    /// `engine_args.first_chunk_lane` (an omnitts key; left out: on for a CUDA decoder, off on the
+    /// CPU): new requests' first chunks (their first half second of audio) are decoded on a second
+    /// copy of the decoder on its own stream, beside the pass in flight
+    /// (`engine/first_chunk_lane.rs`). Exact streaming only.
+    #[serde(default, deserialize_with = "some::<Bool, _>")]
+    pub first_chunk_lane: Option<bool>,
     /// `engine_args.codec_buffer_frames`: frames stage 0 may run ahead of stage 1 before it blocks.
     #[serde(
         default = "default_usize::<50>",
         deserialize_with = "checked::<Positive, _>"
     )]
     pub codec_buffer_frames: usize,
+}
+
+impl DecoderStageConfig {
+    /// Whether stage 1 runs the first-chunk lane with its decoder on `device`: as
+    /// `first_chunk_lane` says, else on CUDA only; never with windowed streaming (stateless
+    /// windows have no first chunk to go ahead of).
+    pub fn first_chunk_lane_on(&self, device: DeviceSpec) -> bool {
+        self.streaming_mode == DecoderStreamingMode::Exact
+            && self
+                .first_chunk_lane
+                .unwrap_or(matches!(device.resolve(), DeviceSpec::Cuda(_)))
+    }
 }
 
 fn default_decoder_dtype() -> DTypeSpec {
@@ -896,6 +916,35 @@ mod tests {
         let (c, w) = StageConfig::from_yaml_str(&yaml).unwrap();
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(c.decoder.max_num_batched_tokens, 128);
+    }
+
+    #[test]
+    fn the_first_chunk_lane_is_read_and_defaults_to_cuda() {
+        let (c, _) = StageConfig::from_yaml_str(DEFAULT_ASYNC_YAML).unwrap();
+        let d = c.decoder;
+        assert_eq!(d.first_chunk_lane, None);
+        assert!(!d.first_chunk_lane_on(DeviceSpec::Cpu));
+        assert!(d.first_chunk_lane_on(DeviceSpec::Cuda(0)));
+        let windowed = DecoderStageConfig {
+            streaming_mode: DecoderStreamingMode::Windowed,
+            ..d.clone()
+        };
+        assert!(!windowed.first_chunk_lane_on(DeviceSpec::Cuda(0)));
+        let yaml = DEFAULT_ASYNC_YAML.replace(
+            "max_num_batched_tokens: 0",
+            "max_num_batched_tokens: 0\n      first_chunk_lane: true",
+        );
+        let (c, w) = StageConfig::from_yaml_str(&yaml).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(c.decoder.first_chunk_lane, Some(true));
+        assert!(c.decoder.first_chunk_lane_on(DeviceSpec::Cpu));
+        let bad = DEFAULT_ASYNC_YAML.replace(
+            "max_num_batched_tokens: 0",
+            "max_num_batched_tokens: 0\n      first_chunk_lane: 2",
+        );
+        let e = StageConfig::from_yaml_str(&bad).unwrap_err().to_string();
+        assert!(e.contains("engine_args.first_chunk_lane"), "{e}");
+        assert!(e.contains("true or false"), "{e}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ mod chunk_buffer;
 mod config;
 mod device;
 mod error;
+mod first_chunk_lane;
 mod metrics;
 mod pass_plan;
 mod queue;
@@ -61,6 +62,7 @@ use crate::models::tts::{
     ModelDescription, ModelError, SamplingParams, VoiceClonePrompt, VoiceRequest, VoiceRules,
 };
 use crate::nn::WeightForm;
+pub use first_chunk_lane::FirstChunkLane;
 use queue::StageQueue;
 pub use registry::SharedEngine;
 use request::{AdmissionControl, RequestCore, RequestShared};
@@ -490,6 +492,12 @@ impl Engine {
     /// during [`Engine::load`]).
     pub fn batch_graphs(&self) -> &BatchGraphs {
         &self.info.batch_graphs
+    }
+
+    /// Whether stage 1 decodes new requests' first chunks on a decoder of their own
+    /// (`first_chunk_lane` in the stage config; started during [`Engine::load`]).
+    pub fn first_chunk_lane(&self) -> &FirstChunkLane {
+        &self.info.first_chunk_lane
     }
 
     /// The model's sampling defaults (Qwen3-TTS: `generation_config.json`; Fish S2 Pro: its

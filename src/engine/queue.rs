@@ -68,6 +68,11 @@ impl StageQueue {
         self.signal.notify();
     }
 
+    /// Whether [`Self::shut_down`] was called.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        lock(&self.state).shutdown
+    }
+
     pub(crate) fn drain(&self) -> (Vec<Arc<RequestShared>>, bool) {
         let mut g = lock(&self.state);
         (g.items.drain(..).collect(), g.shutdown)

@@ -1,15 +1,18 @@
 //! Stage 1: the codec decoder's thread (see `stages.rs` for the request lifecycle), generic over
-//! the model family's [`Stage1Model`] (monomorphised).
+//! the model family's [`Stage1Model`] (monomorphised), and beside it, on CUDA by default, the
+//! first-chunk lane (`first_chunk_lane.rs`), which decodes new requests' first chunks on a decoder
+//! of its own and then hands them to this thread.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::chunk_buffer::{ChunkPolicy, Take};
 use super::config::{DecoderStageConfig, DecoderStreamingMode};
+use super::first_chunk_lane::{self, FirstChunkLane, Handover, LaneShared};
 use super::metrics::{BatchCounters, DecoderTiming};
 use super::pass_plan::{Waiting, next_pass};
 use super::queue::{DeadOnExit, StageQueue};
@@ -28,6 +31,7 @@ pub(crate) struct DecInfo {
     pub samples_per_frame: usize,
     pub quantizers: usize,
     pub device: DeviceSpec,
+    pub first_chunk_lane: FirstChunkLane,
 }
 
 pub(crate) fn dec_thread<C: Stage1Model>(
@@ -41,21 +45,12 @@ pub(crate) fn dec_thread<C: Stage1Model>(
     let _dead_on_exit = DeadOnExit(queue.clone());
     let loaded = (|| {
         let dev = device.open()?;
-        let dtype = decoder_dtype(&cfg, &dev)?;
-        let opts = Stage1Options { dtype };
-        match catch_unwind(AssertUnwindSafe(|| C::load(&dir, &dev, &opts))) {
-            Ok(r) => r.map_err(|e| EngineError::Load {
-                stage: 1,
-                name: C::NAME,
-                source: e,
-            }),
-            Err(p) => Err(EngineError::Stage {
-                stage: 1,
-                msg: format!("panicked while loading: {}", panic_message(p.as_ref())),
-            }),
-        }
+        let opts = Stage1Options {
+            dtype: decoder_dtype(&cfg, &dev)?,
+        };
+        Ok((load_decoder::<C>(&dir, &dev, &opts)?, opts))
     })();
-    let mut c2w = match loaded {
+    let (mut c2w, opts) = match loaded {
         Ok(m) => m,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -65,22 +60,56 @@ pub(crate) fn dec_thread<C: Stage1Model>(
     if cfg.max_num_batched_tokens > 0 {
         c2w.set_max_batch_frames(cfg.max_num_batched_tokens);
     }
-    let info = DecInfo {
-        sample_rate: c2w.sample_rate(),
-        samples_per_frame: c2w.samples_per_frame(),
-        quantizers: c2w.num_codebooks(),
-        device: device.resolve(),
-    };
-    if ready.send(Ok(info)).is_err() {
-        return;
+    std::thread::scope(|scope| {
+        let (lane, lane_state) = if cfg.first_chunk_lane_on(device) {
+            match first_chunk_lane::start::<C>(scope, &dir, device, opts, queue.clone()) {
+                Ok(lane) => (Some(lane), FirstChunkLane::On),
+                Err(msg) => (None, FirstChunkLane::Fallback(msg)),
+            }
+        } else {
+            (None, FirstChunkLane::Off)
+        };
+        // Stops the lane however this scope is left (the scope then joins its thread).
+        let _stop_lane = lane.as_ref().map(|l| l.stopper());
+        let info = DecInfo {
+            sample_rate: c2w.sample_rate(),
+            samples_per_frame: c2w.samples_per_frame(),
+            quantizers: c2w.num_codebooks(),
+            device: device.resolve(),
+            first_chunk_lane: lane_state,
+        };
+        if ready.send(Ok(info)).is_err() {
+            return;
+        }
+        drop(ready);
+        DecStage {
+            c2w: &c2w,
+            cfg: &cfg,
+            batches: &batches,
+            lane: lane.as_deref(),
+        }
+        .run(&queue);
+    });
+}
+
+/// Loads the family's codec decoder from `dir` on `dev`, a panic inside the loader turned into an
+/// error. Errors: [`EngineError::Load`] (the loader's error), [`EngineError::Stage`] (a panic).
+pub(super) fn load_decoder<C: Stage1Model>(
+    dir: &Path,
+    dev: &candle_core::Device,
+    opts: &Stage1Options,
+) -> Result<C, EngineError> {
+    match catch_unwind(AssertUnwindSafe(|| C::load(dir, dev, opts))) {
+        Ok(r) => r.map_err(|e| EngineError::Load {
+            stage: 1,
+            name: C::NAME,
+            source: e,
+        }),
+        Err(p) => Err(EngineError::Stage {
+            stage: 1,
+            msg: format!("panicked while loading: {}", panic_message(p.as_ref())),
+        }),
     }
-    drop(ready);
-    DecStage {
-        c2w: &c2w,
-        cfg: &cfg,
-        batches: &batches,
-    }
-    .run(&queue);
 }
 
 /// The compute dtype of the codec decoder for `cfg` on `dev` (`dtype: bfloat16` needs CUDA); with
@@ -111,6 +140,9 @@ struct DecStage<'c, C: Stage1Model> {
     c2w: &'c C,
     cfg: &'c DecoderStageConfig,
     batches: &'c BatchCounters,
+    /// The first-chunk lane, when it runs: it consumes the queue, keeps new exact streams for
+    /// their first [`first_chunk_lane::LANE_AUDIO`] of audio, and hands every request on here.
+    lane: Option<&'c LaneShared>,
 }
 
 enum DecState<'c, C: Stage1Model> {
@@ -130,6 +162,9 @@ struct DecActive<'c, C: Stage1Model> {
     /// The chunk taken from the request's buffer and not decoded yet (one at a time, so a
     /// request's chunks are decoded in order).
     pending: Option<Ready>,
+    /// Frames the first-chunk lane decoded and delivered: decoded again in front of the next
+    /// chunk to bring this thread's stream to the same state, their audio dropped.
+    carry: Vec<Vec<u32>>,
 }
 
 impl<C: Stage1Model> DecActive<'_, C> {
@@ -149,17 +184,36 @@ impl<C: Stage1Model> DecActive<'_, C> {
 
 impl<'c, C: Stage1Model> DecStage<'c, C> {
     fn run(&self, queue: &StageQueue) {
-        let mut waiting: VecDeque<Arc<RequestShared>> = VecDeque::new();
+        let mut waiting: VecDeque<Handover> = VecDeque::new();
         let mut active: Vec<DecActive<'c, C>> = Vec::new();
         loop {
             let seen = queue.signal.epoch();
-            let (new, shutdown) = queue.drain();
-            waiting.extend(new);
+            // With the lane running, every request comes through it (the queue is the lane's);
+            // without it (or once it has died) straight from the queue.
+            let shutdown = match self.lane {
+                Some(lane) if lane.is_alive() => {
+                    waiting.extend(lane.take_back());
+                    queue.is_shut_down()
+                }
+                lane => {
+                    if let Some(lane) = lane {
+                        waiting.extend(lane.take_back());
+                    }
+                    let (new, shutdown) = queue.drain();
+                    waiting.extend(new.into_iter().map(Handover::untouched));
+                    shutdown
+                }
+            };
             if shutdown {
+                // The lane first, so that it sends nothing after a request's `Finished`.
+                if let Some(lane) = self.lane {
+                    lane.stop();
+                    waiting.extend(lane.take_back());
+                }
                 let all = active
                     .drain(..)
                     .map(|a| (a.req, a.timing))
-                    .chain(waiting.drain(..).map(|r| (r, DecoderTiming::default())));
+                    .chain(waiting.drain(..).map(|h| (h.req, h.timing)));
                 for (req, timing) in all {
                     req.cancel();
                     Self::finish(&req, FinishReason::Cancelled, &timing, self.sample_rate());
@@ -167,27 +221,31 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
                 return;
             }
             let mut progress = false;
-            // Cancelled before they started here: finish once stage 0 has let go.
-            waiting.retain(|r| {
-                if r.is_cancelled() && r.ar_outcome().is_some() {
-                    Self::finish(
-                        r,
-                        FinishReason::Cancelled,
-                        &DecoderTiming::default(),
-                        self.sample_rate(),
-                    );
-                    progress = true;
-                    false
-                } else {
-                    true
-                }
+            // Over before they started here (the lane delivered all their audio, or failed), or
+            // cancelled before they started (finished once stage 0 has let go).
+            waiting.retain_mut(|h| {
+                let reason = match h.finished.take() {
+                    Some(reason) => reason,
+                    None if h.req.is_cancelled() && h.req.ar_outcome().is_some() => {
+                        FinishReason::Cancelled
+                    }
+                    None => return true,
+                };
+                Self::finish(&h.req, reason, &h.timing, self.sample_rate());
+                progress = true;
+                false
             });
             while active.len() < self.cfg.max_num_seqs {
-                let Some(req) = waiting.pop_front() else {
+                let Some(Handover {
+                    req,
+                    mut timing,
+                    carry,
+                    ..
+                }) = waiting.pop_front()
+                else {
                     break;
                 };
                 progress = true;
-                let mut timing = DecoderTiming::default();
                 let state = match self.init_state(&req, &mut timing) {
                     Ok(state) => state,
                     Err(msg) => {
@@ -205,6 +263,7 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
                     state,
                     timing,
                     pending: None,
+                    carry,
                 });
             }
             progress |= self.decode_round(&mut active);
@@ -228,14 +287,7 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
         req: &RequestShared,
         timing: &mut DecoderTiming,
     ) -> Result<DecState<'c, C>, String> {
-        let context = req
-            .request
-            .voice
-            .voice_clone
-            .as_ref()
-            .filter(|vc| vc.icl && C::REFERENCE_CONTEXT)
-            .and_then(|vc| vc.ref_codes.clone())
-            .unwrap_or_default();
+        let context = reference_context::<C>(req).cloned().unwrap_or_default();
         Ok(match (req.buffer.policy(), self.cfg.streaming_mode) {
             (ChunkPolicy::Whole, _) => DecState::Whole(context),
             (_, DecoderStreamingMode::Exact) => {
@@ -261,13 +313,6 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
         req.send(EngineEvent::Finished { reason, metrics });
     }
 
-    /// The reason stage 0 recorded; it is always set before the buffer reports Done.
-    fn ar_reason(req: &RequestShared) -> FinishReason {
-        req.ar_outcome().map(|o| o.reason).unwrap_or_else(|| {
-            FinishReason::Error("stage 1: stage 0 finished without a reason".to_string())
-        })
-    }
-
     /// One round: every active request without a pending chunk takes its next chunk if it is
     /// ready; then one pass decodes the pending chunks [`next_pass`] chooses (urgent ones first:
     /// a request's first chunk never waits behind a long pass), the chunks of the requests on the
@@ -290,7 +335,7 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
                 // Wait until stage 0 has let go as well.
                 Take::Cancelled if a.req.ar_outcome().is_none() => {}
                 Take::Cancelled => done.push((i, FinishReason::Cancelled)),
-                Take::Done => done.push((i, Self::ar_reason(&a.req))),
+                Take::Done => done.push((i, ar_reason(&a.req))),
                 Take::Chunk {
                     frames,
                     first,
@@ -298,10 +343,14 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
                 } => {
                     progress = true;
                     if !a.req.is_cancelled() {
+                        let primed = a.carry.len();
+                        let mut all = std::mem::take(&mut a.carry);
+                        all.extend(frames);
                         a.pending = Some(Ready {
-                            frames,
-                            first,
+                            frames: all,
+                            first: first.saturating_sub(primed),
                             last,
+                            primed,
                         });
                     }
                 }
@@ -330,7 +379,8 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
             if a.timing.first_pass_frames.is_none() {
                 a.timing.first_pass_frames = Some(pass_frames);
             }
-            if let Some(reason) = self.deliver(a, r, result) {
+            let spf = self.c2w.samples_per_frame();
+            if let Some(reason) = deliver::<C>(spf, &a.req, &mut a.timing, r, result) {
                 done.push((*i, reason));
             }
         }
@@ -378,17 +428,7 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
                     rest = tail;
                     base = i + 1;
                 }
-                let n = streams.len();
-                match guarded(|| Ok(self.c2w.decode_chunks(&mut streams, &chunks))) {
-                    Ok(r) if r.len() == n => r
-                        .into_iter()
-                        .map(|x| x.map_err(|e| e.to_string()))
-                        .collect(),
-                    Ok(r) => {
-                        vec![Err(format!("batched decode gave {} results for {n}", r.len())); n]
-                    }
-                    Err(msg) => vec![Err(msg); n],
-                }
+                decode_batched(self.c2w, &mut streams, &chunks)
             };
             let elapsed = t.elapsed();
             self.batches.step(exact.len());
@@ -420,73 +460,112 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
             .map(|o| o.unwrap_or_else(|| (Err("chunk not decoded".to_string()), Duration::ZERO)))
             .collect()
     }
-
-    /// Checks a decoded chunk and sends its audio (and `FirstAudio` before the first);
-    /// `Some(reason)` when the request is over.
-    fn deliver(
-        &self,
-        a: &mut DecActive<'c, C>,
-        r: &Ready,
-        decoded: Result<Vec<f32>, String>,
-    ) -> Option<FinishReason> {
-        let (frames, first, last) = (&r.frames, r.first, r.last);
-        let spf = self.c2w.samples_per_frame();
-        let samples = match decoded {
-            Ok(s) => s,
-            Err(msg) => {
-                return Some(FinishReason::Error(format!(
-                    "stage 1 ({}) frames {first}..{}: {msg}",
-                    C::NAME,
-                    first + frames.len()
-                )));
-            }
-        };
-        if samples.len() != frames.len() * spf {
-            return Some(FinishReason::Error(format!(
-                "stage 1 ({}) frames {first}..{}: decoder returned {} samples, \
-                         expected {} × {spf} = {}",
-                C::NAME,
-                first + frames.len(),
-                samples.len(),
-                frames.len(),
-                frames.len() * spf
-            )));
-        }
-        if let Some(bad) = samples.iter().position(|x| !x.is_finite()) {
-            return Some(FinishReason::Error(format!(
-                "stage 1 ({}) frames {first}..{}: non-finite sample {} at {}",
-                C::NAME,
-                first + frames.len(),
-                samples[bad],
-                a.timing.samples + bad as u64
-            )));
-        }
-        if a.req.is_cancelled() {
-            return None;
-        }
-        if a.timing.first_audio.is_none() {
-            let now = Instant::now();
-            a.timing.first_audio = Some(now);
-            a.req.send(EngineEvent::FirstAudio {
-                ttfa_ms: super::metrics::ms(now.saturating_duration_since(a.req.submitted)),
-            });
-        }
-        let offset = a.timing.samples;
-        a.timing.samples += samples.len() as u64;
-        a.timing.frames += frames.len();
-        a.req
-            .send(EngineEvent::Audio(AudioChunk { samples, offset }));
-        if last {
-            Some(Self::ar_reason(&a.req))
-        } else {
-            None
-        }
-    }
 }
 
 /// A chunk taken from a request's buffer, waiting for its decode.
-struct Ready {
-    frames: Vec<Vec<u32>>,
-    first: usize,
-    last: bool,
+pub(super) struct Ready {
+    /// The frames to decode, `[n][codebooks]`.
+    pub frames: Vec<Vec<u32>>,
+    /// The utterance's index of `frames[0]`.
+    pub first: usize,
+    /// Nothing follows this chunk.
+    pub last: bool,
+    /// Leading frames whose audio the first-chunk lane already delivered: decoded only to bring
+    /// the stream's state up to date, their samples dropped.
+    pub primed: usize,
+}
+
+/// [`Stage1Model::decode_chunks`] with a panic or a wrong result count turned into every stream's
+/// error: one result per stream, in order.
+pub(super) fn decode_batched<'c, C: Stage1Model>(
+    c2w: &'c C,
+    streams: &mut [&mut C::Stream<'c>],
+    chunks: &[&[Vec<u32>]],
+) -> Vec<Result<Vec<f32>, String>> {
+    let n = streams.len();
+    match guarded(|| Ok(c2w.decode_chunks(streams, chunks))) {
+        Ok(r) if r.len() == n => r
+            .into_iter()
+            .map(|x| x.map_err(|e| e.to_string()))
+            .collect(),
+        Ok(r) => vec![Err(format!("batched decode gave {} results for {n}", r.len())); n],
+        Err(msg) => vec![Err(msg); n],
+    }
+}
+
+/// Checks a decoded chunk (`r.frames.len() × spf` finite samples) and sends its audio past the
+/// `r.primed` frames already delivered, with `FirstAudio` before the request's first audio; the
+/// request's `timing` counts what was sent. `Some(reason)` when the request is over (the chunk
+/// was its last, or the decode failed or gave bad samples: an error naming the frames).
+pub(super) fn deliver<C: Stage1Model>(
+    spf: usize,
+    req: &RequestShared,
+    timing: &mut DecoderTiming,
+    r: &Ready,
+    decoded: Result<Vec<f32>, String>,
+) -> Option<FinishReason> {
+    let (frames, first, last) = (&r.frames, r.first, r.last);
+    let span = || {
+        format!(
+            "stage 1 ({}) frames {first}..{}",
+            C::NAME,
+            first + frames.len()
+        )
+    };
+    let mut samples = match decoded {
+        Ok(s) => s,
+        Err(msg) => return Some(FinishReason::Error(format!("{}: {msg}", span()))),
+    };
+    if samples.len() != frames.len() * spf {
+        return Some(FinishReason::Error(format!(
+            "{}: decoder returned {} samples, expected {} × {spf} = {}",
+            span(),
+            samples.len(),
+            frames.len(),
+            frames.len() * spf
+        )));
+    }
+    if let Some(bad) = samples.iter().position(|x| !x.is_finite()) {
+        return Some(FinishReason::Error(format!(
+            "{}: non-finite sample {} at {}",
+            span(),
+            samples[bad],
+            first * spf + bad
+        )));
+    }
+    if req.is_cancelled() {
+        return None;
+    }
+    samples.drain(..(r.primed * spf).min(samples.len()));
+    if timing.first_audio.is_none() {
+        let now = Instant::now();
+        timing.first_audio = Some(now);
+        req.send(EngineEvent::FirstAudio {
+            ttfa_ms: super::metrics::ms(now.saturating_duration_since(req.submitted)),
+        });
+    }
+    let offset = timing.samples;
+    timing.samples += samples.len() as u64;
+    timing.frames += frames.len() - r.primed;
+    req.send(EngineEvent::Audio(AudioChunk { samples, offset }));
+    if last { Some(ar_reason(req)) } else { None }
+}
+
+/// The reference codes an ICL clone's decoding starts from ([`Stage1Model::REFERENCE_CONTEXT`]),
+/// `None` for every other request.
+pub(super) fn reference_context<C: Stage1Model>(req: &RequestShared) -> Option<&Vec<Vec<u32>>> {
+    req.request
+        .voice
+        .voice_clone
+        .as_ref()
+        .filter(|vc| vc.icl && C::REFERENCE_CONTEXT)
+        .and_then(|vc| vc.ref_codes.as_ref())
+        .filter(|codes| !codes.is_empty())
+}
+
+/// The reason stage 0 recorded; it is always set before the buffer reports Done.
+pub(super) fn ar_reason(req: &RequestShared) -> FinishReason {
+    req.ar_outcome().map(|o| o.reason).unwrap_or_else(|| {
+        FinishReason::Error("stage 1: stage 0 finished without a reason".to_string())
+    })
 }

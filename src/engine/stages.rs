@@ -19,6 +19,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
+use super::first_chunk_lane::FirstChunkLane;
 use super::metrics::BatchCounters;
 use super::queue::StageQueue;
 use super::stage0::{ArInfo, ar_thread};
@@ -61,6 +62,8 @@ pub(crate) struct LoadedInfo {
     pub decoder_device: DeviceSpec,
     pub cuda_graphs: CudaGraphs,
     pub batch_graphs: BatchGraphs,
+    /// Whether stage 1 runs its first-chunk lane.
+    pub first_chunk_lane: FirstChunkLane,
     /// How stage 0's linear weights are stored.
     pub weight_forms: Vec<WeightForm>,
     /// Stage 0's and stage 1's batch tallies.
@@ -176,6 +179,7 @@ pub(crate) fn spawn<A: Stage0Model, C: Stage1Model>(
             decoder_device: dec.device,
             cuda_graphs: ar.cuda_graphs,
             batch_graphs: ar.batch_graphs,
+            first_chunk_lane: dec.first_chunk_lane,
             weight_forms: ar.weight_forms,
             batches: [ar_batches, dec_batches],
         }),
