@@ -1,7 +1,8 @@
 //! Fish Audio S2 Pro through the engine (the model seam), on tests/fixtures/tiny-fish: the
 //! engine's greedy codes and audio equal the direct model calls (and the reference's codes),
-//! streamed = whole, batched = solo, a mixed batch with a request that makes no frame, and the
-//! stage config's model_arch checked against the checkpoint.
+//! streamed = whole, batched = solo, a mixed batch with a request that makes no frame, the
+//! first-chunk lane leaving the audio as it was, and the stage config's model_arch checked
+//! against the checkpoint.
 
 mod engine_common;
 mod reference_util;
@@ -16,7 +17,8 @@ use std::sync::mpsc::Receiver;
 use candle_core::{DType, Device, Tensor};
 use engine_common::{Run, check_protocol};
 use gstomnitts::engine::{
-    DeviceSpec, Engine, EngineError, EngineOptions, EngineRequest, FinishReason, StageConfig,
+    DeviceSpec, Engine, EngineError, EngineOptions, EngineRequest, FinishReason, FirstChunkLane,
+    StageConfig,
 };
 use gstomnitts::models::fish_speech::codec::Codec;
 use gstomnitts::models::fish_speech::{FishModel, GenerateOptions, SamplingParams, VoiceReference};
@@ -376,4 +378,47 @@ fn sampled_rows_together_equal_each_alone() {
         assert_eq!(&got, want, "{case}: sampled codes batched = alone");
     }
     assert!(together.batch_stats()[0].max_rows >= 2);
+}
+
+#[test]
+fn the_first_chunk_lane_leaves_every_streams_audio_as_it_was() {
+    // Long enough that the lane hands each request on mid-utterance: it keeps a request for its
+    // first 0.5 s (the 4-frame first chunk, then 25 frames), stage 1's thread decodes the rest
+    // after those carried frames.
+    const FRAMES: usize = 40;
+    let (exp, meta) = (expected(), meta());
+    let run_all = |lane: bool| -> Vec<(Run, Vec<Vec<u32>>)> {
+        let mut cfg = config(false, 4);
+        cfg.decoder.first_chunk_lane = Some(lane);
+        let engine = load(cfg);
+        let want = if lane {
+            FirstChunkLane::On
+        } else {
+            FirstChunkLane::Off
+        };
+        assert_eq!(engine.first_chunk_lane(), &want);
+        let handles: Vec<_> = CASES
+            .iter()
+            .map(|c| {
+                engine
+                    .submit_tapped(greedy(&engine, voice(c, &exp, &meta), FRAMES + 1))
+                    .unwrap()
+            })
+            .collect();
+        handles.into_iter().map(|(h, c)| drain(h, c)).collect()
+    };
+    let with = run_all(true);
+    let without = run_all(false);
+    let longest = with.iter().map(|(_, codes)| codes.len()).max().unwrap_or(0);
+    assert!(
+        longest > 29,
+        "every request ended within the lane ({longest} frames)"
+    );
+    for ((case, (a, ac)), (b, bc)) in CASES.iter().zip(&with).zip(&without) {
+        assert_eq!(ac, bc, "{case}: codes");
+        assert_eq!(a.reason, b.reason, "{case}");
+        assert_eq!(a.chunk_frames(2048), b.chunk_frames(2048), "{case}: chunks");
+        let dev = rel_l2(&a.audio, &b.audio);
+        assert!(dev < 1e-5, "{case}: lane vs none: {dev}");
+    }
 }
