@@ -115,13 +115,14 @@ impl ChunkPolicy {
                 if ramp && initial > 0 {
                     while size.saturating_mul(2) < chunk {
                         size *= 2;
-                        if taken < base + size {
-                            return Some(base + size);
+                        if taken < base.saturating_add(size) {
+                            return Some(base.saturating_add(size));
                         }
-                        base += size;
+                        base = base.saturating_add(size);
                     }
                 }
-                Some(base + ((taken - base) / chunk + 1) * chunk)
+                // Saturating: a chunk size near usize::MAX means "the rest at finish".
+                Some(base.saturating_add(((taken - base) / chunk + 1).saturating_mul(chunk)))
             }
         }
     }
@@ -400,6 +401,16 @@ mod tests {
         assert_eq!(chunk_sizes(s(30, 25), 40), vec![30, 10]);
         assert_eq!(chunk_sizes(s(1, 25), 0), Vec::<usize>::new());
         assert_eq!(chunk_sizes(ChunkPolicy::Whole, 37), vec![37]);
+        // A chunk size near usize::MAX (a request's override) is the rest at finish, not an
+        // overflow, with and without the ramp.
+        assert_eq!(chunk_sizes(s(1, usize::MAX), 7), vec![1, 6]);
+        assert_eq!(s(1, usize::MAX).next_boundary(1), Some(usize::MAX));
+        let ramped = ChunkPolicy::Streaming {
+            initial: 1,
+            chunk: usize::MAX,
+            ramp: true,
+        };
+        assert_eq!(chunk_sizes(ramped, 20), vec![1, 2, 4, 8, 5]);
     }
 
     #[test]

@@ -38,7 +38,7 @@ use super::metrics::DecoderTiming;
 use super::pass_plan::URGENT_SLACK;
 use super::queue::StageQueue;
 use super::request::RequestShared;
-use super::stage1::{Ready, decode_batched, deliver, load_decoder, reference_context};
+use super::stage1::{Ready, decode_batched, deliver, fail, load_decoder, reference_context};
 use super::stages::lock;
 use super::{DeviceSpec, FinishReason};
 use crate::models::tts::{Stage1Model, Stage1Options};
@@ -159,14 +159,15 @@ impl Drop for LaneExit<'_> {
 }
 
 /// Starts the lane's thread in `scope`: it opens `device` (a handle of its own), loads the
-/// decoder of `dir` with `opts`, and serves stage 1's `queue`. Returns once the decoder has
-/// loaded. Errors: the load error or the thread's spawn error,
+/// decoder of `dir` with `opts` and stage 1's pass budget `max_batch_frames`, and serves stage
+/// 1's `queue`. Returns once the decoder has loaded. Errors: the load error or the thread's spawn error,
 /// as text (stage 1 then runs without the lane).
 pub(crate) fn start<'scope, C: Stage1Model>(
     scope: &'scope Scope<'scope, '_>,
     dir: &'scope Path,
     device: DeviceSpec,
     opts: Stage1Options,
+    max_batch_frames: usize,
     queue: Arc<StageQueue>,
 ) -> Result<Arc<LaneShared>, String> {
     let shared = Arc::new(LaneShared {
@@ -187,7 +188,8 @@ pub(crate) fn start<'scope, C: Stage1Model>(
                 .and_then(|dev| load_decoder::<C>(dir, &dev, &opts))
                 .map_err(|e| format!("the first-chunk lane's decoder: {e}"));
             let c2w = match loaded {
-                Ok(c2w) => {
+                Ok(mut c2w) => {
+                    c2w.set_max_batch_frames(max_batch_frames);
                     let _ = ready_tx.send(Ok(()));
                     c2w
                 }
@@ -214,6 +216,9 @@ struct Held<S> {
     /// Every frame decoded here so far.
     carry: Vec<Vec<u32>>,
     pending: Option<Ready>,
+    /// A decode failed: the request is cancelled and handed back with this reason once stage 0
+    /// has let go of it.
+    failed: Option<FinishReason>,
 }
 
 impl<S> Held<S> {
@@ -243,10 +248,16 @@ fn serve<C: Stage1Model>(c2w: &C, exit: &mut LaneExit<'_>) {
     loop {
         let seen = signal.epoch();
         if lock(&shared.inbox).shutdown {
+            // Back with what was delivered, so that stage 1's `Finished` counts it.
+            let back: Vec<Handover> = held.drain(..).map(|h| h.hand_back(None)).collect();
+            exit.held.clear();
+            lock(&shared.inbox).back.extend(back);
             return;
         }
         let mut back: Vec<Handover> = Vec::new();
         let (new, _) = shared.queue.drain();
+        // Held (for the exit guard) from the moment they leave the queue.
+        exit.held.extend(new.iter().cloned());
         for req in new {
             let fresh = matches!(req.buffer.policy(), ChunkPolicy::Streaming { .. })
                 && reference_context::<C>(&req).is_none();
@@ -254,17 +265,26 @@ fn serve<C: Stage1Model>(c2w: &C, exit: &mut LaneExit<'_>) {
                 back.push(Handover::untouched(req));
                 continue;
             }
-            exit.held.push(req.clone());
             held.push(Held {
                 req,
                 stream: c2w.stream(),
                 timing: DecoderTiming::default(),
                 carry: Vec::new(),
                 pending: None,
+                failed: None,
             });
         }
         let mut keep = Vec::with_capacity(held.len());
         for mut h in held.drain(..) {
+            if h.failed.is_some() {
+                if h.req.ar_outcome().is_some() {
+                    let reason = h.failed.take();
+                    back.push(h.hand_back(reason));
+                } else {
+                    keep.push(h);
+                }
+                continue;
+            }
             if h.pending.is_none() {
                 match h.req.buffer.try_take() {
                     Take::NotReady => {}
@@ -325,10 +345,14 @@ fn serve<C: Stage1Model>(c2w: &C, exit: &mut LaneExit<'_>) {
                 h.timing.first_pass_frames.get_or_insert(pass_frames);
                 let finished = deliver::<C>(spf, &h.req, &mut h.timing, &r, result);
                 h.carry.extend(r.frames);
-                if finished.is_some() || h.timing.samples >= enough {
-                    back.push(h.hand_back(finished));
-                } else {
-                    keep.push(h);
+                match finished {
+                    Some(reason @ FinishReason::Error(_)) => {
+                        fail(&h.req, &mut h.failed, reason);
+                        keep.push(h);
+                    }
+                    Some(reason) => back.push(h.hand_back(Some(reason))),
+                    None if h.timing.samples >= enough => back.push(h.hand_back(None)),
+                    None => keep.push(h),
                 }
             }
             held = keep;
@@ -688,6 +712,43 @@ mod tests {
         assert_eq!(finished(&b_rx), FinishReason::Length);
     }
 
+    /// A failed decode cancels the request at once (so that stage 0 stops and lets go), and its
+    /// `Finished` carries the error, sent only once stage 0 has let go.
+    fn expect_failure_after_stage0_lets_go(
+        req: &RequestShared,
+        rx: &Receiver<EngineEvent>,
+        message: &str,
+    ) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !req.is_cancelled() {
+            assert!(
+                Instant::now() < deadline,
+                "the failed request was not cancelled"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let early = next(rx, Duration::from_millis(100));
+        assert!(early.is_none(), "Finished before stage 0 let go: {early:?}");
+        req.release_from_ar(FinishReason::Cancelled, ArTiming::default());
+        match next(rx, Duration::from_secs(10)) {
+            Some(EngineEvent::Finished {
+                reason: FinishReason::Error(msg),
+                ..
+            }) => assert!(msg.contains(message), "{msg}"),
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failed_chunk_on_stage_1s_thread_finishes_once_stage_0_lets_go() {
+        let stage1 = Stage1::start("failed", false, 16);
+        let (a, a_rx) = stage1.submit(1);
+        push(&a, [(0, 0)]);
+        assert_eq!(audio(&a_rx), (0, expected(0..1)));
+        push(&a, [(1, FAIL), (2, 0), (3, 0), (4, 0)]);
+        expect_failure_after_stage0_lets_go(&a, &a_rx, "stand_in) frames 1..5");
+    }
+
     #[test]
     fn a_one_chunk_utterance_and_a_failed_first_chunk_finish_from_the_lane() {
         let stage1 = Stage1::start("short", true, 16);
@@ -698,13 +759,7 @@ mod tests {
         assert_eq!(finished(&a_rx), FinishReason::Eos);
         let (b, b_rx) = stage1.submit(2);
         push(&b, [(7, FAIL)]);
-        match next(&b_rx, Duration::from_secs(10)) {
-            Some(EngineEvent::Finished {
-                reason: FinishReason::Error(msg),
-                ..
-            }) => assert!(msg.contains("stand_in) frames 0..1"), "{msg}"),
-            other => panic!("expected an error, got {other:?}"),
-        }
+        expect_failure_after_stage0_lets_go(&b, &b_rx, "stand_in) frames 0..1");
         // A request cancelled while the lane waits for its first chunk comes back and finishes.
         let (c, c_rx) = stage1.submit(3);
         c.cancel();

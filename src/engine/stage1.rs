@@ -62,7 +62,15 @@ pub(crate) fn dec_thread<C: Stage1Model>(
     }
     std::thread::scope(|scope| {
         let (lane, lane_state) = if cfg.first_chunk_lane_on(device) {
-            match first_chunk_lane::start::<C>(scope, &dir, device, opts, queue.clone()) {
+            let max_batch_frames = c2w.max_batch_frames();
+            match first_chunk_lane::start::<C>(
+                scope,
+                &dir,
+                device,
+                opts,
+                max_batch_frames,
+                queue.clone(),
+            ) {
                 Ok(lane) => (Some(lane), FirstChunkLane::On),
                 Err(msg) => (None, FirstChunkLane::Fallback(msg)),
             }
@@ -165,6 +173,9 @@ struct DecActive<'c, C: Stage1Model> {
     /// Frames the first-chunk lane decoded and delivered: decoded again in front of the next
     /// chunk to bring this thread's stream to the same state, their audio dropped.
     carry: Vec<Vec<u32>>,
+    /// Why a decode failed: the request is cancelled, and finishes with this reason once stage 0
+    /// has let go of it.
+    failed: Option<FinishReason>,
 }
 
 impl<C: Stage1Model> DecActive<'_, C> {
@@ -209,6 +220,8 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
                 if let Some(lane) = self.lane {
                     lane.stop();
                     waiting.extend(lane.take_back());
+                    let (left, _) = queue.drain();
+                    waiting.extend(left.into_iter().map(Handover::untouched));
                 }
                 let all = active
                     .drain(..)
@@ -264,6 +277,7 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
                     timing,
                     pending: None,
                     carry,
+                    failed: None,
                 });
             }
             progress |= self.decode_round(&mut active);
@@ -334,7 +348,10 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
                 Take::NotReady => {}
                 // Wait until stage 0 has let go as well.
                 Take::Cancelled if a.req.ar_outcome().is_none() => {}
-                Take::Cancelled => done.push((i, FinishReason::Cancelled)),
+                Take::Cancelled => {
+                    let reason = a.failed.take().unwrap_or(FinishReason::Cancelled);
+                    done.push((i, reason));
+                }
                 Take::Done => done.push((i, ar_reason(&a.req))),
                 Take::Chunk {
                     frames,
@@ -380,8 +397,10 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
                 a.timing.first_pass_frames = Some(pass_frames);
             }
             let spf = self.c2w.samples_per_frame();
-            if let Some(reason) = deliver::<C>(spf, &a.req, &mut a.timing, r, result) {
-                done.push((*i, reason));
+            match deliver::<C>(spf, &a.req, &mut a.timing, r, result) {
+                None => {}
+                Some(reason @ FinishReason::Error(_)) => fail(&a.req, &mut a.failed, reason),
+                Some(reason) => done.push((*i, reason)),
             }
         }
         progress |= !ready.is_empty() || !done.is_empty();
@@ -549,6 +568,14 @@ pub(super) fn deliver<C: Stage1Model>(
     timing.frames += frames.len() - r.primed;
     req.send(EngineEvent::Audio(AudioChunk { samples, offset }));
     if last { Some(ar_reason(req)) } else { None }
+}
+
+/// A decode of `req` failed: cancels it (stage 0 stops and lets go) and keeps `reason` in
+/// `failed` for its `Finished`, sent once stage 0 has let go (the buffer then reports the
+/// cancellation).
+pub(super) fn fail(req: &RequestShared, failed: &mut Option<FinishReason>, reason: FinishReason) {
+    req.cancel();
+    failed.get_or_insert(reason);
 }
 
 /// The reference codes an ICL clone's decoding starts from ([`Stage1Model::REFERENCE_CONTEXT`]),
