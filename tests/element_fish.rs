@@ -38,22 +38,9 @@ fn fish_src(props: &[(&str, gst::glib::SendValue)]) -> (Harness, gst::Element, g
 }
 
 /// An `omnittssynth` harness on the Fish fixture (greedy, at most 12 frames an utterance,
-/// `input-mode` as given), with a non-live upstream of UTF-8 text and a bus of its own.
+/// `input-mode` as given; [`element_util::synth_harness`]).
 fn fish_synth(input_mode: &str) -> (Harness, gst::Bus) {
-    init();
-    let e = gst::ElementFactory::make("omnittssynth")
-        .property("model", model())
-        .property("do-sample", false)
-        .property("max-new-tokens", 12u32)
-        .build()
-        .unwrap();
-    e.set_property_from_str("input-mode", input_mode);
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
-    let mut h = Harness::with_element(&e, Some("sink"), Some("src"));
-    h.set_live(false);
-    h.set_src_caps_str("text/x-raw,format=utf8");
-    (h, bus)
+    element_util::synth_harness(&model(), 12, &[("input-mode", input_mode)])
 }
 
 /// `n * SECOND / 44100`, rounded down.

@@ -10,8 +10,7 @@ mod reference_util;
 
 use std::time::{Duration, Instant};
 
-use element_util::{TempDir, element_messages, errors, init, v};
-use gst::prelude::*;
+use element_util::{TempDir, element_messages, errors, v};
 use gst_check::Harness;
 use gstomnitts::element_common::messages;
 use gstomnitts::omnittssynth::cue_message::CUE;
@@ -35,26 +34,9 @@ fn f32_of(buffer: &gst::BufferRef) -> Vec<f32> {
 }
 
 /// An `omnittssynth` in fragments mode on `model`, greedy, at most `max_tokens` codec frames per
-/// utterance, with a bus and `props` (as gst-launch spells them); a Harness on it with a
-/// non-live upstream and UTF-8 text caps.
-fn synth(model: &str, max_tokens: u32, props: &[(&str, &str)]) -> (Harness, gst::Bus) {
-    init();
-    let e = gst::ElementFactory::make("omnittssynth")
-        .property("model", model)
-        .property("do-sample", false)
-        .property("max-new-tokens", max_tokens)
-        .build()
-        .expect("omnittssynth");
-    e.set_property_from_str("input-mode", "fragments");
-    for (k, val) in props {
-        e.set_property_from_str(k, val);
-    }
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
-    let mut h = Harness::with_element(&e, Some("sink"), Some("src"));
-    h.set_live(false);
-    h.set_src_caps_str("text/x-raw,format=utf8");
-    (h, bus)
+/// utterance ([`element_util::synth_harness`]).
+fn synth(model: &str, max_tokens: u32) -> (Harness, gst::Bus) {
+    element_util::synth_harness(model, max_tokens, &[("input-mode", "fragments")])
 }
 
 /// Pushes one fragment at `pts_ms` (MARKER-flagged when `end`).
@@ -156,7 +138,7 @@ const LONG: &str = "Streamed text arrives in pieces, as a language model writes 
 /// after it.
 #[test]
 fn token_mode_speaks_before_the_end_arrives() {
-    let (mut h, bus) = synth(&fixture_model("tiny-customvoice"), 30, &[]);
+    let (mut h, bus) = synth(&fixture_model("tiny-customvoice"), 30);
     for (i, word) in LONG.split_inclusive(' ').enumerate() {
         push(&mut h, word.as_bytes(), 100 + 10 * i as u64, false);
     }
@@ -193,7 +175,7 @@ const MIXED: &str = "Café au lait, naïve señor! 你好，世界。 Then it en
 /// Speaks `fragments` (each pushed after a pause of its ms) from 200 ms, the last with MARKER,
 /// then EOS: the samples, and the cue messages.
 fn speak(fragments: &[(&[u8], u64)]) -> (Vec<f32>, Vec<(String, gst::ClockTime)>) {
-    let (mut h, bus) = synth(&fixture_model("tiny-customvoice"), 20, &[]);
+    let (mut h, bus) = synth(&fixture_model("tiny-customvoice"), 20);
     let n = fragments.len();
     for (i, (bytes, pause_ms)) in fragments.iter().enumerate() {
         std::thread::sleep(Duration::from_millis(*pause_ms));
@@ -272,7 +254,7 @@ fn clause_checkpoint() -> TempDir {
 #[test]
 fn clause_mode_speaks_the_first_clause_before_the_end() {
     let ckpt = clause_checkpoint();
-    let (mut h, bus) = synth(&ckpt.path().display().to_string(), 20, &[]);
+    let (mut h, bus) = synth(&ckpt.path().display().to_string(), 20);
     push(&mut h, b"It was a fine mor", 50, false);
     push(&mut h, b"ning, and the rain", 60, false);
     push(&mut h, b" had st", 70, false);
@@ -321,7 +303,7 @@ fn reference(text: &str, max_tokens: u32) -> Vec<f32> {
 /// fragment's PTS.
 #[test]
 fn two_markers_give_two_utterances_in_order() {
-    let (mut h, bus) = synth(&fixture_model("tiny-customvoice"), 12, &[]);
+    let (mut h, bus) = synth(&fixture_model("tiny-customvoice"), 12);
     push(&mut h, b"First one ", 100, false);
     push(&mut h, b"here", 120, true);
     push(&mut h, b"And the sec", 2_000, false);

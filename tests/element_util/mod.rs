@@ -201,6 +201,32 @@ pub fn harness(props: &[(&str, glib::SendValue)]) -> (gst_check::Harness, gst::B
     (h, bus)
 }
 
+/// An `omnittssynth` on `model`, greedy, at most `max_tokens` codec frames an utterance, `props`
+/// (as gst-launch spells them) set in order after those, with a bus of its own; a Harness on it
+/// with a non-live upstream of UTF-8 text.
+pub fn synth_harness(
+    model: &str,
+    max_tokens: u32,
+    props: &[(&str, &str)],
+) -> (gst_check::Harness, gst::Bus) {
+    init();
+    let e = gst::ElementFactory::make("omnittssynth")
+        .property("model", model)
+        .property("do-sample", false)
+        .property("max-new-tokens", max_tokens)
+        .build()
+        .expect("omnittssynth");
+    for (k, val) in props {
+        e.set_property_from_str(k, val);
+    }
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    let mut h = gst_check::Harness::with_element(&e, Some("sink"), Some("src"));
+    h.set_live(false);
+    h.set_src_caps_str("text/x-raw,format=utf8");
+    (h, bus)
+}
+
 /// Starts an `omnittssrc` on `model` with `props` (set in order, after `model`) to PAUSED; expects
 /// the state change to fail and returns the error messages posted.
 pub fn start_error(model: &str, props: &[(&str, glib::SendValue)]) -> Vec<String> {
