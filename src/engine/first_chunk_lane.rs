@@ -160,8 +160,8 @@ impl Drop for LaneExit<'_> {
 
 /// Starts the lane's thread in `scope`: it opens `device` (a handle of its own), loads the
 /// decoder of `dir` with `opts` and stage 1's pass budget `max_batch_frames`, and serves stage
-/// 1's `queue`. Returns once the decoder has loaded. Errors: the load error or the thread's spawn error,
-/// as text (stage 1 then runs without the lane).
+/// 1's `queue`. Returns once the decoder has loaded. Errors: the load error or the thread's spawn
+/// error, as text (stage 1 then runs without the lane).
 pub(crate) fn start<'scope, C: Stage1Model>(
     scope: &'scope Scope<'scope, '_>,
     dir: &'scope Path,
