@@ -181,6 +181,10 @@ struct Args {
     /// default: on for a CUDA decoder).
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     first_chunk_lane: String,
+    /// Stage 0 `engine_args.first_frame_alone`: `on`, `off`, or `auto` (the stage config's
+    /// default).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    first_frame_alone: String,
     /// Text streamed into one running request: token rates of the simulated LLM reply, comma
     /// separated; none by default (see `text_stream.rs`).
     #[arg(long, value_delimiter = ',')]
@@ -251,6 +255,11 @@ fn config(
     c.decoder.allow_tf32 = args.allow_tf32;
     c.decoder.max_num_batched_tokens = args.decoder_pass_frames;
     c.decoder.first_chunk_lane = match args.first_chunk_lane.as_str() {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    };
+    c.ar.first_frame_alone = match args.first_frame_alone.as_str() {
         "on" => Some(true),
         "off" => Some(false),
         _ => None,
@@ -587,6 +596,8 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
         "decoder_dtype": args.decoder_dtype, "allow_tf32": args.allow_tf32,
         "decoder_pass_frames": args.decoder_pass_frames,
         "first_chunk_lane": format!("{:?}", shared.first_chunk_lane()),
+        "first_frame_alone": shared.stage_config().ar.first_frame_alone_on(shared.stage_config().ar.device),
+        "stream_priority": std::env::var("OMNITTS_STREAM_PRIORITY").unwrap_or_else(|_| "default".into()),
         "rates": per_rate, "highest_rate_without_underruns": highest_clean,
     }))
 }

@@ -19,7 +19,11 @@
 #  greedy   the open loop at SHORT_RATES (1,10,20), greedy, 1.7B;
 #  small    the open loop at SHORT_RATES, sampled, 0.6B;
 #  lane     the first-chunk lane off and on (bench_streams --first-chunk-lane): the open loop at
-#           RATES, then the closed loop at STREAMS (100 frames), each pair in one call.
+#           RATES, then the closed loop at STREAMS (100 frames), each pair in one call;
+#  prio     the open loop at RATES for each of VARIANTS, `PRIORITY:ALONE` pairs: PRIORITY the CUDA
+#           streams at the greatest priority (OMNITTS_STREAM_PRIORITY: none, or a list of ar, lane,
+#           decoder), ALONE stage 0's first frame in a step of its own (--first-frame-alone on|off);
+#  prio-closed  the closed loop at STREAMS (100 frames) for each of VARIANTS.
 set -uo pipefail
 bin=$1 template=$2 out=$3 fx=${4:-}
 mkdir -p "$out"
@@ -95,6 +99,20 @@ if has lane; then
     done
     for l in off on; do
         streams "closed-lane-$l" 90 -- --streams "$STREAMS" --frames 100 --first-chunk-lane "$l"
+    done
+fi
+if has prio; then
+    for v in ${VARIANTS:-none:off ar,lane:off ar,lane:on none:on}; do
+        p=${v%%:*} a=${v##*:}
+        streams "open-prio-${p//,/+}-alone-$a-seed${SEEDS//,/+}" "${PRIO_LIMIT_S:-150}" OMNITTS_STREAM_PRIORITY="$p" -- \
+            --rates "$RATES" --first-frame-alone "$a" "${open_args[@]}"
+    done
+fi
+if has prio-closed; then
+    for v in ${VARIANTS:-none:off ar,lane:on}; do
+        p=${v%%:*} a=${v##*:}
+        streams "closed-prio-${p//,/+}-alone-$a" 90 OMNITTS_STREAM_PRIORITY="$p" -- \
+            --streams "$STREAMS" --frames 100 --first-frame-alone "$a"
     done
 fi
 stamp done

@@ -1,7 +1,8 @@
 //! First audio under load (tiny fixture, CPU): a request that arrives while 16 streams run gets
 //! its first frame within a bounded number of stage-0 steps, and its first chunk is decoded in a
 //! pass of its own, not behind the running streams' long chunks; the chunk ramp shapes its audio;
-//! the first-chunk lane (a second decoder for first chunks) leaves every stream's audio as it was.
+//! the first-chunk lane (a second decoder for first chunks) leaves every stream's audio as it was;
+//! stage 0's `first_frame_alone` gives a new request its first frame in a step of its own.
 
 mod engine_common;
 mod reference_util;
@@ -68,39 +69,7 @@ fn engine_with_lane(ramp: bool, lane: bool) -> Engine {
 #[test]
 fn a_new_request_starts_within_a_step_and_its_first_chunk_goes_first() {
     let engine = engine(false);
-    let rate = engine.sample_rate();
-    let mut running: Vec<Running> = (0..16)
-        .map(|k| {
-            let mut r = greedy(&engine, voice(TEXT, Some("ryan")), 400);
-            r.sampling.seed = k;
-            Running {
-                handle: engine.submit(r).expect("submit"),
-                first_audio: None,
-                samples: 0,
-                finished: false,
-            }
-        })
-        .collect();
-    // Let the 16 streams get well ahead of a real-time listener (tiny checkpoint on the CPU: many
-    // times faster than real time), so that none of their next chunks is urgent.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        running.iter_mut().for_each(Running::poll);
-        let live: Vec<&Running> = running.iter().filter(|r| !r.finished).collect();
-        assert!(
-            live.len() >= 8,
-            "the running streams ended early (EOS): only {} left",
-            live.len()
-        );
-        if live.iter().all(|r| r.slack(rate) >= 1.0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the 16 streams did not get 1 s ahead of real time in 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let mut running = sixteen_running(&engine);
     let mut late = greedy(&engine, voice("A new request.", Some("vivian")), 30);
     late.sampling.seed = 99;
     let run = run(&engine, late);
@@ -202,4 +171,87 @@ fn the_first_chunk_lane_leaves_every_streams_audio_as_it_was() {
         assert_eq!(with.metrics.frames, without.metrics.frames, "request {k}");
         assert!(with.metrics.ttfa_ms.is_some(), "request {k}: no TTFA");
     }
+}
+
+/// 16 greedy streams of 400 frames started on `engine` and let run until every one still live is
+/// 1 s ahead of a real-time listener (tiny checkpoint on the CPU: many times faster than real
+/// time), so that none of their next chunks is urgent and stage 0 has stepped them for a while.
+fn sixteen_running(engine: &Engine) -> Vec<Running> {
+    let rate = engine.sample_rate();
+    let mut running: Vec<Running> = (0..16)
+        .map(|k| {
+            let mut r = greedy(engine, voice(TEXT, Some("ryan")), 400);
+            r.sampling.seed = k;
+            Running {
+                handle: engine.submit(r).expect("submit"),
+                first_audio: None,
+                samples: 0,
+                finished: false,
+            }
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        running.iter_mut().for_each(Running::poll);
+        let live: Vec<&Running> = running.iter().filter(|r| !r.finished).collect();
+        assert!(
+            live.len() >= 8,
+            "the running streams ended early (EOS): only {} left",
+            live.len()
+        );
+        if live.iter().all(|r| r.slack(rate) >= 1.0) {
+            return running;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the 16 streams did not get 1 s ahead of real time in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn with_first_frame_alone_a_new_requests_first_frame_comes_in_a_step_of_its_own() {
+    let mut late = greedy(&engine(false), voice("A new request.", Some("vivian")), 30);
+    late.sampling.seed = 99;
+    let idle = run(&engine(false), late.clone());
+    for alone in [false, true] {
+        let engine = load(
+            "tiny-customvoice",
+            config(|c| {
+                // Steps alone are taken while fewer streams run than half of the places.
+                c.ar.max_num_seqs = 33;
+                c.decoder.max_num_seqs = 33;
+                c.ar.first_frame_alone = Some(alone);
+                // Room for every frame: no running stream sits a step out with a full buffer.
+                c.decoder.codec_buffer_frames = 1000;
+                c.ar.guard.enabled = false;
+            }),
+        );
+        let mut running = sixteen_running(&engine);
+        let with = run(&engine, late.clone());
+        for r in &mut running {
+            r.handle.cancel();
+        }
+        let m = &with.metrics;
+        let rows = m.first_frame_rows.expect("a first frame");
+        if alone {
+            assert_eq!(
+                rows, 1,
+                "first_frame_alone: the first frame came in a step of {rows} rows"
+            );
+            assert_eq!(m.first_frame_steps, Some(1), "{m:?}");
+        } else {
+            assert!(
+                rows >= 2,
+                "without first_frame_alone, a step of {rows} rows"
+            );
+        }
+        // Its own step or the batch's, the request says what it says alone on an idle engine.
+        assert_eq!(with.reason, idle.reason, "alone {alone}");
+        assert_eq!(with.metrics.frames, idle.metrics.frames, "alone {alone}");
+        let e = reference_util::rel_l2(&with.audio, &idle.audio);
+        assert!(e <= 1e-4, "alone {alone}: vs idle: rel L2 {e:e}");
+    }
+    assert!(!idle.audio.is_empty());
 }

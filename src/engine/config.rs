@@ -26,6 +26,8 @@
 //!       max_waiting: 64              # requests that may wait for a place (FIFO); more are refused
 //!       dtype: auto                  # auto (bf16 on CUDA, f32 on CPU) | float32 | bfloat16 | float16
 //!       quantization: auto           # auto (int8 where it is faster, CPU) | none | q8_0 | q4_k
+//!       first_frame_alone: true      # omnitts: a new request's first frame in a step of its own
+//!                                    # (left out: on for a CUDA stage, off on the CPU)
 //!     default_sampling_params: {temperature, top_k, top_p, repetition_penalty, max_tokens, seed}
 //!     subtalker_sampling_params: {do_sample, temperature, top_k, top_p}
 //!     runaway_guard: {enabled: true, floor_frames: 75, frames_per_text_token: 6.0}
@@ -304,6 +306,24 @@ pub struct ArStageConfig {
     /// `engine_args.model_stage` / `model_arch`.
     #[serde(skip)]
     pub model: StageModel,
+    /// `engine_args.first_frame_alone` (an omnitts key; left out: on for a CUDA stage, off on
+    /// the CPU): a request that has just finished its prefill gets its first frame in a step of
+    /// its own (the new requests only) before the batched step of all, instead of waiting for that
+    /// step; the running streams wait that small step. Taken only while no request waits for a
+    /// place and while such steps have had at most a tenth of stage 0's recent stepping time
+    /// (`engine/first_frame.rs`).
+    #[serde(default, deserialize_with = "some::<Bool, _>")]
+    pub first_frame_alone: Option<bool>,
+}
+
+impl ArStageConfig {
+    /// Whether new requests get their first frame in a step of their own
+    /// ([`ArStageConfig::first_frame_alone`]) with stage 0 on `device`: as the key says, else on
+    /// CUDA only (measured there; docs/cuda.md).
+    pub fn first_frame_alone_on(&self, device: DeviceSpec) -> bool {
+        self.first_frame_alone
+            .unwrap_or(matches!(device.resolve(), DeviceSpec::Cuda(_)))
+    }
 }
 
 /// A stage's `engine_args.model_stage` and `model_arch`, as given (the engine checks them
@@ -916,6 +936,28 @@ mod tests {
         let (c, w) = StageConfig::from_yaml_str(&yaml).unwrap();
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(c.decoder.max_num_batched_tokens, 128);
+    }
+
+    #[test]
+    fn the_first_frame_alone_is_read_and_defaults_to_cuda() {
+        let d = StageConfig::default_async();
+        assert_eq!(d.ar.first_frame_alone, None);
+        assert!(!d.ar.first_frame_alone_on(DeviceSpec::Cpu));
+        assert!(d.ar.first_frame_alone_on(DeviceSpec::Cuda(0)));
+        let yaml = DEFAULT_ASYNC_YAML.replace(
+            "max_waiting: 64\n",
+            "max_waiting: 64\n      first_frame_alone: false\n",
+        );
+        let (c, w) = StageConfig::from_yaml_str(&yaml).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(c.ar.first_frame_alone, Some(false));
+        assert!(!c.ar.first_frame_alone_on(DeviceSpec::Cuda(0)));
+        let bad = DEFAULT_ASYNC_YAML.replace(
+            "max_waiting: 64\n",
+            "max_waiting: 64\n      first_frame_alone: often\n",
+        );
+        let e = StageConfig::from_yaml_str(&bad).unwrap_err().to_string();
+        assert!(e.contains("engine_args.first_frame_alone"), "{e}");
     }
 
     #[test]

@@ -7,6 +7,18 @@ use candle_core::{DType, Device};
 
 use super::EngineError;
 
+/// Which stage thread a device handle is for ([`DeviceSpec::open_as`]): it decides the priority
+/// of the handle's CUDA stream (`OMNITTS_STREAM_PRIORITY`, [`crate::nn::switches`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamRole {
+    /// Stage 0's thread: latency-bound steps every stream waits for.
+    Ar,
+    /// Stage 1's thread: Code2Wav passes.
+    Decoder,
+    /// The first-chunk lane: new requests' first chunks.
+    Lane,
+}
+
 /// Where a stage runs. Parsed from `"cpu"`, `"cuda:N"` (or a bare GPU index `"N"`, as vLLM-Omni's
 /// `runtime.devices` writes it) and `"auto"` (CUDA device 0 when the crate was built with the `cuda`
 /// feature and a GPU is present, otherwise the CPU).
@@ -91,6 +103,24 @@ impl DeviceSpec {
     /// stages on one GPU queue their kernels independently and can overlap; cudarc's cross-stream
     /// event tracking is turned off for it (nothing device-side crosses stages).
     pub fn open(&self) -> Result<Device, EngineError> {
+        self.open_with_priority(false)
+    }
+
+    /// As [`DeviceSpec::open`], for a stage thread of `role`: on CUDA its stream runs at the
+    /// device's greatest priority when `OMNITTS_STREAM_PRIORITY` names the role (none by default:
+    /// measured without gain, docs/cuda.md "The first frame alone, and stream priorities"), so that
+    /// its kernels start before the queued blocks of the other stages' streams. Errors as `open`,
+    /// and an [`EngineError::Device`] naming the driver call if the priority cannot be set.
+    pub(crate) fn open_as(&self, role: StreamRole) -> Result<Device, EngineError> {
+        let p = crate::nn::switches::Switches::get().stream_priority;
+        self.open_with_priority(match role {
+            StreamRole::Ar => p.ar,
+            StreamRole::Decoder => p.decoder,
+            StreamRole::Lane => p.lane,
+        })
+    }
+
+    fn open_with_priority(&self, high: bool) -> Result<Device, EngineError> {
         self.check_supported()?;
         match self.resolve() {
             DeviceSpec::Cpu => {
@@ -112,11 +142,68 @@ impl DeviceSpec {
                     // then recorded as the context's error for every later call).
                     // SAFETY: all of this handle's buffers are used and freed on its one stream.
                     unsafe { cuda.cuda_stream().context().disable_event_tracking() };
+                    if high {
+                        greatest_priority(cuda).map_err(|msg| EngineError::Device {
+                            spec: self.to_string(),
+                            msg,
+                        })?;
+                    }
                 }
+                #[cfg(not(feature = "cuda"))]
+                let _ = high;
                 Ok(dev)
             }
             DeviceSpec::Auto => unreachable!("resolve() never returns Auto"),
         }
+    }
+}
+
+/// Sets `cuda`'s stream to the device's greatest priority (`cuStreamSetAttribute`). CUDA graphs
+/// launched on the stream run at its priority. Errors name the driver call that failed.
+#[cfg(feature = "cuda")]
+fn greatest_priority(cuda: &candle_core::CudaDevice) -> Result<(), String> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let check = |what: &str, r: sys::CUresult| {
+        if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("setting the stream priority: {what}: {r:?}"))
+        }
+    };
+    let stream = cuda.cuda_stream();
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| format!("binding the CUDA context: {e}"))?;
+    let (mut least, mut greatest) = (0, 0);
+    // SAFETY: driver calls on the bound context with valid out-pointers; the stream is this
+    // handle's own and outlives the calls.
+    unsafe {
+        check(
+            "cuCtxGetStreamPriorityRange",
+            sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest),
+        )?;
+        let mut value: sys::CUstreamAttrValue = std::mem::zeroed();
+        value.priority = greatest;
+        check(
+            "cuStreamSetAttribute",
+            sys::cuStreamSetAttribute(
+                stream.cu_stream(),
+                sys::CUstreamAttrID::CU_LAUNCH_ATTRIBUTE_PRIORITY,
+                &value,
+            ),
+        )?;
+        let mut now = least;
+        check(
+            "cuStreamGetPriority",
+            sys::cuStreamGetPriority(stream.cu_stream(), &mut now),
+        )?;
+        if now != greatest {
+            return Err(format!(
+                "setting the stream priority: the stream kept priority {now} (asked {greatest})"
+            ));
+        }
+        Ok(())
     }
 }
 

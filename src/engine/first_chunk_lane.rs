@@ -34,6 +34,7 @@ use std::thread::Scope;
 use std::time::{Duration, Instant};
 
 use super::chunk_buffer::{ChunkPolicy, Take};
+use super::device::StreamRole;
 use super::metrics::DecoderTiming;
 use super::pass_plan::URGENT_SLACK;
 use super::queue::StageQueue;
@@ -184,7 +185,7 @@ pub(crate) fn start<'scope, C: Stage1Model>(
                 held: Vec::new(),
             };
             let loaded = device
-                .open()
+                .open_as(StreamRole::Lane)
                 .and_then(|dev| load_decoder::<C>(dir, &dev, &opts))
                 .map_err(|e| format!("the first-chunk lane's decoder: {e}"));
             let c2w = match loaded {

@@ -32,6 +32,9 @@ pub struct Metrics {
     /// Stage-0 steps (batched frames of all running requests) from the request's arrival on
     /// stage 0 to the step that made its first frame, that step included; `None` without a frame.
     pub first_frame_steps: Option<u64>,
+    /// Rows (requests) of the stage-0 step that made the request's first frame; `None` without a
+    /// frame. 1 when it came in a step of its own (`first_frame_alone`).
+    pub first_frame_rows: Option<usize>,
     /// Frames (all requests' chunks together) of the stage-1 pass that decoded this request's first
     /// chunk; `None` without audio. Small when first chunks go first (`engine/pass_plan.rs`).
     pub first_pass_frames: Option<usize>,
@@ -51,8 +54,19 @@ pub(crate) struct ArTiming {
     pub frames: usize,
     /// Stage 0's step count when the request arrived on it.
     pub arrival_step: u64,
-    /// When the first frame was pushed, and stage 0's steps from arrival to it.
-    pub first_frame: Option<(Instant, u64)>,
+    /// When the first frame was pushed.
+    pub first_frame: Option<FirstFrame>,
+}
+
+/// When and in which stage-0 step a request's first frame came.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FirstFrame {
+    /// When it was pushed to the chunk buffer.
+    pub at: Instant,
+    /// Stage 0's steps from the request's arrival to it, that step included.
+    pub steps: u64,
+    /// Rows of that step.
+    pub rows: usize,
 }
 
 /// Stage 1's tally for a request.
@@ -130,8 +144,9 @@ impl Metrics {
             ar_prefill_ms: ms(ar.prefill),
             first_frame_ms: ar
                 .first_frame
-                .map(|(t, _)| ms(t.saturating_duration_since(submitted))),
-            first_frame_steps: ar.first_frame.map(|(_, steps)| steps),
+                .map(|f| ms(f.at.saturating_duration_since(submitted))),
+            first_frame_steps: ar.first_frame.map(|f| f.steps),
+            first_frame_rows: ar.first_frame.map(|f| f.rows),
             first_pass_frames: dec.first_pass_frames,
         }
     }
@@ -150,7 +165,11 @@ mod tests {
             steps: Duration::from_millis(100),
             frames: 10,
             arrival_step: 3,
-            first_frame: Some((t0 + Duration::from_millis(20), 2)),
+            first_frame: Some(FirstFrame {
+                at: t0 + Duration::from_millis(20),
+                steps: 2,
+                rows: 3,
+            }),
         };
         let dec = DecoderTiming {
             decode: Duration::from_millis(20),
@@ -169,8 +188,8 @@ mod tests {
         assert!((m.ttfa_ms.unwrap() - 30.0).abs() < 1e-9);
         assert!((m.first_frame_ms.unwrap() - 20.0).abs() < 1e-9);
         assert_eq!(
-            (m.first_frame_steps, m.first_pass_frames),
-            (Some(2), Some(4))
+            (m.first_frame_steps, m.first_frame_rows, m.first_pass_frames),
+            (Some(2), Some(3), Some(4))
         );
         let empty = Metrics::build(
             t0,

@@ -29,6 +29,7 @@ mod config;
 mod device;
 mod error;
 mod first_chunk_lane;
+mod first_frame;
 mod metrics;
 mod pass_plan;
 mod queue;

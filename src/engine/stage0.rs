@@ -7,11 +7,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::chunk_buffer::PushError;
 use super::config::ArStageConfig;
-use super::metrics::{ArTiming, BatchCounters};
+use super::device::StreamRole;
+use super::first_frame::AloneBudget;
+use super::metrics::{ArTiming, BatchCounters, FirstFrame};
 use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
 use super::stages::{BatchGraphs, CudaGraphs, guarded, panic_message};
@@ -52,7 +54,7 @@ pub(crate) fn ar_thread<A: Stage0Model>(
 ) {
     let _dead_on_exit = DeadOnExit(queue.clone());
     let loaded = (|| {
-        let dev = device.open()?;
+        let dev = device.open_as(StreamRole::Ar)?;
         let dtype = cfg.dtype.for_device(&dev);
         let opts = Stage0Options {
             dtype,
@@ -116,6 +118,7 @@ pub(crate) fn ar_thread<A: Stage0Model>(
     ArStage {
         model: &model,
         cfg: &cfg,
+        first_frame_alone: cfg.first_frame_alone_on(device),
         groups,
         batches: &batches,
     }
@@ -125,6 +128,8 @@ pub(crate) fn ar_thread<A: Stage0Model>(
 struct ArStage<'m, A: Stage0Model> {
     model: &'m A,
     cfg: &'m ArStageConfig,
+    /// [`ArStageConfig::first_frame_alone_on`] for this stage's device.
+    first_frame_alone: bool,
     groups: usize,
     batches: &'m BatchCounters,
 }
@@ -221,7 +226,9 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
     ///    it: a burst of arrivals starts together instead of one request a step), so a prompt
     ///    joining the batch delays the running streams by at most one chunk's work a step; a
     ///    finished prefill joins the decode batch;
-    /// 4. every decoding request that is not blocked (its chunk buffer full) advances one frame
+    /// 4. with `first_frame_alone`, requests whose prefill has just ended get their first frame in
+    ///    a step of their own first, while [`AloneBudget`] allows it (`engine/first_frame.rs`);
+    /// 5. every decoding request that is not blocked (its chunk buffer full) advances one frame
     ///    in one batched forward ([`Stage0Model::next_frames`]); requests that end (EOS, length,
     ///    guard, cancel, error) leave the batch at once.
     ///
@@ -233,6 +240,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         let mut active: Vec<ArActive<'m, A>> = Vec::new();
         // Open requests waiting for their first text id (they hold a slot).
         let mut opening: Vec<Opening<'m, A>> = Vec::new();
+        let mut alone = AloneBudget::default();
         loop {
             let seen = queue.signal.epoch();
             let (new, shutdown) = queue.drain();
@@ -346,7 +354,26 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                     }
                 }
             }
-            progress |= self.decode_step(&mut active);
+            let running = active.iter().filter(|a| a.frames > 0).count();
+            if self.first_frame_alone
+                && alone.allows(
+                    Instant::now(),
+                    running,
+                    self.cfg.max_num_seqs,
+                    waiting.len(),
+                )
+            {
+                let (stepped, took) = self.decode_step(&mut active, Rows::New);
+                progress |= stepped;
+                if let Some(took) = took {
+                    alone.record(Instant::now(), took, true);
+                }
+            }
+            let (stepped, took) = self.decode_step(&mut active, Rows::All);
+            progress |= stepped;
+            if let Some(took) = took {
+                alone.record(Instant::now(), took, false);
+            }
             if !progress {
                 queue.signal.wait_past(seen, None);
             }
@@ -549,9 +576,15 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         }
     }
 
-    /// One frame for every request in `active` that can take one, in one batched forward; ends
-    /// and removes the requests that are over. Returns whether anything happened.
-    fn decode_step(&self, active: &mut Vec<ArActive<'m, A>>) -> bool {
+    /// One frame for every request of `rows` in `active` that can take one, in one batched
+    /// forward; ends and removes the requests that are over. [`Rows::New`] steps only when some
+    /// of the ready rows have frames already (otherwise the step of all is the same step).
+    /// Returns whether anything happened, and how long the forward took if one ran.
+    fn decode_step(
+        &self,
+        active: &mut Vec<ArActive<'m, A>>,
+        rows: Rows,
+    ) -> (bool, Option<Duration>) {
         let mut progress = false;
         // Cancelled requests leave first; blocked ones (chunk buffer full) sit this step out.
         let mut i = 0;
@@ -565,11 +598,18 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
             }
         }
         // Rows whose next text id has not arrived wait too (no padding is fed, no RNG drawn).
-        let ready: Vec<usize> = (0..active.len())
+        let mut ready: Vec<usize> = (0..active.len())
             .filter(|&i| active[i].req.buffer.has_space() && !active[i].session.waits_for_text())
             .collect();
+        if rows == Rows::New {
+            let all = ready.len();
+            ready.retain(|&i| active[i].frames == 0);
+            if ready.len() == all {
+                return (progress, None);
+            }
+        }
         if ready.is_empty() {
-            return progress;
+            return (progress, None);
         }
         let t = Instant::now();
         let results = {
@@ -605,7 +645,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         for (&i, result) in ready.iter().zip(results) {
             let a = &mut active[i];
             a.timing.steps += elapsed;
-            if let Some(reason) = self.push_frame(a, result) {
+            if let Some(reason) = self.push_frame(a, result, ready.len()) {
                 done.push((i, reason));
             }
         }
@@ -615,7 +655,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
             let a = active.remove(i);
             self.release(a, reason);
         }
-        progress
+        (progress, Some(elapsed))
     }
 
     /// Lets go of a request: frees its KV cache before stage 1 can report Finished.
@@ -630,11 +670,13 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         req.release_from_ar(reason, timing);
     }
 
-    /// Hands a row's frame to its chunk buffer; `Some(reason)` when the request is over.
+    /// Hands a row's frame, made in a step of `rows` rows, to its chunk buffer; `Some(reason)`
+    /// when the request is over.
     fn push_frame(
         &self,
         a: &mut ArActive<'m, A>,
         step: Result<ArStep, ModelError>,
+        rows: usize,
     ) -> Option<FinishReason> {
         match step {
             Ok(ArStep::Frame(codes)) => {
@@ -664,7 +706,11 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                                 .get()
                                 .steps
                                 .saturating_sub(a.timing.arrival_step);
-                            a.timing.first_frame = Some((Instant::now(), steps));
+                            a.timing.first_frame = Some(FirstFrame {
+                                at: Instant::now(),
+                                steps,
+                                rows,
+                            });
                         }
                         a.frames += 1;
                         a.timing.frames += 1;
@@ -688,6 +734,15 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
             ))),
         }
     }
+}
+
+/// Which rows a decode step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// Every row that can take a frame.
+    All,
+    /// Only the rows that have no frame yet (their prefill has just ended).
+    New,
 }
 
 /// What an open request waiting for its first text id does next.

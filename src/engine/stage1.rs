@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::chunk_buffer::{ChunkPolicy, Take};
 use super::config::{DecoderStageConfig, DecoderStreamingMode};
+use super::device::StreamRole;
 use super::first_chunk_lane::{self, FirstChunkLane, Handover, LaneShared};
 use super::metrics::{BatchCounters, DecoderTiming};
 use super::pass_plan::{Waiting, next_pass};
@@ -44,7 +45,7 @@ pub(crate) fn dec_thread<C: Stage1Model>(
 ) {
     let _dead_on_exit = DeadOnExit(queue.clone());
     let loaded = (|| {
-        let dev = device.open()?;
+        let dev = device.open_as(StreamRole::Decoder)?;
         let opts = Stage1Options {
             dtype: decoder_dtype(&cfg, &dev)?,
         };

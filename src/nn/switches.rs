@@ -14,6 +14,7 @@
 //! | `OMNITTS_DECODER_CONV` | `candle` Code2Wav's convolutions as candle's `conv1d` (im2col, GEMM, transposing copy) and transposed convolutions as one product and an overlap-add| `cols`: tap-major product input read in place, one GEMM writing `[batch, channels, time]`, the bias epilogue after it |
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
 //! | `OMNITTS_PREFILL_GRAPHS` | `0` prompts through the talker eagerly instead of on the prefill graphs | graphs |
+//! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams at the device's greatest priority: `none`, or a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread) | `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
 
@@ -43,6 +44,42 @@ pub enum DecoderConv {
     Cols,
 }
 
+/// Which stage threads' CUDA streams run at the device's greatest priority
+/// (`OMNITTS_STREAM_PRIORITY`); the others keep the default (least) priority. The block scheduler
+/// starts a higher-priority stream's pending blocks first, so a latency-bound stream's small
+/// kernels do not queue behind a throughput stream's large ones on a shared GPU. The default is
+/// none: on the H200 (docs/cuda.md, "The first frame alone, and stream priorities") stage 0 and the
+/// lane above stage 1 gave no gain at 10-20 requests a second and more underruns at 40 (stage 1's
+/// later chunks then wait).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StreamPriority {
+    /// Stage 0 (the talker and code predictor steps).
+    pub ar: bool,
+    /// The first-chunk lane (stage 1's first chunks).
+    pub lane: bool,
+    /// Stage 1's thread (Code2Wav passes).
+    pub decoder: bool,
+}
+
+impl StreamPriority {
+    /// Parses `none` or a comma list of `ar`, `lane`, `decoder`; `None` for anything else.
+    fn parse(v: &str) -> Option<StreamPriority> {
+        let mut p = StreamPriority::default();
+        if v == "none" {
+            return Some(p);
+        }
+        for role in v.split(',').map(str::trim) {
+            match role {
+                "ar" => p.ar = true,
+                "lane" => p.lane = true,
+                "decoder" => p.decoder = true,
+                _ => return None,
+            }
+        }
+        Some(p)
+    }
+}
+
 /// The switches' values (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Switches {
@@ -69,6 +106,8 @@ pub struct Switches {
     /// `OMNITTS_PREFILL_GRAPHS=0`: prompts run through the talker eagerly instead of replaying the
     /// prefill graphs (`models/qwen3_tts/graphs/prefill.rs`).
     pub prefill_graphs: bool,
+    /// `OMNITTS_STREAM_PRIORITY`: which stages' CUDA streams run at the greatest priority.
+    pub stream_priority: StreamPriority,
 }
 
 impl Default for Switches {
@@ -109,6 +148,9 @@ impl Switches {
                 _ => DecoderConv::Cols,
             },
             prefill_graphs: !is("OMNITTS_PREFILL_GRAPHS", "0"),
+            stream_priority: value("OMNITTS_STREAM_PRIORITY")
+                .and_then(|v| StreamPriority::parse(&v))
+                .unwrap_or_default(),
         }
     }
 }
@@ -139,6 +181,7 @@ mod tests {
         assert!(s.decoder_kernels);
         assert_eq!(s.decoder_conv, DecoderConv::Cols);
         assert!(s.prefill_graphs);
+        assert_eq!(s.stream_priority, StreamPriority::default());
     }
 
     #[test]
@@ -154,7 +197,18 @@ mod tests {
             ("OMNITTS_DECODER_KERNELS", "0"),
             ("OMNITTS_DECODER_CONV", " candle"),
             ("OMNITTS_PREFILL_GRAPHS", "0"),
+            ("OMNITTS_STREAM_PRIORITY", "lane, decoder"),
         ]);
+        assert_eq!(
+            s.stream_priority,
+            StreamPriority {
+                ar: false,
+                lane: true,
+                decoder: true
+            }
+        );
+        let none = with(&[("OMNITTS_STREAM_PRIORITY", "none")]).stream_priority;
+        assert!(!none.ar && !none.lane && !none.decoder);
         assert_eq!(s.decoder_conv, DecoderConv::Candle);
         assert!(!s.pinned_readback);
         assert!(!s.prefill_graphs);
@@ -184,6 +238,7 @@ mod tests {
             ("OMNITTS_FUSED_SAMPLER", "off"),
             ("OMNITTS_CP_FRAME_GRAPH", ""),
             ("OMNITTS_BATCH_GRAPHS", "no"),
+            ("OMNITTS_STREAM_PRIORITY", "ar,stage1"),
         ]);
         assert_eq!(s, Switches::default());
         let s = with(&[("OMNITTS_STACK_BLOCKS_PER_SM", "many")]);

@@ -236,6 +236,7 @@ fn add_metrics(a: &Metrics, b: &Metrics) -> Metrics {
         ar_prefill_ms: a.ar_prefill_ms + b.ar_prefill_ms,
         first_frame_ms: a.first_frame_ms.or(b.first_frame_ms),
         first_frame_steps: a.first_frame_steps.or(b.first_frame_steps),
+        first_frame_rows: a.first_frame_rows.or(b.first_frame_rows),
         first_pass_frames: a.first_pass_frames.or(b.first_pass_frames),
     }
 }
