@@ -69,7 +69,7 @@ fn engine_with_lane(ramp: bool, lane: bool) -> Engine {
 #[test]
 fn a_new_request_starts_within_a_step_and_its_first_chunk_goes_first() {
     let engine = engine(false);
-    let mut running = sixteen_running(&engine);
+    let mut running = sixteen_running(&engine, 400);
     let mut late = greedy(&engine, voice("A new request.", Some("vivian")), 30);
     late.sampling.seed = 99;
     let run = run(&engine, late);
@@ -173,14 +173,14 @@ fn the_first_chunk_lane_leaves_every_streams_audio_as_it_was() {
     }
 }
 
-/// 16 greedy streams of 400 frames started on `engine` and let run until every one still live is
+/// 16 greedy streams of `frames` frames started on `engine` and let run until every one still live is
 /// 1 s ahead of a real-time listener (tiny checkpoint on the CPU: many times faster than real
 /// time), so that none of their next chunks is urgent and stage 0 has stepped them for a while.
-fn sixteen_running(engine: &Engine) -> Vec<Running> {
+fn sixteen_running(engine: &Engine, frames: usize) -> Vec<Running> {
     let rate = engine.sample_rate();
     let mut running: Vec<Running> = (0..16)
         .map(|k| {
-            let mut r = greedy(engine, voice(TEXT, Some("ryan")), 400);
+            let mut r = greedy(engine, voice(TEXT, Some("ryan")), frames);
             r.sampling.seed = k;
             Running {
                 handle: engine.submit(r).expect("submit"),
@@ -212,9 +212,11 @@ fn sixteen_running(engine: &Engine) -> Vec<Running> {
 
 #[test]
 fn with_first_frame_alone_a_new_requests_first_frame_comes_in_a_step_of_its_own() {
-    let mut late = greedy(&engine(false), voice("A new request.", Some("vivian")), 30);
+    let idle_engine = engine(false);
+    let mut late = greedy(&idle_engine, voice("A new request.", Some("vivian")), 30);
     late.sampling.seed = 99;
-    let idle = run(&engine(false), late.clone());
+    let idle = run(&idle_engine, late.clone());
+    drop(idle_engine);
     for alone in [false, true] {
         let engine = load(
             "tiny-customvoice",
@@ -224,15 +226,23 @@ fn with_first_frame_alone_a_new_requests_first_frame_comes_in_a_step_of_its_own(
                 c.decoder.max_num_seqs = 33;
                 c.ar.first_frame_alone = Some(alone);
                 // Room for every frame: no running stream sits a step out with a full buffer.
-                c.decoder.codec_buffer_frames = 1000;
+                c.decoder.codec_buffer_frames = 2500;
                 c.ar.guard.enabled = false;
             }),
         );
-        let mut running = sixteen_running(&engine);
+        // Streams long enough that stage 0 still steps them when the new request comes.
+        let mut running = sixteen_running(&engine, 2000);
+        let before = engine.batch_stats()[0];
         let with = run(&engine, late.clone());
+        let after = engine.batch_stats()[0];
         for r in &mut running {
             r.handle.cancel();
         }
+        // While it ran, stage 0's steps held other rows than its own (more rows than steps).
+        assert!(
+            after.rows - before.rows > after.steps - before.steps,
+            "alone {alone}: the running streams had left stage 0 ({before:?} → {after:?})"
+        );
         let m = &with.metrics;
         let rows = m.first_frame_rows.expect("a first frame");
         if alone {

@@ -27,7 +27,7 @@
 //!       dtype: auto                  # auto (bf16 on CUDA, f32 on CPU) | float32 | bfloat16 | float16
 //!       quantization: auto           # auto (int8 where it is faster, CPU) | none | q8_0 | q4_k
 //!       first_frame_alone: true      # omnitts: a new request's first frame in a step of its own
-//!                                    # (left out: on for a CUDA stage, off on the CPU)
+//!                                    # (left out: on for a CUDA stage, off on the CPU; async only)
 //!     default_sampling_params: {temperature, top_k, top_p, repetition_penalty, max_tokens, seed}
 //!     subtalker_sampling_params: {do_sample, temperature, top_k, top_p}
 //!     runaway_guard: {enabled: true, floor_frames: 75, frames_per_text_token: 6.0}
@@ -307,23 +307,14 @@ pub struct ArStageConfig {
     #[serde(skip)]
     pub model: StageModel,
     /// `engine_args.first_frame_alone` (an omnitts key; left out: on for a CUDA stage, off on
-    /// the CPU): a request that has just finished its prefill gets its first frame in a step of
-    /// its own (the new requests only) before the batched step of all, instead of waiting for that
-    /// step; the running streams wait that small step. Taken only while no request waits for a
-    /// place and while such steps have had at most a tenth of stage 0's recent stepping time
-    /// (`engine/first_frame.rs`).
+    /// the CPU; never without `async_chunk`, where no audio comes before the end): a request
+    /// without a frame yet (its prefill has just ended) gets its first frame in a step of the new
+    /// requests only, before the batched step of all, instead of waiting for that step; the
+    /// running streams wait that small step. Taken only while fewer streams run than half of
+    /// `max_num_seqs`, none waits for a place, and such steps have had at most a tenth of stage
+    /// 0's recent stepping time (`engine/first_frame.rs`).
     #[serde(default, deserialize_with = "some::<Bool, _>")]
     pub first_frame_alone: Option<bool>,
-}
-
-impl ArStageConfig {
-    /// Whether new requests get their first frame in a step of their own
-    /// ([`ArStageConfig::first_frame_alone`]) with stage 0 on `device`: as the key says, else on
-    /// CUDA only (measured there; docs/cuda.md).
-    pub fn first_frame_alone_on(&self, device: DeviceSpec) -> bool {
-        self.first_frame_alone
-            .unwrap_or(matches!(device.resolve(), DeviceSpec::Cuda(_)))
-    }
 }
 
 /// A stage's `engine_args.model_stage` and `model_arch`, as given (the engine checks them
@@ -464,6 +455,17 @@ impl StageConfig {
                 "configs/qwen3_tts_batch.yaml is embedded at build time and valid (unit-tested)",
             )
             .0
+    }
+
+    /// Whether stage 0 on `ar_device` gives new requests their first frame in a step of their own
+    /// ([`ArStageConfig::first_frame_alone`]): with `async_chunk` only, then as the key says, else
+    /// on CUDA (measured there, with Qwen3-TTS; docs/cuda.md).
+    pub fn first_frame_alone_on(&self, ar_device: DeviceSpec) -> bool {
+        self.async_chunk
+            && self
+                .ar
+                .first_frame_alone
+                .unwrap_or(matches!(ar_device.resolve(), DeviceSpec::Cuda(_)))
     }
 
     /// The built-in stage config of a model family: its async-chunk one
@@ -942,8 +944,19 @@ mod tests {
     fn the_first_frame_alone_is_read_and_defaults_to_cuda() {
         let d = StageConfig::default_async();
         assert_eq!(d.ar.first_frame_alone, None);
-        assert!(!d.ar.first_frame_alone_on(DeviceSpec::Cpu));
-        assert!(d.ar.first_frame_alone_on(DeviceSpec::Cuda(0)));
+        assert!(!d.first_frame_alone_on(DeviceSpec::Cpu));
+        assert!(d.first_frame_alone_on(DeviceSpec::Cuda(0)));
+        // Without async chunks no audio comes before the end: never.
+        let batch = StageConfig::default_batch();
+        assert!(!batch.first_frame_alone_on(DeviceSpec::Cuda(0)));
+        let forced = StageConfig {
+            ar: ArStageConfig {
+                first_frame_alone: Some(true),
+                ..batch.ar.clone()
+            },
+            ..batch
+        };
+        assert!(!forced.first_frame_alone_on(DeviceSpec::Cuda(0)));
         let yaml = DEFAULT_ASYNC_YAML.replace(
             "max_waiting: 64\n",
             "max_waiting: 64\n      first_frame_alone: false\n",
@@ -951,7 +964,13 @@ mod tests {
         let (c, w) = StageConfig::from_yaml_str(&yaml).unwrap();
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(c.ar.first_frame_alone, Some(false));
-        assert!(!c.ar.first_frame_alone_on(DeviceSpec::Cuda(0)));
+        assert!(!c.first_frame_alone_on(DeviceSpec::Cuda(0)));
+        let yaml = DEFAULT_ASYNC_YAML.replace(
+            "max_waiting: 64\n",
+            "max_waiting: 64\n      first_frame_alone: true\n",
+        );
+        let (c, _) = StageConfig::from_yaml_str(&yaml).unwrap();
+        assert!(c.first_frame_alone_on(DeviceSpec::Cpu));
         let bad = DEFAULT_ASYNC_YAML.replace(
             "max_waiting: 64\n",
             "max_waiting: 64\n      first_frame_alone: often\n",

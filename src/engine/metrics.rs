@@ -33,7 +33,7 @@ pub struct Metrics {
     /// stage 0 to the step that made its first frame, that step included; `None` without a frame.
     pub first_frame_steps: Option<u64>,
     /// Rows (requests) of the stage-0 step that made the request's first frame; `None` without a
-    /// frame. 1 when it came in a step of its own (`first_frame_alone`).
+    /// frame. With `first_frame_alone` that is often a step of the new requests only.
     pub first_frame_rows: Option<usize>,
     /// Frames (all requests' chunks together) of the stage-1 pass that decoded this request's first
     /// chunk; `None` without audio. Small when first chunks go first (`engine/pass_plan.rs`).
@@ -214,7 +214,8 @@ mod tests {
 /// What a stage's batched steps did since the engine loaded ([`super::Engine::batch_stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BatchStats {
-    /// Batched steps run (stage 0: frames for every running row; stage 1: decode passes).
+    /// Batched steps run (stage 0: frames for every running row, and the steps of new rows alone
+    /// of `first_frame_alone`; stage 1: decode passes).
     pub steps: u64,
     /// Rows over all steps (frames produced, chunks decoded); `rows / steps` is the mean batch.
     pub rows: u64,

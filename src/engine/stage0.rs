@@ -44,10 +44,13 @@ pub(crate) struct ArInfo {
     pub device: DeviceSpec,
 }
 
+/// Stage 0's thread: loads the model on `device`, reports on `ready`, then runs the batching loop
+/// on `queue` until shutdown; `first_frame_alone`: [`super::StageConfig::first_frame_alone_on`].
 pub(crate) fn ar_thread<A: Stage0Model>(
     dir: PathBuf,
     device: DeviceSpec,
     cfg: ArStageConfig,
+    first_frame_alone: bool,
     queue: Arc<StageQueue>,
     ready: mpsc::SyncSender<Result<ArInfo, EngineError>>,
     batches: Arc<BatchCounters>,
@@ -118,7 +121,7 @@ pub(crate) fn ar_thread<A: Stage0Model>(
     ArStage {
         model: &model,
         cfg: &cfg,
-        first_frame_alone: cfg.first_frame_alone_on(device),
+        first_frame_alone,
         groups,
         batches: &batches,
     }
@@ -128,7 +131,7 @@ pub(crate) fn ar_thread<A: Stage0Model>(
 struct ArStage<'m, A: Stage0Model> {
     model: &'m A,
     cfg: &'m ArStageConfig,
-    /// [`ArStageConfig::first_frame_alone_on`] for this stage's device.
+    /// New requests' first frames in a step of their own ([`AloneBudget`]).
     first_frame_alone: bool,
     groups: usize,
     batches: &'m BatchCounters,

@@ -125,12 +125,23 @@ pub(crate) fn spawn<A: Stage0Model, C: Stage1Model>(
     let (ar_tx, ar_rx) = mpsc::sync_channel::<Result<ArInfo, EngineError>>(1);
     let ar_cfg = opts.stage_config.ar.clone();
     let ar_device = opts.ar_device;
+    let first_frame_alone = opts.stage_config.first_frame_alone_on(ar_device);
     let q = ar_queue.clone();
     let counters = ar_batches.clone();
     let dir = opts.model_dir.clone();
     let stage0 = thread::Builder::new()
         .name("omnitts-stage0-ar".to_string())
-        .spawn(move || ar_thread::<A>(dir, ar_device, ar_cfg, q, ar_tx, counters));
+        .spawn(move || {
+            ar_thread::<A>(
+                dir,
+                ar_device,
+                ar_cfg,
+                first_frame_alone,
+                q,
+                ar_tx,
+                counters,
+            )
+        });
 
     let (dec_tx, dec_rx) = mpsc::sync_channel::<Result<DecInfo, EngineError>>(1);
     let dec_cfg = opts.stage_config.decoder.clone();
