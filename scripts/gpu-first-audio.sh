@@ -20,9 +20,10 @@
 #  small    the open loop at SHORT_RATES, sampled, 0.6B;
 #  lane     the first-chunk lane off and on (bench_streams --first-chunk-lane): the open loop at
 #           RATES, then the closed loop at STREAMS (100 frames), each pair in one call;
-#  prio     the open loop at RATES for each of VARIANTS, `PRIORITY:ALONE` pairs: PRIORITY the CUDA
-#           streams at the greatest priority (OMNITTS_STREAM_PRIORITY: none, or a list of ar, lane,
-#           decoder), ALONE stage 0's first frame in a step of its own (--first-frame-alone on|off);
+#  prio     the open loop at RATES for each seed of SEEDS and each of VARIANTS (taking turns within a
+#           seed), `PRIORITY:ALONE` pairs: PRIORITY the CUDA streams at the greatest priority
+#           (OMNITTS_STREAM_PRIORITY: none, or a list of ar, lane, decoder), ALONE stage 0's first
+#           frame in a step of its own (--first-frame-alone on|off);
 #  prio-closed  the closed loop at STREAMS (100 frames) for each of VARIANTS.
 set -uo pipefail
 bin=$1 template=$2 out=$3 fx=${4:-}
@@ -108,10 +109,15 @@ if has lane; then
     done
 fi
 if has prio; then
-    for v in ${VARIANTS:-none:off ar,lane:off ar,lane:on none:on}; do
-        p=${v%%:*} a=${v##*:}
-        streams "open-prio-${p//,/+}-alone-$a-seed${SEEDS//,/+}" "${PRIO_LIMIT_S:-150}" OMNITTS_STREAM_PRIORITY="$p" -- \
-            --rates "$RATES" --first-frame-alone "$a" "${open_args[@]}"
+    # Seeds outermost, variants inside: the variants take turns, so a drift of the machine over the
+    # call falls on all of them alike.
+    for seed in ${SEEDS//,/ }; do
+        for v in ${VARIANTS:-none:off ar,lane:off ar,lane:on none:on}; do
+            p=${v%%:*} a=${v##*:}
+            streams "open-prio-${p//,/+}-alone-$a-seed$seed" "${PRIO_LIMIT_S:-150}" \
+                OMNITTS_STREAM_PRIORITY="$p" -- --rates "$RATES" --first-frame-alone "$a" \
+                --seeds "$seed" --warmup-s "$WARMUP_S" --duration "$DURATION_S" --drain-s 10
+        done
     done
 fi
 if has prio-closed; then
