@@ -249,8 +249,15 @@ fn serve<C: Stage1Model>(c2w: &C, exit: &mut LaneExit<'_>) {
     loop {
         let seen = signal.epoch();
         if lock(&shared.inbox).shutdown {
-            // Back with what was delivered, so that stage 1's `Finished` counts it.
-            let back: Vec<Handover> = held.drain(..).map(|h| h.hand_back(None)).collect();
+            // Back with what was delivered, so that stage 1's `Finished` counts it (and a failed
+            // request with its error).
+            let back: Vec<Handover> = held
+                .drain(..)
+                .map(|mut h| {
+                    let failed = h.failed.take();
+                    h.hand_back(failed)
+                })
+                .collect();
             exit.held.clear();
             lock(&shared.inbox).back.extend(back);
             return;
@@ -311,6 +318,8 @@ fn serve<C: Stage1Model>(c2w: &C, exit: &mut LaneExit<'_>) {
             keep.push(h);
         }
         held = keep;
+        // Those going back now (not kept, or over) need not wait for the pass.
+        publish(exit, &mut back);
         // A pass took chunks out of the buffers; the next chunks may be complete already (stage 0
         // ran ahead, or finished), with no notification to come: look again before sleeping.
         let decoded = held.iter().any(|h| h.pending.is_some());
@@ -358,17 +367,22 @@ fn serve<C: Stage1Model>(c2w: &C, exit: &mut LaneExit<'_>) {
             }
             held = keep;
         }
-        if back.is_empty() {
-            if !decoded {
-                signal.wait_past(seen, None);
-            }
-        } else {
-            exit.held
-                .retain(|r| !back.iter().any(|b| Arc::ptr_eq(&b.req, r)));
-            lock(&shared.inbox).back.append(&mut back);
-            signal.notify();
+        if back.is_empty() && !decoded {
+            signal.wait_past(seen, None);
         }
+        publish(exit, &mut back);
     }
+}
+
+/// Hands `back` to stage 1's thread (and wakes it); the exit guard lets go of them.
+fn publish(exit: &mut LaneExit<'_>, back: &mut Vec<Handover>) {
+    if back.is_empty() {
+        return;
+    }
+    exit.held
+        .retain(|r| !back.iter().any(|b| Arc::ptr_eq(&b.req, r)));
+    lock(&exit.shared.inbox).back.append(back);
+    exit.shared.queue.signal.notify();
 }
 
 #[cfg(test)]
@@ -766,6 +780,42 @@ mod tests {
         c.cancel();
         c.release_from_ar(FinishReason::Cancelled, ArTiming::default());
         assert_eq!(finished(&c_rx), FinishReason::Cancelled);
+    }
+
+    #[test]
+    fn at_shutdown_requests_the_lane_saw_to_their_end_keep_their_reason() {
+        let stage1 = Stage1::start("shutdown", true, 16);
+        // A: through the lane, then held in a pass on stage 1's thread.
+        let (a, a_rx) = stage1.submit(1);
+        push(&a, [(0, 0)]);
+        assert_eq!(audio(&a_rx), (0, expected(0..1)));
+        push(&a, [(1, 0), (2, 0), (3, 0), (4, 0)]);
+        assert_eq!(audio(&a_rx), (SPF as u64, expected(1..5)));
+        push(&a, [(5, HOLD), (6, 0), (7, 0), (8, 0)]);
+        wait_for_stage1_passes(&stage1, 1);
+        // B: a one-chunk utterance, all of it delivered by the lane, handed back over; C: failed
+        // on the lane, stage 0 not yet gone.
+        let (b, b_rx) = stage1.submit(2);
+        push(&b, [(0, 0)]);
+        b.release_from_ar(FinishReason::Eos, ArTiming::default());
+        assert_eq!(audio(&b_rx), (0, expected(0..1)));
+        let (c, c_rx) = stage1.submit(3);
+        push(&c, [(7, FAIL)]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !c.is_cancelled() {
+            assert!(Instant::now() < deadline, "C's failure did not cancel it");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The engine shuts down before stage 1's thread looks at them again.
+        stage1.queue.shut_down();
+        stage1.open_gate();
+        assert_eq!(audio(&a_rx), (5 * SPF as u64, expected(5..9)));
+        assert_eq!(finished(&a_rx), FinishReason::Cancelled);
+        assert_eq!(finished(&b_rx), FinishReason::Eos);
+        match finished(&c_rx) {
+            FinishReason::Error(msg) => assert!(msg.contains("frames 0..1"), "{msg}"),
+            other => panic!("C finished {other:?}, not with its error"),
+        }
     }
 
     #[test]

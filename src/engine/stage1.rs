@@ -224,13 +224,15 @@ impl<'c, C: Stage1Model> DecStage<'c, C> {
                     let (left, _) = queue.drain();
                     waiting.extend(left.into_iter().map(Handover::untouched));
                 }
+                // Requests the lane saw to their end (all audio out, or failed) keep their reason.
                 let all = active
                     .drain(..)
-                    .map(|a| (a.req, a.timing))
-                    .chain(waiting.drain(..).map(|h| (h.req, h.timing)));
-                for (req, timing) in all {
+                    .map(|a| (a.req, a.timing, None))
+                    .chain(waiting.drain(..).map(|h| (h.req, h.timing, h.finished)));
+                for (req, timing, finished) in all {
                     req.cancel();
-                    Self::finish(&req, FinishReason::Cancelled, &timing, self.sample_rate());
+                    let reason = finished.unwrap_or(FinishReason::Cancelled);
+                    Self::finish(&req, reason, &timing, self.sample_rate());
                 }
                 return;
             }
