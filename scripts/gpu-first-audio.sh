@@ -24,7 +24,10 @@
 #           seed), `PRIORITY:ALONE` pairs: PRIORITY the CUDA streams at the greatest priority
 #           (OMNITTS_STREAM_PRIORITY: none, or a list of ar, lane, decoder), ALONE stage 0's first
 #           frame in a step of its own (--first-frame-alone on|off);
-#  prio-closed  the closed loop at STREAMS (100 frames) for each of VARIANTS.
+#  prio-closed  the closed loop at STREAMS (100 frames) for each of VARIANTS;
+#  protocol the issue's measurement as the serving benchmark runs it: for each rate of RATES, seeds
+#           1, 2 and 3, each with a 30 s warm-up at that rate and 60 s measured (~5 min a rate, so
+#           one or two rates a call; SIZE=0.6b for the small model, GREEDY=1 for greedy).
 set -uo pipefail
 bin=$1 template=$2 out=$3 fx=${4:-}
 mkdir -p "$out"
@@ -125,6 +128,14 @@ if has prio-closed; then
         p=${v%%:*} a=${v##*:}
         streams "closed-prio-${p//,/+}-alone-$a" 90 OMNITTS_STREAM_PRIORITY="$p" -- \
             --streams "$STREAMS" --frames 100 --first-frame-alone "$a"
+    done
+fi
+if has protocol; then
+    [ "${SIZE:-1.7b}" = 1.7b ] || ckpt "$SIZE"
+    greedy=(); [ "${GREEDY:-0}" = 1 ] && greedy=(--greedy)
+    for rate in ${RATES//,/ }; do
+        streams "protocol-${SIZE:-1.7b}${greedy:+-greedy}-$rate" 560 -- --rates "$rate" --seeds 1,2,3 \
+            --warmup-s 30 --duration 60 --drain-s 10 "${greedy[@]}"
     done
 fi
 stamp done
