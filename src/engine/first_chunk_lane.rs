@@ -39,7 +39,9 @@ use super::metrics::DecoderTiming;
 use super::pass_plan::URGENT_SLACK;
 use super::queue::StageQueue;
 use super::request::RequestShared;
-use super::stage1::{Ready, decode_batched, deliver, fail, load_decoder, reference_context};
+use super::stage1::{
+    Ready, ar_reason, decode_batched, deliver, fail, load_decoder, reference_context,
+};
 use super::stages::lock;
 use super::{DeviceSpec, FinishReason};
 use crate::models::tts::{Stage1Model, Stage1Options};
@@ -308,8 +310,14 @@ fn serve<C: Stage1Model>(c2w: &C, exit: &mut LaneExit<'_>) {
                             primed: 0,
                         })
                     }
+                    // Every frame delivered and stage 0 done: over, with stage 0's reason.
+                    Take::Done => {
+                        let reason = ar_reason(&h.req);
+                        back.push(h.hand_back(Some(reason)));
+                        continue;
+                    }
                     // Stage 1 takes the same from the buffer again and finishes the request.
-                    Take::Done | Take::Cancelled => {
+                    Take::Cancelled => {
                         back.push(h.hand_back(None));
                         continue;
                     }
