@@ -742,14 +742,7 @@ mod tests {
         rx: &Receiver<EngineEvent>,
         message: &str,
     ) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !req.is_cancelled() {
-            assert!(
-                Instant::now() < deadline,
-                "the failed request was not cancelled"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until_cancelled(req);
         let early = next(rx, Duration::from_millis(100));
         assert!(early.is_none(), "Finished before stage 0 let go: {early:?}");
         req.release_from_ar(FinishReason::Cancelled, ArTiming::default());
@@ -759,6 +752,18 @@ mod tests {
                 ..
             }) => assert!(msg.contains(message), "{msg}"),
             other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    /// Waits (10 s at most) until a failed chunk has cancelled `req`.
+    fn wait_until_cancelled(req: &RequestShared) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !req.is_cancelled() {
+            assert!(
+                Instant::now() < deadline,
+                "the failed request was not cancelled"
+            );
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -809,11 +814,7 @@ mod tests {
         assert_eq!(audio(&b_rx), (0, expected(0..1)));
         let (c, c_rx) = stage1.submit(3);
         push(&c, [(7, FAIL)]);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !c.is_cancelled() {
-            assert!(Instant::now() < deadline, "C's failure did not cancel it");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until_cancelled(&c);
         // The engine shuts down before stage 1's thread looks at them again.
         stage1.queue.shut_down();
         stage1.open_gate();
