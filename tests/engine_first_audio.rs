@@ -230,8 +230,19 @@ fn with_first_frame_alone_a_new_requests_first_frame_comes_in_a_step_of_its_own(
                 c.ar.guard.enabled = false;
             }),
         );
-        // Streams long enough that stage 0 still steps them when the new request comes.
+        // Streams long enough that stage 0 still steps them when the new request comes, and
+        // stepped long enough that the steps alone of their own start (they may join over a few
+        // steps) are a small share of stage 0's recent time.
         let mut running = sixteen_running(&engine, 2000);
+        let started = engine.batch_stats()[0].steps;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while engine.batch_stats()[0].steps < started + 200 {
+            assert!(
+                Instant::now() < deadline,
+                "stage 0 did not step 200 times in 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let before = engine.batch_stats()[0];
         let with = run(&engine, late.clone());
         let after = engine.batch_stats()[0];
