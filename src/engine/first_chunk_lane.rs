@@ -42,7 +42,7 @@ use super::request::RequestShared;
 use super::stage1::{
     Ready, ar_reason, decode_batched, deliver, fail, load_decoder, reference_context,
 };
-use super::stages::lock;
+use super::stages::{guarded, lock};
 use super::{DeviceSpec, FinishReason};
 use crate::models::tts::{Stage1Model, Stage1Options};
 
@@ -275,9 +275,15 @@ fn serve<C: Stage1Model>(c2w: &C, exit: &mut LaneExit<'_>) {
                 back.push(Handover::untouched(req));
                 continue;
             }
+            // The model's code: a panic here leaves the request to stage 1's thread (no audio is
+            // out yet), and the lane serves the next.
+            let Ok(stream) = guarded(|| Ok(c2w.stream())) else {
+                back.push(Handover::untouched(req));
+                continue;
+            };
             held.push(Held {
                 req,
-                stream: c2w.stream(),
+                stream,
                 timing: DecoderTiming::default(),
                 carry: Vec::new(),
                 pending: None,
@@ -428,6 +434,8 @@ mod tests {
         passes: Mutex<Vec<String>>,
         /// The stand-in's sample rate (`SPF` samples a frame).
         rate: Mutex<u32>,
+        /// Streams the stand-in is to refuse, by panicking, on the lane's thread.
+        lane_streams_to_panic: Mutex<usize>,
     }
 
     static GATES: LazyLock<Mutex<HashMap<PathBuf, Arc<Gate>>>> = LazyLock::new(Default::default);
@@ -494,6 +502,13 @@ mod tests {
         }
         fn set_max_batch_frames(&mut self, _: usize) {}
         fn stream(&self) -> StandInStream {
+            let on_lane = std::thread::current().name() == Some("omnitts-stage1-first-chunks");
+            let mut left = lock(&self.gate.lane_streams_to_panic);
+            if on_lane && *left > 0 {
+                *left -= 1;
+                drop(left);
+                panic!("the stand-in refuses a stream on the lane");
+            }
             StandInStream { decoded: 0 }
         }
         fn decode_chunks(
@@ -824,6 +839,34 @@ mod tests {
         match finished(&c_rx) {
             FinishReason::Error(msg) => assert!(msg.contains("frames 0..1"), "{msg}"),
             other => panic!("C finished {other:?}, not with its error"),
+        }
+    }
+
+    #[test]
+    fn a_stream_the_lane_cannot_make_goes_to_stage_1_and_the_lane_serves_on() {
+        let stage1 = Stage1::start("no-stream", true, 16);
+        *lock(&stage1.gate.lane_streams_to_panic) = 1;
+        // A: the lane's stream for it panics; stage 1's thread decodes it from the start.
+        let (a, a_rx) = stage1.submit(1);
+        push(&a, [(0, 0)]);
+        assert_eq!(audio(&a_rx), (0, expected(0..1)));
+        assert_eq!(
+            lock(&stage1.gate.passes).as_slice(),
+            ["omnitts-stage1-code2wav"],
+            "A's first chunk was not decoded on stage 1's thread"
+        );
+        // B: the lane is still there for it.
+        let (b, b_rx) = stage1.submit(2);
+        push(&b, [(0, 0)]);
+        assert_eq!(audio(&b_rx), (0, expected(0..1)));
+        assert_eq!(
+            lock(&stage1.gate.passes).last().map(String::as_str),
+            Some("omnitts-stage1-first-chunks"),
+            "B's first chunk was not decoded on the lane"
+        );
+        for (r, rx) in [(&a, &a_rx), (&b, &b_rx)] {
+            r.release_from_ar(FinishReason::Eos, ArTiming::default());
+            assert_eq!(finished(rx), FinishReason::Eos);
         }
     }
 
