@@ -47,19 +47,7 @@ const TEXTS: [&str; 3] = [
 ];
 
 fn greedy(frames: usize) -> SamplingParams {
-    SamplingParams {
-        do_sample: false,
-        temperature: 1.0,
-        top_k: 1,
-        top_p: 1.0,
-        repetition_penalty: 1.0,
-        subtalker_do_sample: false,
-        subtalker_temperature: 1.0,
-        subtalker_top_k: 1,
-        subtalker_top_p: 1.0,
-        max_new_tokens: frames + 1,
-        seed: 1,
-    }
+    SamplingParams::plain_greedy(frames + 1, 1)
 }
 
 fn load(dir: &std::path::Path, device: &Device, dtype: DType) -> Result<FishAr> {

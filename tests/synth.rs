@@ -77,19 +77,7 @@ fn reference(text: &str, props: &[(&str, gst::glib::Value)]) -> Vec<f32> {
 /// An `omnittssynth` with the tiny model, greedy decoding, a bus, and `props` (as gst-launch
 /// spells them).
 fn synth(props: &[(&str, &str)]) -> (gst::Element, gst::Bus) {
-    init();
-    let e = gst::ElementFactory::make("omnittssynth")
-        .property("model", fixture_model("tiny-customvoice"))
-        .property("do-sample", false)
-        .property("max-new-tokens", MAX_TOKENS)
-        .build()
-        .expect("omnittssynth");
-    for (k, val) in props {
-        e.set_property_from_str(k, val);
-    }
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
-    (e, bus)
+    element_util::synth_element(&fixture_model("tiny-customvoice"), MAX_TOKENS, props)
 }
 
 /// A Harness on `e` (created with its properties set: the harness starts it at once), a non-live

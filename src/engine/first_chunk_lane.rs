@@ -584,19 +584,7 @@ mod tests {
 
         /// A request with chunks of 1, then 4 frames, not queued yet.
         fn request(&self, id: u64) -> (Arc<RequestShared>, Receiver<EngineEvent>) {
-            let sampling = SamplingParams {
-                do_sample: false,
-                temperature: 1.0,
-                top_k: 1,
-                top_p: 1.0,
-                repetition_penalty: 1.0,
-                subtalker_do_sample: false,
-                subtalker_temperature: 1.0,
-                subtalker_top_k: 1,
-                subtalker_top_p: 1.0,
-                max_new_tokens: 100,
-                seed: 0,
-            };
+            let sampling = SamplingParams::plain_greedy(100, 0);
             let (tx, rx) = channel();
             let req = Arc::new(RequestShared::new(
                 id,

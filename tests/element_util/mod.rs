@@ -202,13 +202,12 @@ pub fn harness(props: &[(&str, glib::SendValue)]) -> (gst_check::Harness, gst::B
 }
 
 /// An `omnittssynth` on `model`, greedy, at most `max_tokens` codec frames an utterance, `props`
-/// (as gst-launch spells them) set in order after those, with a bus of its own; a Harness on it
-/// with a non-live upstream of UTF-8 text.
-pub fn synth_harness(
+/// (as gst-launch spells them) set in order after those, with a bus of its own.
+pub fn synth_element(
     model: &str,
     max_tokens: u32,
     props: &[(&str, &str)],
-) -> (gst_check::Harness, gst::Bus) {
+) -> (gst::Element, gst::Bus) {
     init();
     let e = gst::ElementFactory::make("omnittssynth")
         .property("model", model)
@@ -221,6 +220,16 @@ pub fn synth_harness(
     }
     let bus = gst::Bus::new();
     e.set_bus(Some(&bus));
+    (e, bus)
+}
+
+/// [`synth_element`] in a Harness with a non-live upstream of UTF-8 text.
+pub fn synth_harness(
+    model: &str,
+    max_tokens: u32,
+    props: &[(&str, &str)],
+) -> (gst_check::Harness, gst::Bus) {
+    let (e, bus) = synth_element(model, max_tokens, props);
     let mut h = gst_check::Harness::with_element(&e, Some("sink"), Some("src"));
     h.set_live(false);
     h.set_src_caps_str("text/x-raw,format=utf8");

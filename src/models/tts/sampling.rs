@@ -23,6 +23,25 @@ pub struct SamplingParams {
 }
 
 impl SamplingParams {
+    /// Greedy with neutral values everywhere (temperature 1, top-k 1, top-p 1, no repetition
+    /// penalty), at most `max_new_tokens` tokens, `seed`: for checks that want the argmax alone,
+    /// whatever a checkpoint's generation config says.
+    pub fn plain_greedy(max_new_tokens: usize, seed: u64) -> Self {
+        SamplingParams {
+            do_sample: false,
+            temperature: 1.0,
+            top_k: 1,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+            subtalker_do_sample: false,
+            subtalker_temperature: 1.0,
+            subtalker_top_k: 1,
+            subtalker_top_p: 1.0,
+            max_new_tokens,
+            seed,
+        }
+    }
+
     /// Greedy for both the talker and the code predictor (the exact-parity setting).
     pub fn greedy(mut self) -> Self {
         self.do_sample = false;
