@@ -14,6 +14,11 @@
 //! cargo run --release --features cuda --example bench_code2wav -- --model-dir CKPT --device cuda:0
 //! ```
 //! `OMNITTS_DECODER_KERNELS=0` runs the decoder without its CUDA kernels (the A/B of those).
+//!
+//! `--first-frame` adds, per precision, a fresh stream's one-frame first chunk eager and on its
+//! CUDA graph side by side ([`Code2Wav::enable_first_frame_graph`]): the time of each (p50 of
+//! `--first-frame-repeats`, audio read back), the graph's samples against the eager ones, and the
+//! accuracy streams decoded on the ramp with the graph against the whole decode.
 
 #[path = "common/cuda_profiler.rs"]
 mod cuda_profiler;
@@ -56,6 +61,12 @@ struct Args {
     /// `ncu --profile-from-start off`: the warm-up and accuracy decodes stay out of the profile.
     #[arg(long)]
     profile: bool,
+    /// Also time and check a fresh stream's one-frame first chunk, eager and on its graph.
+    #[arg(long)]
+    first_frame: bool,
+    /// Decodes of the first frame timed per variant.
+    #[arg(long, default_value_t = 50)]
+    first_frame_repeats: usize,
     /// Write the results as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -170,6 +181,62 @@ fn decode_both(c2w: &Code2Wav, inputs: &[Vec<Vec<u32>>]) -> Result<(Waves, Waves
     Ok((whole, streamed))
 }
 
+/// The largest absolute difference between `a` and `b` (∞ when their lengths differ).
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() {
+        return f32::INFINITY;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// `--first-frame`: a fresh stream's one-frame first chunk on `eager` and on `graphed` (the same
+/// checkpoint and dtype, its first-frame graph captured) side by side; `whole` are the accuracy
+/// streams decoded whole on `eager`.
+fn first_frame(
+    eager: &Code2Wav,
+    graphed: &Code2Wav,
+    inputs: &[Vec<Vec<u32>>],
+    whole: &[Vec<f32>],
+    repeats: usize,
+) -> Result<serde_json::Value> {
+    let time = |c2w: &Code2Wav| -> Result<(f64, Vec<f32>)> {
+        let mut ms = Vec::with_capacity(repeats);
+        let mut wav = Vec::new();
+        for i in 0..repeats.max(1) + 3 {
+            let frame = &inputs[i % inputs.len()][..1];
+            let t = Instant::now();
+            let w = c2w.stream().decode_chunk(frame).context("first frame")?;
+            if i >= 3 {
+                ms.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            if i % inputs.len() == 0 {
+                wav = w;
+            }
+        }
+        ms.sort_by(f64::total_cmp);
+        Ok((ms[ms.len() / 2], wav))
+    };
+    let (eager_ms, eager_wav) = time(eager)?;
+    let (graph_ms, graph_wav) = time(graphed)?;
+    let diff = max_abs(&eager_wav, &graph_wav);
+    let (_, streamed) = decode_both(graphed, inputs)?;
+    let boundaries = (0..inputs.len())
+        .map(|i| snr_db(&whole[i], &streamed[i]))
+        .fold(f64::INFINITY, f64::min);
+    println!(
+        "  first frame from a fresh state, p50 of {repeats}: eager {eager_ms:.2} ms, graph {graph_ms:.2} ms \
+         ({:.1}x); graph vs eager max abs diff {diff:e}; streamed with the graph vs whole: {boundaries:.1} dB",
+        eager_ms / graph_ms
+    );
+    Ok(
+        json!({"eager_ms_p50": eager_ms, "graph_ms_p50": graph_ms, "graph_vs_eager_max_abs": diff,
+              "snr_streamed_with_graph_vs_whole_db": boundaries}),
+    )
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let spec: DeviceSpec = args.device.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -208,9 +275,24 @@ fn main() -> Result<()> {
         println!(
             "  SNR against f32 (whole, worst of 4 streams): {vs_f32:.1} dB; streamed vs whole: {boundaries:.1} dB"
         );
+        let first = if args.first_frame {
+            let mut graphed = Code2Wav::load_with_dtype(&args.model_dir, &dev, dtype)?;
+            graphed
+                .enable_first_frame_graph()
+                .context("capturing the first-frame graph")?;
+            Some(first_frame(
+                &c2w,
+                &graphed,
+                &inputs,
+                &whole,
+                args.first_frame_repeats,
+            )?)
+        } else {
+            None
+        };
         results.push(
             json!({"precision": p, "timing": timing, "snr_vs_f32_db": vs_f32,
-                            "snr_streamed_vs_whole_db": boundaries}),
+                            "snr_streamed_vs_whole_db": boundaries, "first_frame": first}),
         );
     }
     #[cfg(feature = "cuda")]

@@ -286,11 +286,12 @@ fn load(args: &Args, config: StageConfig) -> Result<Engine> {
     })
     .with_context(|| format!("loading {}", args.model_dir.display()))?;
     eprintln!(
-        "engine for {n} streams loaded in {:.1} s; CUDA graphs {:?}, batched {:?}, first-chunk lane {:?}",
+        "engine for {n} streams loaded in {:.1} s; CUDA graphs {:?}, batched {:?}, first-chunk lane {:?}, decoder graphs {:?}",
         t.elapsed().as_secs_f64(),
         e.cuda_graphs(),
         e.batch_graphs(),
-        e.first_chunk_lane()
+        e.first_chunk_lane(),
+        e.decoder_graphs()
     );
     Ok(e)
 }
@@ -598,6 +599,8 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
         "first_chunk_lane": format!("{:?}", shared.first_chunk_lane()),
         "first_frame_alone": shared.stage_config().first_frame_alone_on(shared.devices().0),
         "stream_priority": std::env::var("OMNITTS_STREAM_PRIORITY").unwrap_or_else(|_| "default".into()),
+        "decoder_graphs": format!("{:?}", shared.decoder_graphs()),
+        "alone_arrivals": std::env::var("OMNITTS_ALONE_ARRIVALS").unwrap_or_else(|_| "default".into()),
         "rates": per_rate, "highest_rate_without_underruns": highest_clean,
     }))
 }

@@ -25,6 +25,12 @@
 #           (OMNITTS_STREAM_PRIORITY: none, or a list of ar, lane, decoder), ALONE stage 0's first
 #           frame in a step of its own (--first-frame-alone on|off);
 #  prio-closed  the closed loop at STREAMS (100 frames) for each of VARIANTS;
+#  ab       the open loop at RATES for each seed of SEEDS and each variant of AB (taking turns within a
+#           seed); AB is a space-separated list of NAME:ENV=V,ENV=V (the variant's environment; none
+#           after the colon for the defaults), e.g. AB="eager:OMNITTS_DECODER_FIRST_GRAPH=0 graph:";
+#  ab-closed  the closed loop at STREAMS (100 frames) for each variant of AB;
+#  c2w-first  bench_code2wav --first-frame (BIN_DIR needs it): a fresh stream's one-frame first chunk
+#           eager and on its CUDA graph, f32 and bf16, 1.7B codec shapes;
 #  protocol the issue's measurement as the serving benchmark runs it: for each rate of RATES, seeds
 #           1, 2 and 3, each with a 30 s warm-up at that rate and 60 s measured (~5 min a rate, so
 #           one or two rates a call; SIZE=0.6b for the small model, GREEDY=1 for greedy).
@@ -128,6 +134,28 @@ if has prio-closed; then
         p=${v%%:*} a=${v##*:}
         streams "closed-prio-${p//,/+}-alone-$a" 90 OMNITTS_STREAM_PRIORITY="$p" -- \
             --streams "$STREAMS" --frames 100 --first-frame-alone "$a"
+    done
+fi
+ab_env() { # VARIANT -> the ENV=V words of NAME:ENV=V,ENV=V
+    local e=${1#*:}; [ -n "$e" ] && echo "${e//,/ }"
+}
+if has c2w-first; then
+    limited c2w-first 150 -- "$bin/bench_code2wav" --model-dir /tmp/ckpt/1.7b --device cuda:0 \
+        --precisions f32,bf16 --rows 1,16 --first-frame --json "$out/c2w-first.json"
+fi
+if has ab; then
+    for seed in ${SEEDS//,/ }; do
+        for v in ${AB:-default:}; do
+            # shellcheck disable=SC2046
+            streams "open-ab-${v%%:*}-seed$seed" "${AB_LIMIT_S:-150}" $(ab_env "$v") -- --rates "$RATES" \
+                --seeds "$seed" --warmup-s "$WARMUP_S" --duration "$DURATION_S" --drain-s 10
+        done
+    done
+fi
+if has ab-closed; then
+    for v in ${AB:-default:}; do
+        # shellcheck disable=SC2046
+        streams "closed-ab-${v%%:*}" 90 $(ab_env "$v") -- --streams "$STREAMS" --frames 100
     done
 fi
 if has protocol; then

@@ -189,6 +189,7 @@ pub(crate) fn start<'scope, C: Stage1Model>(
             let loaded = device
                 .open_as(StreamRole::Lane)
                 .and_then(|dev| load_decoder::<C>(dir, &dev, &opts))
+                .map(|(c2w, _graphs)| c2w)
                 .map_err(|e| format!("the first-chunk lane's decoder: {e}"));
             let c2w = match loaded {
                 Ok(mut c2w) => {

@@ -14,6 +14,18 @@
 
 use std::time::{Duration, Instant};
 
+/// How stage 0 gives new requests their first frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct FirstFrameRules {
+    /// A step of the new rows alone, within [`AloneBudget`]
+    /// ([`super::StageConfig::first_frame_alone_on`]).
+    pub alone: bool,
+    /// After a step alone, the requests that arrived during it start (prefill, and their own
+    /// step alone if allowed) before the batched step instead of after it, once a batched step
+    /// (`OMNITTS_ALONE_ARRIVALS=1`; not measured on a GPU yet, so off by default).
+    pub arrivals_first: bool,
+}
+
 /// The most of stage 0's stepping time that steps alone may take. On the H200 at 40 requests a
 /// second (1.7B, 64 places), steps alone for every arrival took about a quarter of it and stage 0
 /// fell behind its arrivals; held to this share alone, they still cost underruns there

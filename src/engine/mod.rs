@@ -501,6 +501,12 @@ impl Engine {
         &self.info.first_chunk_lane
     }
 
+    /// Whether stage 1's decoder replays CUDA graphs (captured during [`Engine::load`]; Code2Wav:
+    /// a fresh stream's one-frame first chunk, `OMNITTS_DECODER_FIRST_GRAPH`).
+    pub fn decoder_graphs(&self) -> &CudaGraphs {
+        &self.info.decoder_graphs
+    }
+
     /// The model's sampling defaults (Qwen3-TTS: `generation_config.json`; Fish S2 Pro: its
     /// reference's) overridden by the stage config's `default_sampling_params` /
     /// `subtalker_sampling_params`.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::chunk_buffer::PushError;
 use super::config::ArStageConfig;
 use super::device::StreamRole;
-use super::first_frame::AloneBudget;
+use super::first_frame::{AloneBudget, FirstFrameRules};
 use super::metrics::{ArTiming, BatchCounters, FirstFrame};
 use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
@@ -45,12 +45,12 @@ pub(crate) struct ArInfo {
 }
 
 /// Stage 0's thread: loads the model on `device`, reports on `ready`, then runs the batching loop
-/// on `queue` until shutdown; `first_frame_alone`: [`super::StageConfig::first_frame_alone_on`].
+/// on `queue` until shutdown; `first_frame`: how new requests get their first frame.
 pub(crate) fn ar_thread<A: Stage0Model>(
     dir: PathBuf,
     device: DeviceSpec,
     cfg: ArStageConfig,
-    first_frame_alone: bool,
+    first_frame: FirstFrameRules,
     queue: Arc<StageQueue>,
     ready: mpsc::SyncSender<Result<ArInfo, EngineError>>,
     batches: Arc<BatchCounters>,
@@ -121,7 +121,7 @@ pub(crate) fn ar_thread<A: Stage0Model>(
     ArStage {
         model: &model,
         cfg: &cfg,
-        first_frame_alone,
+        first_frame,
         groups,
         batches: &batches,
     }
@@ -131,8 +131,8 @@ pub(crate) fn ar_thread<A: Stage0Model>(
 struct ArStage<'m, A: Stage0Model> {
     model: &'m A,
     cfg: &'m ArStageConfig,
-    /// New requests' first frames in a step of their own ([`AloneBudget`]).
-    first_frame_alone: bool,
+    /// How new requests get their first frame ([`AloneBudget`]).
+    first_frame: FirstFrameRules,
     groups: usize,
     batches: &'m BatchCounters,
 }
@@ -231,6 +231,8 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
     ///    finished prefill joins the decode batch;
     /// 4. with `first_frame_alone`, requests whose prefill has just ended get their first frame in
     ///    a step of their own first, while [`AloneBudget`] allows it (`engine/first_frame.rs`);
+    ///    with [`FirstFrameRules::arrivals_first`], after such a step the loop goes back to 1
+    ///    once, so that requests that arrived during it start before the batched step;
     /// 5. every decoding request that is not blocked (its chunk buffer full) advances one frame
     ///    in one batched forward ([`Stage0Model::next_frames`]); requests that end (EOS, length,
     ///    guard, cancel, error) leave the batch at once.
@@ -244,6 +246,8 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         // Open requests waiting for their first text id (they hold a slot).
         let mut opening: Vec<Opening<'m, A>> = Vec::new();
         let mut alone = AloneBudget::default();
+        // A step alone just ran and the loop went back for arrivals before the batched step.
+        let mut after_alone = false;
         loop {
             let seen = queue.signal.epoch();
             let (new, shutdown) = queue.drain();
@@ -358,7 +362,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                 }
             }
             let running = active.iter().filter(|a| a.frames > 0).count();
-            if self.first_frame_alone
+            if self.first_frame.alone
                 && alone.allows(
                     Instant::now(),
                     running,
@@ -370,8 +374,16 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                 progress |= stepped;
                 if let Some(took) = took {
                     alone.record(Instant::now(), took, true);
+                    // Requests that arrived during the step alone start (prefill, and their
+                    // own step alone if allowed) before the batched step, not after it; once a
+                    // batched step, so the running streams wait at most two steps alone.
+                    if self.first_frame.arrivals_first && !after_alone {
+                        after_alone = true;
+                        continue;
+                    }
                 }
             }
+            after_alone = false;
             let (stepped, took) = self.decode_step(&mut active, Rows::All);
             progress |= stepped;
             if let Some(took) = took {
@@ -763,4 +775,326 @@ enum Prefill<'m, A: Stage0Model> {
     Done(ArActive<'m, A>),
     /// The request was cancelled or failed and has let go.
     Released,
+}
+
+#[cfg(test)]
+mod tests {
+    //! Stage 0's loop on a stand-in model whose steps the test can hold.
+
+    use std::collections::HashMap;
+    use std::path::Path;
+    use std::sync::mpsc::{Receiver, channel};
+    use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
+
+    use super::*;
+    use crate::engine::chunk_buffer::{ChunkPolicy, Signal};
+    use crate::engine::config::StageConfig;
+    use crate::engine::request::AdmissionControl;
+    use crate::models::tts::{
+        ArStep, ModelError, NoOpenText, SamplingParams, Stage0Prefill, Stage0Session,
+        VoiceClonePrompt, VoiceRequest,
+    };
+
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The test's side of the stand-in, found by the checkpoint directory it is "loaded" from.
+    #[derive(Default)]
+    struct Gate {
+        /// The rows (their texts) of every step, in order.
+        steps: Mutex<Vec<Vec<String>>>,
+        /// A step whose rows include this text's first frame waits until it is cleared.
+        hold: Mutex<Option<String>>,
+        /// Whether a step is waiting on `hold`.
+        holding: Mutex<bool>,
+        cv: Condvar,
+    }
+
+    static GATES: LazyLock<Mutex<HashMap<PathBuf, Arc<Gate>>>> = LazyLock::new(Default::default);
+
+    fn gate(dir: &Path) -> Arc<Gate> {
+        lock(&GATES).entry(dir.to_path_buf()).or_default().clone()
+    }
+
+    /// Frames of two codes; a step takes `STEP`.
+    struct StandIn {
+        gate: Arc<Gate>,
+    }
+
+    const STEP: Duration = Duration::from_millis(1);
+
+    fn refused(what: &str) -> ModelError {
+        ModelError::InvalidRequest {
+            field: "model".into(),
+            value: "stand_in".into(),
+            msg: format!("the stand-in takes no {what}"),
+        }
+    }
+
+    struct Pending {
+        text: String,
+    }
+
+    struct Session {
+        text: String,
+        frames: usize,
+    }
+
+    impl Stage0Prefill for Pending {
+        type Session = Session;
+        fn remaining(&self) -> usize {
+            1
+        }
+        fn step(&mut self, _: usize) -> Result<bool, ModelError> {
+            Ok(true)
+        }
+        fn into_session(self) -> Result<Session, ModelError> {
+            Ok(Session {
+                text: self.text,
+                frames: 0,
+            })
+        }
+    }
+
+    impl Stage0Session for Session {
+        fn extend_text(&mut self, _: &[u32], _: bool) -> Result<(), ModelError> {
+            Ok(())
+        }
+        fn check_text_budget(&self, _: &str, _: usize) -> Result<(), ModelError> {
+            Ok(())
+        }
+    }
+
+    impl Stage0Model for StandIn {
+        const NAME: &'static str = "stand_in";
+        type Prefill<'m> = Pending;
+        type Session<'m> = Session;
+        type OpenText<'m> = NoOpenText;
+
+        fn load(
+            dir: &Path,
+            _: &candle_core::Device,
+            _: &Stage0Options,
+        ) -> Result<Self, ModelError> {
+            Ok(StandIn { gate: gate(dir) })
+        }
+        fn enable_cuda_graphs(&mut self) -> Result<(), ModelError> {
+            Ok(())
+        }
+        fn enable_batch_graphs(&mut self, _: usize) -> Result<Vec<usize>, ModelError> {
+            Ok(Vec::new())
+        }
+        fn weight_forms(&self) -> Vec<WeightForm> {
+            Vec::new()
+        }
+        fn num_codebooks(&self) -> usize {
+            2
+        }
+        fn text_tokens(&self, text: &str) -> usize {
+            text.len()
+        }
+        fn begin(&self, v: &VoiceRequest, _: &SamplingParams) -> Result<Pending, ModelError> {
+            Ok(Pending {
+                text: v.text.clone(),
+            })
+        }
+        fn open_text(&self) -> Result<NoOpenText, ModelError> {
+            Err(refused("open text"))
+        }
+        fn begin_open(
+            &self,
+            _: &VoiceRequest,
+            _: &SamplingParams,
+            _: &[u32],
+        ) -> Result<Pending, ModelError> {
+            Err(refused("open text"))
+        }
+        fn next_frames(&self, rows: &mut [&mut Session]) -> Vec<Result<ArStep, ModelError>> {
+            let texts: Vec<String> = rows.iter().map(|r| r.text.clone()).collect();
+            lock(&self.gate.steps).push(texts);
+            let hold = lock(&self.gate.hold).clone();
+            if rows
+                .iter()
+                .any(|r| r.frames == 0 && Some(&r.text) == hold.as_ref())
+            {
+                *lock(&self.gate.holding) = true;
+                self.gate.cv.notify_all();
+                let held = lock(&self.gate.hold);
+                drop(
+                    self.gate
+                        .cv
+                        .wait_while(held, |h| h.is_some())
+                        .unwrap_or_else(PoisonError::into_inner),
+                );
+                *lock(&self.gate.holding) = false;
+            }
+            std::thread::sleep(STEP);
+            rows.iter_mut()
+                .map(|r| {
+                    r.frames += 1;
+                    Ok(ArStep::Frame(vec![1, r.frames as u32]))
+                })
+                .collect()
+        }
+        fn encode_reference(
+            &self,
+            _: &[f32],
+            _: Option<&str>,
+            _: bool,
+        ) -> Result<VoiceClonePrompt, ModelError> {
+            Err(refused("voice clone"))
+        }
+    }
+
+    /// Stage 0 on the stand-in with steps alone, in a thread of its own.
+    struct Stage0 {
+        queue: Arc<StageQueue>,
+        gate: Arc<Gate>,
+        admission: Arc<AdmissionControl>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl Stage0 {
+        fn start(name: &str, arrivals_first: bool) -> Stage0 {
+            let dir = PathBuf::from(format!("/stand-in/{name}"));
+            let mut cfg = StageConfig::default_async().ar;
+            cfg.max_num_seqs = 16;
+            cfg.guard.enabled = false;
+            let queue = StageQueue::new();
+            let (tx, rx) = mpsc::sync_channel::<Result<ArInfo, EngineError>>(1);
+            let (q, d) = (queue.clone(), dir.clone());
+            let thread = std::thread::spawn(move || {
+                let rules = FirstFrameRules {
+                    alone: true,
+                    arrivals_first,
+                };
+                ar_thread::<StandIn>(d, DeviceSpec::Cpu, cfg, rules, q, tx, Arc::default())
+            });
+            rx.recv().expect("stage 0 reports").expect("stage 0 loads");
+            Stage0 {
+                queue,
+                gate: gate(&dir),
+                admission: AdmissionControl::new(32),
+                thread: Some(thread),
+            }
+        }
+
+        /// Queues a request of `text` on stage 0 (room for 100,000 frames, nobody takes them).
+        fn submit(&self, text: &str) -> (Arc<RequestShared>, Receiver<EngineEvent>) {
+            let voice = VoiceRequest {
+                text: text.into(),
+                ..VoiceRequest::default()
+            };
+            let (tx, rx) = channel();
+            let req = Arc::new(RequestShared::new(
+                0,
+                EngineRequest::new(voice, SamplingParams::plain_greedy(100_000, 0)),
+                ChunkPolicy::Streaming {
+                    initial: 1,
+                    chunk: 4,
+                    ramp: false,
+                },
+                100_000,
+                self.queue.signal.clone(),
+                Signal::new(),
+                tx,
+                Instant::now(),
+                self.admission.admit().expect("a place"),
+                None,
+                None,
+            ));
+            assert!(self.queue.push(req.clone()).is_ok());
+            (req, rx)
+        }
+
+        /// Waits (10 s at most) until a step holds on the gate.
+        fn wait_holding(&self) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !*lock(&self.gate.holding) {
+                assert!(Instant::now() < deadline, "no step held in 10 s");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+
+        fn steps(&self) -> Vec<Vec<String>> {
+            lock(&self.gate.steps).clone()
+        }
+    }
+
+    impl Drop for Stage0 {
+        fn drop(&mut self) {
+            *lock(&self.gate.hold) = None;
+            self.gate.cv.notify_all();
+            self.queue.shut_down();
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// The steps from the first frame of a request "first" on: 4 streams run, "first" arrives
+    /// and its step alone is held until "second" has arrived too.
+    fn steps_around_a_step_alone(name: &str, arrivals_first: bool) -> Vec<Vec<String>> {
+        let s = Stage0::start(name, arrivals_first);
+        let _running: Vec<_> = (0..4).map(|k| s.submit(&format!("running {k}"))).collect();
+        // The running streams step for a while: steps alone are then a small share of the time.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s.steps().len() < 300 {
+            assert!(Instant::now() < deadline, "stage 0 did not step 300 times");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        *lock(&s.gate.hold) = Some("first".into());
+        let _first = s.submit("first");
+        s.wait_holding();
+        let _second = s.submit("second");
+        *lock(&s.gate.hold) = None;
+        s.gate.cv.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let steps = s.steps();
+            let at = steps
+                .iter()
+                .position(|st| st.iter().any(|r| r == "first"))
+                .expect("the first request's step");
+            if steps[at..]
+                .iter()
+                .filter(|st| st.iter().any(|r| r == "second"))
+                .count()
+                >= 2
+            {
+                return steps[at..].to_vec();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the second request did not step twice"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_request_that_arrives_during_a_step_alone_starts_before_the_batched_step() {
+        let steps = steps_around_a_step_alone("arrivals-first", true);
+        assert_eq!(
+            steps[0],
+            ["first"],
+            "the first frame of \"first\" alone: {steps:?}"
+        );
+        assert_eq!(steps[1], ["second"], "\"second\" next, alone: {steps:?}");
+        assert_eq!(
+            steps[2].len(),
+            6,
+            "then the batched step of all six: {steps:?}"
+        );
+        // Without the rule the batched step of the five goes first.
+        let steps = steps_around_a_step_alone("batched-first", false);
+        assert_eq!(steps[0], ["first"], "{steps:?}");
+        assert_eq!(
+            steps[1].len(),
+            5,
+            "the batched step without \"second\": {steps:?}"
+        );
+        assert_eq!(steps[2], ["second"], "{steps:?}");
+    }
 }

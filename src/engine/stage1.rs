@@ -18,7 +18,7 @@ use super::metrics::{BatchCounters, DecoderTiming};
 use super::pass_plan::{Waiting, next_pass};
 use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
-use super::stages::{guarded, panic_message};
+use super::stages::{CudaGraphs, guarded, panic_message};
 use super::{AudioChunk, DTypeSpec, DeviceSpec, EngineError, EngineEvent, FinishReason, Metrics};
 use crate::models::tts::{Stage1Model, Stage1Options, Stage1Stream};
 use candle_core::DType;
@@ -33,6 +33,7 @@ pub(crate) struct DecInfo {
     pub quantizers: usize,
     pub device: DeviceSpec,
     pub first_chunk_lane: FirstChunkLane,
+    pub decoder_graphs: CudaGraphs,
 }
 
 pub(crate) fn dec_thread<C: Stage1Model>(
@@ -49,9 +50,10 @@ pub(crate) fn dec_thread<C: Stage1Model>(
         let opts = Stage1Options {
             dtype: decoder_dtype(&cfg, &dev)?,
         };
-        Ok((load_decoder::<C>(&dir, &dev, &opts)?, opts))
+        let (c2w, graphs) = load_decoder::<C>(&dir, &dev, &opts)?;
+        Ok((c2w, graphs, opts))
     })();
-    let (mut c2w, opts) = match loaded {
+    let (mut c2w, decoder_graphs, opts) = match loaded {
         Ok(m) => m,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -86,6 +88,7 @@ pub(crate) fn dec_thread<C: Stage1Model>(
             quantizers: c2w.num_codebooks(),
             device: device.resolve(),
             first_chunk_lane: lane_state,
+            decoder_graphs,
         };
         if ready.send(Ok(info)).is_err() {
             return;
@@ -102,23 +105,38 @@ pub(crate) fn dec_thread<C: Stage1Model>(
 }
 
 /// Loads the family's codec decoder from `dir` on `dev`, a panic inside the loader turned into an
-/// error. Errors: [`EngineError::Load`] (the loader's error), [`EngineError::Stage`] (a panic).
+/// error, and on CUDA captures its graphs ([`Stage1Model::enable_cuda_graphs`]; a failed or
+/// panicking capture leaves it eager and says why). Errors: [`EngineError::Load`] (the loader's
+/// error), [`EngineError::Stage`] (a panic while loading).
 pub(super) fn load_decoder<C: Stage1Model>(
     dir: &Path,
     dev: &candle_core::Device,
     opts: &Stage1Options,
-) -> Result<C, EngineError> {
-    match catch_unwind(AssertUnwindSafe(|| C::load(dir, dev, opts))) {
+) -> Result<(C, CudaGraphs), EngineError> {
+    let mut c2w = match catch_unwind(AssertUnwindSafe(|| C::load(dir, dev, opts))) {
         Ok(r) => r.map_err(|e| EngineError::Load {
             stage: 1,
             name: C::NAME,
             source: e,
-        }),
-        Err(p) => Err(EngineError::Stage {
-            stage: 1,
-            msg: format!("panicked while loading: {}", panic_message(p.as_ref())),
-        }),
-    }
+        })?,
+        Err(p) => {
+            return Err(EngineError::Stage {
+                stage: 1,
+                msg: format!("panicked while loading: {}", panic_message(p.as_ref())),
+            });
+        }
+    };
+    let graphs = if !dev.is_cuda() {
+        CudaGraphs::NotApplicable
+    } else {
+        match catch_unwind(AssertUnwindSafe(|| c2w.enable_cuda_graphs())) {
+            Ok(Ok(true)) => CudaGraphs::Enabled,
+            Ok(Ok(false)) => CudaGraphs::NotApplicable,
+            Ok(Err(e)) => CudaGraphs::Fallback(e.to_string()),
+            Err(p) => CudaGraphs::Fallback(format!("panicked: {}", panic_message(p.as_ref()))),
+        }
+    };
+    Ok((c2w, graphs))
 }
 
 /// The compute dtype of the codec decoder for `cfg` on `dev` (`dtype: bfloat16` needs CUDA); with

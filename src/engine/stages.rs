@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 
 use super::first_chunk_lane::FirstChunkLane;
+use super::first_frame::FirstFrameRules;
 use super::metrics::BatchCounters;
 use super::queue::StageQueue;
 use super::stage0::{ArInfo, ar_thread};
@@ -64,6 +65,9 @@ pub(crate) struct LoadedInfo {
     pub batch_graphs: BatchGraphs,
     /// Whether stage 1 runs its first-chunk lane.
     pub first_chunk_lane: FirstChunkLane,
+    /// Whether stage 1's decoder replays CUDA graphs (Code2Wav: a fresh stream's one-frame
+    /// first chunk; the first-chunk lane's decoder captures the same).
+    pub decoder_graphs: CudaGraphs,
     /// How stage 0's linear weights are stored.
     pub weight_forms: Vec<WeightForm>,
     /// Stage 0's and stage 1's batch tallies.
@@ -125,23 +129,16 @@ pub(crate) fn spawn<A: Stage0Model, C: Stage1Model>(
     let (ar_tx, ar_rx) = mpsc::sync_channel::<Result<ArInfo, EngineError>>(1);
     let ar_cfg = opts.stage_config.ar.clone();
     let ar_device = opts.ar_device;
-    let first_frame_alone = opts.stage_config.first_frame_alone_on(ar_device);
+    let first_frame = FirstFrameRules {
+        alone: opts.stage_config.first_frame_alone_on(ar_device),
+        arrivals_first: crate::nn::switches::Switches::get().arrivals_after_alone,
+    };
     let q = ar_queue.clone();
     let counters = ar_batches.clone();
     let dir = opts.model_dir.clone();
     let stage0 = thread::Builder::new()
         .name("omnitts-stage0-ar".to_string())
-        .spawn(move || {
-            ar_thread::<A>(
-                dir,
-                ar_device,
-                ar_cfg,
-                first_frame_alone,
-                q,
-                ar_tx,
-                counters,
-            )
-        });
+        .spawn(move || ar_thread::<A>(dir, ar_device, ar_cfg, first_frame, q, ar_tx, counters));
 
     let (dec_tx, dec_rx) = mpsc::sync_channel::<Result<DecInfo, EngineError>>(1);
     let dec_cfg = opts.stage_config.decoder.clone();
@@ -191,6 +188,7 @@ pub(crate) fn spawn<A: Stage0Model, C: Stage1Model>(
             cuda_graphs: ar.cuda_graphs,
             batch_graphs: ar.batch_graphs,
             first_chunk_lane: dec.first_chunk_lane,
+            decoder_graphs: dec.decoder_graphs,
             weight_forms: ar.weight_forms,
             batches: [ar_batches, dec_batches],
         }),

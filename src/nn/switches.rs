@@ -1,6 +1,7 @@
 //! The `OMNITTS_*` environment switches, read once per process, in one place. Each selects one of
-//! several equivalent CUDA execution paths, for A/B runs against the default (docs/cuda.md has
-//! the measurements); a build without the `cuda` feature reads none of them.
+//! several equivalent execution paths, for A/B runs against the default (docs/cuda.md has the
+//! measurements); a build without the `cuda` feature reads only `OMNITTS_ALONE_ARRIVALS`
+//! (which matters only while stage 0's `first_frame_alone` is on).
 //!
 //! | variable | values | default |
 //! |---|---|---|
@@ -14,6 +15,8 @@
 //! | `OMNITTS_DECODER_CONV` | `candle` Code2Wav's convolutions as candle's `conv1d` (im2col, GEMM, transposing copy) and transposed convolutions as one product and an overlap-add| `cols`: tap-major product input read in place, one GEMM writing `[batch, channels, time]`, the bias epilogue after it |
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
 //! | `OMNITTS_PREFILL_GRAPHS` | `0` prompts through the talker eagerly instead of on the prefill graphs | graphs |
+//! | `OMNITTS_DECODER_FIRST_GRAPH` | `1` a fresh stream's one-frame first chunk through Code2Wav on a CUDA graph (not measured on a GPU yet) | eager |
+//! | `OMNITTS_ALONE_ARRIVALS` | `1` after a step of new rows alone, stage 0 takes the requests that arrived during it before the batched step (`engine/first_frame.rs`; not measured on a GPU yet) | the batched step first |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams at the device's greatest priority: `none`, or a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread) | `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -108,6 +111,12 @@ pub struct Switches {
     pub prefill_graphs: bool,
     /// `OMNITTS_STREAM_PRIORITY`: which stages' CUDA streams run at the greatest priority.
     pub stream_priority: StreamPriority,
+    /// `OMNITTS_DECODER_FIRST_GRAPH`: Code2Wav decodes a fresh stream's one-frame first chunk on
+    /// a CUDA graph (`models/qwen3_tts/code2wav/first_frame.rs`).
+    pub decoder_first_graph: bool,
+    /// `OMNITTS_ALONE_ARRIVALS`: after a step of new rows alone, stage 0 takes the requests that
+    /// arrived during it before the batched step.
+    pub arrivals_after_alone: bool,
 }
 
 impl Default for Switches {
@@ -151,6 +160,8 @@ impl Switches {
             stream_priority: value("OMNITTS_STREAM_PRIORITY")
                 .and_then(|v| StreamPriority::parse(&v))
                 .unwrap_or_default(),
+            decoder_first_graph: is("OMNITTS_DECODER_FIRST_GRAPH", "1"),
+            arrivals_after_alone: is("OMNITTS_ALONE_ARRIVALS", "1"),
         }
     }
 }
@@ -182,6 +193,8 @@ mod tests {
         assert_eq!(s.decoder_conv, DecoderConv::Cols);
         assert!(s.prefill_graphs);
         assert_eq!(s.stream_priority, StreamPriority::default());
+        assert!(!s.decoder_first_graph);
+        assert!(!s.arrivals_after_alone);
     }
 
     #[test]
@@ -198,7 +211,11 @@ mod tests {
             ("OMNITTS_DECODER_CONV", " candle"),
             ("OMNITTS_PREFILL_GRAPHS", "0"),
             ("OMNITTS_STREAM_PRIORITY", "lane, decoder"),
+            ("OMNITTS_DECODER_FIRST_GRAPH", "1"),
+            ("OMNITTS_ALONE_ARRIVALS", " 1"),
         ]);
+        assert!(s.decoder_first_graph);
+        assert!(s.arrivals_after_alone);
         assert_eq!(
             s.stream_priority,
             StreamPriority {
@@ -239,6 +256,8 @@ mod tests {
             ("OMNITTS_CP_FRAME_GRAPH", ""),
             ("OMNITTS_BATCH_GRAPHS", "no"),
             ("OMNITTS_STREAM_PRIORITY", "ar,stage1"),
+            ("OMNITTS_DECODER_FIRST_GRAPH", "off"),
+            ("OMNITTS_ALONE_ARRIVALS", "no"),
         ]);
         assert_eq!(s, Switches::default());
         let s = with(&[("OMNITTS_STACK_BLOCKS_PER_SM", "many")]);

@@ -37,6 +37,14 @@ impl Stage1Model for Code2Wav {
         Code2Wav::set_max_batch_frames(self, frames)
     }
 
+    fn enable_cuda_graphs(&mut self) -> Result<bool, ModelError> {
+        if !crate::nn::switches::Switches::get().decoder_first_graph {
+            return Ok(false);
+        }
+        self.enable_first_frame_graph()?;
+        Ok(true)
+    }
+
     fn stream(&self) -> Code2WavStream<'_> {
         Code2Wav::stream(self)
     }

@@ -52,6 +52,12 @@ pub trait Stage1Model: Sized + 'static {
     /// Sets [`Stage1Model::max_batch_frames`] (`max_num_batched_tokens`, ≥ 1).
     fn set_max_batch_frames(&mut self, frames: usize);
 
+    /// Captures the decoder's CUDA graphs, if it has any (Code2Wav: a fresh stream's one-frame
+    /// first chunk); `true` when something was captured. An error leaves the decoder eager.
+    fn enable_cuda_graphs(&mut self) -> Result<bool, ModelError> {
+        Ok(false)
+    }
+
     /// A fresh exact stream.
     fn stream(&self) -> Self::Stream<'_>;
 

@@ -140,7 +140,9 @@ impl Code2Wav {
     /// `streams[i].decode_chunk(chunks[i])` alone returns: exactly `n_i × samples_per_frame`
     /// samples in [-1, 1], or its error. The streams may be at any point of their utterances
     /// and the chunks of any lengths; streams whose passes have equal lengths share them (see
-    /// the module docs).
+    /// the module docs). With [`Code2Wav::enable_first_frame_graph`], a fresh stream's one-frame
+    /// chunk replays the first-frame graph instead, and that stream's next chunk is decoded behind
+    /// the frame (first_frame.rs); the samples are the same.
     ///
     /// Errors, per stream: [`ModelError::InvalidRequest`] for bad codes, a stream of another
     /// model, or `chunks.len() != streams.len()` (every stream; none decodes); such a stream is
@@ -172,6 +174,55 @@ impl Code2Wav {
                 Ok(Vec::with_capacity(chunk.len() * spf))
             })
             .collect();
+        // Fresh streams' one-frame first chunks on the first-frame graph (first_frame.rs).
+        let mut on_graph = vec![false; streams.len()];
+        if let Some(graph) = &self.first_frame {
+            for i in 0..streams.len() {
+                if results[i].is_ok() && chunks[i].len() == 1 && streams[i].is_fresh() {
+                    on_graph[i] = true;
+                    results[i] = self.decode_first_frame(graph, streams[i], &chunks[i][0]);
+                }
+            }
+        }
+        // Every other chunk, behind the frames its stream still has to replay.
+        let replayed: Vec<usize> = streams
+            .iter()
+            .zip(chunks)
+            .enumerate()
+            .map(|(i, (s, c))| {
+                if on_graph[i] || c.is_empty() || results[i].is_err() {
+                    0
+                } else {
+                    s.replay.len()
+                }
+            })
+            .collect();
+        let joined: Vec<Vec<Vec<u32>>> = streams
+            .iter()
+            .zip(chunks)
+            .zip(&replayed)
+            .map(|((s, c), &r)| {
+                if r == 0 {
+                    Vec::new()
+                } else {
+                    s.replay.iter().chain(c.iter()).cloned().collect()
+                }
+            })
+            .collect();
+        let chunks: Vec<&[Vec<u32>]> = chunks
+            .iter()
+            .zip(&joined)
+            .enumerate()
+            .map(|(i, (&c, j))| {
+                if on_graph[i] {
+                    &[][..]
+                } else if replayed[i] > 0 {
+                    j.as_slice()
+                } else {
+                    c
+                }
+            })
+            .collect();
         let rounds = chunks
             .iter()
             .map(|chunk| chunk.len().div_ceil(per_pass))
@@ -196,7 +247,7 @@ impl Code2Wav {
                     match self.run_pass(streams, rows, &frames) {
                         Ok(wavs) => {
                             for (&i, wav) in rows.iter().zip(wavs) {
-                                let first = round * per_pass;
+                                let first = (round * per_pass).saturating_sub(replayed[i]);
                                 if let Ok(out) = &mut results[i] {
                                     match check_samples(wav, first, spf) {
                                         Ok(wav) => out.extend(wav),
@@ -215,7 +266,35 @@ impl Code2Wav {
                 }
             }
         }
+        for (i, &r) in replayed.iter().enumerate() {
+            if r > 0 {
+                streams[i].replay.clear();
+                if let Ok(wav) = &mut results[i] {
+                    wav.drain(..(r * spf).min(wav.len()));
+                }
+            }
+        }
         results
+    }
+
+    /// A fresh `stream`'s one-frame first chunk `frame` (validated) on the first-frame graph: its
+    /// samples, clamped; the stream then replays the frame in front of its next chunk.
+    fn decode_first_frame(
+        &self,
+        graph: &std::sync::Mutex<super::FirstFrameGraph>,
+        stream: &mut Code2WavStream<'_>,
+        frame: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let wav = graph
+            .lock()
+            .map_err(|_| {
+                candle_core::Error::Msg("code2wav: first-frame graph lock poisoned".into())
+            })?
+            .decode(self, frame)
+            .map_err(|e| candle_core::Error::Msg(format!("code2wav: first frame: {e}")))?;
+        let wav = check_samples(wav, 0, self.samples_per_frame())?;
+        stream.replay = vec![frame.to_vec()];
+        Ok(wav)
     }
 
     /// One pass over `frames[k]` (equal lengths) of the streams `streams[rows[k]]`, updating

@@ -21,10 +21,12 @@
 mod batch;
 mod config;
 mod decoder;
+mod first_frame;
 mod quantizer;
 mod transformer;
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use candle_core::{DType, Device, Tensor};
 
@@ -33,6 +35,7 @@ pub use config::{DecoderConfig, SpeechTokenizerConfig};
 
 use batch::{BatchState, stack_field};
 use decoder::{UpsampleStage, UpsampleState, Vocoder, VocoderState, causal_conv};
+use first_frame::FirstFrameGraph;
 use quantizer::SplitResidualVectorQuantizer;
 use transformer::{PreTransformer, PreTransformerState};
 
@@ -75,6 +78,8 @@ pub struct Code2Wav {
     device: Device,
     max_frames_per_pass: usize,
     max_batch_frames: usize,
+    /// A fresh stream's one-frame first chunk ([`Code2Wav::enable_first_frame_graph`]).
+    first_frame: Option<Mutex<FirstFrameGraph>>,
 }
 
 impl Code2Wav {
@@ -147,7 +152,28 @@ impl Code2Wav {
             } else {
                 DEFAULT_MAX_BATCH_FRAMES
             },
+            first_frame: None,
         })
+    }
+
+    /// Captures the CUDA graph of a fresh stream's one-frame first chunk (first_frame.rs):
+    /// afterwards [`Code2Wav::decode_chunks`] decodes such a chunk with one graph launch, the
+    /// audio the same. Errors: not a CUDA device, a build without `cuda`, a failed capture
+    /// (nothing changes then).
+    pub fn enable_first_frame_graph(&mut self) -> Result<(), ModelError> {
+        let mut g = FirstFrameGraph::new(self)?;
+        g.capture(self)?;
+        self.first_frame = Some(Mutex::new(g));
+        Ok(())
+    }
+
+    /// Whether fresh streams' one-frame first chunks replay a CUDA graph
+    /// ([`Code2Wav::enable_first_frame_graph`]).
+    pub fn first_frame_graph(&self) -> bool {
+        self.first_frame
+            .as_ref()
+            .and_then(|g| g.lock().ok().map(|g| g.captured()))
+            .unwrap_or(false)
     }
 
     /// Output samples per codec frame (`decode_upsample_rate`, 1920).
@@ -212,6 +238,7 @@ impl Code2Wav {
         Code2WavStream {
             model: self,
             state: self.init_state(),
+            replay: Vec::new(),
         }
     }
 
@@ -304,6 +331,11 @@ impl Code2Wav {
             ModelError::Candle(c) => c,
             other => candle_core::Error::Msg(other.to_string()),
         })?;
+        self.forward_latent(x, state)
+    }
+
+    /// [`Code2Wav::forward`] after the quantizer: `x` `[rows, codebook_dim, n]`.
+    fn forward_latent(&self, x: Tensor, state: &mut StreamState) -> candle_core::Result<Tensor> {
         let x = self.pre_conv.forward(&x, &mut state.pre_conv)?; // [rows, latent, n]
         let x = self.pre_transformer.forward(
             &x.transpose(1, 2)?.contiguous()?,
@@ -363,6 +395,10 @@ impl BatchState for StreamState {
 pub struct Code2WavStream<'a> {
     model: &'a Code2Wav,
     state: StreamState,
+    /// Frames whose audio is out but which `state` has not seen yet (a first chunk decoded on
+    /// the first-frame graph): the next chunk is decoded with them in front, their samples
+    /// dropped.
+    replay: Vec<Vec<u32>>,
 }
 
 impl Code2WavStream<'_> {
@@ -383,11 +419,17 @@ impl Code2WavStream<'_> {
 
     /// Frames decoded since the stream started (or was reset).
     pub fn frames_decoded(&self) -> usize {
-        self.state.pre_transformer.position()
+        self.state.pre_transformer.position() + self.replay.len()
     }
 
     /// Forgets all past frames: the next chunk starts a new utterance.
     pub fn reset(&mut self) {
         self.state = self.model.init_state();
+        self.replay.clear();
+    }
+
+    /// Whether nothing has been decoded since the stream started (or was reset).
+    fn is_fresh(&self) -> bool {
+        self.frames_decoded() == 0
     }
 }

@@ -100,6 +100,22 @@ impl SplitResidualVectorQuantizer {
         })
     }
 
+    /// The rows of the folded table that validated codes select, one row per stream, every row
+    /// `n` frames of `num_quantizers` ids: `q × codebook_size + id`, stream-major, then frame,
+    /// then codebook (`rows × n × num_quantizers` values).
+    pub(crate) fn table_rows(&self, rows: &[&[Vec<u32>]]) -> Vec<u32> {
+        let cb = self.codebook_size as u32;
+        rows.iter()
+            .flat_map(|codes| codes.iter())
+            .flat_map(|frame| {
+                frame
+                    .iter()
+                    .enumerate()
+                    .map(move |(q, &id)| q as u32 * cb + id)
+            })
+            .collect()
+    }
+
     /// Decodes validated codes, one row per stream, every row `n` frames of `num_quantizers` ids
     /// (each `< codebook_size`) → `[rows, codebook_dim, n]`.
     pub(crate) fn decode(&self, rows: &[&[Vec<u32>]]) -> Result<Tensor, ModelError> {
@@ -111,25 +127,26 @@ impl SplitResidualVectorQuantizer {
             ))
             .into());
         }
-        let cb = self.codebook_size as u32;
-        let ids: Vec<u32> = rows
-            .iter()
-            .flat_map(|codes| codes.iter())
-            .flat_map(|frame| {
-                frame
-                    .iter()
-                    .enumerate()
-                    .map(move |(q, &id)| q as u32 * cb + id)
-            })
-            .collect();
+        let ids = self.table_rows(rows);
         let ids = Tensor::from_vec(ids, rows.len() * n * self.num_quantizers, &self.device)?;
+        Ok(self.decode_rows(&ids, rows.len(), n)?)
+    }
+
+    /// [`Self::decode`] of table rows already on the device: `ids` `[rows × n × num_quantizers]`
+    /// u32 ([`Self::table_rows`]) → `[rows, codebook_dim, n]`.
+    pub(crate) fn decode_rows(
+        &self,
+        ids: &Tensor,
+        rows: usize,
+        n: usize,
+    ) -> candle_core::Result<Tensor> {
         let dim = self.table.dim(1)?;
         let x = self
             .table
-            .index_select(&ids, 0)?
-            .reshape((rows.len(), n, self.num_quantizers, dim))?
+            .index_select(ids, 0)?
+            .reshape((rows, n, self.num_quantizers, dim))?
             .sum(2)? // [rows, n, dim]
             .to_dtype(self.out_dtype)?;
-        Ok(x.transpose(1, 2)?.contiguous()?)
+        x.transpose(1, 2)?.contiguous()
     }
 }
