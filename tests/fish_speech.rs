@@ -414,6 +414,67 @@ fn streams_decoded_together_equal_each_alone() {
     assert_eq!(states[0].frames(), 0);
 }
 
+/// Streams past the codec's window (128 frames), at different positions but the same window
+/// fill, share the quantizer's pass (each row at its own RoPE positions) and still give each
+/// stream's samples alone to the bit; so do two fresh streams starting together.
+#[test]
+fn streams_past_the_window_decoded_together_equal_each_alone() {
+    let (c, exp) = (codec(), expected());
+    let once = codes_of(&exp["window.codes"]);
+    // Twice over, so both streams have frames to spare past the window.
+    let source: Codes = once.iter().map(|r| [r.as_slice(), r].concat()).collect();
+    let n = source[0].len();
+    assert!(n >= 160, "{n} frames");
+    let part = |start: usize, len: usize| -> Codes {
+        source
+            .iter()
+            .map(|r| r[start..start + len].to_vec())
+            .collect()
+    };
+    // Stream 0 at 130 frames, stream 1 at 141 (both past the window), stream 2 fresh.
+    let starts = [130usize, 141, 0];
+    let mut alone = vec![DecodeState::default(); 3];
+    for (s, &at) in alone.iter_mut().zip(&starts) {
+        let mut done = 0;
+        while done < at {
+            let k = (at - done).min(25);
+            c.decode_chunk(&part(done, k), s).unwrap();
+            done += k;
+        }
+    }
+    let mut together = alone.clone();
+    for round in 0..3 {
+        let len = [3usize, 1, 6][round];
+        let chunks: Vec<Codes> = (0..3).map(|i| part(starts[i] + 10 * round, len)).collect();
+        let want: Vec<Vec<f32>> = (0..3)
+            .map(|i| c.decode_chunk(&chunks[i], &mut alone[i]).unwrap())
+            .collect();
+        let refs: Vec<&Codes> = chunks.iter().collect();
+        let mut states: Vec<&mut DecodeState> = together.iter_mut().collect();
+        let got = c.decode_chunks(&refs, &mut states, 512);
+        for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
+            assert!(
+                g.unwrap() == *w,
+                "round {round}, stream {i}: batched differs from alone"
+            );
+        }
+    }
+    // Two fresh streams of different codes, together from their first frame.
+    let mut fresh = vec![DecodeState::default(), DecodeState::default()];
+    let mut lone = fresh.clone();
+    for round in 0..2 {
+        let chunks = [part(round * 4, 4), part(50 + round * 4, 4)];
+        let want: Vec<Vec<f32>> = (0..2)
+            .map(|i| c.decode_chunk(&chunks[i], &mut lone[i]).unwrap())
+            .collect();
+        let mut states: Vec<&mut DecodeState> = fresh.iter_mut().collect();
+        let got = c.decode_chunks(&[&chunks[0], &chunks[1]], &mut states, 512);
+        for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
+            assert!(g.unwrap() == *w, "fresh round {round}, stream {i}");
+        }
+    }
+}
+
 #[test]
 fn residual_codes_past_the_codebook_are_clamped() {
     let (c, exp) = (codec(), expected());

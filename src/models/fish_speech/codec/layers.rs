@@ -170,8 +170,12 @@ impl ConvNeXt {
 
     pub fn forward(&self, x: &Tensor, state: &mut CausalConvState) -> Result<Tensor> {
         let y = self.dwconv.forward(x, state)?.transpose(1, 2)?; // [b, t, c]
-        let y = self.pwconv1.forward(&self.norm.forward(&y)?)?.gelu_erf()?;
-        let y = self.pwconv2.forward(&y)?.broadcast_mul(&self.gamma)?;
+        // Row by row on the CPU: a stream in a batched pass rounds as it does alone.
+        let y =
+            crate::nn::conv::per_row_on_cpu(&self.norm.forward(&y)?, |r| self.pwconv1.forward(r))?
+                .gelu_erf()?;
+        let y = crate::nn::conv::per_row_on_cpu(&y, |r| self.pwconv2.forward(r))?
+            .broadcast_mul(&self.gamma)?;
         Ok((x + y.transpose(1, 2)?)?)
     }
 }

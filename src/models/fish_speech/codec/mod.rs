@@ -111,14 +111,16 @@ impl Codec {
     }
 
     /// Decodes the next chunk of several streams: `chunks[i]` `[10][frames_i]` on `states[i]`.
-    /// Each stream's quantizer half runs alone; the waveform decoder then runs once over the
-    /// streams whose chunks have the same length, in passes of at most `max_batch_frames`
-    /// frames (rows × frames), its states stacked along the batch ([`DecoderState::stack`]).
-    /// Rows never mix: each computes what its stream computes alone (on the CPU to the bit,
-    /// the products run row by row; on CUDA one product for all rows, within float rounding).
-    /// Returns per stream what `decode_chunk(chunks[i], states[i])` returns. Errors, per stream:
-    /// bad codes (that stream only, its state untouched), or a failed pass (every stream in it;
-    /// their states are then undefined).
+    /// The quantizer half runs once over the streams whose chunks have the same length and
+    /// whose post transformers the same window fill ([`QuantizerState::fill`]); the waveform
+    /// decoder then runs once over the streams whose chunks have the same length; both in
+    /// passes of at most `max_batch_frames` frames (rows × frames), the states stacked along
+    /// the batch ([`DecoderState::stack`]). Rows never mix: each computes what its stream
+    /// computes alone (on the CPU to the bit, the products run row by row; on CUDA one product
+    /// for all rows, within float rounding). Returns per stream what
+    /// `decode_chunk(chunks[i], states[i])` returns. Errors, per stream: bad codes (that stream
+    /// only, its state untouched), or a failed pass (every stream in it; their states are then
+    /// undefined).
     pub fn decode_chunks(
         &self,
         chunks: &[&Codes],
@@ -126,21 +128,56 @@ impl Codec {
         max_batch_frames: usize,
     ) -> Vec<Result<Vec<f32>>> {
         let mut out: Vec<Option<Result<Vec<f32>>>> = chunks.iter().map(|_| None).collect();
-        // The quantizer half, stream by stream; the latents wait by chunk length.
-        let mut by_len: std::collections::BTreeMap<usize, Vec<(usize, Tensor)>> =
+        // The quantizer half, by chunk length and window fill; the latents wait by chunk length.
+        let mut by_fill: std::collections::BTreeMap<(usize, usize), Vec<(usize, Tensor)>> =
             Default::default();
-        for (i, (codes, state)) in chunks.iter().zip(states.iter_mut()).enumerate() {
+        for (i, (codes, state)) in chunks.iter().zip(states.iter()).enumerate() {
             let frames = codes.first().map_or(0, Vec::len);
             if frames == 0 {
                 out[i] = Some(Ok(Vec::new()));
                 continue;
             }
-            let z = self
-                .codes_tensor(codes)
-                .and_then(|c| self.quantizer.decode(&c, &mut state.quantizer));
-            match z {
-                Ok(z) => by_len.entry(frames).or_default().push((i, z)),
+            match self.codes_tensor(codes) {
+                Ok(c) => {
+                    let fill = state.quantizer.fill(&self.quantizer);
+                    by_fill.entry((frames, fill)).or_default().push((i, c));
+                }
                 Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        let mut by_len: std::collections::BTreeMap<usize, Vec<(usize, Tensor)>> =
+            Default::default();
+        for ((frames, _), rows) in by_fill {
+            let per_pass = (max_batch_frames / frames).max(1);
+            for pass in rows.chunks(per_pass) {
+                let run = |states: &mut [&mut DecodeState]| -> Result<Tensor> {
+                    let codes = Tensor::cat(&pass.iter().map(|(_, c)| c).collect::<Vec<_>>(), 0)?;
+                    let mut qs: Vec<&mut QuantizerState> = states
+                        .iter_mut()
+                        .enumerate()
+                        .filter(|(i, _)| pass.iter().any(|(j, _)| j == i))
+                        .map(|(_, s)| &mut s.quantizer)
+                        .collect();
+                    self.quantizer.decode_rows(&codes, &mut qs)
+                };
+                match run(states) {
+                    Ok(z) => {
+                        for (r, (i, _)) in pass.iter().enumerate() {
+                            match z.narrow(0, r, 1) {
+                                Ok(zr) => by_len.entry(frames).or_default().push((*i, zr)),
+                                Err(e) => out[*i] = Some(Err(e.into())),
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let msg =
+                            format!("batched quantizer decode of {} streams: {e}", pass.len());
+                        for (i, _) in pass {
+                            out[*i] =
+                                Some(Err(FishError::Candle(candle_core::Error::Msg(msg.clone()))));
+                        }
+                    }
+                }
             }
         }
         let blocks = self.decoder.blocks();

@@ -20,7 +20,9 @@ use super::transformer::{WindowCache, WindowTransformer};
 use super::weights::CodecWeights;
 use crate::models::fish_speech::error::{FishError, Result};
 use crate::nn::Linear;
-use crate::nn::conv::{CausalConvState, ConvTransposeState, StreamingCausalConvTranspose1d};
+use crate::nn::conv::{
+    CausalConvState, ConvTransposeState, StreamingCausalConvTranspose1d, per_row_on_cpu,
+};
 
 /// One codebook with its projections.
 #[derive(Debug, Clone)]
@@ -55,11 +57,15 @@ impl Codebook {
         })
     }
 
-    /// `codes` `[b, t]` (u32, already clamped) → `[b, t, latent]`.
+    /// `codes` `[b, t]` (u32, already clamped) → `[b, t, latent]` (the projection row by row
+    /// on the CPU, so a row rounds as its stream alone).
     fn decode(&self, codes: &Tensor) -> Result<Tensor> {
         let (b, t) = codes.dims2()?;
-        let e = self.codebook.index_select(&codes.flatten_all()?, 0)?;
-        Ok(self.out_proj.forward(&e)?.reshape((b, t, ()))?)
+        let e = self
+            .codebook
+            .index_select(&codes.flatten_all()?, 0)?
+            .reshape((b, t, ()))?;
+        Ok(per_row_on_cpu(&e, |r| self.out_proj.forward(r))?)
     }
 
     /// Nearest entries of `z` `[b, t, latent]`: `(codes [b, t], out_proj(entries) [b, t, latent])`.
@@ -87,6 +93,14 @@ impl Codebook {
 pub struct QuantizerState {
     post: WindowCache,
     up: Vec<(ConvTransposeState, CausalConvState)>,
+}
+
+impl QuantizerState {
+    /// Past frames the post transformer's next chunk attends to ([`WindowCache::fill`]):
+    /// streams with equal fill and chunk length share a [`Quantizer::decode_rows`] pass.
+    pub fn fill(&self, q: &Quantizer) -> usize {
+        self.post.fill(q.post.window())
+    }
 }
 
 /// The quantizer's weights.
@@ -172,7 +186,26 @@ impl Quantizer {
     /// Codes `[b, 1 + residual, t]` (u32) → latent `[b, latent, t · downsampling]`, continuing
     /// `state`'s stream.
     pub fn decode(&self, codes: &Tensor, state: &mut QuantizerState) -> Result<Tensor> {
-        let (_, n, _) = codes.dims3()?;
+        self.decode_rows(codes, &mut [state])
+    }
+
+    /// Codes `[rows, 1 + residual, t]` (u32) → latent `[rows, latent, t · downsampling]`, row `r`
+    /// continuing `states[r]`'s stream. The states must have the same [`QuantizerState::fill`];
+    /// each row computes what its stream computes alone (on the CPU to the bit). Errors: a wrong
+    /// codebook count or state count, different fills; after a failed pass the states are
+    /// undefined.
+    pub fn decode_rows(
+        &self,
+        codes: &Tensor,
+        states: &mut [&mut QuantizerState],
+    ) -> Result<Tensor> {
+        let (b, n, _) = codes.dims3()?;
+        if states.len() != b {
+            return Err(FishError::Candle(candle_core::Error::Msg(format!(
+                "codec quantizer: {b} rows of codes for {} states",
+                states.len()
+            ))));
+        }
         if n != 1 + self.residual.len() {
             return Err(FishError::InvalidRequest {
                 field: "codes",
@@ -199,12 +232,32 @@ impl Quantizer {
             Some(r) => (sem + r)?,
             None => sem,
         };
-        let mut z = self.post.forward(&z.transpose(1, 2)?, &mut state.post)?;
-        if state.up.len() != self.up.len() {
-            state.up = vec![Default::default(); self.up.len()];
+        let mut posts: Vec<&mut WindowCache> = states.iter_mut().map(|s| &mut s.post).collect();
+        let mut z = self.post.forward_rows(&z.transpose(1, 2)?, &mut posts)?;
+        for s in states.iter_mut() {
+            if s.up.len() != self.up.len() {
+                s.up = vec![Default::default(); self.up.len()];
+            }
         }
-        for ((conv, block), (cs, bs)) in self.up.iter().zip(state.up.iter_mut()) {
-            z = block.forward(&conv.forward(&z, cs)?, bs)?;
+        for (i, (conv, block)) in self.up.iter().enumerate() {
+            let (mut cs, mut bs) = if b == 1 {
+                std::mem::take(&mut states[0].up[i])
+            } else {
+                let convs: Vec<&ConvTransposeState> = states.iter().map(|s| &s.up[i].0).collect();
+                let blocks: Vec<&CausalConvState> = states.iter().map(|s| &s.up[i].1).collect();
+                (
+                    ConvTransposeState::stack(&convs)?,
+                    CausalConvState::stack(&blocks)?,
+                )
+            };
+            z = block.forward(&conv.forward(&z, &mut cs)?, &mut bs)?;
+            if b == 1 {
+                states[0].up[i] = (cs, bs);
+            } else {
+                for ((s, c), k) in states.iter_mut().zip(cs.split(b)?).zip(bs.split(b)?) {
+                    s.up[i] = (c, k);
+                }
+            }
         }
         Ok(z)
     }

@@ -11,6 +11,7 @@ use super::config::TransformerConfig;
 use super::weights::CodecWeights;
 use crate::models::fish_speech::error::{FishError, Result};
 use crate::models::fish_speech::rope::RopeTable;
+use crate::nn::conv::per_row_on_cpu;
 use crate::nn::{Linear, RmsNorm};
 
 /// Past keys/values of each layer (at most `window − 1` positions) and the next position.
@@ -25,6 +26,21 @@ impl WindowCache {
     pub fn position(&self) -> usize {
         self.position
     }
+
+    /// Past positions the next chunk attends to: the last `window − 1` at most (all without a
+    /// window). Streams with equal fill share [`WindowTransformer::forward_rows`].
+    pub fn fill(&self, window: Option<usize>) -> usize {
+        match window {
+            Some(w) => self.position.min(w.saturating_sub(1)),
+            None => self.position,
+        }
+    }
+}
+
+/// `layer.forward(x)` over `[rows, t, in]`, row by row on the CPU (each row then rounds as its
+/// stream alone), one product on CUDA.
+fn rows(layer: &Linear, x: &Tensor) -> Result<Tensor> {
+    Ok(per_row_on_cpu(x, |r| layer.forward(r))?)
 }
 
 #[derive(Debug, Clone)]
@@ -149,43 +165,100 @@ impl WindowTransformer {
         })
     }
 
+    /// The attention window (`None`: every past position).
+    pub fn window(&self) -> Option<usize> {
+        self.window
+    }
+
     /// `x` `[b, input_dim, t]` → `[b, input_dim, t]`, continuing `cache`'s stream.
     pub fn forward(&self, x: &Tensor, cache: &mut WindowCache) -> Result<Tensor> {
+        self.forward_rows(x, &mut [cache])
+    }
+
+    /// `x` `[rows, input_dim, t]` → `[rows, input_dim, t]`, row `r` continuing `caches[r]`'s
+    /// stream, each at its own positions; the rows' caches must have the same
+    /// [`WindowCache::fill`] (one mask serves them all). Each row computes what its stream
+    /// computes alone (on the CPU to the bit: the products run row by row).
+    ///
+    /// Errors: `caches.len()` is not `rows`, or the fills differ.
+    pub fn forward_rows(&self, x: &Tensor, caches: &mut [&mut WindowCache]) -> Result<Tensor> {
+        let b = x.dim(0)?;
+        if caches.len() != b {
+            return Err(FishError::Candle(candle_core::Error::Msg(format!(
+                "codec transformer: {b} rows for {} caches",
+                caches.len()
+            ))));
+        }
+        let past = caches.first().map_or(0, |c| c.fill(self.window));
+        if caches.iter().any(|c| c.fill(self.window) != past) {
+            return Err(FishError::Candle(candle_core::Error::Msg(
+                "codec transformer: rows of different window fills in one pass".into(),
+            )));
+        }
         let mut h = x.transpose(1, 2)?.contiguous()?;
         if let Some(p) = &self.input_proj {
-            h = p.forward(&h)?;
+            h = rows(p, &h)?;
         }
-        if cache.layers.len() != self.layers.len() {
-            cache.layers = vec![None; self.layers.len()];
+        for c in caches.iter_mut() {
+            if c.layers.len() != self.layers.len() {
+                c.layers = vec![None; self.layers.len()];
+            }
         }
-        let start = cache.position;
-        for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            let a = self.attention(layer, &layer.attention_norm.forward(&h)?, start, c)?;
+        let starts: Vec<usize> = caches.iter().map(|c| c.position).collect();
+        for (l, layer) in self.layers.iter().enumerate() {
+            let mut past_kv: Vec<Option<(Tensor, Tensor)>> =
+                caches.iter_mut().map(|c| c.layers[l].take()).collect();
+            let a = self.attention(
+                layer,
+                &layer.attention_norm.forward(&h)?,
+                &starts,
+                &mut past_kv,
+            )?;
+            for (c, kv) in caches.iter_mut().zip(past_kv) {
+                c.layers[l] = kv;
+            }
             h = (&h + a.broadcast_mul(&layer.attention_scale)?)?;
             let n = layer.ffn_norm.forward(&h)?;
-            let f = layer.w2.forward(
-                &(candle_nn::ops::silu(&layer.w1.forward(&n)?)? * layer.w3.forward(&n)?)?,
+            let f = rows(
+                &layer.w2,
+                &(candle_nn::ops::silu(&rows(&layer.w1, &n)?)? * rows(&layer.w3, &n)?)?,
             )?;
             h = (&h + f.broadcast_mul(&layer.ffn_scale)?)?;
         }
-        cache.position += h.dim(1)?;
+        let t = h.dim(1)?;
+        caches.iter_mut().for_each(|c| c.position += t);
         let mut h = self.norm.forward(&h)?;
         if let Some(p) = &self.output_proj {
-            h = p.forward(&h)?;
+            h = rows(p, &h)?;
         }
         Ok(h.transpose(1, 2)?.contiguous()?)
     }
 
+    /// RoPE of `x` `[rows, heads, t, head_dim]`, row `r` at positions `starts[r]..`.
+    fn rope_rows(&self, x: &Tensor, starts: &[usize]) -> Result<Tensor> {
+        if starts.iter().all(|&s| s == starts[0]) {
+            return Ok(RopeTable::apply_at(x, starts[0], self.rope_base)?);
+        }
+        let parts = starts
+            .iter()
+            .enumerate()
+            .map(|(r, &s)| RopeTable::apply_at(&x.narrow(0, r, 1)?, s, self.rope_base))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&parts, 0)?)
+    }
+
+    /// One layer's attention over the rows `x` `[rows, t, dim]` at `starts`; `caches[r]` holds
+    /// row `r`'s past keys and values (all of the same length) and gets the new ones.
     fn attention(
         &self,
         layer: &Layer,
         x: &Tensor,
-        start: usize,
-        cache: &mut Option<(Tensor, Tensor)>,
+        starts: &[usize],
+        caches: &mut [Option<(Tensor, Tensor)>],
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
         let (nh, hd) = (self.n_head, self.head_dim);
-        let qkv = layer.wqkv.forward(x)?;
+        let qkv = rows(&layer.wqkv, x)?;
         let split = |i: usize| -> Result<Tensor> {
             Ok(qkv
                 .narrow(2, i * nh * hd, nh * hd)?
@@ -193,19 +266,28 @@ impl WindowTransformer {
                 .transpose(1, 2)?
                 .contiguous()?)
         };
-        let q = RopeTable::apply_at(&split(0)?, start, self.rope_base)?;
-        let k = RopeTable::apply_at(&split(1)?, start, self.rope_base)?;
+        let q = self.rope_rows(&split(0)?, starts)?;
+        let k = self.rope_rows(&split(1)?, starts)?;
         let v = split(2)?;
-        let (k, v, past) = match cache.take() {
-            Some((pk, pv)) => {
-                let past = pk.dim(2)?;
-                (
-                    Tensor::cat(&[&pk, &k], 2)?,
-                    Tensor::cat(&[&pv, &v], 2)?,
-                    past,
-                )
-            }
-            None => (k, v, 0),
+        let taken: Vec<(Tensor, Tensor)> = caches.iter_mut().filter_map(Option::take).collect();
+        let (k, v, past) = if taken.is_empty() {
+            (k, v, 0)
+        } else if taken.len() == b {
+            let stack = |pick: fn(&(Tensor, Tensor)) -> &Tensor| -> Result<Tensor> {
+                let parts: Vec<&Tensor> = taken.iter().map(pick).collect();
+                Ok(Tensor::cat(&parts, 0)?)
+            };
+            let (pk, pv) = (stack(|kv| &kv.0)?, stack(|kv| &kv.1)?);
+            let past = pk.dim(2)?;
+            (
+                Tensor::cat(&[&pk, &k], 2)?,
+                Tensor::cat(&[&pv, &v], 2)?,
+                past,
+            )
+        } else {
+            return Err(FishError::Candle(candle_core::Error::Msg(
+                "codec transformer: some rows have past keys and some none".into(),
+            )));
         };
         let s = past + t;
         // key j (absolute start − past + j) is visible to query i (absolute start + i) when it
@@ -235,10 +317,12 @@ impl WindowTransformer {
             Some(w) => (w - 1).min(s),
             None => s,
         };
-        *cache = Some((
-            k.narrow(2, s - keep, keep)?.contiguous()?,
-            v.narrow(2, s - keep, keep)?.contiguous()?,
-        ));
-        Ok(layer.wo.forward(&y)?)
+        for (r, c) in caches.iter_mut().enumerate() {
+            *c = Some((
+                k.narrow(0, r, 1)?.narrow(2, s - keep, keep)?.contiguous()?,
+                v.narrow(0, r, 1)?.narrow(2, s - keep, keep)?.contiguous()?,
+            ));
+        }
+        rows(&layer.wo, &y)
     }
 }
