@@ -151,6 +151,43 @@ fn main() -> Result<()> {
     }
     drop(gpu);
 
+    // With OMNITTS_FISH_GRAPHS=1: the fast AR on its CUDA graphs (graphs.rs) against the eager
+    // frames, alone (bucket 1: the same products, so the same frames) and batched (a padded
+    // bucket: GEMMs over more rows, reported).
+    if std::env::var("OMNITTS_FISH_GRAPHS").as_deref() == Ok("1") {
+        let mut graphed = load(dir, &dev, DType::F32)?;
+        match graphed.enable_batch_graphs(TEXTS.len()) {
+            Ok(buckets) => {
+                println!("fast AR graphs captured, batch buckets {buckets:?}");
+                for (i, t) in TEXTS.iter().enumerate() {
+                    let got = frames(&graphed, &[t], args.frames)?.remove(0);
+                    let (same, first) = agreement(&got, &want[i]);
+                    println!(
+                        "graphs alone vs cpu, text {i}: {same}/{} frames equal, first difference {first:?}",
+                        want[i].len()
+                    );
+                    if first.is_some() {
+                        failed.push(format!("graphs text {i}"));
+                    }
+                    report.insert(format!("graphs_text{i}_first_difference"), first.into());
+                }
+                let on_graphs = frames(&graphed, &TEXTS, args.frames)?;
+                for (i, (g, b)) in on_graphs.iter().zip(&batched).enumerate() {
+                    let (same, first) = agreement(g, b);
+                    println!(
+                        "graphs batched vs eager batched, text {i}: {same}/{} frames equal, first difference {first:?}",
+                        b.len()
+                    );
+                    report.insert(format!("graphs_batched_text{i}_equal"), same.into());
+                }
+            }
+            Err(e) => {
+                println!("fast AR graphs: {e}");
+                failed.push("graphs capture".into());
+            }
+        }
+    }
+
     let bf16 = load(dir, &dev, DType::BF16)?;
     let mut agree = 0;
     let mut total = 0;

@@ -10,12 +10,15 @@
 #           head-norm-free attention Fish's fast AR takes among them);
 #  check    fish_check on a small checkpoint (real vocabulary, head width 64; /tmp/s2small): f32 on
 #           the GPU = the CPU frame for frame (the CPU is what the parity tests hold to the
-#           reference), batched = alone, bf16 agreement, the codec's decode;
+#           reference), batched = alone, bf16 agreement, the codec's decode, and the fast AR on its
+#           CUDA graphs (OMNITTS_FISH_GRAPHS=1 for this check: alone = the CPU, batched vs eager);
 #  closed   bench_streams closed loop on the real shapes (/tmp/s2pro, written once per machine):
 #           STREAMS streams of CLOSED_FRAMES frames, greedy: ms per frame at 1 stream, first audio,
 #           aggregate audio-s/s;
 #  open     bench_streams open loop (RATES, SEEDS, WARMUP_S + DURATION_S): first audio under
-#           Poisson arrivals as the serving engines are measured.
+#           Poisson arrivals as the serving engines are measured;
+#  graphs   the closed loop at STREAMS again with the fast AR on its CUDA graphs
+#           (OMNITTS_FISH_GRAPHS=1), beside `closed` in the same call.
 # The reference's own timings on the same /tmp/s2pro: scripts/gpu-fish-ref.sh (a second call on the
 # same warm machine skips the checkpoint).
 set -uo pipefail
@@ -43,13 +46,16 @@ ckpt() { # SHAPE DIR: the checkpoint, with the reference's classes (skipped when
 has kernels && run kernels 150 "$bin/gpu_parity" --check-kernels --device cuda:0
 if has check; then
     stamp "small checkpoint"; ckpt small /tmp/s2small
-    run check 120 "$bin/fish_check" --model-dir /tmp/s2small --device cuda:0 --frames 40
+    OMNITTS_FISH_GRAPHS=1 run check 150 "$bin/fish_check" --model-dir /tmp/s2small --device cuda:0 \
+        --frames 40
 fi
-if has closed || has open; then
+if has closed || has open || has graphs; then
     stamp "real-shape checkpoint"; ckpt real /tmp/s2pro
 fi
 has closed && run closed 240 "$bin/bench_streams" --model-dir /tmp/s2pro --device cuda:0 --shared-only \
     --streams "$STREAMS" --frames "$CLOSED_FRAMES" --json "$out/closed.json"
 has open && run open 200 "$bin/bench_streams" --model-dir /tmp/s2pro --device cuda:0 --rates "$RATES" \
     --seeds "$SEEDS" --warmup-s "$WARMUP_S" --duration "$DURATION_S" --json "$out/open.json"
+has graphs && OMNITTS_FISH_GRAPHS=1 run closed-graphs 240 "$bin/bench_streams" --model-dir /tmp/s2pro \
+    --device cuda:0 --shared-only --streams "$STREAMS" --frames "$CLOSED_FRAMES" --json "$out/closed-graphs.json"
 stamp done

@@ -42,6 +42,7 @@ use super::request::RequestShared;
 use super::stage1::{
     Ready, ar_reason, decode_batched, deliver, fail, load_decoder, reference_context,
 };
+use super::stages::CudaGraphs;
 use super::stages::{guarded, lock};
 use super::{DeviceSpec, FinishReason};
 use crate::models::tts::{Stage1Model, Stage1Options};
@@ -172,12 +173,12 @@ pub(crate) fn start<'scope, C: Stage1Model>(
     opts: Stage1Options,
     max_batch_frames: usize,
     queue: Arc<StageQueue>,
-) -> Result<Arc<LaneShared>, String> {
+) -> Result<(Arc<LaneShared>, CudaGraphs), String> {
     let shared = Arc::new(LaneShared {
         inbox: Mutex::new(Inbox::default()),
         queue,
     });
-    let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<(), String>>(1);
+    let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<CudaGraphs, String>>(1);
     let lane = shared.clone();
     std::thread::Builder::new()
         .name("omnitts-stage1-first-chunks".to_string())
@@ -189,12 +190,11 @@ pub(crate) fn start<'scope, C: Stage1Model>(
             let loaded = device
                 .open_as(StreamRole::Lane)
                 .and_then(|dev| load_decoder::<C>(dir, &dev, &opts))
-                .map(|(c2w, _graphs)| c2w)
                 .map_err(|e| format!("the first-chunk lane's decoder: {e}"));
             let c2w = match loaded {
-                Ok(mut c2w) => {
+                Ok((mut c2w, graphs)) => {
                     c2w.set_max_batch_frames(max_batch_frames);
-                    let _ = ready_tx.send(Ok(()));
+                    let _ = ready_tx.send(Ok(graphs));
                     c2w
                 }
                 Err(msg) => {
@@ -206,10 +206,10 @@ pub(crate) fn start<'scope, C: Stage1Model>(
             serve(&c2w, &mut exit);
         })
         .map_err(|e| format!("cannot spawn the first-chunk lane: {e}"))?;
-    ready_rx
+    let graphs = ready_rx
         .recv()
         .unwrap_or_else(|_| Err("the first-chunk lane exited while loading".to_string()))?;
-    Ok(shared)
+    Ok((shared, graphs))
 }
 
 /// A request the lane holds, with its own stream on the lane's decoder.

@@ -15,13 +15,15 @@
 use std::time::{Duration, Instant};
 
 /// How stage 0 gives new requests their first frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct FirstFrameRules {
     /// A step of the new rows alone, within [`AloneBudget`]
     /// ([`super::StageConfig::first_frame_alone_on`]).
     pub alone: bool,
-    /// After a step alone, the requests that arrived during it start (prefill, and their own
-    /// step alone if allowed) before the batched step instead of after it, once a batched step
+    /// The most of the stepping time steps alone may take ([`ALONE_SHARE`]).
+    pub alone_share: f64,
+    /// After a step alone, requests that arrived during it start (prefill, and their own step
+    /// alone if allowed) before the batched step instead of after it, once a batched step
     /// (`OMNITTS_ALONE_ARRIVALS=1`; not measured on a GPU yet, so off by default).
     pub arrivals_first: bool,
 }
@@ -36,8 +38,10 @@ pub const ALONE_SHARE: f64 = 0.1;
 pub const TAU: Duration = Duration::from_secs(1);
 
 /// Stage 0's recent stepping time, all steps and steps alone, decayed with [`TAU`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct AloneBudget {
+    /// The share of the stepping time steps alone may take.
+    share: f64,
     /// Seconds of steps alone, decayed.
     alone: f64,
     /// Seconds of all steps, decayed.
@@ -46,7 +50,23 @@ pub(crate) struct AloneBudget {
     at: Option<Instant>,
 }
 
+impl Default for AloneBudget {
+    fn default() -> Self {
+        Self::new(ALONE_SHARE)
+    }
+}
+
 impl AloneBudget {
+    /// A budget that lets steps alone take `share` of the stepping time.
+    pub fn new(share: f64) -> Self {
+        Self {
+            share,
+            alone: 0.0,
+            all: 0.0,
+            at: None,
+        }
+    }
+
     fn decay(&mut self, now: Instant) {
         if let Some(at) = self.at {
             let k = (-now.saturating_duration_since(at).as_secs_f64() / TAU.as_secs_f64()).exp();
@@ -60,7 +80,7 @@ impl AloneBudget {
     /// places of stage 0's `places` (`max_num_seqs`) and `waiting` requests wait for one.
     pub fn allows(&mut self, now: Instant, running: usize, places: usize, waiting: usize) -> bool {
         self.decay(now);
-        waiting == 0 && 2 * running < places && self.alone <= ALONE_SHARE * self.all
+        waiting == 0 && 2 * running < places && self.alone <= self.share * self.all
     }
 
     /// Counts a step of `took` that ended at `now`; `alone`: a step of new rows alone.

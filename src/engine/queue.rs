@@ -73,6 +73,11 @@ impl StageQueue {
         lock(&self.state).shutdown
     }
 
+    /// Whether requests wait to be drained.
+    pub(crate) fn has_requests(&self) -> bool {
+        !lock(&self.state).items.is_empty()
+    }
+
     pub(crate) fn drain(&self) -> (Vec<Arc<RequestShared>>, bool) {
         let mut g = lock(&self.state);
         (g.items.drain(..).collect(), g.shutdown)

@@ -74,11 +74,15 @@ pub(crate) fn dec_thread<C: Stage1Model>(
                 max_batch_frames,
                 queue.clone(),
             ) {
-                Ok(lane) => (Some(lane), FirstChunkLane::On),
+                Ok((lane, graphs)) => (Some((lane, graphs)), FirstChunkLane::On),
                 Err(msg) => (None, FirstChunkLane::Fallback(msg)),
             }
         } else {
             (None, FirstChunkLane::Off)
+        };
+        let (lane, decoder_graphs) = match lane {
+            Some((lane, lane_graphs)) => (Some(lane), with_lane(decoder_graphs, lane_graphs)),
+            None => (None, decoder_graphs),
         };
         // Stops the lane however this scope is left (the scope then joins its thread).
         let _stop_lane = lane.as_ref().map(|l| l.stopper());
@@ -102,6 +106,18 @@ pub(crate) fn dec_thread<C: Stage1Model>(
         }
         .run(&queue);
     });
+}
+
+/// Stage 1's decoder graphs with the first-chunk lane's (which decodes most first chunks): a
+/// fallback of either is what is reported.
+fn with_lane(own: CudaGraphs, lane: CudaGraphs) -> CudaGraphs {
+    match (own, lane) {
+        (CudaGraphs::Fallback(m), _) => CudaGraphs::Fallback(m),
+        (_, CudaGraphs::Fallback(m)) => {
+            CudaGraphs::Fallback(format!("the first-chunk lane's decoder: {m}"))
+        }
+        (own, _) => own,
+    }
 }
 
 /// Loads the family's codec decoder from `dir` on `dev`, a panic inside the loader turned into an

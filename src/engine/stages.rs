@@ -74,14 +74,17 @@ pub(crate) struct LoadedInfo {
     pub batches: [Arc<BatchCounters>; 2],
 }
 
-/// Whether stage 0 replays CUDA graphs (the code predictor's steps and the talker's decode step).
+/// Whether a stage replays CUDA graphs (stage 0: its frames; stage 1: what its decoder
+/// captures, Code2Wav's one-frame first chunk).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CudaGraphs {
-    /// Stage 0 is not on a CUDA device.
+    /// The stage is not on a CUDA device (stage 1: or its decoder captures nothing, as with
+    /// `OMNITTS_DECODER_FIRST_GRAPH` unset).
     NotApplicable,
-    /// Captured at load, before the engine reported ready; every frame replays them.
+    /// Captured at load, before the engine reported ready; the work they cover replays them.
     Enabled,
-    /// Capture failed; frames run eagerly. The reason names the CUDA call.
+    /// Not captured; the work runs eagerly. The reason says why (the failing CUDA call, or a
+    /// switch that is off).
     Fallback(String),
 }
 
@@ -131,6 +134,7 @@ pub(crate) fn spawn<A: Stage0Model, C: Stage1Model>(
     let ar_device = opts.ar_device;
     let first_frame = FirstFrameRules {
         alone: opts.stage_config.first_frame_alone_on(ar_device),
+        alone_share: super::first_frame::ALONE_SHARE,
         arrivals_first: crate::nn::switches::Switches::get().arrivals_after_alone,
     };
     let q = ar_queue.clone();

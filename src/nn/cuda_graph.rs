@@ -42,15 +42,20 @@ impl Graph {
     /// Captures what `f` enqueues on `device`'s stream (see the module documentation for what it
     /// may do). The caller must hold a [`htod_cache`] guard and have run the same work eagerly
     /// once under it.
-    /// The capture is always ended, also when `f` fails; `f`'s error is returned first.
+    /// The capture is always ended, also when `f` fails or panics (the stream must not stay in
+    /// capture mode); `f`'s error is returned first, its panic resumed after the end.
     pub fn capture(device: &Device, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
         let cuda = device.as_cuda_device()?;
         let stream = cuda.cuda_stream();
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| candle_core::Error::Msg(format!("CUDA graph begin capture: {e}")))?;
-        let r = f();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         let g = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        let r = match r {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
         r?;
         let graph = g
             .map_err(|e| candle_core::Error::Msg(format!("CUDA graph end capture: {e}")))?

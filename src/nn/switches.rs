@@ -1,7 +1,7 @@
 //! The `OMNITTS_*` environment switches, read once per process, in one place. Each selects one of
 //! several equivalent execution paths, for A/B runs against the default (docs/cuda.md has the
-//! measurements); a build without the `cuda` feature reads only `OMNITTS_ALONE_ARRIVALS`
-//! (which matters only while stage 0's `first_frame_alone` is on).
+//! measurements). Every build reads them; without the `cuda` feature only `OMNITTS_ALONE_ARRIVALS`
+//! has an effect (while stage 0's `first_frame_alone` is on).
 //!
 //! | variable | values | default |
 //! |---|---|---|
@@ -16,6 +16,7 @@
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
 //! | `OMNITTS_PREFILL_GRAPHS` | `0` prompts through the talker eagerly instead of on the prefill graphs | graphs |
 //! | `OMNITTS_DECODER_FIRST_GRAPH` | `1` a fresh stream's one-frame first chunk through Code2Wav on a CUDA graph (not measured on a GPU yet) | eager |
+//! | `OMNITTS_FISH_GRAPHS` | `1` Fish S2 Pro's fast AR replays CUDA graphs per batch bucket (`models/fish_speech/graphs.rs`; not measured on a GPU yet) | eager |
 //! | `OMNITTS_ALONE_ARRIVALS` | `1` after a step of new rows alone, stage 0 takes the requests that arrived during it before the batched step (`engine/first_frame.rs`; not measured on a GPU yet) | the batched step first |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams at the device's greatest priority: `none`, or a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread) | `none` |
 //!
@@ -114,6 +115,8 @@ pub struct Switches {
     /// `OMNITTS_DECODER_FIRST_GRAPH`: Code2Wav decodes a fresh stream's one-frame first chunk on
     /// a CUDA graph (`models/qwen3_tts/code2wav/first_frame.rs`).
     pub decoder_first_graph: bool,
+    /// `OMNITTS_FISH_GRAPHS`: Fish S2 Pro's fast AR on CUDA graphs.
+    pub fish_graphs: bool,
     /// `OMNITTS_ALONE_ARRIVALS`: after a step of new rows alone, stage 0 takes the requests that
     /// arrived during it before the batched step.
     pub arrivals_after_alone: bool,
@@ -161,6 +164,7 @@ impl Switches {
                 .and_then(|v| StreamPriority::parse(&v))
                 .unwrap_or_default(),
             decoder_first_graph: is("OMNITTS_DECODER_FIRST_GRAPH", "1"),
+            fish_graphs: is("OMNITTS_FISH_GRAPHS", "1"),
             arrivals_after_alone: is("OMNITTS_ALONE_ARRIVALS", "1"),
         }
     }
@@ -195,6 +199,7 @@ mod tests {
         assert_eq!(s.stream_priority, StreamPriority::default());
         assert!(!s.decoder_first_graph);
         assert!(!s.arrivals_after_alone);
+        assert!(!s.fish_graphs);
     }
 
     #[test]
@@ -213,7 +218,9 @@ mod tests {
             ("OMNITTS_STREAM_PRIORITY", "lane, decoder"),
             ("OMNITTS_DECODER_FIRST_GRAPH", "1"),
             ("OMNITTS_ALONE_ARRIVALS", " 1"),
+            ("OMNITTS_FISH_GRAPHS", "1"),
         ]);
+        assert!(s.fish_graphs);
         assert!(s.decoder_first_graph);
         assert!(s.arrivals_after_alone);
         assert_eq!(

@@ -28,6 +28,9 @@ pub struct FastAr {
     rope: RotaryEmbedding,
     num_codebooks: usize,
     dim: usize,
+    /// Width of the slow AR's hidden state (`project_in`'s input).
+    input_dim: usize,
+    codebook_size: usize,
 }
 
 impl FastAr {
@@ -50,6 +53,8 @@ impl FastAr {
             rope: rope(&d, vb.device()),
             num_codebooks: cfg.num_codebooks(),
             dim: d.dim,
+            input_dim: slow_dim,
+            codebook_size: cbs,
         })
     }
 
@@ -71,26 +76,13 @@ impl FastAr {
                 msg: format!("{} codes for {b} rows", code0.len()),
             });
         }
-        let mut cache = LayerCaches::new(self.layers.len(), self.num_codebooks);
-        let h = match &self.project_in {
-            Some(p) => p.forward(hidden)?,
-            None => hidden.clone(),
-        };
-        cache.run(&self.layers, &self.rope, &h.reshape((b, 1, self.dim))?)?;
+        let mut cache = self.new_cache();
+        self.first_position(hidden, &mut cache)?;
         let mut prev = code0.to_vec();
         let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(self.num_codebooks - 1); b];
         for step in 1..self.num_codebooks {
             let ids = Tensor::new(prev.as_slice(), hidden.device())?;
-            let x = self
-                .embeddings
-                .index_select(&ids, 0)?
-                .reshape((b, 1, self.dim))?;
-            let y = cache.run(&self.layers, &self.rope, &x)?;
-            let logits = self
-                .output
-                .forward(&self.norm.forward(&y)?)?
-                .squeeze(1)?
-                .to_dtype(DType::F32)?;
+            let logits = self.code_logits(&ids, &mut cache)?;
             if let Some(l) = logits_out.as_deref_mut() {
                 l.push(logits.clone());
             }
@@ -100,5 +92,58 @@ impl FastAr {
             }
         }
         Ok(out)
+    }
+
+    /// Codes a frame has (1 + the nine the fast AR makes).
+    pub fn num_codebooks(&self) -> usize {
+        self.num_codebooks
+    }
+
+    /// Width of the slow AR's hidden state the frame starts from.
+    pub fn input_dim(&self) -> usize {
+        self.input_dim
+    }
+
+    /// Entries of a codebook, the width of each step's logits.
+    pub fn codebook_size(&self) -> usize {
+        self.codebook_size
+    }
+
+    /// The dtype of the weights (the rows' activations).
+    pub fn dtype(&self) -> DType {
+        self.embeddings.dtype()
+    }
+
+    /// An empty KV cache for one frame's positions.
+    pub fn new_cache(&self) -> LayerCaches {
+        LayerCaches::new(self.layers.len(), self.num_codebooks)
+    }
+
+    /// Position 0 of a frame: the rows' slow-AR hidden states `hidden` `[b, input_dim]` into
+    /// `cache` (empty); the output is not used.
+    pub fn first_position(&self, hidden: &Tensor, cache: &mut LayerCaches) -> Result<()> {
+        let b = hidden.dim(0)?;
+        let h = match &self.project_in {
+            Some(p) => p.forward(hidden)?,
+            None => hidden.clone(),
+        };
+        cache.run(&self.layers, &self.rope, &h.reshape((b, 1, self.dim))?)?;
+        Ok(())
+    }
+
+    /// The next position of a frame: the rows' previous codes `ids` `[b]` (u32) → the next
+    /// code's f32 logits `[b, codebook_size]`, `cache` advanced by one position.
+    pub fn code_logits(&self, ids: &Tensor, cache: &mut LayerCaches) -> Result<Tensor> {
+        let b = ids.dim(0)?;
+        let x = self
+            .embeddings
+            .index_select(ids, 0)?
+            .reshape((b, 1, self.dim))?;
+        let y = cache.run(&self.layers, &self.rope, &x)?;
+        Ok(self
+            .output
+            .forward(&self.norm.forward(&y)?)?
+            .squeeze(1)?
+            .to_dtype(DType::F32)?)
     }
 }

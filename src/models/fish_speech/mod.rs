@@ -20,6 +20,7 @@ pub mod config;
 pub mod error;
 pub mod fast_ar;
 pub mod generate;
+pub mod graphs;
 pub mod layers;
 pub mod model;
 pub mod prompt;

@@ -81,10 +81,25 @@ impl RopeTable {
     /// computed for those positions only (for unbounded positions: the codec's streams).
     pub fn apply_at(x: &Tensor, start: usize, base: f64) -> Result<Tensor> {
         let (_, _, t, hd) = x.dims4()?;
-        let (cos, sin) = rope_values_from(start, t, hd, base);
-        let cos = Tensor::from_vec(cos, (t, hd / 2), x.device())?.to_dtype(x.dtype())?;
-        let sin = Tensor::from_vec(sin, (t, hd / 2), x.device())?.to_dtype(x.dtype())?;
+        let (cos, sin) = Self::values_at(start, t, hd, base, x.device(), x.dtype())?;
         candle_nn::rotary_emb::rope_i(&x.contiguous()?, &cos, &sin)
+    }
+
+    /// `(cos, sin)` `[t, head_dim/2]` in `dtype` on `device` for positions `start..start+t`,
+    /// computed for those positions only: what [`Self::apply_at`] rotates with.
+    pub fn values_at(
+        start: usize,
+        t: usize,
+        head_dim: usize,
+        base: f64,
+        device: &candle_core::Device,
+        dtype: candle_core::DType,
+    ) -> Result<(Tensor, Tensor)> {
+        let (cos, sin) = rope_values_from(start, t, head_dim, base);
+        Ok((
+            Tensor::from_vec(cos, (t, head_dim / 2), device)?.to_dtype(dtype)?,
+            Tensor::from_vec(sin, (t, head_dim / 2), device)?.to_dtype(dtype)?,
+        ))
     }
 
     /// Rotates `x` `[batch, heads, t, head_dim]` (f32) at positions `start..start+t`.

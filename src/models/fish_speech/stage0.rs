@@ -9,9 +9,11 @@
 //! cache (`SlowAr::forward_rows`: on CUDA the fused batched decode kernels), then the fast AR
 //! once for all rows (`[rows, dim]`; its 10 positions are the same for every row), each row
 //! drawing from its own random stream in the order it draws alone, so that a row's codes are its
-//! solo run's. CUDA graphs are not captured for Fish yet (the steps run without them).
+//! solo run's. With `OMNITTS_FISH_GRAPHS=1` on CUDA the fast AR's positions replay graphs per
+//! batch bucket (`graphs.rs`); the slow AR's step runs eagerly.
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
@@ -19,6 +21,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::codec::Codec;
 use super::generate::{PROMPT_HEADROOM, frame_rows, frames, main_token};
+use super::graphs::{FastArGraphs, buckets};
 use super::model::FishModel;
 use super::prompt::VoiceReference;
 use super::rules::{MAX_REF_SAMPLES, MIN_REF_SAMPLES, check_voice};
@@ -34,6 +37,9 @@ use crate::nn::{LayerCaches, Quantization, QuantizationSpec, WeightForm};
 pub struct FishAr {
     model: FishModel,
     codec: Codec,
+    /// The fast AR's frame graphs ([`Stage0Model::enable_cuda_graphs`] and
+    /// [`Stage0Model::enable_batch_graphs`]).
+    fast_graphs: Option<Mutex<FastArGraphs>>,
 }
 
 impl FishAr {
@@ -103,19 +109,24 @@ impl Stage0Model for FishAr {
         Ok(FishAr {
             model: FishModel::load(dir, device, opts.dtype)?,
             codec: Codec::load(dir, device)?,
+            fast_graphs: None,
         })
     }
 
+    /// The fast AR's frame for one stream on CUDA graphs (`graphs.rs`), with
+    /// `OMNITTS_FISH_GRAPHS=1` only until they are measured on a GPU; the slow AR's step stays
+    /// eager. Errors: the switch is off, or the capture failed (frames then run eagerly).
     fn enable_cuda_graphs(&mut self) -> Result<(), ModelError> {
-        Err(ModelError::Candle(candle_core::Error::Msg(
-            "Fish S2 Pro has no CUDA graphs yet: frames run eagerly".into(),
-        )))
+        self.capture_fast_graphs(&[1])?;
+        Ok(())
     }
 
-    fn enable_batch_graphs(&mut self, _max_rows: usize) -> Result<Vec<usize>, ModelError> {
-        Err(ModelError::Candle(candle_core::Error::Msg(
-            "Fish S2 Pro has no batched CUDA graphs yet: frames run eagerly".into(),
-        )))
+    /// The fast AR's frame graphs for batches of 2 … `max_rows` rows (powers of two, at most
+    /// 64), beside the one-stream graph. Errors as [`Stage0Model::enable_cuda_graphs`].
+    fn enable_batch_graphs(&mut self, max_rows: usize) -> Result<Vec<usize>, ModelError> {
+        let all = buckets(1, max_rows);
+        self.capture_fast_graphs(&all)?;
+        Ok(all.into_iter().filter(|&b| b > 1).collect())
     }
 
     /// Fish's stage 0 is dense throughout; its layers are not itemised.
@@ -293,6 +304,24 @@ impl Stage0Model for FishAr {
 }
 
 impl FishAr {
+    /// Captures the fast AR's frame graphs for `rows` (bucket sizes). Errors: the switch is off,
+    /// a CPU device, a failed capture (nothing changes then).
+    fn capture_fast_graphs(&mut self, rows: &[usize]) -> Result<(), ModelError> {
+        if !crate::nn::switches::Switches::get().fish_graphs {
+            return Err(ModelError::Candle(candle_core::Error::Msg(
+                "Fish S2 Pro's CUDA graphs are off until measured on a GPU \
+                 (OMNITTS_FISH_GRAPHS=1 turns them on): frames run eagerly"
+                    .into(),
+            )));
+        }
+        let fast = &self.model.fast;
+        let device = self.model.slow.device().clone();
+        let mut g = FastArGraphs::new(fast, rows, &device)?;
+        g.capture(fast, &device)?;
+        self.fast_graphs = Some(Mutex::new(g));
+        Ok(())
+    }
+
     /// The next frame of the rows `made` (indices into `rows`, increasing, with their slow AR
     /// inputs): one slow AR step over all of them, each row's main token from its own stream,
     /// then the fast AR once for all of them.
@@ -326,18 +355,23 @@ impl FishAr {
             .iter_mut()
             .map(|s| (&mut s.rng, s.sampling))
             .collect();
-        let rest = self.model.fast.frame(
-            &hidden,
-            &code0,
-            |_, logits| {
-                let l: Vec<Vec<f32>> = logits.to_vec2()?;
-                Ok(l.iter()
-                    .zip(streams.iter_mut())
-                    .map(|(row, (rng, p))| sample(row, *p, *rng) as u32)
-                    .collect())
-            },
-            None,
-        )?;
+        let mut draw = |logits: &Tensor| -> candle_core::Result<Vec<u32>> {
+            let l: Vec<Vec<f32>> = logits.to_vec2()?;
+            Ok(l.iter()
+                .zip(streams.iter_mut())
+                .map(|(row, (rng, p))| sample(row, *p, *rng) as u32)
+                .collect())
+        };
+        let graphs = self.fast_graphs.as_ref().and_then(|g| g.lock().ok());
+        let rest = match graphs {
+            Some(mut g) if g.fits(code0.len()) => {
+                g.frame(&self.model.fast, &hidden, &code0, |_, l| draw(l))?
+            }
+            _ => self
+                .model
+                .fast
+                .frame(&hidden, &code0, |_, l| Ok(draw(l)?), None)?,
+        };
         Ok(frames(mains, code0, rest))
     }
 }

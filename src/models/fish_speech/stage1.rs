@@ -1,9 +1,9 @@
 //! Fish S2 Pro's stage 1 through the model seam: the codec decoder ([`FishDecoder`]) as a
 //! [`Stage1Model`], exact streaming with [`DecodeState`] (any chunking gives the whole decode's
-//! `frames × 2048` samples). `decode_chunks` runs each stream's quantizer half alone and the
-//! waveform decoder once over the streams whose chunks have the same length
-//! ([`Codec::decode_chunks`]: each row as its stream alone); the codec runs in f32 whatever the
-//! stage config's dtype.
+//! `frames × 2048` samples). `decode_chunks` runs the quantizer half once over the streams whose
+//! chunks have the same length and window fill, and the waveform decoder once over the streams
+//! whose chunks have the same length ([`Codec::decode_chunks`]: each row as its stream alone); the
+//! codec runs in f32 whatever the stage config's dtype.
 
 use crate::models::tts::chunk_count_mismatch;
 use std::path::Path;

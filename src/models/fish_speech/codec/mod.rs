@@ -150,6 +150,9 @@ impl Codec {
         for ((frames, _), rows) in by_fill {
             let per_pass = (max_batch_frames / frames).max(1);
             for pass in rows.chunks(per_pass) {
+                // `pass` is in increasing stream order (built so above), as the states picked
+                // below are: row r of the codes is the r-th picked state.
+                debug_assert!(pass.windows(2).all(|w| w[0].0 < w[1].0));
                 let run = |states: &mut [&mut DecodeState]| -> Result<Tensor> {
                     let codes = Tensor::cat(&pass.iter().map(|(_, c)| c).collect::<Vec<_>>(), 0)?;
                     let mut qs: Vec<&mut QuantizerState> = states

@@ -180,7 +180,8 @@ impl WindowTransformer {
     /// [`WindowCache::fill`] (one mask serves them all). Each row computes what its stream
     /// computes alone (on the CPU to the bit: the products run row by row).
     ///
-    /// Errors: `caches.len()` is not `rows`, or the fills differ.
+    /// Errors: `caches.len()` is not `rows`, the fills differ, or some rows hold past keys and
+    /// some none (a window of 1); after an error in a layer the caches are undefined.
     pub fn forward_rows(&self, x: &Tensor, caches: &mut [&mut WindowCache]) -> Result<Tensor> {
         let b = x.dim(0)?;
         if caches.len() != b {
@@ -205,13 +206,14 @@ impl WindowTransformer {
             }
         }
         let starts: Vec<usize> = caches.iter().map(|c| c.position).collect();
+        let rope = self.rope_tables(&starts, h.dim(1)?, h.device(), h.dtype())?;
         for (l, layer) in self.layers.iter().enumerate() {
             let mut past_kv: Vec<Option<(Tensor, Tensor)>> =
                 caches.iter_mut().map(|c| c.layers[l].take()).collect();
             let a = self.attention(
                 layer,
                 &layer.attention_norm.forward(&h)?,
-                &starts,
+                &rope,
                 &mut past_kv,
             )?;
             for (c, kv) in caches.iter_mut().zip(past_kv) {
@@ -234,26 +236,58 @@ impl WindowTransformer {
         Ok(h.transpose(1, 2)?.contiguous()?)
     }
 
-    /// RoPE of `x` `[rows, heads, t, head_dim]`, row `r` at positions `starts[r]..`.
-    fn rope_rows(&self, x: &Tensor, starts: &[usize]) -> Result<Tensor> {
-        if starts.iter().all(|&s| s == starts[0]) {
-            return Ok(RopeTable::apply_at(x, starts[0], self.rope_base)?);
+    /// The RoPE tables `(cos, sin)` `[t, head_dim/2]` of rows at `starts`: one for all rows
+    /// when they start together, else one per row (computed once per pass, used by every layer).
+    fn rope_tables(
+        &self,
+        starts: &[usize],
+        t: usize,
+        device: &candle_core::Device,
+        dtype: DType,
+    ) -> Result<Vec<(Tensor, Tensor)>> {
+        let distinct = if starts.iter().all(|&s| s == starts[0]) {
+            &starts[..1]
+        } else {
+            starts
+        };
+        distinct
+            .iter()
+            .map(|&s| {
+                Ok(RopeTable::values_at(
+                    s,
+                    t,
+                    self.head_dim,
+                    self.rope_base,
+                    device,
+                    dtype,
+                )?)
+            })
+            .collect()
+    }
+
+    /// RoPE of `x` `[rows, heads, t, head_dim]` with [`Self::rope_tables`]: one table for all
+    /// rows, or row `r` with table `r`.
+    fn rope_rows(x: &Tensor, tables: &[(Tensor, Tensor)]) -> Result<Tensor> {
+        let x = x.contiguous()?;
+        if let [(cos, sin)] = tables {
+            return Ok(candle_nn::rotary_emb::rope_i(&x, cos, sin)?);
         }
-        let parts = starts
+        let parts = tables
             .iter()
             .enumerate()
-            .map(|(r, &s)| RopeTable::apply_at(&x.narrow(0, r, 1)?, s, self.rope_base))
+            .map(|(r, (cos, sin))| candle_nn::rotary_emb::rope_i(&x.narrow(0, r, 1)?, cos, sin))
             .collect::<candle_core::Result<Vec<_>>>()?;
         Ok(Tensor::cat(&parts, 0)?)
     }
 
-    /// One layer's attention over the rows `x` `[rows, t, dim]` at `starts`; `caches[r]` holds
-    /// row `r`'s past keys and values (all of the same length) and gets the new ones.
+    /// One layer's attention over the rows `x` `[rows, t, dim]` with their RoPE tables;
+    /// `caches[r]` holds row `r`'s past keys and values (all of the same length) and gets the
+    /// new ones.
     fn attention(
         &self,
         layer: &Layer,
         x: &Tensor,
-        starts: &[usize],
+        rope: &[(Tensor, Tensor)],
         caches: &mut [Option<(Tensor, Tensor)>],
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
@@ -266,8 +300,8 @@ impl WindowTransformer {
                 .transpose(1, 2)?
                 .contiguous()?)
         };
-        let q = self.rope_rows(&split(0)?, starts)?;
-        let k = self.rope_rows(&split(1)?, starts)?;
+        let q = Self::rope_rows(&split(0)?, rope)?;
+        let k = Self::rope_rows(&split(1)?, rope)?;
         let v = split(2)?;
         let taken: Vec<(Tensor, Tensor)> = caches.iter_mut().filter_map(Option::take).collect();
         let (k, v, past) = if taken.is_empty() {

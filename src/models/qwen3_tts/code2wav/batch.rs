@@ -134,6 +134,10 @@ fn pass_frames(chunk: &[Vec<u32>], round: usize, frames_per_pass: usize) -> &[Ve
     &chunk[start..(start + frames_per_pass).min(chunk.len())]
 }
 
+/// Most fresh streams' one-frame first chunks one call decodes on the first-frame graph (one
+/// replay and read-back each); the rest go in the eager pass. Not measured yet.
+const FIRST_FRAME_GRAPH_ROWS: usize = 4;
+
 impl Code2Wav {
     /// Decodes the next chunk of several streams at once: `chunks[i]`, frames
     /// `[n_i][num_quantizers]`, on `streams[i]`. Returns, per stream in order, what
@@ -174,13 +178,19 @@ impl Code2Wav {
                 Ok(Vec::with_capacity(chunk.len() * spf))
             })
             .collect();
-        // Fresh streams' one-frame first chunks on the first-frame graph (first_frame.rs).
+        // Fresh streams' one-frame first chunks on the first-frame graph (first_frame.rs), a
+        // few of them: each replay waits for its audio, and many such chunks are cheaper in one
+        // eager pass. A replay that fails leaves its stream to the eager pass.
         let mut on_graph = vec![false; streams.len()];
         if let Some(graph) = &self.first_frame {
-            for i in 0..streams.len() {
-                if results[i].is_ok() && chunks[i].len() == 1 && streams[i].is_fresh() {
+            let fresh: Vec<usize> = (0..streams.len())
+                .filter(|&i| results[i].is_ok() && chunks[i].len() == 1 && streams[i].is_fresh())
+                .take(FIRST_FRAME_GRAPH_ROWS)
+                .collect();
+            for i in fresh {
+                if let Ok(wav) = self.decode_first_frame(graph, streams[i], &chunks[i][0]) {
                     on_graph[i] = true;
-                    results[i] = self.decode_first_frame(graph, streams[i], &chunks[i][0]);
+                    results[i] = Ok(wav);
                 }
             }
         }
@@ -247,7 +257,14 @@ impl Code2Wav {
                     match self.run_pass(streams, rows, &frames) {
                         Ok(wavs) => {
                             for (&i, wav) in rows.iter().zip(wavs) {
-                                let first = (round * per_pass).saturating_sub(replayed[i]);
+                                // The state has now seen the frames to replay.
+                                if round == 0 {
+                                    streams[i].replay.clear();
+                                }
+                                let first = PassStart {
+                                    frame: round * per_pass,
+                                    replayed: replayed[i],
+                                };
                                 if let Ok(out) = &mut results[i] {
                                     match check_samples(wav, first, spf) {
                                         Ok(wav) => out.extend(wav),
@@ -266,12 +283,10 @@ impl Code2Wav {
                 }
             }
         }
+        // The replayed frames' samples went out before.
         for (i, &r) in replayed.iter().enumerate() {
-            if r > 0 {
-                streams[i].replay.clear();
-                if let Ok(wav) = &mut results[i] {
-                    wav.drain(..(r * spf).min(wav.len()));
-                }
+            if let (true, Ok(wav)) = (r > 0, &mut results[i]) {
+                wav.drain(..(r * spf).min(wav.len()));
             }
         }
         results
@@ -292,7 +307,11 @@ impl Code2Wav {
             })?
             .decode(self, frame)
             .map_err(|e| candle_core::Error::Msg(format!("code2wav: first frame: {e}")))?;
-        let wav = check_samples(wav, 0, self.samples_per_frame())?;
+        let first = PassStart {
+            frame: 0,
+            replayed: 0,
+        };
+        let wav = check_samples(wav, first, self.samples_per_frame())?;
         stream.replay = vec![frame.to_vec()];
         Ok(wav)
     }
@@ -325,15 +344,25 @@ impl Code2Wav {
     }
 }
 
+/// Where a pass starts in the frames a stream decoded in this call: `frame` in the joined chunk,
+/// whose first `replayed` frames were replayed (their audio went out in an earlier call).
+#[derive(Debug, Clone, Copy)]
+struct PassStart {
+    frame: usize,
+    replayed: usize,
+}
+
 /// Clamps one row's pass output to [-1, 1]; NaN/Inf is an error naming the sample and the frame
-/// of the chunk (`first`: the pass's first frame in the chunk; `spf`: samples per frame).
-fn check_samples(wav: Vec<f32>, first: usize, spf: usize) -> Result<Vec<f32>, ModelError> {
+/// of the chunk (`spf`: samples per frame).
+fn check_samples(wav: Vec<f32>, first: PassStart, spf: usize) -> Result<Vec<f32>, ModelError> {
     if let Some(j) = wav.iter().position(|v| !v.is_finite()) {
+        let frame = match (first.frame + j / spf).checked_sub(first.replayed) {
+            Some(f) => format!("frame {f} of this chunk"),
+            None => "the replayed first frame".to_string(),
+        };
         return Err(candle_core::Error::Msg(format!(
-            "code2wav output is not finite ({}) at sample {j} of the pass starting at frame \
-             {first} of this chunk (frame {})",
-            wav[j],
-            first + j / spf
+            "code2wav output is not finite ({}) at sample {j} of a pass, in {frame}",
+            wav[j]
         ))
         .into());
     }
