@@ -1,4 +1,5 @@
-//! The fast AR's frame replayed from CUDA graphs ([`FastArGraphs`]).
+//! Fish S2 Pro's frame replayed from CUDA graphs: the fast AR's positions ([`FastArGraphs`])
+//! and the slow AR's batched step ([`SlowArGraphs`], CUDA only, described there).
 //!
 //! A frame of the fast AR is ten positions (the slow AR's hidden state, then one position per
 //! code), each ~40 small kernels for every row, with a host draw between positions: eagerly about
@@ -215,6 +216,181 @@ impl FastArGraphs {
             }
         }
         Ok(out)
+    }
+}
+
+/// The slow AR's step over a batch of streams replayed from CUDA graphs, one per bucket
+/// (CUDA only): the fused batched kernels ([`crate::nn::rows_decode::run_rows_fused`]) read each
+/// row's KV caches and position from device tables, so one graph serves any mix of streams, and
+/// the rows past the batch point at a padding cache. Per step the host makes room in each row's
+/// caches, writes the tables and the rows' inputs, replays, reads the logits back and advances the
+/// caches. Rows at positions past [`SlowArGraphs::max_keys`] run eagerly.
+#[cfg(feature = "cuda")]
+pub struct SlowArGraphs {
+    buckets: Vec<SlowBucket>,
+    /// The RoPE tables from position 0 over `max_keys` positions (the graphs read them).
+    cos: Tensor,
+    sin: Tensor,
+    max_keys: usize,
+}
+
+#[cfg(feature = "cuda")]
+struct SlowBucket {
+    rows: usize,
+    /// The rows' inputs `[rows, 1, dim]`.
+    x: Tensor,
+    tables: crate::nn::rows_decode::RowTables,
+    /// What the padding rows write into and read (room for position 0; nothing reads it back).
+    pad: LayerCaches,
+    /// Allowed-token logits `[rows, allowed]` f32 and final-normed hidden states `[rows, dim]`.
+    logits: Tensor,
+    hidden: Tensor,
+    graph: Option<crate::nn::cuda_graph::Graph>,
+}
+
+#[cfg(feature = "cuda")]
+impl SlowBucket {
+    fn run(
+        &self,
+        slow: &super::slow_ar::SlowAr,
+        cos: &Tensor,
+        sin: &Tensor,
+        max_keys: usize,
+    ) -> Result<()> {
+        let (logits, hidden) = slow
+            .rows_step_fused(&self.x, cos, sin, &self.tables, max_keys)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        self.logits.slice_set(&logits, 1, 0)?;
+        self.hidden
+            .slice_set(&hidden.to_dtype(self.hidden.dtype())?, 1, 0)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl std::fmt::Debug for SlowArGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlowArGraphs")
+            .field(
+                "buckets",
+                &self.buckets.iter().map(|b| b.rows).collect::<Vec<_>>(),
+            )
+            .field("max_keys", &self.max_keys)
+            .finish()
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl SlowArGraphs {
+    /// Captures the step for `buckets` (rows each, increasing) on the slow AR's CUDA device, in
+    /// `dtype` (the weights'). Errors: a stack the fused batched kernels do not take, a failed
+    /// capture.
+    pub fn capture(
+        slow: &super::slow_ar::SlowAr,
+        buckets: &[usize],
+        dtype: DType,
+    ) -> Result<SlowArGraphs> {
+        use crate::nn::cuda_graph::{Graph, htod_cache};
+        use crate::nn::rows_decode::{RowTables, rows_fused_ok};
+        let dev = slow.device().clone();
+        if !dev.is_cuda() {
+            candle_core::bail!("CUDA graphs need a CUDA device, the slow AR is on {dev:?}");
+        }
+        let max_keys = slow
+            .max_seq_len()
+            .min(crate::nn::cuda_kernels::decode_attention::MAX_KEYS);
+        let probe = Tensor::zeros((1, 1, slow.dim()), dtype, &dev)?;
+        if !rows_fused_ok(slow.layers(), &probe, max_keys) {
+            candle_core::bail!("the slow AR's stack does not take the fused batched kernels");
+        }
+        let (cos, sin) = slow.rope().cos_sin(0, max_keys)?;
+        let (cos, sin) = (cos.contiguous()?, sin.contiguous()?);
+        let _htod = htod_cache(&dev)?;
+        let mut out = Vec::with_capacity(buckets.len());
+        for &rows in buckets {
+            let mut pad = slow.new_cache();
+            pad.reserve_next(slow.layers(), dtype, &dev)?;
+            let tables = RowTables::new(rows, slow.layers().len(), &dev)?;
+            tables.fill(&[], &pad)?;
+            let (logits, hidden) = slow
+                .rows_step_fused(&probe.repeat((rows, 1, 1))?, &cos, &sin, &tables, max_keys)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+            let mut b = SlowBucket {
+                rows,
+                x: Tensor::zeros((rows, 1, slow.dim()), dtype, &dev)?,
+                tables,
+                pad,
+                logits: logits.zeros_like()?,
+                hidden: hidden.zeros_like()?,
+                graph: None,
+            };
+            b.run(slow, &cos, &sin, max_keys)?;
+            dev.synchronize()?;
+            b.graph = Some(Graph::capture(&dev, || b.run(slow, &cos, &sin, max_keys))?);
+            dev.synchronize()?;
+            out.push(b);
+        }
+        Ok(SlowArGraphs {
+            buckets: out,
+            cos,
+            sin,
+            max_keys,
+        })
+    }
+
+    /// Whether a bucket holds `rows` rows whose caches are at positions `positions`.
+    pub fn fits(&self, positions: &[usize]) -> bool {
+        positions.iter().all(|&p| p < self.max_keys)
+            && self.buckets.iter().any(|b| b.rows >= positions.len())
+    }
+
+    /// [`super::slow_ar::SlowAr::forward_rows`] on the smallest bucket that holds the rows: `x`
+    /// `[b, 1, dim]`, row i appended to `caches[i]`. Returns the allowed-token logits `[b,
+    /// allowed]` (f32) and the final-normed hidden states `[b, dim]`. Errors: no bucket fits
+    /// ([`Self::fits`]), a row past `max_seq_len`, a failed replay.
+    pub fn step(
+        &self,
+        slow: &super::slow_ar::SlowAr,
+        x: &Tensor,
+        caches: &mut [&mut LayerCaches],
+    ) -> Result<(Tensor, Tensor)> {
+        let b = caches.len();
+        let positions: Vec<usize> = caches.iter().map(|c| c.seq_len()).collect();
+        if !self.fits(&positions) {
+            candle_core::bail!("slow AR graphs: no bucket for {b} rows at {positions:?}");
+        }
+        let Some(bucket) = self.buckets.iter().find(|k| k.rows >= b) else {
+            candle_core::bail!("slow AR graphs: no bucket holds {b} rows");
+        };
+        for c in caches.iter() {
+            slow.check_room(c.seq_len() + 1)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        }
+        let dtype = bucket.x.dtype();
+        for c in caches.iter_mut() {
+            c.reserve_next(slow.layers(), dtype, x.device())?;
+        }
+        let streams: Vec<&LayerCaches> = caches.iter().map(|c| &**c).collect();
+        bucket.tables.fill(&streams, &bucket.pad)?;
+        let x = x.to_dtype(dtype)?;
+        let pad = bucket.rows - b;
+        let x = if pad > 0 {
+            let zeros = Tensor::zeros((pad, 1, x.dim(2)?), dtype, x.device())?;
+            Tensor::cat(&[&x, &zeros], 0)?
+        } else {
+            x
+        };
+        bucket.x.slice_set(&x, 0, 0)?;
+        match &bucket.graph {
+            Some(g) => g.launch()?,
+            None => bucket.run(slow, &self.cos, &self.sin, self.max_keys)?,
+        }
+        for c in caches.iter_mut() {
+            c.advance(1)?;
+        }
+        Ok((
+            bucket.logits.narrow(0, 0, b)?.copy()?,
+            bucket.hidden.narrow(0, 0, b)?.copy()?,
+        ))
     }
 }
 

@@ -215,8 +215,38 @@ impl SlowAr {
         self.head(&h.squeeze(1)?)
     }
 
+    /// The decoder layers (`text_model.model.layers.N`).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn layers(&self) -> &[DecoderLayer] {
+        &self.layers
+    }
+
+    /// The RoPE table (bf16-rounded, interleaved pairs reordered: `layers.rs`).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn rope(&self) -> &RotaryEmbedding {
+        &self.rope
+    }
+
+    /// One decode position of every row on the fused batched kernels, as a CUDA graph captures
+    /// it: `x` `[rows, 1, dim]`, the rows' caches and positions in `tables`
+    /// ([`crate::nn::rows_decode::run_rows_fused`]; the caches are not advanced), then the head.
+    /// Returns [`Self::forward_rows`]' values.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn rows_step_fused(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        tables: &crate::nn::rows_decode::RowTables,
+        max_keys: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let h =
+            crate::nn::rows_decode::run_rows_fused(&self.layers, x, cos, sin, tables, max_keys)?;
+        self.head(&h.squeeze(1)?)
+    }
+
     /// An error when `positions` exceed `max_seq_len`.
-    fn check_room(&self, positions: usize) -> Result<()> {
+    pub(crate) fn check_room(&self, positions: usize) -> Result<()> {
         if positions > self.max_seq_len {
             return Err(FishError::InvalidRequest {
                 field: "prompt",

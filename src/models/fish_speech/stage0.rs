@@ -9,8 +9,8 @@
 //! cache (`SlowAr::forward_rows`: on CUDA the fused batched decode kernels), then the fast AR
 //! once for all rows (`[rows, dim]`; its 10 positions are the same for every row), each row
 //! drawing from its own random stream in the order it draws alone, so that a row's codes are its
-//! solo run's. With `OMNITTS_FISH_GRAPHS=1` on CUDA the fast AR's positions replay graphs per
-//! batch bucket (`graphs.rs`); the slow AR's step runs eagerly.
+//! solo run's. With `OMNITTS_FISH_GRAPHS=1` on CUDA the slow AR's step and the fast AR's
+//! positions replay graphs per batch bucket (`graphs.rs`).
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -40,6 +40,9 @@ pub struct FishAr {
     /// The fast AR's frame graphs ([`Stage0Model::enable_cuda_graphs`] and
     /// [`Stage0Model::enable_batch_graphs`]).
     fast_graphs: Option<Mutex<FastArGraphs>>,
+    /// The slow AR's step graphs, captured with the fast AR's.
+    #[cfg(feature = "cuda")]
+    slow_graphs: Option<Mutex<super::graphs::SlowArGraphs>>,
 }
 
 impl FishAr {
@@ -110,22 +113,24 @@ impl Stage0Model for FishAr {
             model: FishModel::load(dir, device, opts.dtype)?,
             codec: Codec::load(dir, device)?,
             fast_graphs: None,
+            #[cfg(feature = "cuda")]
+            slow_graphs: None,
         })
     }
 
-    /// The fast AR's frame for one stream on CUDA graphs (`graphs.rs`), with
-    /// `OMNITTS_FISH_GRAPHS=1` only until they are measured on a GPU; the slow AR's step stays
-    /// eager. Errors: the switch is off, or the capture failed (frames then run eagerly).
+    /// A frame of one stream on CUDA graphs (`graphs.rs`: the slow AR's step and the fast AR's
+    /// positions), with `OMNITTS_FISH_GRAPHS=1` only until they are measured on a GPU. Errors:
+    /// the switch is off, or the capture failed (frames then run eagerly).
     fn enable_cuda_graphs(&mut self) -> Result<(), ModelError> {
-        self.capture_fast_graphs(&[1])?;
+        self.capture_graphs(&[1])?;
         Ok(())
     }
 
-    /// The fast AR's frame graphs for batches of 2 … `max_rows` rows (powers of two, at most
-    /// 64), beside the one-stream graph. Errors as [`Stage0Model::enable_cuda_graphs`].
+    /// The frame graphs for batches of 2 … `max_rows` rows (powers of two, at most 64), beside
+    /// the one-stream graphs. Errors as [`Stage0Model::enable_cuda_graphs`].
     fn enable_batch_graphs(&mut self, max_rows: usize) -> Result<Vec<usize>, ModelError> {
         let all = buckets(1, max_rows);
-        self.capture_fast_graphs(&all)?;
+        self.capture_graphs(&all)?;
         Ok(all.into_iter().filter(|&b| b > 1).collect())
     }
 
@@ -304,9 +309,9 @@ impl Stage0Model for FishAr {
 }
 
 impl FishAr {
-    /// Captures the fast AR's frame graphs for `rows` (bucket sizes). Errors: the switch is off,
-    /// a CPU device, a failed capture (nothing changes then).
-    fn capture_fast_graphs(&mut self, rows: &[usize]) -> Result<(), ModelError> {
+    /// Captures the slow AR's step and the fast AR's frame graphs for `rows` (bucket sizes).
+    /// Errors: the switch is off, a CPU device, a failed capture (nothing changes then).
+    fn capture_graphs(&mut self, rows: &[usize]) -> Result<(), ModelError> {
         if !crate::nn::switches::Switches::get().fish_graphs {
             return Err(ModelError::Candle(candle_core::Error::Msg(
                 "Fish S2 Pro's CUDA graphs are off until measured on a GPU \
@@ -318,8 +323,30 @@ impl FishAr {
         let device = self.model.slow.device().clone();
         let mut g = FastArGraphs::new(fast, rows, &device)?;
         g.capture(fast, &device)?;
+        #[cfg(feature = "cuda")]
+        {
+            let slow = super::graphs::SlowArGraphs::capture(&self.model.slow, rows, fast.dtype())?;
+            self.slow_graphs = Some(Mutex::new(slow));
+        }
         self.fast_graphs = Some(Mutex::new(g));
         Ok(())
+    }
+
+    /// The slow AR's step for the rows `x` `[rows, 1, dim]` over `caches`: on its graphs when
+    /// captured and a bucket fits the rows, else [`super::slow_ar::SlowAr::forward_rows`].
+    fn slow_step(
+        &self,
+        x: &Tensor,
+        caches: &mut [&mut LayerCaches],
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        #[cfg(feature = "cuda")]
+        if let Some(g) = self.slow_graphs.as_ref().and_then(|g| g.lock().ok()) {
+            let positions: Vec<usize> = caches.iter().map(|c| c.seq_len()).collect();
+            if g.fits(&positions) {
+                return Ok(g.step(&self.model.slow, x, caches)?);
+            }
+        }
+        Ok(self.model.slow.forward_rows(x, caches)?)
     }
 
     /// The next frame of the rows `made` (indices into `rows`, increasing, with their slow AR
@@ -342,7 +369,7 @@ impl FishAr {
         let (logits, hidden) = {
             let mut caches: Vec<&mut LayerCaches> =
                 picked.iter_mut().map(|s| &mut s.cache).collect();
-            slow.forward_rows(&x, &mut caches)?
+            self.slow_step(&x, &mut caches)?
         };
         let logits: Vec<Vec<f32>> = logits.to_vec2()?;
         let mains: Vec<u32> = picked
