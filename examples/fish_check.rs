@@ -151,14 +151,19 @@ fn main() -> Result<()> {
     }
     drop(gpu);
 
-    // With OMNITTS_FISH_GRAPHS=1: the fast AR on its CUDA graphs (graphs.rs) against the eager
-    // frames, alone (bucket 1: the same products, so the same frames) and batched (a padded
-    // bucket: GEMMs over more rows, reported).
+    // With OMNITTS_FISH_GRAPHS=1: the frame on its CUDA graphs (graphs.rs: the slow AR's step
+    // and the fast AR's positions) against the eager frames, alone (bucket 1: the same
+    // products, so the same frames) and batched (a padded bucket: GEMMs over more rows,
+    // reported).
     if std::env::var("OMNITTS_FISH_GRAPHS").as_deref() == Ok("1") {
         let mut graphed = load(dir, &dev, DType::F32)?;
         match graphed.enable_batch_graphs(TEXTS.len()) {
             Ok(buckets) => {
-                println!("fast AR graphs captured, batch buckets {buckets:?}");
+                let (slow, fast) = graphed.graphs();
+                println!(
+                    "frame graphs captured (slow AR step {slow}, fast AR {fast}), batch buckets {buckets:?}"
+                );
+                report.insert("graphs_slow_ar".into(), slow.into());
                 for (i, t) in TEXTS.iter().enumerate() {
                     let got = frames(&graphed, &[t], args.frames)?.remove(0);
                     let (same, first) = agreement(&got, &want[i]);

@@ -16,7 +16,7 @@
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
 //! | `OMNITTS_PREFILL_GRAPHS` | `0` prompts through the talker eagerly instead of on the prefill graphs | graphs |
 //! | `OMNITTS_DECODER_FIRST_GRAPH` | `1` a fresh stream's one-frame first chunk through Code2Wav on a CUDA graph (not measured on a GPU yet) | eager |
-//! | `OMNITTS_FISH_GRAPHS` | `1` Fish S2 Pro's fast AR replays CUDA graphs per batch bucket (`models/fish_speech/graphs.rs`; not measured on a GPU yet) | eager |
+//! | `OMNITTS_FISH_GRAPHS` | `1` Fish S2 Pro's frame (the slow AR's step, the fast AR's positions) replays CUDA graphs per batch bucket (`models/fish_speech/graphs.rs`; not measured on a GPU yet) | eager |
 //! | `OMNITTS_ALONE_ARRIVALS` | `1` after a step of new rows alone, stage 0 takes the requests that arrived during it before the batched step (`engine/first_frame.rs`; not measured on a GPU yet) | the batched step first |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams at the device's greatest priority: `none`, or a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread) | `none` |
 //!
@@ -115,7 +115,8 @@ pub struct Switches {
     /// `OMNITTS_DECODER_FIRST_GRAPH`: Code2Wav decodes a fresh stream's one-frame first chunk on
     /// a CUDA graph (`models/qwen3_tts/code2wav/first_frame.rs`).
     pub decoder_first_graph: bool,
-    /// `OMNITTS_FISH_GRAPHS`: Fish S2 Pro's fast AR on CUDA graphs.
+    /// `OMNITTS_FISH_GRAPHS`: Fish S2 Pro's frame (the slow AR's step, the fast AR's positions)
+    /// on CUDA graphs.
     pub fish_graphs: bool,
     /// `OMNITTS_ALONE_ARRIVALS`: after a step of new rows alone, stage 0 takes the requests that
     /// arrived during it before the batched step.

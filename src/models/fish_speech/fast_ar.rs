@@ -114,6 +114,12 @@ impl FastAr {
         self.embeddings.dtype()
     }
 
+    /// The RoPE tables `(cos, sin)` of a frame's positions (views of the model's table: holding
+    /// them keeps that table's memory alive, which captured graphs read).
+    pub fn frame_rope(&self) -> candle_core::Result<(Tensor, Tensor)> {
+        self.rope.cos_sin(0, self.num_codebooks)
+    }
+
     /// An empty KV cache for one frame's positions.
     pub fn new_cache(&self) -> LayerCaches {
         LayerCaches::new(self.layers.len(), self.num_codebooks)

@@ -110,6 +110,8 @@ impl Bucket {
 pub struct FastArGraphs {
     buckets: Vec<Bucket>,
     captured: bool,
+    /// The RoPE table the graphs read (kept alive).
+    _rope: (Tensor, Tensor),
 }
 
 impl std::fmt::Debug for FastArGraphs {
@@ -134,6 +136,7 @@ impl FastArGraphs {
                 .map(|&rows| Bucket::new(fast, rows, device))
                 .collect::<Result<Vec<_>>>()?,
             captured: false,
+            _rope: fast.frame_rope()?,
         })
     }
 
@@ -169,10 +172,12 @@ impl FastArGraphs {
         self.buckets.iter().any(|b| b.rows >= rows)
     }
 
-    /// [`FastAr::frame`] on the smallest bucket that holds the rows: `hidden` `[b, input_dim]`,
+    /// [`FastAr::frame`] on the smallest bucket that holds the rows: `fast` is the model the
+    /// graphs were captured from (a replay uses the captured weights), `hidden` `[b, input_dim]`,
     /// `code0` the rows' codebook-0 codes, `choose(step, logits)` picks each row's code of step
-    /// k from the f32 logits `[b, codebook_size]`. Errors: no bucket holds `b` rows, a failed
-    /// replay, `choose`'s error.
+    /// k from the f32 logits `[b, codebook_size]` (a view of the bucket's output, valid until
+    /// the next position runs). Errors: no bucket holds `b` rows, a failed replay, `choose`'s
+    /// error.
     pub fn frame(
         &mut self,
         fast: &FastAr,
@@ -224,7 +229,7 @@ impl FastArGraphs {
 /// row's KV caches and position from device tables, so one graph serves any mix of streams, and
 /// the rows past the batch point at a padding cache. Per step the host makes room in each row's
 /// caches, writes the tables and the rows' inputs, replays, reads the logits back and advances the
-/// caches. Rows at positions past [`SlowArGraphs::max_keys`] run eagerly.
+/// caches. A batch with a row at 8,192 positions or more (`max_keys`) steps eagerly.
 #[cfg(feature = "cuda")]
 pub struct SlowArGraphs {
     buckets: Vec<SlowBucket>,
@@ -307,7 +312,8 @@ impl SlowArGraphs {
         let _htod = htod_cache(&dev)?;
         let mut out = Vec::with_capacity(buckets.len());
         for &rows in buckets {
-            let mut pad = slow.new_cache();
+            // Room for position 0 only: the padding rows' keys and values land there, unread.
+            let mut pad = LayerCaches::new(slow.layers().len(), 1);
             pad.reserve_next(slow.layers(), dtype, &dev)?;
             let tables = RowTables::new(rows, slow.layers().len(), &dev)?;
             tables.fill(&[], &pad)?;
@@ -343,10 +349,13 @@ impl SlowArGraphs {
             && self.buckets.iter().any(|b| b.rows >= positions.len())
     }
 
-    /// [`super::slow_ar::SlowAr::forward_rows`] on the smallest bucket that holds the rows: `x`
-    /// `[b, 1, dim]`, row i appended to `caches[i]`. Returns the allowed-token logits `[b,
-    /// allowed]` (f32) and the final-normed hidden states `[b, dim]`. Errors: no bucket fits
-    /// ([`Self::fits`]), a row past `max_seq_len`, a failed replay.
+    /// [`super::slow_ar::SlowAr::forward_rows`] on the smallest bucket that holds the rows
+    /// (`slow`: the model the graphs were captured from): `x` `[b, 1, dim]`, row i appended to
+    /// `caches[i]`. Returns the allowed-token logits `[b, allowed]` (f32) and the final-normed
+    /// hidden states `[b, dim]`. Errors: `x`'s rows are not the caches', no bucket fits
+    /// ([`Self::fits`]), a row past `max_seq_len`, a failed replay; the caches are advanced only
+    /// once the replay has been enqueued (before that an error leaves their positions as they
+    /// were).
     pub fn step(
         &self,
         slow: &super::slow_ar::SlowAr,
@@ -354,6 +363,9 @@ impl SlowArGraphs {
         caches: &mut [&mut LayerCaches],
     ) -> Result<(Tensor, Tensor)> {
         let b = caches.len();
+        if x.dim(0)? != b {
+            candle_core::bail!("slow AR graphs: {} input rows for {b} caches", x.dim(0)?);
+        }
         let positions: Vec<usize> = caches.iter().map(|c| c.seq_len()).collect();
         if !self.fits(&positions) {
             candle_core::bail!("slow AR graphs: no bucket for {b} rows at {positions:?}");

@@ -120,6 +120,11 @@ impl SlowAr {
         self.dims.dim
     }
 
+    /// The dtype of the weights (the rows' activations).
+    pub fn dtype(&self) -> DType {
+        self.embeddings.dtype()
+    }
+
     pub fn device(&self) -> &Device {
         self.embeddings.device()
     }

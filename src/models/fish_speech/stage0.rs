@@ -126,8 +126,9 @@ impl Stage0Model for FishAr {
         Ok(())
     }
 
-    /// The frame graphs for batches of 2 … `max_rows` rows (powers of two, at most 64), beside
-    /// the one-stream graphs. Errors as [`Stage0Model::enable_cuda_graphs`].
+    /// The frame graphs for batches of 1 … `max_rows` rows (powers of two, at most 64; they
+    /// replace the one-stream set, bucket 1 captured again). Errors as
+    /// [`Stage0Model::enable_cuda_graphs`].
     fn enable_batch_graphs(&mut self, max_rows: usize) -> Result<Vec<usize>, ModelError> {
         let all = buckets(1, max_rows);
         self.capture_graphs(&all)?;
@@ -309,8 +310,10 @@ impl Stage0Model for FishAr {
 }
 
 impl FishAr {
-    /// Captures the slow AR's step and the fast AR's frame graphs for `rows` (bucket sizes).
-    /// Errors: the switch is off, a CPU device, a failed capture (nothing changes then).
+    /// Captures the fast AR's frame graphs for `rows` (bucket sizes), and the slow AR's step
+    /// graphs when its stack takes the fused batched kernels (else its step stays eager; see
+    /// [`FishAr::graphs`]). Errors: the switch is off, a CPU device, a failed capture of the fast
+    /// AR's (nothing changes then).
     fn capture_graphs(&mut self, rows: &[usize]) -> Result<(), ModelError> {
         if !crate::nn::switches::Switches::get().fish_graphs {
             return Err(ModelError::Candle(candle_core::Error::Msg(
@@ -325,11 +328,22 @@ impl FishAr {
         g.capture(fast, &device)?;
         #[cfg(feature = "cuda")]
         {
-            let slow = super::graphs::SlowArGraphs::capture(&self.model.slow, rows, fast.dtype())?;
-            self.slow_graphs = Some(Mutex::new(slow));
+            let slow = &self.model.slow;
+            self.slow_graphs = super::graphs::SlowArGraphs::capture(slow, rows, slow.dtype())
+                .ok()
+                .map(Mutex::new);
         }
         self.fast_graphs = Some(Mutex::new(g));
         Ok(())
+    }
+
+    /// Which parts of a frame replay CUDA graphs: (the slow AR's step, the fast AR's positions).
+    pub fn graphs(&self) -> (bool, bool) {
+        #[cfg(feature = "cuda")]
+        let slow = self.slow_graphs.is_some();
+        #[cfg(not(feature = "cuda"))]
+        let slow = false;
+        (slow, self.fast_graphs.is_some())
     }
 
     /// The slow AR's step for the rows `x` `[rows, 1, dim]` over `caches`: on its graphs when
@@ -343,7 +357,16 @@ impl FishAr {
         if let Some(g) = self.slow_graphs.as_ref().and_then(|g| g.lock().ok()) {
             let positions: Vec<usize> = caches.iter().map(|c| c.seq_len()).collect();
             if g.fits(&positions) {
-                return Ok(g.step(&self.model.slow, x, caches)?);
+                match g.step(&self.model.slow, x, caches) {
+                    Ok(out) => return Ok(out),
+                    // Failed before the caches moved on: the eager step instead.
+                    Err(_)
+                        if caches
+                            .iter()
+                            .map(|c| c.seq_len())
+                            .eq(positions.iter().copied()) => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         Ok(self.model.slow.forward_rows(x, caches)?)
