@@ -450,6 +450,16 @@ mod tests {
         let mut graphs = FastArGraphs::new(fast, &[1, 4], &Device::Cpu).expect("buckets");
         assert_eq!(graphs.buckets(), [1, 4]);
         assert!(graphs.fits(4) && !graphs.fits(5));
+        // The capture's sequence, run directly: a warm-up of every position, then each position
+        // in order. After it the KV buffers must never grow (the graphs hold their addresses).
+        let n = fast.num_codebooks();
+        let mut capacity = Vec::new();
+        for b in &mut graphs.buckets {
+            for k in (0..n).chain(0..n) {
+                b.run(fast, k).expect("a position");
+            }
+            capacity.push(b.cache.capacity());
+        }
         let d = fast.input_dim();
         for (frame, rows) in [(0u32, 3usize), (1, 1), (2, 4), (3, 3)] {
             let values: Vec<f32> = (0..rows * d)
@@ -476,6 +486,24 @@ mod tests {
                 })
                 .expect("bucketed frame");
             assert_eq!(bucketed, eager, "frame {frame}, {rows} rows: codes");
+            for (b, &c) in graphs.buckets.iter().zip(&capacity) {
+                assert_eq!(
+                    b.cache.capacity(),
+                    c,
+                    "frame {frame}: bucket {} grew",
+                    b.rows
+                );
+            }
+            let used = graphs
+                .buckets
+                .iter()
+                .find(|b| b.rows >= rows)
+                .expect("a bucket");
+            assert_eq!(
+                used.cache.seq_len(),
+                n,
+                "frame {frame}: one position per code"
+            );
             assert_eq!(step_logits.len(), eager_logits.len());
             for (a, b) in step_logits.iter().zip(&eager_logits) {
                 let diff = (a - b)
