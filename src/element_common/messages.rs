@@ -277,3 +277,25 @@ mod tests {
         }
     }
 }
+
+/// `n` of `noun` for a message: "no preset speakers", "1 voice", "3 voices" (`noun` singular,
+/// the plural with an "s").
+pub(crate) fn count_of(n: usize, noun: &str) -> String {
+    match n {
+        0 => format!("no {noun}s"),
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
+}
+
+#[cfg(test)]
+mod count_tests {
+    use super::count_of;
+
+    #[test]
+    fn counts_read_as_english() {
+        assert_eq!(count_of(0, "preset speaker"), "no preset speakers");
+        assert_eq!(count_of(1, "preset speaker"), "1 preset speaker");
+        assert_eq!(count_of(9, "voice"), "9 voices");
+    }
+}

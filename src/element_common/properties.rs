@@ -25,7 +25,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecString::builder("model")
             .nick("Model")
             .blurb(
-                "Qwen3-TTS checkpoint: a local directory, or a Hugging Face repo id \
+                "Checkpoint (Qwen3-TTS or Fish Audio S2 Pro): a local directory, or a Hugging Face repo id \
                  resolved through the HF cache (HF_HOME / HF_HUB_CACHE) and downloaded \
                  when online (HF_ENDPOINT, HF_HUB_OFFLINE); default: the bundled small \
                  English voice (speaker joe), found in OMNITTS_VOICE_DIR, else \

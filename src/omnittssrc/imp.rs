@@ -16,6 +16,7 @@ use crate::element_common::audio::{self, SampleFormat, pts_of};
 use crate::element_common::backend::{OpenText, Ready, Requests, prepare};
 use crate::element_common::input_error::{InputError, input_error};
 use crate::element_common::load::sharing;
+use crate::element_common::messages::count_of;
 use crate::element_common::properties::{
     model_info_param_specs, model_info_property, refuse_ready_only, synthesis_param_specs,
 };
@@ -605,7 +606,7 @@ impl ElementImpl for OmniTtsSrc {
         // Cheap and model-free: the registry reads this without loading any model.
         static METADATA: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
             gst::subclass::ElementMetadata::new(
-                "Qwen3-TTS text-to-speech source",
+                "Text-to-speech source",
                 "Source/Audio",
                 "Speaks text with Qwen3-TTS or Fish S2 Pro (candle): streaming mono audio at the \
                  model's rate (24 kHz, 44.1 kHz), live or not",
@@ -809,21 +810,21 @@ impl OmniTtsSrc {
             })?;
         let ready = match &*requests {
             Requests::Remote { target, .. } => format!(
-                "omnittssrc: server '{}' ready (model '{}'; {} voices; checked in {:.0} ms; live \
+                "omnittssrc: server '{}' ready (model '{}'; {}; checked in {:.0} ms; live \
                  latency {} ms)",
                 target.url,
                 info.model,
-                info.description.speakers.len(),
+                count_of(info.description.speakers.len(), "voice"),
                 load_ms,
                 latency.mseconds()
             ),
             Requests::Local { engine, .. } => format!(
-                "omnittssrc: model '{}' ready ({}; {}; {} speakers; {}; ready in {:.0} ms; live \
+                "omnittssrc: model '{}' ready ({}; {}; {}; {}; ready in {:.0} ms; live \
                  latency {} ms)",
                 model,
                 info.dir.display(),
                 info.description.name,
-                info.description.speakers.len(),
+                count_of(info.description.speakers.len(), "preset speaker"),
                 sharing(engine, settings.synthesis.shared_engine),
                 load_ms,
                 latency.mseconds()

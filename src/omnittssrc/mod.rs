@@ -1,9 +1,10 @@
-//! `omnittssrc`: a GStreamer source element that speaks text with Qwen3-TTS.
+//! `omnittssrc`: a GStreamer source element that speaks text (Qwen3-TTS, Fish S2 Pro).
 //!
 //! Text (the `text` property, or the `push-text` action signal) goes to the two-stage
 //! [`engine`](crate::engine); the audio chunks it streams back become timestamped
-//! `audio/x-raw` buffers (F32LE or S16LE, 24000 Hz, mono), with PTS, duration, offset and
-//! offset-end taken from a sample counter. Non-live (`is-live=false`, the default) it sends EOS
+//! `audio/x-raw` buffers (F32LE or S16LE, mono, at the model's rate: 24000 Hz for Qwen3-TTS,
+//! 44100 Hz for Fish S2 Pro), with PTS, duration, offset and offset-end taken from a sample
+//! counter. Non-live (`is-live=false`, the default) it sends EOS
 //! after the last queued utterance; live it paces by the pipeline clock, reports the first chunk's
 //! duration as latency, fills the time between utterances with GAP-flagged silence, and speaks text
 //! pushed later at the running time it arrives.

@@ -15,7 +15,7 @@ use crate::element_common::audio::{self, SampleFormat, pos_of, pts_of};
 use crate::element_common::backend::{Requests, text_stream_mode};
 use crate::element_common::input_error::input_error;
 use crate::element_common::load::{Loaded, load, sharing};
-use crate::element_common::messages;
+use crate::element_common::messages::{self, count_of};
 use crate::element_common::progress;
 use crate::element_common::properties::{
     model_info_param_specs, model_info_property, refuse_ready_only, synthesis_param_specs,
@@ -262,12 +262,12 @@ impl OmniTtsSynth {
             )
         })?;
         let ready = format!(
-            "omnittssynth: model '{}' ready ({}; {}; {} speakers; {}; ready in {:.0} ms; \
+            "omnittssynth: model '{}' ready ({}; {}; {}; {}; ready in {:.0} ms; \
              overflow {}, latency {} ms)",
             model,
             info.dir.display(),
             info.description.name,
-            info.description.speakers.len(),
+            count_of(info.description.speakers.len(), "preset speaker"),
             sharing(&engine, settings.synthesis.shared_engine),
             t0.elapsed().as_secs_f64() * 1000.0,
             policy.nick(),
@@ -1288,9 +1288,9 @@ impl ElementImpl for OmniTtsSynth {
     fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
         static METADATA: LazyLock<gst::subclass::ElementMetadata> = LazyLock::new(|| {
             gst::subclass::ElementMetadata::new(
-                "Qwen3-TTS timed-text synthesizer",
+                "Timed-text speech synthesizer",
                 "Filter/Audio/Text",
-                "Speaks timed text (subtitles, captions) with Qwen3-TTS at each cue's running \
+                "Speaks timed text (subtitles, captions) with Qwen3-TTS or Fish S2 Pro at each cue's running \
                  time: one continuous mono stream at the model's rate (24 kHz Qwen3-TTS, 44.1 kHz Fish S2 Pro), silence between cues",
                 "omnitts developers",
             )

@@ -3,9 +3,10 @@
 //! Timed text (`text/x-raw`, `format=utf8` or `pango-markup`, as `subparse` emits subtitles, or as
 //! transcribers and translators emit captions) comes in on the sink pad; each buffer is a cue,
 //! spoken from its PTS, its duration being the cue's slot. Out comes one continuous,
-//! sample-exact audio stream with the caps of `omnittssrc` (F32LE or S16LE, 24000 Hz, mono): the
-//! cues' speech at their sample positions, GAP-flagged silence between them, in the input's TIME
-//! segment, EOS after the last cue's audio.
+//! sample-exact audio stream with the caps of `omnittssrc` (F32LE or S16LE, mono, at the
+//! model's rate: 24000 Hz for Qwen3-TTS, 44100 Hz for Fish S2 Pro): the cues' speech at their
+//! sample positions, GAP-flagged silence between them, in the input's TIME segment, EOS after
+//! the last cue's audio.
 //!
 //! - When speech is longer than its slot, the `overflow` property decides ([`Overflow`]): `clip`,
 //!   `overlap` (the element mixes, soft-limited), `shift` (later cues later, never earlier than

@@ -169,15 +169,16 @@ impl Stage0Model for FishAr {
         let t = prompt.len();
         let max_len = m.slow.max_seq_len();
         if t == 0 || t > max_len.saturating_sub(PROMPT_HEADROOM) {
-            return Err(ModelError::InvalidRequest {
-                field: "text".into(),
-                value: format!("{t} prompt positions"),
-                msg: format!(
-                    "too long for one utterance: the prompt may take at most {} positions \
-                     (max_seq_len {max_len} − {PROMPT_HEADROOM})",
+            return Err(ModelError::invalid(
+                "text",
+                &voice.text,
+                format!(
+                    "too long for one utterance: its prompt takes {t} positions, at most {} here \
+                     (max_seq_len {max_len} less {PROMPT_HEADROOM} for the frames); split the \
+                     text into sentences (split-sentences) or shorter pieces",
                     max_len.saturating_sub(PROMPT_HEADROOM)
                 ),
-            });
+            ));
         }
         let max_new = if t + sampling.max_new_tokens > max_len {
             max_len - t

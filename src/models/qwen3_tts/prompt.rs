@@ -72,21 +72,8 @@ pub const ASSISTANT_HEAD: &str = "<|im_start|>assistant\n";
 /// What the assistant text ends with after the text ([`ResolvedRequest::assistant_text`]).
 pub const ASSISTANT_TAIL: &str = "<|im_end|>\n<|im_start|>assistant\n";
 
-/// Longest value, in characters, an [`ModelError::InvalidRequest`] quotes (a longer one is cut
-/// with "…", so that a refused megabyte of text does not become a megabyte of error message).
-const QUOTED_VALUE_CHARS: usize = 80;
-
 fn invalid(field: &str, value: &str, msg: impl Into<String>) -> ModelError {
-    let mut value: String = value.chars().take(QUOTED_VALUE_CHARS + 1).collect();
-    if value.chars().count() > QUOTED_VALUE_CHARS {
-        value = value.chars().take(QUOTED_VALUE_CHARS).collect();
-        value.push('…');
-    }
-    ModelError::InvalidRequest {
-        field: field.to_string(),
-        value,
-        msg: msg.into(),
-    }
+    ModelError::invalid(field, value, msg)
 }
 
 /// The talker's position budget when `config.json` names none: the reference
@@ -688,7 +675,10 @@ mod tests {
         assert!(p.check_position_budget(&cfg, &text, frames).is_ok());
         let (field, value, msg) = refusal(p.check_position_budget(&cfg, &text, frames + 1));
         assert_eq!(field, "text");
-        assert!(value.ends_with('…') && value.chars().count() == QUOTED_VALUE_CHARS + 1);
+        assert!(
+            value.ends_with('…')
+                && value.chars().count() == crate::models::tts::QUOTED_VALUE_CHARS + 1
+        );
         let limit = p.text_ids() - 1;
         for want in [
             format!("{} text ids, at most {limit} here", p.text_ids()),

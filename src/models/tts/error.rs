@@ -73,3 +73,24 @@ impl From<WeightError> for ModelError {
         }
     }
 }
+
+/// Longest value, in characters, an [`ModelError::InvalidRequest`] made by
+/// [`ModelError::invalid`] quotes (a longer one is cut with "…", so that a refused megabyte of
+/// text does not become a megabyte of error message).
+pub const QUOTED_VALUE_CHARS: usize = 80;
+
+impl ModelError {
+    /// [`ModelError::InvalidRequest`] for `field` = `value` (cut to [`QUOTED_VALUE_CHARS`]
+    /// characters and "…") and why.
+    pub fn invalid(field: &str, value: &str, msg: impl Into<String>) -> ModelError {
+        let mut shown: String = value.chars().take(QUOTED_VALUE_CHARS).collect();
+        if value.chars().nth(QUOTED_VALUE_CHARS).is_some() {
+            shown.push('…');
+        }
+        ModelError::InvalidRequest {
+            field: field.to_string(),
+            value: shown,
+            msg: msg.into(),
+        }
+    }
+}

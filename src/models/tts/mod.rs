@@ -24,7 +24,7 @@ mod step;
 pub mod text;
 
 pub use description::{InstructUse, ModelDescription};
-pub use error::ModelError;
+pub use error::{ModelError, QUOTED_VALUE_CHARS};
 pub use reference::{ReferenceRules, ReferenceUse, SILENT_REF_PEAK};
 pub use request::{PromptMode, VoiceClonePrompt, VoiceRequest};
 pub use rules::VoiceRules;
