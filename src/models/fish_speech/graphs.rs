@@ -109,7 +109,6 @@ impl Bucket {
 /// The fast AR's frame per batch bucket (see the module documentation).
 pub struct FastArGraphs {
     buckets: Vec<Bucket>,
-    captured: bool,
     /// The RoPE table the graphs read (kept alive).
     _rope: (Tensor, Tensor),
 }
@@ -121,7 +120,6 @@ impl std::fmt::Debug for FastArGraphs {
                 "buckets",
                 &self.buckets.iter().map(|b| b.rows).collect::<Vec<_>>(),
             )
-            .field("captured", &self.captured)
             .finish()
     }
 }
@@ -135,7 +133,6 @@ impl FastArGraphs {
                 .iter()
                 .map(|&rows| Bucket::new(fast, rows, device))
                 .collect::<Result<Vec<_>>>()?,
-            captured: false,
             _rope: fast.frame_rope()?,
         })
     }
@@ -152,7 +149,6 @@ impl FastArGraphs {
             for b in &mut self.buckets {
                 b.capture(fast, device)?;
             }
-            self.captured = true;
             Ok(())
         }
         #[cfg(not(feature = "cuda"))]
@@ -160,6 +156,12 @@ impl FastArGraphs {
             let _ = (fast, device);
             candle_core::bail!("CUDA graphs need a build with the `cuda` feature")
         }
+    }
+
+    /// Takes over `other`'s buckets (captured for other row counts), kept in increasing order.
+    pub fn absorb(&mut self, other: FastArGraphs) {
+        self.buckets.extend(other.buckets);
+        self.buckets.sort_by_key(|b| b.rows);
     }
 
     /// The buckets' row counts.
@@ -343,6 +345,12 @@ impl SlowArGraphs {
         })
     }
 
+    /// Takes over `other`'s buckets (captured for other row counts), kept in increasing order.
+    pub fn absorb(&mut self, other: SlowArGraphs) {
+        self.buckets.extend(other.buckets);
+        self.buckets.sort_by_key(|b| b.rows);
+    }
+
     /// Whether a bucket holds `rows` rows whose caches are at positions `positions`.
     pub fn fits(&self, positions: &[usize]) -> bool {
         positions.iter().all(|&p| p < self.max_keys)
@@ -447,7 +455,9 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-fish");
         let m = FishModel::load(&dir, &Device::Cpu, DType::F32).expect("tiny fish");
         let fast = &m.fast;
-        let mut graphs = FastArGraphs::new(fast, &[1, 4], &Device::Cpu).expect("buckets");
+        // Captured in two sets (batch buckets, then the one-stream one), used as one.
+        let mut graphs = FastArGraphs::new(fast, &[4], &Device::Cpu).expect("buckets");
+        graphs.absorb(FastArGraphs::new(fast, &[1], &Device::Cpu).expect("bucket 1"));
         assert_eq!(graphs.buckets(), [1, 4]);
         assert!(graphs.fits(4) && !graphs.fits(5));
         // The capture's sequence, run directly: a warm-up of every position, then each position

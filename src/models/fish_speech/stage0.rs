@@ -13,7 +13,7 @@
 //! positions replay graphs per batch bucket (`graphs.rs`).
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
@@ -126,13 +126,12 @@ impl Stage0Model for FishAr {
         Ok(())
     }
 
-    /// The frame graphs for batches of 1 … `max_rows` rows (powers of two, at most 64; they
-    /// replace the one-stream set, bucket 1 captured again). Errors as
-    /// [`Stage0Model::enable_cuda_graphs`].
+    /// The frame graphs for batches of 2 … `max_rows` rows (powers of two, at most 64), beside
+    /// the one-stream graphs. Errors as [`Stage0Model::enable_cuda_graphs`].
     fn enable_batch_graphs(&mut self, max_rows: usize) -> Result<Vec<usize>, ModelError> {
-        let all = buckets(1, max_rows);
-        self.capture_graphs(&all)?;
-        Ok(all.into_iter().filter(|&b| b > 1).collect())
+        let batch = buckets(2, max_rows);
+        self.capture_graphs(&batch)?;
+        Ok(batch)
     }
 
     /// Fish's stage 0 is dense throughout; its layers are not itemised.
@@ -313,8 +312,8 @@ impl Stage0Model for FishAr {
 impl FishAr {
     /// Captures the fast AR's frame graphs for `rows` (bucket sizes), and the slow AR's step
     /// graphs when its stack takes the fused batched kernels (else its step stays eager; see
-    /// [`FishAr::graphs`]). Errors: the switch is off, a CPU device, a failed capture of the fast
-    /// AR's (nothing changes then).
+    /// [`FishAr::graphs`]), beside the buckets captured before. Errors: the switch is off, a CPU
+    /// device, a failed capture of the fast AR's (nothing changes then).
     fn capture_graphs(&mut self, rows: &[usize]) -> Result<(), ModelError> {
         if !crate::nn::switches::Switches::get().fish_graphs {
             return Err(ModelError::Candle(candle_core::Error::Msg(
@@ -327,12 +326,25 @@ impl FishAr {
         let device = self.model.slow.device().clone();
         let mut g = FastArGraphs::new(fast, rows, &device)?;
         g.capture(fast, &device)?;
+        if let Some(before) = self.fast_graphs.take() {
+            g.absorb(before.into_inner().unwrap_or_else(PoisonError::into_inner));
+        }
         #[cfg(feature = "cuda")]
         {
             let slow = &self.model.slow;
-            self.slow_graphs = super::graphs::SlowArGraphs::capture(slow, rows, slow.dtype())
-                .ok()
-                .map(Mutex::new);
+            let before = self
+                .slow_graphs
+                .take()
+                .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner));
+            let new = super::graphs::SlowArGraphs::capture(slow, rows, slow.dtype()).ok();
+            self.slow_graphs = match (new, before) {
+                (Some(mut new), Some(before)) => {
+                    new.absorb(before);
+                    Some(new)
+                }
+                (new, before) => new.or(before),
+            }
+            .map(Mutex::new);
         }
         self.fast_graphs = Some(Mutex::new(g));
         Ok(())

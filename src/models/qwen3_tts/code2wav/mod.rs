@@ -167,15 +167,6 @@ impl Code2Wav {
         Ok(())
     }
 
-    /// Whether fresh streams' one-frame first chunks replay a CUDA graph
-    /// ([`Code2Wav::enable_first_frame_graph`]).
-    pub fn first_frame_graph(&self) -> bool {
-        self.first_frame
-            .as_ref()
-            .and_then(|g| g.lock().ok().map(|g| g.captured()))
-            .unwrap_or(false)
-    }
-
     /// Output samples per codec frame (`decode_upsample_rate`, 1920).
     pub fn samples_per_frame(&self) -> usize {
         self.config.decode_upsample_rate
