@@ -270,45 +270,50 @@ fn ref_audio_and_ref_text_clone_with_fish() {
     assert_names(&errs, &["ref-text"]);
 }
 
-/// Through gst-launch syntax, greedy, each case of the reference fixture (English and Chinese,
-/// text only and cloned from the reference recording through `ref-audio` / `ref-text`): the
-/// WAV written by `wavenc` holds the official reference's waveform for the case (relative L2
-/// < 1e-4), sample for sample in length.
+/// Through gst-launch syntax, greedy, each case of each reference fixture (English and Chinese,
+/// text only and cloned from the reference recording through `ref-audio` / `ref-text`; S2 Pro's
+/// configuration and the other options): the WAV written by `wavenc` holds the official
+/// reference's waveform for the case (relative L2 < 1e-4), sample for sample in length.
 #[test]
 fn gst_launch_speaks_the_references_waveforms() {
     init();
-    let (exp, meta) = (fish_fixture::expected(), fish_fixture::meta());
-    let dir = TempDir::new("fish-launch");
-    // The reference recording the clone cases' codes were encoded from (44.1 kHz, f32).
-    let ref_wav = dir.path().join("ref.wav");
-    write_wav(&ref_wav, &reference_util::f32s(&exp["ref_audio"]));
-    let max_new = meta["generation"]["max_new_tokens"].as_u64().unwrap();
-    for case in ["en_text", "zh_text", "en_clone", "zh_clone"] {
-        let c = &meta["cases"][case];
-        let out = dir.path().join(format!("{case}.wav"));
-        let clone = c["ref_text"]
-            .as_str()
-            .map(|t| format!("ref-audio=\"{}\" ref-text=\"{t}\"", ref_wav.display()))
-            .unwrap_or_default();
-        let pipeline = gst::parse::launch(&format!(
-            "omnittssrc model=\"{}\" do-sample=false max-new-tokens={max_new} \
-             split-sentences=false {clone} text=\"{}\" ! audio/x-raw,format=F32LE ! wavenc ! \
-             filesink location=\"{}\"",
-            model(),
-            c["text"].as_str().unwrap(),
-            out.display()
-        ))
-        .unwrap();
-        let dones = element_util::play_to_eos(&pipeline);
-        assert_eq!(dones.len(), 1, "{case}");
-        let mut r = hound::WavReader::open(&out).unwrap();
-        assert_eq!(r.spec().sample_rate, 44_100, "{case}");
-        let got: Vec<f32> = r.samples::<f32>().map(Result::unwrap).collect();
-        let want = reference_util::f32s(&exp[&format!("{case}.wav")]);
-        assert!(!want.is_empty(), "{case}: the fixture holds a waveform");
-        assert_eq!(got.len(), want.len(), "{case}: samples");
-        let e = reference_util::rel_l2(&got, &want);
-        assert!(e < 1e-4, "{case}: waveform relative L2 {e:.2e}");
+    for f in fish_fixture::all() {
+        let (exp, meta, fx) = (&f.expected, &f.meta, f.name);
+        let dir = TempDir::new("fish-launch");
+        // The reference recording the clone cases' codes were encoded from (44.1 kHz, f32).
+        let ref_wav = dir.path().join("ref.wav");
+        write_wav(&ref_wav, &reference_util::f32s(&exp["ref_audio"]));
+        let max_new = meta["generation"]["max_new_tokens"].as_u64().unwrap();
+        for case in ["en_text", "zh_text", "en_clone", "zh_clone"] {
+            let c = &meta["cases"][case];
+            let out = dir.path().join(format!("{case}.wav"));
+            let clone = c["ref_text"]
+                .as_str()
+                .map(|t| format!("ref-audio=\"{}\" ref-text=\"{t}\"", ref_wav.display()))
+                .unwrap_or_default();
+            let pipeline = gst::parse::launch(&format!(
+                "omnittssrc model=\"{}\" do-sample=false max-new-tokens={max_new} \
+                 split-sentences=false {clone} text=\"{}\" ! audio/x-raw,format=F32LE ! wavenc ! \
+                 filesink location=\"{}\"",
+                fixture_model(fx),
+                c["text"].as_str().unwrap(),
+                out.display()
+            ))
+            .unwrap();
+            let dones = element_util::play_to_eos(&pipeline);
+            assert_eq!(dones.len(), 1, "{fx}/{case}");
+            let mut r = hound::WavReader::open(&out).unwrap();
+            assert_eq!(r.spec().sample_rate, 44_100, "{fx}/{case}");
+            let got: Vec<f32> = r.samples::<f32>().map(Result::unwrap).collect();
+            let want = reference_util::f32s(&exp[&format!("{case}.wav")]);
+            assert!(
+                !want.is_empty(),
+                "{fx}/{case}: the fixture holds a waveform"
+            );
+            assert_eq!(got.len(), want.len(), "{fx}/{case}: samples");
+            let e = reference_util::rel_l2(&got, &want);
+            assert!(e < 1e-4, "{fx}/{case}: waveform relative L2 {e:.2e}");
+        }
     }
 }
 

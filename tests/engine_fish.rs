@@ -1,5 +1,6 @@
 //! Fish Audio S2 Pro through the engine (the model seam), on tests/fixtures/tiny-fish: the
-//! engine's greedy codes and audio equal the direct model calls (and the reference's codes),
+//! engine's greedy codes and audio equal the direct model calls and the reference's codes (on
+//! tiny-fish-alt too),
 //! streamed = whole, batched = solo, a mixed batch with a request that makes no frame, the
 //! first-chunk lane leaving the audio as it was, and the stage config's model_arch checked
 //! against the checkpoint.
@@ -49,13 +50,17 @@ fn config(batch: bool, max_num_seqs: usize) -> StageConfig {
 }
 
 fn load(cfg: StageConfig) -> Engine {
+    load_at(&fixture(), cfg)
+}
+
+fn load_at(dir: &Path, cfg: StageConfig) -> Engine {
     Engine::load(EngineOptions {
-        model_dir: fixture(),
+        model_dir: dir.to_path_buf(),
         stage_config: cfg,
         ar_device: DeviceSpec::Cpu,
         decoder_device: DeviceSpec::Cpu,
     })
-    .unwrap_or_else(|e| panic!("loading tiny-fish: {e}"))
+    .unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()))
 }
 
 /// The request of fixture case `case`: its text, and for a clone case the reference's codes
@@ -114,46 +119,56 @@ fn engine_describes_fish_and_runs_its_built_in_config() {
 
 #[test]
 fn greedy_codes_and_audio_equal_the_direct_model_calls() {
-    let (exp, meta) = (expected(), meta());
-    let engine = load(config(false, 1));
-    let m = FishModel::load(&fixture(), &Device::Cpu, DType::F32).unwrap();
-    let codec = Codec::load(&fixture(), &Device::Cpu).unwrap();
-    let opts = GenerateOptions {
-        sampling: SamplingParams::GREEDY,
-        max_new_tokens: MAX_NEW_TOKENS,
-        seed: 0,
-    };
-    for case in CASES {
-        let c = &meta["cases"][case];
-        let v = voice(case, &exp, &meta);
-        let (r, codes) = run(&engine, greedy(&engine, v, MAX_NEW_TOKENS));
-        let reference = c["ref_text"].as_str().map(|t| VoiceReference {
-            codes: codes_of(&exp["ref_codes"]),
-            transcript: t.to_string(),
-        });
-        let prompt = m
-            .prompt(c["text"].as_str().unwrap(), reference.as_ref())
-            .unwrap();
-        let direct = m.generate(&prompt, &opts, None).unwrap();
-        assert_eq!(transpose(&codes), direct.codes, "{case}: codes = direct");
-        assert_eq!(
-            transpose(&codes),
-            codes_of(&exp[&format!("{case}.codes")]),
-            "{case}: codes = the reference's"
-        );
-        let want_reason = if direct.stopped {
-            FinishReason::Eos
-        } else {
-            FinishReason::Length
+    for f in fish_fixture::all() {
+        let (exp, meta, fx) = (&f.expected, &f.meta, f.name);
+        let engine = load_at(&f.dir, config(false, 1));
+        let m = FishModel::load(&f.dir, &Device::Cpu, DType::F32).unwrap();
+        let codec = Codec::load(&f.dir, &Device::Cpu).unwrap();
+        let opts = GenerateOptions {
+            sampling: SamplingParams::GREEDY,
+            max_new_tokens: MAX_NEW_TOKENS,
+            seed: 0,
         };
-        assert_eq!(r.reason, want_reason, "{case}");
-        assert_eq!(r.audio.len(), codes.len() * 2048, "{case}: frames × 2048");
-        let whole = codec.decode(&direct.codes).unwrap();
-        let dev = rel_l2(&r.audio, &whole);
-        assert!(
-            dev < 1e-5,
-            "{case}: streamed audio vs the direct decode: {dev}"
-        );
+        for case in CASES {
+            let c = &meta["cases"][case];
+            let v = voice(case, exp, meta);
+            let (r, codes) = run(&engine, greedy(&engine, v, MAX_NEW_TOKENS));
+            let reference = c["ref_text"].as_str().map(|t| VoiceReference {
+                codes: codes_of(&exp["ref_codes"]),
+                transcript: t.to_string(),
+            });
+            let prompt = m
+                .prompt(c["text"].as_str().unwrap(), reference.as_ref())
+                .unwrap();
+            let direct = m.generate(&prompt, &opts, None).unwrap();
+            assert_eq!(
+                transpose(&codes),
+                direct.codes,
+                "{fx}/{case}: codes = direct"
+            );
+            assert_eq!(
+                transpose(&codes),
+                codes_of(&exp[&format!("{case}.codes")]),
+                "{fx}/{case}: codes = the reference's"
+            );
+            let want_reason = if direct.stopped {
+                FinishReason::Eos
+            } else {
+                FinishReason::Length
+            };
+            assert_eq!(r.reason, want_reason, "{fx}/{case}");
+            assert_eq!(
+                r.audio.len(),
+                codes.len() * 2048,
+                "{fx}/{case}: frames × 2048"
+            );
+            let whole = codec.decode(&direct.codes).unwrap();
+            let dev = rel_l2(&r.audio, &whole);
+            assert!(
+                dev < 1e-5,
+                "{fx}/{case}: streamed audio vs the direct decode: {dev}"
+            );
+        }
     }
 }
 

@@ -4,9 +4,9 @@
 
 mod fish_fixture;
 
-use fish_fixture::{expected, fixture, meta};
+use fish_fixture::{all, expected, fixture, meta};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use gstomnitts::models::fish_speech::generate::FirstFrame;
@@ -15,7 +15,11 @@ use gstomnitts::models::fish_speech::{
 };
 
 fn model() -> FishModel {
-    FishModel::load(&fixture(), &Device::Cpu, DType::F32).unwrap()
+    model_at(&fixture())
+}
+
+fn model_at(dir: &Path) -> FishModel {
+    FishModel::load(dir, &Device::Cpu, DType::F32).unwrap()
 }
 
 fn codes_of(t: &Tensor) -> Codes {
@@ -58,182 +62,204 @@ fn voice(exp: &HashMap<String, Tensor>, transcript: &str) -> VoiceReference {
 
 #[test]
 fn prompts_match_the_reference() {
-    let (m, exp, meta) = (model(), expected(), meta());
-    for case in CASES {
-        let c = &meta["cases"][case];
-        let text = c["text"].as_str().unwrap();
-        let v = c["ref_text"].as_str().map(|t| voice(&exp, t));
-        let batches = m.prompts.batches(text, 512).unwrap();
-        assert_eq!(batches.len(), 1, "{case}");
-        let p = m.prompts.build(&batches[0], v.as_ref(), &[]).unwrap();
-        assert_eq!(p.rows, codes_of(&exp[&format!("{case}.prompt")]), "{case}");
+    for f in all() {
+        let (m, exp, meta, fx) = (model_at(&f.dir), &f.expected, &f.meta, f.name);
+        for case in CASES {
+            let c = &meta["cases"][case];
+            let text = c["text"].as_str().unwrap();
+            let v = c["ref_text"].as_str().map(|t| voice(exp, t));
+            let batches = m.prompts.batches(text, 512).unwrap();
+            assert_eq!(batches.len(), 1, "{fx}/{case}");
+            let p = m.prompts.build(&batches[0], v.as_ref(), &[]).unwrap();
+            assert_eq!(
+                p.rows,
+                codes_of(&exp[&format!("{case}.prompt")]),
+                "{fx}/{case}"
+            );
+        }
     }
 }
 
 #[test]
 fn greedy_codes_match_the_reference() {
-    let (m, exp, meta) = (model(), expected(), meta());
-    for case in CASES {
-        let c = &meta["cases"][case];
-        let text = c["text"].as_str().unwrap();
-        let v = c["ref_text"].as_str().map(|t| voice(&exp, t));
-        let prompt = m
-            .prompts
-            .build(&m.prompts.batches(text, 512).unwrap()[0], v.as_ref(), &[])
-            .unwrap();
-        let mut dbg = FirstFrame::default();
-        let g = m.generate(&prompt, &greedy(), Some(&mut dbg)).unwrap();
-        // intermediate values first: they say where a divergence starts
-        let want_logits = f32s(&exp[&format!("{case}.prefill_logits")]);
-        let tok = &meta["tokenizer"];
-        let (s0, s1) = (
-            tok["semantic_start"].as_u64().unwrap() as usize,
-            tok["semantic_end"].as_u64().unwrap() as usize,
-        );
-        let im_end = tok["ids"]["<|im_end|>"].as_u64().unwrap() as usize;
-        let mut allowed: Vec<f32> = want_logits[s0..=s1].to_vec();
-        allowed.push(want_logits[im_end]);
-        let got = f32s(dbg.prefill_logits.as_ref().unwrap());
-        assert!(
-            rel_max(&got, &allowed) < 1e-4,
-            "{case}: prefill logits {}",
-            rel_max(&got, &allowed)
-        );
-        let hid = f32s(dbg.prefill_hidden.as_ref().unwrap());
-        assert!(
-            rel_max(&hid, &f32s(&exp[&format!("{case}.prefill_hidden")])) < 1e-4,
-            "{case}"
-        );
-        if case == "en_clone" {
-            let want = exp["en_clone.fast_logits"].clone();
-            for (k, l) in dbg.fast_logits.iter().enumerate() {
-                let w = f32s(&want.get(k).unwrap());
-                assert!(rel_max(&f32s(l), &w) < 1e-4, "fast step {}", k + 1);
+    for f in all() {
+        let (m, exp, meta, fx) = (model_at(&f.dir), &f.expected, &f.meta, f.name);
+        for case in CASES {
+            let c = &meta["cases"][case];
+            let text = c["text"].as_str().unwrap();
+            let v = c["ref_text"].as_str().map(|t| voice(exp, t));
+            let prompt = m
+                .prompts
+                .build(&m.prompts.batches(text, 512).unwrap()[0], v.as_ref(), &[])
+                .unwrap();
+            let mut dbg = FirstFrame::default();
+            let g = m.generate(&prompt, &greedy(), Some(&mut dbg)).unwrap();
+            // intermediate values first: they say where a divergence starts
+            let want_logits = f32s(&exp[&format!("{case}.prefill_logits")]);
+            let tok = &meta["tokenizer"];
+            let (s0, s1) = (
+                tok["semantic_start"].as_u64().unwrap() as usize,
+                tok["semantic_end"].as_u64().unwrap() as usize,
+            );
+            let im_end = tok["ids"]["<|im_end|>"].as_u64().unwrap() as usize;
+            let mut allowed: Vec<f32> = want_logits[s0..=s1].to_vec();
+            allowed.push(want_logits[im_end]);
+            let got = f32s(dbg.prefill_logits.as_ref().unwrap());
+            assert!(
+                rel_max(&got, &allowed) < 1e-4,
+                "{fx}/{case}: prefill logits {}",
+                rel_max(&got, &allowed)
+            );
+            let hid = f32s(dbg.prefill_hidden.as_ref().unwrap());
+            assert!(
+                rel_max(&hid, &f32s(&exp[&format!("{case}.prefill_hidden")])) < 1e-4,
+                "{fx}/{case}"
+            );
+            if case == "en_clone" {
+                let want = exp["en_clone.fast_logits"].clone();
+                for (k, l) in dbg.fast_logits.iter().enumerate() {
+                    let w = f32s(&want.get(k).unwrap());
+                    assert!(rel_max(&f32s(l), &w) < 1e-4, "fast step {}", k + 1);
+                }
             }
+            let want = codes_of(&exp[&format!("{case}.codes")]);
+            assert_eq!(g.codes, want, "{fx}/{case}: greedy codes");
+            assert_eq!(
+                g.stopped,
+                c["stopped_on_im_end"].as_bool().unwrap(),
+                "{fx}/{case}"
+            );
+            assert_eq!(
+                g.frames_generated,
+                want[0].len() + 1,
+                "{fx}/{case}: the last frame is dropped"
+            );
         }
-        let want = codes_of(&exp[&format!("{case}.codes")]);
-        assert_eq!(g.codes, want, "{case}: greedy codes");
-        assert_eq!(
-            g.stopped,
-            c["stopped_on_im_end"].as_bool().unwrap(),
-            "{case}"
-        );
-        assert_eq!(
-            g.frames_generated,
-            want[0].len() + 1,
-            "{case}: the last frame is dropped"
-        );
     }
 }
 
 #[test]
 fn clone_prefill_embeds_all_codebooks_scaled_by_sqrt_11() {
-    let (m, exp, meta) = (model(), expected(), meta());
-    for case in ["en_clone", "zh_clone", "en_text"] {
-        let c = &meta["cases"][case];
-        let v = c["ref_text"].as_str().map(|t| voice(&exp, t));
-        let p = m.prompt(c["text"].as_str().unwrap(), v.as_ref()).unwrap();
-        let x = m.slow.embed(&[&p.rows]).unwrap().squeeze(0).unwrap();
+    for f in all() {
+        let (m, exp, meta, fx) = (model_at(&f.dir), &f.expected, &f.meta, f.name);
+        for case in ["en_clone", "zh_clone", "en_text"] {
+            let c = &meta["cases"][case];
+            let v = c["ref_text"].as_str().map(|t| voice(exp, t));
+            let p = m.prompt(c["text"].as_str().unwrap(), v.as_ref()).unwrap();
+            let x = m.slow.embed(&[&p.rows]).unwrap().squeeze(0).unwrap();
+            let probe = c["embed_probe_position"].as_u64().unwrap() as usize;
+            let got = f32s(&x.get(probe).unwrap());
+            let want = f32s(&exp[&format!("{case}.embed_probe")]);
+            assert!(
+                rel_max(&got, &want) < 1e-6,
+                "{fx}/{case}: {got:?} vs {want:?}"
+            );
+            let last = f32s(&x.get(p.len() - 1).unwrap());
+            assert!(rel_max(&last, &f32s(&exp[&format!("{case}.embed_last")])) < 1e-6);
+        }
+        // Without the codebook sum or without the scale, the probe would differ: guard the fixture.
+        let c = &meta["cases"]["en_clone"];
+        let p = m
+            .prompt(
+                c["text"].as_str().unwrap(),
+                Some(&voice(exp, c["ref_text"].as_str().unwrap())),
+            )
+            .unwrap();
         let probe = c["embed_probe_position"].as_u64().unwrap() as usize;
+        let mut rows = p.rows.clone();
+        for r in rows.iter_mut().skip(2) {
+            r[probe] = 0; // drop codebooks 1..9's own codes
+        }
+        let x = m.slow.embed(&[&rows]).unwrap().squeeze(0).unwrap();
         let got = f32s(&x.get(probe).unwrap());
-        let want = f32s(&exp[&format!("{case}.embed_probe")]);
-        assert!(rel_max(&got, &want) < 1e-6, "{case}: {got:?} vs {want:?}");
-        let last = f32s(&x.get(p.len() - 1).unwrap());
-        assert!(rel_max(&last, &f32s(&exp[&format!("{case}.embed_last")])) < 1e-6);
+        assert!(rel_max(&got, &f32s(&exp["en_clone.embed_probe"])) > 1e-3);
     }
-    // Without the codebook sum or without the scale, the probe would differ: guard the fixture.
-    let c = &meta["cases"]["en_clone"];
-    let p = m
-        .prompt(
-            c["text"].as_str().unwrap(),
-            Some(&voice(&exp, c["ref_text"].as_str().unwrap())),
-        )
-        .unwrap();
-    let probe = c["embed_probe_position"].as_u64().unwrap() as usize;
-    let mut rows = p.rows.clone();
-    for r in rows.iter_mut().skip(2) {
-        r[probe] = 0; // drop codebooks 1..9's own codes
-    }
-    let x = m.slow.embed(&[&rows]).unwrap().squeeze(0).unwrap();
-    let got = f32s(&x.get(probe).unwrap());
-    assert!(rel_max(&got, &f32s(&exp["en_clone.embed_probe"])) > 1e-3);
 }
 
 #[test]
 fn rope_tables_are_the_references_bf16_interleaved_tables() {
     use gstomnitts::models::fish_speech::rope::rope_values;
-    let (exp, cfg) = (expected(), model().config);
-    for (key, d, n) in [
-        ("slow_freqs_cis", cfg.slow(), 64),
-        ("fast_freqs_cis", cfg.fast(), cfg.num_codebooks()),
-    ] {
-        let (cos, sin) = rope_values(n, d.head_dim, d.rope_base);
-        let want = f32s(&exp[key]); // [n, half, 2] = (cos, sin) pairs
-        let got: Vec<f32> = cos.iter().zip(&sin).flat_map(|(&c, &s)| [c, s]).collect();
-        assert_eq!(got, want, "{key}");
+    for f in all() {
+        let (exp, cfg, fx) = (&f.expected, model_at(&f.dir).config, f.name);
+        for (key, d, n) in [
+            ("slow_freqs_cis", cfg.slow(), 64),
+            ("fast_freqs_cis", cfg.fast(), cfg.num_codebooks()),
+        ] {
+            let (cos, sin) = rope_values(n, d.head_dim, d.rope_base);
+            let want = f32s(&exp[key]); // [n, half, 2] = (cos, sin) pairs
+            let got: Vec<f32> = cos.iter().zip(&sin).flat_map(|(&c, &s)| [c, s]).collect();
+            assert_eq!(got, want, "{fx}: {key}");
+        }
     }
 }
 
 #[test]
 fn fast_ar_batched_rows_equal_single_rows() {
-    let (m, exp, meta) = (model(), expected(), meta());
-    let mut hiddens = Vec::new();
-    let mut code0 = Vec::new();
-    for case in ["en_text", "zh_clone", "speakers"] {
-        let c = &meta["cases"][case];
-        let v = c["ref_text"].as_str().map(|t| voice(&exp, t));
-        let text = c["text"].as_str().unwrap();
-        let p = m
-            .prompts
-            .build(&m.prompts.batches(text, 512).unwrap()[0], v.as_ref(), &[])
-            .unwrap();
-        let mut cache = m.slow.new_cache();
-        let (_, h) = m
-            .slow
-            .forward(&m.slow.embed(&[&p.rows]).unwrap(), &mut cache)
-            .unwrap();
-        hiddens.push(h);
-        code0.push(codes_of(&exp[&format!("{case}.codes")])[0][0]);
-    }
-    let greedy = |_: usize, l: &Tensor| -> gstomnitts::models::fish_speech::Result<Vec<u32>> {
-        Ok(l.argmax(1)?.to_vec1::<u32>()?)
-    };
-    let batch = Tensor::cat(&hiddens, 0).unwrap();
-    let mut bl = Vec::new();
-    let together = m.fast.frame(&batch, &code0, greedy, Some(&mut bl)).unwrap();
-    for (i, h) in hiddens.iter().enumerate() {
-        let mut sl = Vec::new();
-        let alone = m
-            .fast
-            .frame(h, &code0[i..i + 1], greedy, Some(&mut sl))
-            .unwrap();
-        assert_eq!(alone[0], together[i], "row {i}");
-        for (a, b) in sl.iter().zip(&bl) {
-            let b = b.get(i).unwrap();
-            assert!(rel_max(&f32s(a), &f32s(&b)) < 1e-5);
+    for f in all() {
+        let (m, exp, meta, fx) = (model_at(&f.dir), &f.expected, &f.meta, f.name);
+        let mut hiddens = Vec::new();
+        let mut code0 = Vec::new();
+        for case in ["en_text", "zh_clone", "speakers"] {
+            let c = &meta["cases"][case];
+            let v = c["ref_text"].as_str().map(|t| voice(exp, t));
+            let text = c["text"].as_str().unwrap();
+            let p = m
+                .prompts
+                .build(&m.prompts.batches(text, 512).unwrap()[0], v.as_ref(), &[])
+                .unwrap();
+            let mut cache = m.slow.new_cache();
+            let (_, h) = m
+                .slow
+                .forward(&m.slow.embed(&[&p.rows]).unwrap(), &mut cache)
+                .unwrap();
+            hiddens.push(h);
+            code0.push(codes_of(&exp[&format!("{case}.codes")])[0][0]);
+        }
+        let greedy = |_: usize, l: &Tensor| -> gstomnitts::models::fish_speech::Result<Vec<u32>> {
+            Ok(l.argmax(1)?.to_vec1::<u32>()?)
+        };
+        let batch = Tensor::cat(&hiddens, 0).unwrap();
+        let mut bl = Vec::new();
+        let together = m.fast.frame(&batch, &code0, greedy, Some(&mut bl)).unwrap();
+        for (i, h) in hiddens.iter().enumerate() {
+            let mut sl = Vec::new();
+            let alone = m
+                .fast
+                .frame(h, &code0[i..i + 1], greedy, Some(&mut sl))
+                .unwrap();
+            assert_eq!(alone[0], together[i], "{fx}: row {i}");
+            for (a, b) in sl.iter().zip(&bl) {
+                let b = b.get(i).unwrap();
+                assert!(rel_max(&f32s(a), &f32s(&b)) < 1e-5, "{fx}: row {i}");
+            }
         }
     }
 }
 
 #[test]
 fn stop_on_im_end_only_drops_its_frame_and_residuals_reach_past_1024() {
-    let (exp, meta) = (expected(), meta());
-    let stopped: Vec<&str> = CASES
-        .into_iter()
-        .filter(|c| meta["cases"][c]["stopped_on_im_end"].as_bool().unwrap())
-        .collect();
-    assert_eq!(
-        stopped.len(),
-        1,
-        "the fixture has one case that stops on <|im_end|>"
-    );
-    assert!(CASES.len() > 1, "and others that hit the cap");
-    for case in CASES {
-        let codes = codes_of(&exp[&format!("{case}.codes")]);
-        assert!(codes[1..].iter().flatten().any(|&c| c >= 1024), "{case}");
-        let frames = codes[0].len();
+    for f in all() {
+        let (exp, meta, fx) = (&f.expected, &f.meta, f.name);
+        let stopped = |c: &str| meta["cases"][c]["stopped_on_im_end"].as_bool().unwrap();
+        let frames = |c: &str| codes_of(&exp[&format!("{c}.codes")])[0].len();
         let cap = MAX_NEW_TOKENS - 1;
-        assert!(frames <= cap, "{case}");
+        // the stop before the cap, and the cap, each seen by the greedy test on this fixture
+        assert!(
+            CASES.iter().any(|c| stopped(c) && frames(c) < cap),
+            "{fx}: a case stops on <|im_end|> before the cap"
+        );
+        assert!(
+            CASES.iter().any(|c| !stopped(c)),
+            "{fx}: a case hits the cap"
+        );
+        for case in CASES {
+            let codes = codes_of(&exp[&format!("{case}.codes")]);
+            assert!(
+                codes[1..].iter().flatten().any(|&c| c >= 1024),
+                "{fx}/{case}"
+            );
+            assert!(codes[0].len() <= cap, "{fx}/{case}");
+        }
     }
 }
 
@@ -281,8 +307,8 @@ fn control_tokens_in_user_text_are_refused() {
 
 use gstomnitts::models::fish_speech::codec::{Codec, DecodeState};
 
-fn codec() -> Codec {
-    Codec::load(&fixture(), &Device::Cpu).unwrap()
+fn codec_at(dir: &Path) -> Codec {
+    Codec::load(dir, &Device::Cpu).unwrap()
 }
 
 /// ‖a − b‖ / ‖b‖.
@@ -298,61 +324,70 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 
 #[test]
 fn decoded_waveforms_match_the_reference() {
-    let (c, exp) = (codec(), expected());
-    assert_eq!((c.sample_rate(), c.samples_per_frame()), (44_100, 2048));
-    for case in CASES {
-        let codes = codes_of(&exp[&format!("{case}.codes")]);
-        let wav = c.decode(&codes).unwrap();
-        let want = f32s(&exp[&format!("{case}.wav")]);
-        assert_eq!(wav.len(), codes[0].len() * 2048, "{case}");
-        let e = rel_l2(&wav, &want);
-        eprintln!(
-            "{case}: {} frames, waveform relative L2 {e:.2e}",
-            codes[0].len()
-        );
-        assert!(e < 1e-4, "{case}: relative L2 {e}");
+    for f in all() {
+        let (c, exp, fx) = (codec_at(&f.dir), &f.expected, f.name);
+        assert_eq!((c.sample_rate(), c.samples_per_frame()), (44_100, 2048));
+        for case in CASES {
+            let codes = codes_of(&exp[&format!("{case}.codes")]);
+            let wav = c.decode(&codes).unwrap();
+            let want = f32s(&exp[&format!("{case}.wav")]);
+            assert_eq!(wav.len(), codes[0].len() * 2048, "{fx}/{case}");
+            let e = rel_l2(&wav, &want);
+            eprintln!(
+                "{fx}/{case}: {} frames, waveform relative L2 {e:.2e}",
+                codes[0].len()
+            );
+            assert!(e < 1e-4, "{fx}/{case}: relative L2 {e}");
+        }
     }
 }
 
 #[test]
 fn decode_across_the_window_matches_the_reference() {
-    let (c, exp) = (codec(), expected());
-    let codes = codes_of(&exp["window.codes"]);
-    assert!(codes[0].len() > 128, "longer than the codec's window");
-    let wav = c.decode(&codes).unwrap();
-    let tail = f32s(&exp["window.wav_tail"]);
-    let e = rel_l2(&wav[wav.len() - tail.len()..], &tail);
-    assert!(e < 1e-4, "relative L2 of the tail {e}");
-    let sumsq: f64 = wav.iter().map(|&x| (x as f64).powi(2)).sum();
-    let want = f32s(&exp["window.wav_sumsq"])[0] as f64;
-    assert!(((sumsq - want) / want).abs() < 1e-4, "{sumsq} vs {want}");
+    for f in all() {
+        let (c, exp, fx) = (codec_at(&f.dir), &f.expected, f.name);
+        let codes = codes_of(&exp["window.codes"]);
+        assert!(codes[0].len() > 128, "longer than the codec's window");
+        let wav = c.decode(&codes).unwrap();
+        let tail = f32s(&exp["window.wav_tail"]);
+        let e = rel_l2(&wav[wav.len() - tail.len()..], &tail);
+        assert!(e < 1e-4, "{fx}: relative L2 of the tail {e}");
+        let sumsq: f64 = wav.iter().map(|&x| (x as f64).powi(2)).sum();
+        let want = f32s(&exp["window.wav_sumsq"])[0] as f64;
+        assert!(
+            ((sumsq - want) / want).abs() < 1e-4,
+            "{fx}: {sumsq} vs {want}"
+        );
+    }
 }
 
 #[test]
 fn streamed_decode_equals_whole_and_is_frames_times_2048() {
-    let (c, exp) = (codec(), expected());
-    let codes = codes_of(&exp["window.codes"]);
-    let whole = c.decode(&codes).unwrap();
-    let mut state = DecodeState::default();
-    let mut streamed = Vec::new();
-    let n = codes[0].len();
-    let mut start = 0;
-    for chunk in [4usize, 25, 1, 60, 25].iter().cycle() {
-        if start >= n {
-            break;
+    for f in all() {
+        let (c, exp, fx) = (codec_at(&f.dir), &f.expected, f.name);
+        let codes = codes_of(&exp["window.codes"]);
+        let whole = c.decode(&codes).unwrap();
+        let mut state = DecodeState::default();
+        let mut streamed = Vec::new();
+        let n = codes[0].len();
+        let mut start = 0;
+        for chunk in [4usize, 25, 1, 60, 25].iter().cycle() {
+            if start >= n {
+                break;
+            }
+            let end = (start + chunk).min(n);
+            let part: Codes = codes.iter().map(|r| r[start..end].to_vec()).collect();
+            let samples = c.decode_chunk(&part, &mut state).unwrap();
+            assert_eq!(samples.len(), (end - start) * 2048);
+            streamed.extend(samples);
+            start = end;
         }
-        let end = (start + chunk).min(n);
-        let part: Codes = codes.iter().map(|r| r[start..end].to_vec()).collect();
-        let samples = c.decode_chunk(&part, &mut state).unwrap();
-        assert_eq!(samples.len(), (end - start) * 2048);
-        streamed.extend(samples);
-        start = end;
+        assert_eq!(state.frames(), n);
+        assert_eq!(streamed.len(), n * 2048);
+        let e = rel_l2(&streamed, &whole);
+        eprintln!("{fx}: streamed vs whole over {n} frames: relative L2 {e:.2e}");
+        assert!(e < 1e-5, "{fx}: streamed vs whole: relative L2 {e}");
     }
-    assert_eq!(state.frames(), n);
-    assert_eq!(streamed.len(), n * 2048);
-    let e = rel_l2(&streamed, &whole);
-    eprintln!("streamed vs whole over {n} frames: relative L2 {e:.2e}");
-    assert!(e < 1e-5, "streamed vs whole: relative L2 {e}");
 }
 
 /// Several streams decoded together (`Codec::decode_chunks`: the waveform decoder over the
@@ -362,56 +397,59 @@ fn streamed_decode_equals_whole_and_is_frames_times_2048() {
 /// by `max_batch_frames` — and a chunk with bad codes fails its stream only.
 #[test]
 fn streams_decoded_together_equal_each_alone() {
-    let (c, exp) = (codec(), expected());
-    let sources: Vec<Codes> = ["window.codes", "en_text.codes", "zh_clone.codes"]
-        .iter()
-        .map(|k| codes_of(&exp[*k]))
-        .collect();
-    let part = |codes: &Codes, start: usize, len: usize| -> Codes {
-        let n = codes[0].len();
-        codes
+    for f in all() {
+        let (c, exp, fx) = (codec_at(&f.dir), &f.expected, f.name);
+        let sources: Vec<Codes> = ["window.codes", "en_text.codes", "zh_clone.codes"]
             .iter()
-            .map(|r| r[start.min(n)..(start + len).min(n)].to_vec())
-            .collect()
-    };
-    // Chunk lengths per round and stream (0: the stream sends nothing that round).
-    let rounds: [[usize; 3]; 4] = [[4, 4, 1], [25, 4, 0], [25, 3, 6], [1, 4, 4]];
-    for max_batch_frames in [512, 4] {
-        let mut alone = vec![DecodeState::default(); 3];
-        let mut together = vec![DecodeState::default(); 3];
-        let mut at = [0usize; 3];
-        for lens in rounds {
-            let chunks: Vec<Codes> = (0..3).map(|i| part(&sources[i], at[i], lens[i])).collect();
-            let want: Vec<Vec<f32>> = (0..3)
-                .map(|i| c.decode_chunk(&chunks[i], &mut alone[i]).unwrap())
-                .collect();
-            let refs: Vec<&Codes> = chunks.iter().collect();
-            let mut states: Vec<&mut DecodeState> = together.iter_mut().collect();
-            let got = c.decode_chunks(&refs, &mut states, max_batch_frames);
-            for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
-                let g = g.unwrap();
-                assert_eq!(g.len(), chunks[i][0].len() * 2048, "stream {i}");
-                assert!(
-                    g == *w,
-                    "stream {i}, round {lens:?}: batched differs from alone"
-                );
+            .map(|k| codes_of(&exp[*k]))
+            .collect();
+        let part = |codes: &Codes, start: usize, len: usize| -> Codes {
+            let n = codes[0].len();
+            codes
+                .iter()
+                .map(|r| r[start.min(n)..(start + len).min(n)].to_vec())
+                .collect()
+        };
+        // Chunk lengths per round and stream (0: the stream sends nothing that round).
+        let rounds: [[usize; 3]; 4] = [[4, 4, 1], [25, 4, 0], [25, 3, 6], [1, 4, 4]];
+        for max_batch_frames in [512, 4] {
+            let mut alone = vec![DecodeState::default(); 3];
+            let mut together = vec![DecodeState::default(); 3];
+            let mut at = [0usize; 3];
+            for lens in rounds {
+                let chunks: Vec<Codes> =
+                    (0..3).map(|i| part(&sources[i], at[i], lens[i])).collect();
+                let want: Vec<Vec<f32>> = (0..3)
+                    .map(|i| c.decode_chunk(&chunks[i], &mut alone[i]).unwrap())
+                    .collect();
+                let refs: Vec<&Codes> = chunks.iter().collect();
+                let mut states: Vec<&mut DecodeState> = together.iter_mut().collect();
+                let got = c.decode_chunks(&refs, &mut states, max_batch_frames);
+                for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
+                    let g = g.unwrap();
+                    assert_eq!(g.len(), chunks[i][0].len() * 2048, "stream {i}");
+                    assert!(
+                        g == *w,
+                        "{fx}: stream {i}, round {lens:?}: batched differs from alone"
+                    );
+                }
+                for i in 0..3 {
+                    at[i] += lens[i];
+                    assert_eq!(together[i].frames(), alone[i].frames());
+                }
             }
-            for i in 0..3 {
-                at[i] += lens[i];
-                assert_eq!(together[i].frames(), alone[i].frames());
-            }
+            assert!(at.iter().all(|&a| a > 0));
         }
-        assert!(at.iter().all(|&a| a > 0));
+        // Bad codes (nine codebooks) fail that stream; the other decodes.
+        let good = part(&sources[1], 0, 3);
+        let bad: Codes = good[..9].to_vec();
+        let mut states = [DecodeState::default(), DecodeState::default()];
+        let mut refs: Vec<&mut DecodeState> = states.iter_mut().collect();
+        let got = c.decode_chunks(&[&bad, &good], &mut refs, 512);
+        assert!(got[0].is_err());
+        assert_eq!(got[1].as_ref().unwrap().len(), 3 * 2048);
+        assert_eq!(states[0].frames(), 0);
     }
-    // Bad codes (nine codebooks) fail that stream; the other decodes.
-    let good = part(&sources[1], 0, 3);
-    let bad: Codes = good[..9].to_vec();
-    let mut states = [DecodeState::default(), DecodeState::default()];
-    let mut refs: Vec<&mut DecodeState> = states.iter_mut().collect();
-    let got = c.decode_chunks(&[&bad, &good], &mut refs, 512);
-    assert!(got[0].is_err());
-    assert_eq!(got[1].as_ref().unwrap().len(), 3 * 2048);
-    assert_eq!(states[0].frames(), 0);
 }
 
 /// Streams past the codec's window (128 frames), at different positions but the same window
@@ -419,86 +457,96 @@ fn streams_decoded_together_equal_each_alone() {
 /// stream's samples alone to the bit; so do two fresh streams starting together.
 #[test]
 fn streams_past_the_window_decoded_together_equal_each_alone() {
-    let (c, exp) = (codec(), expected());
-    let once = codes_of(&exp["window.codes"]);
-    // Twice over, so both streams have frames to spare past the window.
-    let source: Codes = once.iter().map(|r| [r.as_slice(), r].concat()).collect();
-    let n = source[0].len();
-    assert!(n >= 160, "{n} frames");
-    let part = |start: usize, len: usize| -> Codes {
-        source
-            .iter()
-            .map(|r| r[start..start + len].to_vec())
-            .collect()
-    };
-    // Stream 0 at 130 frames, stream 1 at 141 (both past the window), stream 2 fresh.
-    let starts = [130usize, 141, 0];
-    let mut alone = vec![DecodeState::default(); 3];
-    for (s, &at) in alone.iter_mut().zip(&starts) {
-        let mut done = 0;
-        while done < at {
-            let k = (at - done).min(25);
-            c.decode_chunk(&part(done, k), s).unwrap();
-            done += k;
+    for f in all() {
+        let (c, exp, fx) = (codec_at(&f.dir), &f.expected, f.name);
+        let once = codes_of(&exp["window.codes"]);
+        // Twice over, so both streams have frames to spare past the window.
+        let source: Codes = once.iter().map(|r| [r.as_slice(), r].concat()).collect();
+        let n = source[0].len();
+        assert!(n >= 160, "{n} frames");
+        let part = |start: usize, len: usize| -> Codes {
+            source
+                .iter()
+                .map(|r| r[start..start + len].to_vec())
+                .collect()
+        };
+        // Stream 0 at 130 frames, stream 1 at 141 (both past the window), stream 2 fresh.
+        let starts = [130usize, 141, 0];
+        let mut alone = vec![DecodeState::default(); 3];
+        for (s, &at) in alone.iter_mut().zip(&starts) {
+            let mut done = 0;
+            while done < at {
+                let k = (at - done).min(25);
+                c.decode_chunk(&part(done, k), s).unwrap();
+                done += k;
+            }
         }
-    }
-    let mut together = alone.clone();
-    for round in 0..3 {
-        let len = [3usize, 1, 6][round];
-        let chunks: Vec<Codes> = (0..3).map(|i| part(starts[i] + 10 * round, len)).collect();
-        let want: Vec<Vec<f32>> = (0..3)
-            .map(|i| c.decode_chunk(&chunks[i], &mut alone[i]).unwrap())
-            .collect();
-        let refs: Vec<&Codes> = chunks.iter().collect();
-        let mut states: Vec<&mut DecodeState> = together.iter_mut().collect();
-        let got = c.decode_chunks(&refs, &mut states, 512);
-        for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
-            assert!(
-                g.unwrap() == *w,
-                "round {round}, stream {i}: batched differs from alone"
-            );
+        let mut together = alone.clone();
+        for round in 0..3 {
+            let len = [3usize, 1, 6][round];
+            let chunks: Vec<Codes> = (0..3).map(|i| part(starts[i] + 10 * round, len)).collect();
+            let want: Vec<Vec<f32>> = (0..3)
+                .map(|i| c.decode_chunk(&chunks[i], &mut alone[i]).unwrap())
+                .collect();
+            let refs: Vec<&Codes> = chunks.iter().collect();
+            let mut states: Vec<&mut DecodeState> = together.iter_mut().collect();
+            let got = c.decode_chunks(&refs, &mut states, 512);
+            for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
+                assert!(
+                    g.unwrap() == *w,
+                    "{fx}: round {round}, stream {i}: batched differs from alone"
+                );
+            }
         }
-    }
-    // Two fresh streams of different codes, together from their first frame.
-    let mut fresh = vec![DecodeState::default(), DecodeState::default()];
-    let mut lone = fresh.clone();
-    for round in 0..2 {
-        let chunks = [part(round * 4, 4), part(50 + round * 4, 4)];
-        let want: Vec<Vec<f32>> = (0..2)
-            .map(|i| c.decode_chunk(&chunks[i], &mut lone[i]).unwrap())
-            .collect();
-        let mut states: Vec<&mut DecodeState> = fresh.iter_mut().collect();
-        let got = c.decode_chunks(&[&chunks[0], &chunks[1]], &mut states, 512);
-        for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
-            assert!(g.unwrap() == *w, "fresh round {round}, stream {i}");
+        // Two fresh streams of different codes, together from their first frame.
+        let mut fresh = vec![DecodeState::default(), DecodeState::default()];
+        let mut lone = fresh.clone();
+        for round in 0..2 {
+            let chunks = [part(round * 4, 4), part(50 + round * 4, 4)];
+            let want: Vec<Vec<f32>> = (0..2)
+                .map(|i| c.decode_chunk(&chunks[i], &mut lone[i]).unwrap())
+                .collect();
+            let mut states: Vec<&mut DecodeState> = fresh.iter_mut().collect();
+            let got = c.decode_chunks(&[&chunks[0], &chunks[1]], &mut states, 512);
+            for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
+                assert!(g.unwrap() == *w, "fresh round {round}, stream {i}");
+            }
         }
     }
 }
 
 #[test]
 fn residual_codes_past_the_codebook_are_clamped() {
-    let (c, exp) = (codec(), expected());
-    let codes = codes_of(&exp["en_clone.codes"]);
-    assert!(codes[1..].iter().flatten().any(|&x| x >= 1024));
-    let clamped: Codes = codes
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            r.iter()
-                .map(|&x| if i == 0 { x.min(4095) } else { x.min(1023) })
-                .collect()
-        })
-        .collect();
-    assert_eq!(c.decode(&codes).unwrap(), c.decode(&clamped).unwrap());
+    for f in all() {
+        let (c, exp, fx) = (codec_at(&f.dir), &f.expected, f.name);
+        let codes = codes_of(&exp["en_clone.codes"]);
+        assert!(codes[1..].iter().flatten().any(|&x| x >= 1024));
+        let clamped: Codes = codes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.iter()
+                    .map(|&x| if i == 0 { x.min(4095) } else { x.min(1023) })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            c.decode(&codes).unwrap(),
+            c.decode(&clamped).unwrap(),
+            "{fx}"
+        );
+    }
 }
 
 #[test]
 fn encoder_codes_match_the_reference() {
-    let (c, exp) = (codec(), expected());
-    let audio = f32s(&exp["ref_audio"]);
-    let codes = c.encode(&audio).unwrap();
-    assert_eq!(codes[0].len(), audio.len().div_ceil(2048));
-    assert_eq!(codes, codes_of(&exp["ref_codes"]));
+    for f in all() {
+        let (c, exp, fx) = (codec_at(&f.dir), &f.expected, f.name);
+        let audio = f32s(&exp["ref_audio"]);
+        let codes = c.encode(&audio).unwrap();
+        assert_eq!(codes[0].len(), audio.len().div_ceil(2048));
+        assert_eq!(codes, codes_of(&exp["ref_codes"]), "{fx}");
+    }
 }
 
 // ---- loading and sampled generation ---------------------------------------------------------

@@ -13,6 +13,8 @@ Usage (the reference is never part of this repository; it is imported from outsi
     # 3. from the repository root
     FISH_SPEECH=/work/fishref/fish-speech /work/fishref/venv/bin/python scripts/fish/make_tiny.py \
         --out tests/fixtures/tiny-fish
+    # the second fixture (other shapes and the config options S2 Pro leaves at one value)
+    FISH_SPEECH=… …/python scripts/fish/make_tiny.py --variant alt --out tests/fixtures/tiny-fish-alt
 
 What it writes into --out (tests/fixtures/tiny-fish/README.md describes every file):
   config.json, model-0000{1,2}-of-00002.safetensors + model.safetensors.index.json (bf16, the real
@@ -78,27 +80,60 @@ def _import_reference():
 # the slow model only, a query width that differs from the model width, GQA, a tied head) is the
 # real one; widths and depths are tiny.
 
-TEXT = dict(dim=8, n_layer=2, n_head=4, n_local_heads=2, head_dim=4, intermediate_size=24)
-FAST = dict(dim=8, n_layer=2, n_head=4, n_local_heads=2, head_dim=4, intermediate_size=20)
+VARIANTS = {
+    # The main fixture (tests/fixtures/tiny-fish): S2 Pro's own flags (q/k norm in the slow model
+    # only, no biases, a tied head, the fast AR as wide as the slow model).
+    "s2": dict(
+        text=dict(dim=8, n_layer=2, n_head=4, n_local_heads=2, head_dim=4, intermediate_size=24),
+        fast=dict(dim=8, n_layer=2, n_head=4, n_local_heads=2, head_dim=4, intermediate_size=20),
+        text_flags=dict(attention_qk_norm=True, tie_word_embeddings=True),
+        fast_flags=dict(attention_qk_norm=False),
+        codec=dict(
+            encoder_dim=4,  # latent 4 * 2^4 = 64
+            decoder_dim=32,
+            encoder_transformer_layers=[0, 0, 0, 1],
+            # S2 lists 4 decoder transformer layers that its decoder builds but never runs; a tiny
+            # decoder (width < 64) cannot build them (n_head = width // 64), so it lists none.
+            decoder_transformer_layers=[0, 0, 0, 0],
+            quant_dim=64,
+            quant_layers=1,
+            quant_heads=4,
+            quant_head_dim=16,
+            quant_intermediate=128,
+        ),
+    ),
+    # The second fixture (tests/fixtures/tiny-fish-alt): every option of the reference's config
+    # that S2 Pro leaves at one value takes the other, and other depths and head geometry: a fast
+    # AR narrower than the slow model (its `project_in`), q/k/v and output biases in the slow
+    # model (the fast AR's config overrides them back off), q/k norm in the fast AR, an untied
+    # head (`output.weight`), 3 slow layers with 2 heads of 8 over 1 KV head, a 1-layer fast AR
+    # with 3 query heads over 1 KV head, and a wider codec decoder with 2 quantizer layers.
+    "alt": dict(
+        text=dict(dim=16, n_layer=3, n_head=2, n_local_heads=1, head_dim=8, intermediate_size=40),
+        fast=dict(dim=12, n_layer=1, n_head=3, n_local_heads=1, head_dim=4, intermediate_size=28),
+        text_flags=dict(
+            attention_qk_norm=True, tie_word_embeddings=False, attention_qkv_bias=True,
+            attention_o_bias=True,
+        ),
+        fast_flags=dict(attention_qk_norm=True, attention_qkv_bias=False, attention_o_bias=False),
+        codec=dict(
+            encoder_dim=4,
+            decoder_dim=48,
+            encoder_transformer_layers=[0, 0, 0, 1],
+            decoder_transformer_layers=[0, 0, 0, 0],
+            quant_dim=64,
+            quant_layers=2,
+            quant_heads=2,
+            quant_head_dim=32,
+            quant_intermediate=96,
+        ),
+    ),
+}
 NUM_CODEBOOKS = 10
 CODEBOOK_SIZE = 4096  # audio_decoder_config.vocab_size (the fast head and each embedding slice)
 MAX_SEQ_LEN = 2560  # the reference refuses prompts longer than max_seq_len - 2048
 ROPE_BASE = 1_000_000
 NORM_EPS = 1e-6
-
-CODEC = dict(
-    encoder_dim=4,  # latent 4 * 2^4 = 64
-    decoder_dim=32,
-    encoder_transformer_layers=[0, 0, 0, 1],
-    # S2 lists 4 decoder transformer layers that its decoder builds but never runs; a tiny decoder
-    # (width < 64) cannot build them (n_head = width // 64), so the tiny codec lists none.
-    decoder_transformer_layers=[0, 0, 0, 0],
-    quant_dim=64,
-    quant_layers=1,
-    quant_heads=4,
-    quant_head_dim=16,
-    quant_intermediate=128,
-)
 
 # Qwen3's own special tokens (in Qwen3's order) before Fish's, then the 4096 semantic tokens,
 # then padding rows up to a multiple of 64, as in S2 Pro (semantic 151678..155773, vocab 155776).
@@ -200,7 +235,7 @@ def build_tokenizer(out: Path):
     )
 
 
-def write_config(out: Path, tk):
+def write_config(out: Path, tk, v):
     common = dict(
         attention_o_bias=False, attention_qkv_bias=False, dropout=0.0, norm_eps=NORM_EPS,
         rope_base=ROPE_BASE, use_gradient_checkpointing=True, initializer_range=0.02,
@@ -216,12 +251,12 @@ def write_config(out: Path, tk):
         "semantic_end_token_id": tk["semantic_end"],
         "text_config": dict(
             common, model_type="fish_qwen3", vocab_size=tk["vocab_size"], max_seq_len=MAX_SEQ_LEN,
-            attention_qk_norm=True, tie_word_embeddings=True, **TEXT,
+            **{**v["text_flags"], **v["text"]},
         ),
         "audio_decoder_config": dict(
             common, model_type="fish_qwen3_audio_decoder", vocab_size=CODEBOOK_SIZE,
-            num_codebooks=NUM_CODEBOOKS, max_seq_len=NUM_CODEBOOKS + 1, attention_qk_norm=False,
-            tie_word_embeddings=False, text_dim=TEXT["dim"], **FAST,
+            num_codebooks=NUM_CODEBOOKS, max_seq_len=NUM_CODEBOOKS + 1, **v["fast_flags"],
+            tie_word_embeddings=False, text_dim=v["text"]["dim"], **v["fast"],
         ),
     }
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -242,6 +277,8 @@ def randomise_llm(model, im_end_id, im_end_scale):
             else:
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
         model.embeddings.weight[im_end_id] *= im_end_scale
+        if hasattr(model, "output"):  # an untied head: its own <|im_end|> row sets the logit
+            model.output.weight[im_end_id] *= im_end_scale
         for p in model.parameters():  # the checkpoint is bf16: keep the truth bf16-representable
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
 
@@ -336,16 +373,16 @@ quantizer:
 """
 
 
-def codec_yaml():
-    return CODEC_YAML.format(latent=CODEC["encoder_dim"] * 16, **CODEC)
+def codec_yaml(codec):
+    return CODEC_YAML.format(latent=codec["encoder_dim"] * 16, **codec)
 
 
-def build_codec(out: Path):
+def build_codec(out: Path, v):
     import torch
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    text = codec_yaml()
+    text = codec_yaml(v["codec"])
     (out / "codec_config.yaml").write_text(text)
     torch.manual_seed(99)
     codec = instantiate(OmegaConf.create(text))
@@ -487,6 +524,16 @@ def run_case(model, decode_one_token, text, ref_text, ref_codes):
         return r
 
     inf.Conversation.encode_for_inference = enc
+    # whether the last token drawn was <|im_end|> (a stop on the cap's last step gives as many
+    # frames as the cap itself: the frame count alone cannot tell them apart)
+    orig_decode = inf.decode_n_tokens
+
+    def decode(*a, **k):
+        r = orig_decode(*a, **k)
+        captured["last_main"] = int(r[0, -1])
+        return r
+
+    inf.decode_n_tokens = decode
     rec = Recorder(model)
     try:
         kwargs = {}
@@ -502,9 +549,11 @@ def run_case(model, decode_one_token, text, ref_text, ref_codes):
                 outs.append(resp.codes)
     finally:
         inf.Conversation.encode_for_inference = orig
+        inf.decode_n_tokens = orig_decode
         rec.close()
     assert len(outs) == 1, "every case is one batch"
-    return captured["prompt"], outs[0], rec
+    stopped = captured["last_main"] == model.tokenizer.get_token_id("<|im_end|>")
+    return captured["prompt"], outs[0], rec, stopped
 
 
 def semantic_probe_positions(prompt, sem_start, sem_end):
@@ -514,6 +563,8 @@ def semantic_probe_positions(prompt, sem_start, sem_end):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="s2",
+                    help="s2: tests/fixtures/tiny-fish; alt: tests/fixtures/tiny-fish-alt")
     ap.add_argument("--out", default="tests/fixtures/tiny-fish")
     ap.add_argument("--im-end-scale", type=float, default=None,
                     help="scale of the <|im_end|> embedding row (default: searched so that one "
@@ -533,8 +584,9 @@ def main():
     from fish_speech.models.text2semantic.llama import BaseModelArgs, DualARTransformer
 
     tk = build_tokenizer(out)
-    write_config(out, tk)
-    codec_sd = build_codec(out)
+    variant = VARIANTS[args.variant]
+    write_config(out, tk, variant)
+    codec_sd = build_codec(out, variant)
 
     def make_llm(scale):
         cfg = BaseModelArgs.from_pretrained(str(out))
@@ -545,7 +597,7 @@ def main():
         return m
 
     # The codec first: the clone cases need the reference audio's codes.
-    scales = [args.im_end_scale] if args.im_end_scale else [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0]
+    scales = [args.im_end_scale] if args.im_end_scale else [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, -1.0, -1.5, -2.0, -2.5, -3.0, -3.5, -4.0]
     chosen = None
     for scale in scales:
         llm = make_llm(scale)
@@ -579,7 +631,7 @@ def main():
     from fish_speech.tokenizer import FishTokenizer
 
     ftok = FishTokenizer(str(out))
-    for name, (prompt, codes, rec) in results.items():
+    for name, (prompt, codes, rec, stopped) in results.items():
         text, ref_text = PROMPTS[name]
         with torch.inference_mode():
             wav = decode_to_audio(codes.clone(), codec)
@@ -599,7 +651,6 @@ def main():
         probe = sem[0] if sem else prompt.shape[1] - 1
         tensors[f"{name}.embed_probe"] = x0[probe].clone()
         tensors[f"{name}.embed_last"] = x0[-1].clone()
-        stopped = frames < MAX_NEW_TOKENS - 1
         cases[name] = {
             "text": text,
             "ref_text": ref_text,
@@ -649,6 +700,7 @@ def main():
             "device": "cpu",
         },
         "generation": {"top_k": 1, "max_new_tokens": MAX_NEW_TOKENS, "chunk_length": 512},
+        "variant": args.variant,
         "im_end_embedding_scale": chosen,
         "tokenizer": {k: v for k, v in tk.items()},
         "cases": cases,

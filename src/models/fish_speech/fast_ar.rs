@@ -125,14 +125,20 @@ impl FastAr {
         LayerCaches::new(self.layers.len(), self.num_codebooks)
     }
 
+    /// The slow AR's hidden states `hidden` `[b, input_dim]` as the fast AR takes them
+    /// `[b, dim]`: through `project_in` when the widths differ, else unchanged.
+    pub fn project(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(match &self.project_in {
+            Some(p) => p.forward(hidden)?,
+            None => hidden.clone(),
+        })
+    }
+
     /// Position 0 of a frame: the rows' slow-AR hidden states `hidden` `[b, input_dim]` into
     /// `cache` (empty); the output is not used.
     pub fn first_position(&self, hidden: &Tensor, cache: &mut LayerCaches) -> Result<()> {
         let b = hidden.dim(0)?;
-        let h = match &self.project_in {
-            Some(p) => p.forward(hidden)?,
-            None => hidden.clone(),
-        };
+        let h = self.project(hidden)?;
         cache.run(&self.layers, &self.rope, &h.reshape((b, 1, self.dim))?)?;
         Ok(())
     }
