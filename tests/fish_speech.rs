@@ -80,6 +80,123 @@ fn prompts_match_the_reference() {
     }
 }
 
+/// The stand-in generation's codes of batch `b` in `scripts/fish/prompt_cases.py` (`fake_codes`):
+/// `[10][3 + b % 3]`.
+fn fake_codes(b: usize) -> Codes {
+    let frames = 3 + b % 3;
+    (0..10)
+        .map(|i| {
+            (0..frames)
+                .map(|t| match i {
+                    0 => (37 * b + 11 * t + 5) % 4096,
+                    _ => (13 * i + 7 * t + 3 * b) % 1024,
+                } as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// Σ (position + 1) · (row + 1) · value over a prompt's rows, mod 2^61 − 1 (`checksum` there).
+fn checksum(rows: &[Vec<u32>]) -> u128 {
+    let m = (1u128 << 61) - 1;
+    let mut total = 0u128;
+    for (r, row) in rows.iter().enumerate() {
+        for (p, &v) in row.iter().enumerate() {
+            total = (total + (p as u128 + 1) * (r as u128 + 1) * u128::from(v)) % m;
+        }
+    }
+    total
+}
+
+/// The reference's prompts for 160 seeded texts beyond the five cases
+/// (`expected/prompts.json`, scripts/fish/prompt_cases.py): English, Chinese, Japanese,
+/// Korean, digits, punctuation, emoji, odd whitespace, well-formed and malformed speaker tags,
+/// texts of several generation batches, some with a clone transcript. The batches are the
+/// reference's, and each batch's prompt (earlier batches' codes in it) is the reference's,
+/// token for token and code for code.
+#[test]
+fn prompts_of_seeded_texts_match_the_reference() {
+    let f = fish_fixture::Fixture::load("tiny-fish");
+    let m = model_at(&f.dir);
+    let text = std::fs::read_to_string(f.dir.join("expected/prompts.json")).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = cases["texts"].as_array().unwrap();
+    assert!(cases.len() >= 100, "{} texts", cases.len());
+    let several = cases
+        .iter()
+        .filter(|c| c["batches"].as_array().unwrap().len() > 1);
+    assert!(several.count() >= 10, "texts of several batches");
+    for (i, c) in cases.iter().enumerate() {
+        let text = c["text"].as_str().unwrap();
+        let want: Vec<&str> = c["batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_str().unwrap())
+            .collect();
+        let batches = m.prompts.batches(text, 512).unwrap();
+        assert_eq!(batches, want, "text {i} {text:?}: batches");
+        let v = c["ref_text"].as_str().map(|t| voice(&f.expected, t));
+        let mut history: Vec<(String, Codes)> = Vec::new();
+        for (b, batch) in batches.iter().enumerate() {
+            let p = m.prompts.build(batch, v.as_ref(), &history).unwrap();
+            let tokens: Vec<u32> = c["tokens"][b]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(p.rows[0], tokens, "text {i} {text:?}, batch {b}: tokens");
+            let sum: u128 = c["checksums"][b].as_str().unwrap().parse().unwrap();
+            assert_eq!(checksum(&p.rows), sum, "text {i}, batch {b}: codes");
+            history.push((batch.clone(), fake_codes(b)));
+        }
+    }
+}
+
+/// A dialogue of more turns than one generation batch holds, greedy, on every fixture: each
+/// batch is generated with the earlier batches and their codes in its prompt, as the reference
+/// does, and the codes are the reference's, batch after batch.
+#[test]
+fn a_dialogue_of_several_batches_matches_the_reference() {
+    for f in all() {
+        let (m, fx) = (model_at(&f.dir), f.name);
+        let text = std::fs::read_to_string(f.dir.join("expected/prompts.json")).unwrap();
+        let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let d = &d["dialogue"];
+        let want = d["batches"].as_array().unwrap();
+        assert!(want.len() > 1, "{fx}: several batches");
+        let opts = GenerateOptions {
+            max_new_tokens: d["max_new_tokens"].as_u64().unwrap() as usize,
+            ..greedy()
+        };
+        let text = d["text"].as_str().unwrap();
+        let batches = m.prompts.batches(text, 512).unwrap();
+        let mut all_codes: Codes = vec![Vec::new(); 10];
+        for (b, w) in batches.iter().zip(want) {
+            assert_eq!(b, w["text"].as_str().unwrap(), "{fx}");
+            let codes: Codes = w["codes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    r.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|c| c.as_u64().unwrap() as u32)
+                        .collect()
+                })
+                .collect();
+            for (a, c) in all_codes.iter_mut().zip(&codes) {
+                a.extend_from_slice(c);
+            }
+        }
+        assert_eq!(batches.len(), want.len(), "{fx}");
+        let got = m.synthesize_codes(text, None, &opts).unwrap();
+        assert_eq!(got, all_codes, "{fx}: the dialogue's codes");
+    }
+}
+
 #[test]
 fn greedy_codes_match_the_reference() {
     for f in all() {

@@ -39,6 +39,12 @@ from pathlib import Path
 # Imports of the reference (from outside the repository).
 
 
+def reference_commit() -> str:
+    """The commit of the reference checkout in use."""
+    ref = os.environ.get("FISH_SPEECH", "/work/fishref/fish-speech")
+    return os.popen(f"git -C {ref} rev-parse HEAD").read().strip()
+
+
 def _install_audiotools_stub():
     import torch
 
@@ -693,7 +699,7 @@ def main():
     meta = {
         "reference": {
             "repository": "https://github.com/fishaudio/fish-speech",
-            "commit": os.popen(f"git -C {os.environ.get('FISH_SPEECH', '/work/fishref/fish-speech')} rev-parse HEAD").read().strip(),
+            "commit": reference_commit(),
             "license": "Fish Audio Research License",
             "torch": torch.__version__,
             "dtype": "float32",

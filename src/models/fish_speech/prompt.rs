@@ -22,7 +22,7 @@
 //! staying in the prompt as history ([`PromptBuilder::build`]'s `history`).
 
 use super::error::{FishError, Result};
-use super::tokenizer::{FishTokenizer, IM_END, IM_START, VOICE, is_speaker_tag};
+use super::tokenizer::{FishTokenizer, IM_END, IM_START, SPEAKER_TAG, VOICE};
 
 /// The system text of a text-only prompt.
 pub const SYSTEM_TEXT: &str = "convert the provided text to speech";
@@ -187,41 +187,29 @@ impl Rows {
 }
 
 fn has_speaker_tag(s: &str) -> bool {
-    find_speaker_tags(s).next().is_some()
+    SPEAKER_TAG.is_match(s)
 }
 
-/// `(start, end)` byte ranges of the `<|speaker:N|>` tags of `s`, in order.
-fn find_speaker_tags(s: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
-    let mut from = 0;
-    std::iter::from_fn(move || {
-        while let Some(i) = s[from..].find("<|speaker:") {
-            let start = from + i;
-            if let Some(j) = s[start..].find("|>") {
-                let end = start + j + 2;
-                if is_speaker_tag(&s[start..end]) {
-                    from = end;
-                    return Some((start, end));
-                }
-            }
-            from = start + 2;
-        }
-        None
-    })
-}
-
-/// Speaker turns: each tag with the text up to the next tag, trimmed; text before the first tag
-/// is dropped.
+/// Speaker turns: each tag with the text up to the next tag, trimmed as Python's `str.strip`
+/// trims; text before the first tag is dropped.
 pub fn split_by_speaker(text: &str) -> Vec<String> {
-    let tags: Vec<(usize, usize)> = find_speaker_tags(text).collect();
+    let tags: Vec<(usize, usize)> = SPEAKER_TAG
+        .find_iter(text)
+        .map(|m| (m.start(), m.end()))
+        .collect();
     tags.iter()
         .enumerate()
         .map(|(k, &(start, end))| {
             let next = tags.get(k + 1).map_or(text.len(), |t| t.0);
-            format!("{}{}", &text[start..end], &text[end..next])
-                .trim()
-                .to_string()
+            python_strip(&format!("{}{}", &text[start..end], &text[end..next])).to_string()
         })
         .collect()
+}
+
+/// `s.strip()` in Python: Rust's whitespace and the separators U+001C–U+001F, which Python's
+/// `str.isspace` counts too.
+fn python_strip(s: &str) -> &str {
+    s.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
 }
 
 /// Groups turns into batches of at most `max_speakers` turns and `max_bytes` UTF-8 bytes (a turn
@@ -256,6 +244,29 @@ mod tests {
         let t = split_by_speaker("ignored <|speaker:0|> Hi there.  <|speaker:1|>Hello, fox!");
         assert_eq!(t, ["<|speaker:0|> Hi there.", "<|speaker:1|>Hello, fox!"]);
         assert!(split_by_speaker("no tags <|speaker:x|>").is_empty());
+    }
+
+    #[test]
+    fn tags_and_trimming_follow_pythons_rules() {
+        // `\d` is any decimal digit (fullwidth ３, Arabic-Indic ٣), not ² or an ASCII letter.
+        let t = split_by_speaker("<|speaker:３|>a<|speaker:٣|>b<|speaker:²|>c<|speaker:|>d");
+        assert_eq!(
+            t,
+            [
+                "<|speaker:３|>a",
+                "<|speaker:٣|>b<|speaker:²|>c<|speaker:|>d"
+            ]
+        );
+        // A tag nested in a broken one is found.
+        assert_eq!(
+            split_by_speaker("<|speaker:<|speaker:2|>x"),
+            ["<|speaker:2|>x"]
+        );
+        // U+001C–U+001F are whitespace to `str.strip`; U+200B is not.
+        let t = split_by_speaker("<|speaker:1|>\u{1f} x \u{1c}\u{3000}<|speaker:2|>y\u{200b}");
+        assert_eq!(t, ["<|speaker:1|>\u{1f} x", "<|speaker:2|>y\u{200b}"]);
+        assert!(has_speaker_tag("x<|speaker:٠٧|>"));
+        assert!(!has_speaker_tag("<|speaker:1 |>"));
     }
 
     #[test]

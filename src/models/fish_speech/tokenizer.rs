@@ -4,7 +4,9 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::LazyLock;
 
+use regex::Regex;
 use tokenizers::Tokenizer;
 
 use super::error::{FishError, Result};
@@ -130,9 +132,15 @@ impl FishTokenizer {
     }
 }
 
-/// `<|speaker:N|>` with ASCII digits N.
+/// `<|speaker:N|>`: the reference's pattern `<\|speaker:\d+\|>`, whose `\d` (a Python `str`
+/// pattern) is any Unicode decimal digit, so `<|speaker:３|>` (fullwidth) is a tag as well.
+pub static SPEAKER_TAG: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"<\|speaker:\d+\|>").expect("a fixed, valid pattern (unit-tested)")
+});
+
+/// Whether `s` is one whole speaker tag ([`SPEAKER_TAG`]).
 pub fn is_speaker_tag(s: &str) -> bool {
-    s.strip_prefix("<|speaker:")
-        .and_then(|r| r.strip_suffix("|>"))
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    SPEAKER_TAG
+        .find(s)
+        .is_some_and(|m| m.start() == 0 && m.end() == s.len())
 }
