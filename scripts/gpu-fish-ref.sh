@@ -33,6 +33,12 @@
 #   BENCH_ARGS= (more ref_bench.py arguments, e.g. "--ref-frames 300" for a clone-sized prompt)
 #   REF_BENCH=1 (0: stop after the checkpoint; scripts/gpu-fish.sh uses that for omnitts' own runs).
 #
+# Making the bundle (on a machine with PyPI and the reference checkout of scripts/fish/make_tiny.py):
+#     mkdir -p /work/fishbundle/wheels && cd /work/fishbundle
+#     pip wheel --no-deps -w wheels hydra-core==1.3.8 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 \
+#         loguru descript-audio-codec==1.0.0 argbind docstring-parser loralib
+#     mkdir fish-speech && cp -r /work/fishref/fish-speech/{fish_speech,LICENSE} fish-speech/
+#
 # With the device tool (the bundle kept out of git, carried as an ignored folder):
 #     cp -r /work/fishbundle .fishbundle && echo /.fishbundle/ >> "$(git rev-parse --git-common-dir)/info/exclude"
 #     run(command="bash scripts/gpu-fish-ref.sh .fishbundle $OUT", carry=[".fishbundle"], timeout_s=600)
@@ -40,7 +46,7 @@
 set -uo pipefail
 
 if [ $# -lt 2 ]; then
-    sed -n 2,39p "$0"
+    sed -n "2,/^set -uo/p" "$0" | sed "\$d"
     exit 2
 fi
 BUNDLE=$(cd "$1" && pwd) || { echo "no bundle at $1"; exit 2; }
