@@ -36,7 +36,7 @@
 # Making the bundle (on a machine with PyPI and the reference checkout of scripts/fish/make_tiny.py):
 #     mkdir -p /work/fishbundle/wheels && cd /work/fishbundle
 #     pip wheel --no-deps -w wheels hydra-core==1.3.8 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 \
-#         loguru descript-audio-codec==1.0.0 argbind docstring-parser loralib
+#         loguru==0.7.3 descript-audio-codec==1.0.0 argbind==0.3.9 docstring-parser==0.18.0 loralib==0.1.2
 #     mkdir fish-speech && cp -r /work/fishref/fish-speech/{fish_speech,LICENSE} fish-speech/
 #
 # With the device tool (the bundle kept out of git, carried as an ignored folder):

@@ -15,6 +15,9 @@ Usage (the reference is never part of this repository; it is imported from outsi
         --out tests/fixtures/tiny-fish
     # the second fixture (other shapes and the config options S2 Pro leaves at one value)
     FISH_SPEECH=… …/python scripts/fish/make_tiny.py --variant alt --out tests/fixtures/tiny-fish-alt
+    # then expected/prompts.json of each (it reads the weights and expected/'s ref_codes)
+    FISH_SPEECH=… …/python scripts/fish/prompt_cases.py --fixture tests/fixtures/tiny-fish
+    FISH_SPEECH=… …/python scripts/fish/prompt_cases.py --fixture tests/fixtures/tiny-fish-alt --texts 0
 
 What it writes into --out (tests/fixtures/tiny-fish/README.md describes every file):
   config.json, model-0000{1,2}-of-00002.safetensors + model.safetensors.index.json (bf16, the real
@@ -31,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -42,7 +46,8 @@ from pathlib import Path
 def reference_commit() -> str:
     """The commit of the reference checkout in use."""
     ref = os.environ.get("FISH_SPEECH", "/work/fishref/fish-speech")
-    return os.popen(f"git -C {ref} rev-parse HEAD").read().strip()
+    out = subprocess.run(["git", "-C", ref, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip()
 
 
 def _install_audiotools_stub():

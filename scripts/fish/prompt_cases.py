@@ -8,6 +8,8 @@ Usage (the reference and its venv as in make_tiny.py; from the repository root):
     FISH_SPEECH=/work/fishref/fish-speech /work/fishref/venv/bin/python \
         scripts/fish/prompt_cases.py --fixture tests/fixtures/tiny-fish
 
+Run it after make_tiny.py (it reads the fixture's weights and expected/reference.safetensors'
+ref_codes); tests/fixtures/tiny-fish-alt takes `--texts 0` (its tokenizer is tiny-fish's). It
 writes <fixture>/expected/prompts.json:
 
 - "texts": for each seeded text (English, Chinese, Japanese, Korean, digits, punctuation, emoji,

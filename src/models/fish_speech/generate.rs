@@ -51,8 +51,8 @@ pub struct FirstFrame {
     /// The prefill's allowed logits `[num_semantic + 1]`.
     pub prefill_logits: Option<Tensor>,
     /// Its final-normed hidden state as the fast AR takes it (after `project_in` when the
-    /// widths differ, as the reference reports it) `[fast dim]`.
-    pub prefill_hidden: Option<Tensor>,
+    /// widths differ; the reference's `hidden_states`) `[fast dim]`.
+    pub prefill_fast_input: Option<Tensor>,
     /// The fast AR's logits of steps 1..=9.
     pub fast_logits: Vec<Tensor>,
 }
@@ -156,7 +156,7 @@ pub fn generate(
     let (logits, hidden) = slow.forward(&x, &mut cache)?;
     if let Some(d) = debug.as_deref_mut() {
         d.prefill_logits = Some(logits.squeeze(0)?);
-        d.prefill_hidden = Some(fast.project(&hidden)?.squeeze(0)?);
+        d.prefill_fast_input = Some(fast.project(&hidden)?.squeeze(0)?);
     }
     let first = frame_rows(
         (slow, fast),

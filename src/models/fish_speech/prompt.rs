@@ -16,8 +16,8 @@
 //! the reference codes as a raw span (no `<|audio_start|>`/`<|audio_end|>` around it): token
 //! `semantic_begin + code0` in row 0 and the 10 codes in rows 1..=10.
 //!
-//! TEXT with `<|speaker:N|>` tags is split into turns (text before the first tag is dropped, each
-//! turn trimmed) and grouped into batches of at most 5 turns and `chunk_length` UTF-8 bytes
+//! TEXT with `<|speaker:N|>` tags ([`SPEAKER_TAG`]) is split into turns (text before the first tag
+//! is dropped, each turn trimmed as Python's `str.strip` trims) and grouped into batches of at most 5 turns and `chunk_length` UTF-8 bytes
 //! joined by newlines; each batch is one generation, earlier batches and their generated codes
 //! staying in the prompt as history ([`PromptBuilder::build`]'s `history`).
 
