@@ -129,7 +129,9 @@ fn greedy_codes_and_audio_equal_the_direct_model_calls() {
             max_new_tokens: MAX_NEW_TOKENS,
             seed: 0,
         };
-        for case in CASES {
+        // The four cases, and speaker-tagged text (its batch: the text before the first tag
+        // dropped, each turn trimmed).
+        for case in CASES.into_iter().chain(["speakers"]) {
             let c = &meta["cases"][case];
             let v = voice(case, exp, meta);
             let (r, codes) = run(&engine, greedy(&engine, v, MAX_NEW_TOKENS));
@@ -137,9 +139,9 @@ fn greedy_codes_and_audio_equal_the_direct_model_calls() {
                 codes: codes_of(&exp["ref_codes"]),
                 transcript: t.to_string(),
             });
-            let prompt = m
-                .prompt(c["text"].as_str().unwrap(), reference.as_ref())
-                .unwrap();
+            let batches = m.prompts.batches(c["text"].as_str().unwrap(), 512).unwrap();
+            assert_eq!(batches.len(), 1, "{fx}/{case}");
+            let prompt = m.prompt(&batches[0], reference.as_ref()).unwrap();
             let direct = m.generate(&prompt, &opts, None).unwrap();
             assert_eq!(
                 transpose(&codes),
@@ -227,6 +229,70 @@ fn streamed_equals_whole_and_batched_equals_solo() {
         stats[0].max_rows >= 2,
         "stage 0 ran rows together: {stats:?}"
     );
+}
+
+/// The reference's dialogue of two generation batches (`expected/prompts.json`): through the
+/// engine, alone and in one batch with two other requests, its codes are the reference's (the
+/// second batch generated with the first and its codes in its prompt, prefilled afresh inside
+/// the batched step) and its audio is both batches' frames, on every fixture.
+#[test]
+fn a_dialogue_of_several_batches_is_one_utterance() {
+    for f in fish_fixture::all() {
+        let (exp, meta, fx) = (&f.expected, &f.meta, f.name);
+        let text = std::fs::read_to_string(f.dir.join("expected/prompts.json")).unwrap();
+        let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let d = &d["dialogue"];
+        let max_new = d["max_new_tokens"].as_u64().unwrap() as usize;
+        let mut want: Vec<Vec<u32>> = vec![Vec::new(); 10];
+        let batches = d["batches"].as_array().unwrap();
+        assert!(batches.len() > 1, "{fx}");
+        for b in batches {
+            for (w, row) in want.iter_mut().zip(b["codes"].as_array().unwrap()) {
+                w.extend(
+                    row.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|c| c.as_u64().unwrap() as u32),
+                );
+            }
+        }
+        let dialogue = VoiceRequest {
+            text: d["text"].as_str().unwrap().to_string(),
+            ..VoiceRequest::default()
+        };
+        let engine = load_at(&f.dir, config(false, 3));
+        let (alone, codes) = run(&engine, greedy(&engine, dialogue.clone(), max_new));
+        assert_eq!(transpose(&codes), want, "{fx}: the dialogue's codes, alone");
+        assert_eq!(alone.audio.len(), codes.len() * 2048, "{fx}");
+        let others: Vec<_> = ["en_text", "zh_clone"]
+            .iter()
+            .map(|c| {
+                let v = voice(c, exp, meta);
+                engine
+                    .submit_tapped(greedy(&engine, v, MAX_NEW_TOKENS))
+                    .unwrap()
+            })
+            .collect();
+        let (h, c) = engine
+            .submit_tapped(greedy(&engine, dialogue, max_new))
+            .unwrap();
+        let (together, codes) = drain(h, c);
+        assert_eq!(
+            transpose(&codes),
+            want,
+            "{fx}: the dialogue's codes, batched"
+        );
+        assert_eq!(together.reason, alone.reason, "{fx}");
+        assert!(
+            rel_l2(&together.audio, &alone.audio) < 1e-5,
+            "{fx}: batched audio = alone"
+        );
+        for ((h, c), case) in others.into_iter().zip(["en_text", "zh_clone"]) {
+            let (_, codes) = drain(h, c);
+            let want = codes_of(&exp[&format!("{case}.codes")]);
+            assert_eq!(transpose(&codes), want, "{fx}/{case} beside the dialogue");
+        }
+    }
 }
 
 #[test]

@@ -79,8 +79,8 @@ fn invalid(field: &str, value: &str, msg: impl Into<String>) -> ModelError {
 }
 
 /// Checks `voice` for a Fish checkpoint (see [`FishRules`]): speakable text without control
-/// tokens, in one generation batch (at most 5 speaker turns and 512 bytes of speaker-tagged
-/// text); no speaker, language (other than `auto`), instruct or prompt mode; a clone in ICL
+/// tokens (speaker-tagged text of several generation batches is generated batch after batch by
+/// stage 0); no speaker, language (other than `auto`), instruct or prompt mode; a clone in ICL
 /// form with its transcript and codes `[frames][num_codebooks]` below `codebook_size`.
 pub(crate) fn check_voice(
     prompts: &PromptBuilder,
@@ -90,18 +90,7 @@ pub(crate) fn check_voice(
     if let Some(why) = unspeakable(&voice.text) {
         return Err(invalid("text", &voice.text, why));
     }
-    let batches = prompts.batches(&voice.text, CHUNK_LENGTH)?;
-    if batches.len() > 1 {
-        return Err(invalid(
-            "text",
-            &voice.text,
-            format!(
-                "speaker-tagged text of {} generation batches (at most 5 turns and \
-                 {CHUNK_LENGTH} bytes a batch): send each batch as its own request",
-                batches.len()
-            ),
-        ));
-    }
+    prompts.batches(&voice.text, CHUNK_LENGTH)?;
     let name = "a Fish S2 Pro checkpoint";
     if let Some(s) = voice.speaker.as_deref().filter(|s| !s.trim().is_empty()) {
         return Err(invalid(

@@ -1,6 +1,8 @@
 //! Fish S2 Pro's stage 0 through the model seam: the slow AR and the fast AR ([`FishAr`]) as a
 //! [`Stage0Model`]. A request's prompt is embedded at `begin`, prefilled a chunk of positions at
 //! a time ([`FishPrefill`]), then each step gives one frame of 10 codes ([`FishSession`]).
+//! Speaker-tagged text of several generation batches is generated batch after batch in the same
+//! session, each batch's prompt holding the earlier ones and their codes ([`Batches`]).
 //!
 //! Frames follow the reference's `generate` exactly (`generate.rs`): the prefill's frame is
 //! kept without a stop check, a later frame whose main token is `<|im_end|>` stops, and the last
@@ -12,6 +14,7 @@
 //! solo run's. With `OMNITTS_FISH_GRAPHS=1` on CUDA the slow AR's step and the fast AR's
 //! positions replay graphs per batch bucket (`graphs.rs`).
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
@@ -23,7 +26,7 @@ use super::codec::Codec;
 use super::generate::{PROMPT_HEADROOM, frame_rows, frames, main_token};
 use super::graphs::{FastArGraphs, buckets};
 use super::model::FishModel;
-use super::prompt::VoiceReference;
+use super::prompt::{CHUNK_LENGTH, Codes, VoiceReference};
 use super::rules::{MAX_REF_SAMPLES, MIN_REF_SAMPLES, check_voice};
 use super::sampler::{RAS_WINDOW, SamplingParams as FishSampling, sample};
 use crate::models::tts::{
@@ -164,26 +167,25 @@ impl Stage0Model for FishAr {
             codes: transpose(vc.ref_codes.as_deref().unwrap_or(&[])),
             transcript: vc.ref_text.clone().unwrap_or_default(),
         });
-        let prompt = m.prompts.build(&voice.text, reference.as_ref(), &[])?;
-        let t = prompt.len();
-        let max_len = m.slow.max_seq_len();
-        if t == 0 || t > max_len.saturating_sub(PROMPT_HEADROOM) {
-            return Err(ModelError::invalid(
-                "text",
-                &voice.text,
-                format!(
-                    "too long for one utterance: its prompt takes {t} positions, at most {} here \
-                     (max_seq_len {max_len} less {PROMPT_HEADROOM} for the frames); split the \
-                     text into sentences (split-sentences) or shorter pieces",
-                    max_len.saturating_sub(PROMPT_HEADROOM)
-                ),
-            ));
+        let mut batches: VecDeque<String> = m.prompts.batches(&voice.text, CHUNK_LENGTH)?.into();
+        if batches.len() > 1 {
+            // The last batch's prompt holds every earlier batch: refused now if their text alone
+            // (their codes not known yet) passes the slow AR's length.
+            let n = batches.len();
+            let empty = vec![Vec::new(); m.config.num_codebooks()];
+            let history: Vec<(String, Codes)> = batches
+                .iter()
+                .take(n - 1)
+                .map(|b| (b.clone(), empty.clone()))
+                .collect();
+            let last = m
+                .prompts
+                .build(&batches[n - 1], reference.as_ref(), &history)?;
+            self.batch_cap(&voice.text, last.len(), 0)?;
         }
-        let max_new = if t + sampling.max_new_tokens > max_len {
-            max_len - t
-        } else {
-            sampling.max_new_tokens
-        };
+        let batch = batches.pop_front().unwrap_or_default();
+        let prompt = m.prompts.build(&batch, reference.as_ref(), &[])?;
+        let max_new = self.batch_cap(&voice.text, prompt.len(), sampling.max_new_tokens)?;
         let x = m.slow.embed(&[&prompt.rows])?;
         Ok(FishPrefill {
             ar: self,
@@ -194,6 +196,15 @@ impl Stage0Model for FishAr {
             sampling: fish_sampling(sampling),
             seed: sampling.seed,
             max_new,
+            batches: Batches {
+                text: voice.text.clone(),
+                current: batch,
+                rest: batches,
+                history: Vec::new(),
+                frames: Vec::new(),
+                reference,
+                max_new_tokens: sampling.max_new_tokens,
+            },
         })
     }
 
@@ -310,6 +321,30 @@ impl Stage0Model for FishAr {
 }
 
 impl FishAr {
+    /// Frames a generation batch whose prompt takes `t` positions may make: `max_new_tokens`,
+    /// less where the slow AR's `max_seq_len` ends first. Errors (`InvalidRequest` on `text`):
+    /// an empty prompt, or one past `max_seq_len` less [`PROMPT_HEADROOM`].
+    fn batch_cap(&self, text: &str, t: usize, max_new_tokens: usize) -> Result<usize, ModelError> {
+        let max_len = self.model.slow.max_seq_len();
+        if t == 0 || t > max_len.saturating_sub(PROMPT_HEADROOM) {
+            return Err(ModelError::invalid(
+                "text",
+                text,
+                format!(
+                    "too long for one utterance: its prompt takes {t} positions, at most {} here \
+                     (max_seq_len {max_len} less {PROMPT_HEADROOM} for the frames); split the \
+                     text into sentences (split-sentences) or shorter pieces",
+                    max_len.saturating_sub(PROMPT_HEADROOM)
+                ),
+            ));
+        }
+        Ok(if t + max_new_tokens > max_len {
+            max_len - t
+        } else {
+            max_new_tokens
+        })
+    }
+
     /// Captures the fast AR's frame graphs for `rows` (bucket sizes), and the slow AR's step
     /// graphs when its stack takes the fused batched kernels (else its step stays eager; see
     /// [`FishAr::graphs`]), beside the buckets captured before. Errors: the switch is off, a CPU
@@ -468,6 +503,28 @@ pub struct FishPrefill<'m> {
     sampling: FishSampling,
     seed: u64,
     max_new: usize,
+    batches: Batches,
+}
+
+/// A request's generation batches (`prompt.rs`): speaker-tagged text of more than 5 turns or
+/// [`CHUNK_LENGTH`] bytes is generated batch after batch, as the reference's `generate_long`
+/// does — each batch's prompt holds the earlier batches and their codes, and is prefilled afresh;
+/// each batch stops on `<|im_end|>` or at `max_new_tokens` frames, its last frame dropped; the
+/// frames of all batches make one utterance.
+struct Batches {
+    /// The request's whole text (for errors).
+    text: String,
+    /// The batch being generated.
+    current: String,
+    /// The batches after it.
+    rest: VecDeque<String>,
+    /// The earlier batches and their frames `[codebooks][frames]`.
+    history: Vec<(String, Codes)>,
+    /// The current batch's frames given out so far, `[frames][codebooks]` (kept only while
+    /// batches follow).
+    frames: Vec<Vec<u32>>,
+    reference: Option<VoiceReference>,
+    max_new_tokens: usize,
 }
 
 impl<'m> Stage0Prefill for FishPrefill<'m> {
@@ -502,6 +559,8 @@ impl<'m> Stage0Prefill for FishPrefill<'m> {
                 generated: 0,
                 max_new: self.max_new,
                 finished: None,
+                batches: self.batches,
+                next_batch: false,
             }),
             _ => Err(ModelError::PrefillIncomplete {
                 remaining: remaining.max(1),
@@ -524,9 +583,12 @@ pub struct FishSession<'m> {
     held: Option<(u32, Vec<u32>)>,
     /// Frames made so far, the held one included.
     generated: usize,
-    /// Frames to make at most.
+    /// Frames to make at most in the current batch.
     max_new: usize,
     finished: Option<FinishReason>,
+    batches: Batches,
+    /// The current batch is over and another follows: it begins on the next step.
+    next_batch: bool,
 }
 
 impl FishSession<'_> {
@@ -545,36 +607,76 @@ impl FishSession<'_> {
     /// (made alone, as the reference makes it), the cap, then the slow AR's input from the held
     /// frame.
     fn prepare(&mut self) -> Result<Prep, ModelError> {
-        if let Some(r) = self.finished {
-            return Ok(Prep::Done(ArStep::Finished(r)));
+        loop {
+            if let Some(r) = self.finished {
+                return Ok(Prep::Done(ArStep::Finished(r)));
+            }
+            if self.next_batch {
+                self.start_next_batch()?;
+            }
+            let (slow, fast) = (&self.ar.model.slow, &self.ar.model.fast);
+            if let Some((logits, hidden)) = self.first.take() {
+                let f0 = frame_rows(
+                    (slow, fast),
+                    &logits,
+                    &hidden,
+                    self.sampling,
+                    &[None],
+                    &mut self.rng,
+                    None,
+                )?;
+                self.held = f0.into_iter().next();
+                self.generated = 1;
+            }
+            let Some((main, codes)) = self.held.take() else {
+                return Err(ModelError::Candle(candle_core::Error::Msg(
+                    "Fish session without a frame to continue from".into(),
+                )));
+            };
+            if self.generated >= self.max_new {
+                // The cap: the last generated frame is dropped, as the reference does; the next
+                // batch begins, or the utterance is over.
+                if self.batches.rest.is_empty() {
+                    self.finished = Some(FinishReason::Length);
+                } else {
+                    self.next_batch = true;
+                }
+                continue;
+            }
+            let mut ids = vec![vec![main]];
+            ids.extend(codes.iter().map(|&c| vec![c]));
+            return Ok(Prep::Make(Step { ids, emit: codes }));
         }
-        let (slow, fast) = (&self.ar.model.slow, &self.ar.model.fast);
-        if let Some((logits, hidden)) = self.first.take() {
-            let f0 = frame_rows(
-                (slow, fast),
-                &logits,
-                &hidden,
-                self.sampling,
-                &[None],
-                &mut self.rng,
-                None,
-            )?;
-            self.held = f0.into_iter().next();
-            self.generated = 1;
-        }
-        let Some((main, codes)) = self.held.take() else {
+    }
+
+    /// The next generation batch ([`Batches`]): the current one and its frames join the
+    /// history, and the next batch's prompt is prefilled afresh in one forward (as the reference
+    /// prefills each batch's prompt), its frame made on the next [`Self::prepare`]. Errors: the
+    /// prompt, history included, past `max_seq_len` less [`PROMPT_HEADROOM`].
+    fn start_next_batch(&mut self) -> Result<(), ModelError> {
+        let (ar, b) = (self.ar, &mut self.batches);
+        let Some(next) = b.rest.pop_front() else {
             return Err(ModelError::Candle(candle_core::Error::Msg(
-                "Fish session without a frame to continue from".into(),
+                "Fish session: no batch follows".into(),
             )));
         };
-        if self.generated >= self.max_new {
-            // The cap: the last generated frame is dropped, as the reference does.
-            self.finished = Some(FinishReason::Length);
-            return Ok(Prep::Done(ArStep::Finished(FinishReason::Length)));
-        }
-        let mut ids = vec![vec![main]];
-        ids.extend(codes.iter().map(|&c| vec![c]));
-        Ok(Prep::Make(Step { ids, emit: codes }))
+        let done = std::mem::replace(&mut b.current, next);
+        b.history
+            .push((done, transpose(&std::mem::take(&mut b.frames))));
+        let m = &ar.model;
+        let prompt = m
+            .prompts
+            .build(&b.current, b.reference.as_ref(), &b.history)?;
+        self.max_new = ar.batch_cap(&b.text, prompt.len(), b.max_new_tokens)?;
+        let x = m.slow.embed(&[&prompt.rows])?;
+        let mut cache = m.slow.new_cache();
+        self.first = Some(m.slow.forward(&x, &mut cache)?);
+        self.cache = cache;
+        self.held = None;
+        self.generated = 0;
+        self.window.clear();
+        self.next_batch = false;
+        Ok(())
     }
 
     /// Takes the new frame (`main`, `codes`): the window moves on; `<|im_end|>` ends the
@@ -586,8 +688,15 @@ impl FishSession<'_> {
         }
         self.window.push(main);
         self.generated += 1;
+        if !self.batches.rest.is_empty() {
+            self.batches.frames.push(emit.clone());
+        }
         if main == self.ar.model.slow.im_end() {
-            self.finished = Some(FinishReason::Eos);
+            if self.batches.rest.is_empty() {
+                self.finished = Some(FinishReason::Eos);
+            } else {
+                self.next_batch = true;
+            }
         } else {
             self.held = Some((main, codes));
         }
