@@ -148,6 +148,69 @@ fn omnittssrc_speaks_fish_at_44100_hz() {
     assert!(samples.iter().all(|x| x.is_finite() && x.abs() <= 1.0));
 }
 
+/// A dialogue longer than `split-sentences=auto`'s threshold (594 characters with Fish's
+/// built-in 4096 frames) and of several generation batches (9 turns): spoken whole, as one
+/// utterance, its turns batched by the model with each batch's prompt holding the earlier ones;
+/// its frames are the direct model calls' (`FishModel::synthesize_codes`).
+#[test]
+fn a_long_dialogue_is_one_utterance_in_auto_mode() {
+    use gstomnitts::models::fish_speech::{FishModel, GenerateOptions, SamplingParams};
+    let lines = [
+        "Hello world, this is a small test of speech synthesis with numbers like 42.",
+        "Good morning, how are you today? I am fine, thank you very much for asking.",
+        "The quick brown fox jumps over the lazy dog, and she said it's fine.",
+        "你好，世界。今天天气很好，我们一起去公园吧。这是一个语音合成的小测试。",
+        "Let's go to the park. We will see the harbour and the morning train.",
+        "谢谢你的帮助，我们明天见。请把文本转换成语音。",
+        "It was a fine morning, and the rain had stopped before the station.",
+        "Goodbye for now, and see you tomorrow at the station by the harbour.",
+        "One more line, so that the text is well past the threshold of the auto rule.",
+    ];
+    let text: String = lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| format!("<|speaker:{}|>{l} ", i % 3))
+        .collect();
+    assert!(
+        text.chars().count() > 594,
+        "{} characters",
+        text.chars().count()
+    );
+    let (mut h, _e, bus) = fish_src(&[("text", v(text.as_str())), ("do-sample", v(false))]);
+    h.play();
+    let mut n = 0u64;
+    loop {
+        match h.pull_until_eos() {
+            Ok(Some(b)) => {
+                check_buffer(&b, n);
+                n += (b.size() / 4) as u64;
+            }
+            Ok(None) => break,
+            Err(e) => panic!("pull: {e}"),
+        }
+    }
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let done = element_messages(&msgs, messages::DONE);
+    assert_eq!(done.len(), 1, "one utterance");
+    let m = FishModel::load(
+        std::path::Path::new(&model()),
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap();
+    assert!(m.prompts.batches(&text, 512).unwrap().len() > 1);
+    let opts = GenerateOptions {
+        sampling: SamplingParams::GREEDY,
+        max_new_tokens: 12,
+        seed: 0,
+    };
+    let direct = m.synthesize_codes(&text, None, &opts).unwrap();
+    let frames = done[0].get::<u64>("frames").unwrap();
+    assert_eq!(frames, direct[0].len() as u64, "the direct calls' frames");
+    assert_eq!(n, frames * SPF);
+}
+
 #[test]
 fn omnittssynth_places_a_fish_cue_at_its_pts_in_44100_hz_samples() {
     let (mut h, bus) = fish_synth("cues");

@@ -34,11 +34,13 @@ pub(crate) enum SplitSentences {
         nick = "true"
     )]
     True = 1,
-    /// Texts longer than the checkpoint's threshold are split.
+    /// Texts longer than the checkpoint's threshold are split (not a text with the model's
+    /// speaker-turn tags, which the model batches itself).
     #[default]
     #[enum_value(
         name = "Auto: split texts longer than the checkpoint handles well as one utterance \
-                (omnitts.json split_sentences_above_chars, else max-new-tokens / 4 characters)",
+                (omnitts.json split_sentences_above_chars, else max-new-tokens / 4 characters), \
+                except a text with the model's speaker-turn tags (such as <|speaker:0|>)",
         nick = "auto"
     )]
     Auto = 2,
@@ -55,8 +57,9 @@ pub(crate) fn split_sentences_param_spec(blurb_what: &str) -> glib::ParamSpec {
              and initials kept inside a sentence): true for every text, false for none, auto for \
              texts longer than the checkpoint speaks well as one utterance (its omnitts.json \
              split_sentences_above_chars: 100 characters for the bundled voice; else a quarter of \
-             the default max-new-tokens frames, 1024 characters with the built-in stage config). \
-             Applies to text queued after it is set"
+             the default max-new-tokens frames, 1024 characters with the built-in stage config; \
+             never a text with the model's speaker-turn tags, such as <|speaker:0|>, whose turns \
+             the model batches itself). Applies to text queued after it is set"
         ))
         .mutable_playing()
         .build()
@@ -73,11 +76,15 @@ pub const HINTS_FILE: &str = "omnitts.json";
 /// `max_new_tokens`.
 pub const SECONDS_PER_CHAR_BOUND: f64 = 0.32;
 
-/// The `auto` threshold of one loaded checkpoint.
+/// The `auto` rule of one loaded checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AutoSplit {
     /// Texts of more characters than this are split.
     pub above_chars: usize,
+    /// A text holding this speaker-turn tag is kept whole
+    /// ([`ModelDescription::speaker_turn_tag`](crate::models::tts::ModelDescription)): the model
+    /// batches its turns itself, each speaker keeping its voice across them.
+    pub turn_tag: Option<&'static str>,
 }
 
 /// A bad [`HINTS_FILE`]: the file and what is wrong.
@@ -108,7 +115,10 @@ impl AutoSplit {
             Some(asked) => asked.min(by_frames),
             None => by_frames,
         };
-        Ok(AutoSplit { above_chars })
+        Ok(AutoSplit {
+            above_chars,
+            turn_tag: None,
+        })
     }
 
     /// The threshold without a checkpoint to read hints from (a speech server's model): the
@@ -117,7 +127,14 @@ impl AutoSplit {
         let seconds = max_new_tokens as f64 / frame_rate.max(1e-9);
         AutoSplit {
             above_chars: (seconds / SECONDS_PER_CHAR_BOUND + 1e-9) as usize,
+            turn_tag: None,
         }
+    }
+
+    /// This rule, keeping texts with the model's speaker-turn tag whole
+    /// ([`ModelDescription::speaker_turn_tag`](crate::models::tts::ModelDescription)).
+    pub fn keeping_turns(self, turn_tag: Option<&'static str>) -> Self {
+        AutoSplit { turn_tag, ..self }
     }
 
     /// The pieces `mode` makes of `text`: its sentences when it splits it (and it has any),
@@ -140,7 +157,10 @@ impl AutoSplit {
         match mode {
             SplitSentences::False => false,
             SplitSentences::True => true,
-            SplitSentences::Auto => text.trim().chars().nth(self.above_chars).is_some(),
+            SplitSentences::Auto => {
+                !self.turn_tag.is_some_and(|tag| text.contains(tag))
+                    && text.trim().chars().nth(self.above_chars).is_some()
+            }
         }
     }
 }
@@ -235,6 +255,24 @@ mod tests {
         assert_eq!(auto.pieces(SplitSentences::Auto, short), [short]);
         assert_eq!(auto.pieces(SplitSentences::True, short).len(), 2);
         assert_eq!(auto.pieces(SplitSentences::True, "   "), ["   "]);
+    }
+
+    #[test]
+    fn auto_keeps_a_text_with_speaker_turns_whole() {
+        let auto = AutoSplit::by_frames(400, 12.5).keeping_turns(Some("<|speaker:"));
+        let turn = "<|speaker:0|>Hello there, how are you today? <|speaker:1|>Fine, thanks. ";
+        let dialogue = turn.repeat(20);
+        assert!(dialogue.chars().count() > auto.above_chars);
+        assert_eq!(
+            auto.pieces(SplitSentences::Auto, &dialogue),
+            [dialogue.clone()]
+        );
+        // Set to true, it still splits; without the tag, auto splits a long text.
+        assert!(auto.pieces(SplitSentences::True, &dialogue).len() > 20);
+        let plain = "Hello there, how are you today? Fine, thanks. ".repeat(20);
+        assert!(auto.pieces(SplitSentences::Auto, &plain).len() > 20);
+        let untagged_model = AutoSplit::by_frames(400, 12.5);
+        assert!(untagged_model.pieces(SplitSentences::Auto, &dialogue).len() > 20);
     }
 
     #[test]

@@ -763,7 +763,8 @@ impl OmniTtsSrc {
                         gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
                     })?
             }
-        };
+        }
+        .keeping_turns(info.description.speaker_turn_tag);
         let streaming_prompt = match requests.server() {
             Some(_) => None,
             None => streaming_prompt_hint(&info.dir).map_err(|e| {

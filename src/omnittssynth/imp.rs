@@ -243,7 +243,8 @@ impl OmniTtsSynth {
             info.base_sampling.max_new_tokens,
             info.description.frame_rate(),
         )
-        .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e)))?;
+        .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e)))?
+        .keeping_turns(info.description.speaker_turn_tag);
         let streaming_prompt = streaming_prompt_hint(&info.dir).map_err(|e| {
             gst::error_msg!(gst::ResourceError::Settings, ("model '{}': {}", model, e))
         })?;

@@ -7,7 +7,7 @@ use std::path::Path;
 use super::codec::CodecConfig;
 use super::config::FishConfig;
 use super::prompt::{CHUNK_LENGTH, PromptBuilder};
-use super::tokenizer::FishTokenizer;
+use super::tokenizer::{FishTokenizer, SPEAKER_TAG_START};
 use crate::models::tts::text::unspeakable;
 use crate::models::tts::{
     InstructUse, ModelDescription, ModelError, ReferenceRules, ReferenceUse, SamplingParams,
@@ -57,6 +57,7 @@ impl FishRules {
             },
             prompt_modes: false,
             open_text: false,
+            speaker_turn_tag: Some(SPEAKER_TAG_START),
         };
         Ok(FishRules {
             prompts: PromptBuilder {

@@ -132,6 +132,9 @@ impl FishTokenizer {
     }
 }
 
+/// How every speaker tag begins ([`SPEAKER_TAG`]).
+pub const SPEAKER_TAG_START: &str = "<|speaker:";
+
 /// `<|speaker:N|>`: the reference's pattern `<\|speaker:\d+\|>`, whose `\d` (a Python `str`
 /// pattern) is any Unicode decimal digit, so `<|speaker:３|>` (fullwidth) is a tag as well.
 pub static SPEAKER_TAG: LazyLock<Regex> = LazyLock::new(|| {

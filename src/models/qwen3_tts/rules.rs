@@ -98,6 +98,7 @@ fn describe(ckpt: &Checkpoint, codec: &SpeechTokenizerConfig) -> ModelDescriptio
         reference,
         prompt_modes: true,
         open_text: true,
+        speaker_turn_tag: None,
     }
 }
 
@@ -173,5 +174,6 @@ pub fn served_description(
         reference: reference_rules(variant),
         prompt_modes: true,
         open_text: true,
+        speaker_turn_tag: None,
     }
 }

@@ -47,6 +47,11 @@ pub struct ModelDescription {
     pub prompt_modes: bool,
     /// Whether text may still arrive while its utterance runs (`Engine::submit_open`).
     pub open_text: bool,
+    /// The start of the tags with which a text marks its speakers' turns, for a model that
+    /// groups a text's turns into its own generation batches, each speaker keeping its voice
+    /// across them (Fish S2 Pro: `<|speaker:`, as in `<|speaker:0|>`): the elements'
+    /// `split-sentences=auto` speaks a text holding one whole. `None`: no such markup.
+    pub speaker_turn_tag: Option<&'static str>,
 }
 
 impl ModelDescription {
@@ -80,6 +85,7 @@ mod tests {
             reference: ReferenceRules::none(24_000),
             prompt_modes: true,
             open_text: true,
+            speaker_turn_tag: None,
         };
         assert_eq!(d.frame_rate(), 12.5);
         assert_eq!(d.frames_in(2.0), 25);
