@@ -265,7 +265,7 @@ mod tests {
         assert!(dialogue.chars().count() > auto.above_chars);
         assert_eq!(
             auto.pieces(SplitSentences::Auto, &dialogue),
-            [dialogue.clone()]
+            vec![dialogue.clone()]
         );
         // Set to true, it still splits; without the tag, auto splits a long text.
         assert!(auto.pieces(SplitSentences::True, &dialogue).len() > 20);
