@@ -295,6 +295,73 @@ fn a_dialogue_of_several_batches_is_one_utterance() {
     }
 }
 
+/// A dialogue whose next batch no longer fits the slow AR's length with the whole history in
+/// its prompt (tiny-fish-alt's `max_seq_len` 2560 leaves 512 positions): the oldest batches leave
+/// the history and the utterance goes on (the reference stops with an error there); a batch too
+/// long even alone ends the request before its first frame.
+#[test]
+fn a_dialogue_past_the_length_drops_its_oldest_history() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-fish-alt");
+    let engine = load_at(&dir, config(false, 1));
+    let long_turn = "abcdefghij ".repeat(42);
+    let text = format!(
+        "<|speaker:0|>{long_turn} <|speaker:1|>A. <|speaker:0|>B. <|speaker:1|>C. \
+         <|speaker:0|>D. <|speaker:1|>E."
+    );
+    let m = FishModel::load(&dir, &Device::Cpu, DType::F32).unwrap();
+    let batches = m.prompts.batches(&text, 512).unwrap();
+    assert_eq!(batches.len(), 2);
+    let first = m.prompt(&batches[0], None).unwrap();
+    let opts = GenerateOptions {
+        sampling: SamplingParams::GREEDY,
+        max_new_tokens: 300,
+        seed: 0,
+    };
+    let first_codes = m.generate(&first, &opts, None).unwrap().codes;
+    let history = [(batches[0].clone(), first_codes.clone())];
+    let second = m.prompts.build(&batches[1], None, &history).unwrap();
+    assert!(
+        second.len() > 2560 - 2048,
+        "the history does not fit: {}",
+        second.len()
+    );
+    let voice = VoiceRequest {
+        text: text.clone(),
+        ..VoiceRequest::default()
+    };
+    let (r, codes) = run(&engine, greedy(&engine, voice, 300));
+    assert!(
+        matches!(r.reason, FinishReason::Eos | FinishReason::Length),
+        "{:?}",
+        r.reason
+    );
+    // The first batch's frames, then the second batch's, generated without the history.
+    let alone = m.prompt(&batches[1], None).unwrap();
+    let mut want = first_codes;
+    for (w, c) in want
+        .iter_mut()
+        .zip(m.generate(&alone, &opts, None).unwrap().codes)
+    {
+        w.extend(c);
+    }
+    assert_eq!(transpose(&codes), want);
+    // A later batch too long even alone: the request ends when it begins, before any frame,
+    // with an error that says so.
+    let too_long = VoiceRequest {
+        text: format!(
+            "<|speaker:0|>Hi. <|speaker:1|>{}",
+            "abcdefghij ".repeat(300)
+        ),
+        ..VoiceRequest::default()
+    };
+    let (r, codes) = run(&engine, greedy(&engine, too_long, 12));
+    assert!(codes.is_empty() && r.audio.is_empty());
+    match &r.reason {
+        FinishReason::Error(msg) => assert!(msg.contains("too long"), "{msg}"),
+        other => panic!("a batch too long alone: {other:?}"),
+    }
+}
+
 #[test]
 fn a_stage_config_of_another_family_is_refused_naming_the_key() {
     let mut cfg = StageConfig::builtin(&QWEN3_TTS, false).unwrap();

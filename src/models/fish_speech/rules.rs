@@ -6,6 +6,7 @@ use std::path::Path;
 
 use super::codec::CodecConfig;
 use super::config::FishConfig;
+use super::error::FishError;
 use super::prompt::{CHUNK_LENGTH, PromptBuilder};
 use super::tokenizer::{FishTokenizer, SPEAKER_TAG_START};
 use crate::models::tts::text::unspeakable;
@@ -91,7 +92,13 @@ pub(crate) fn check_voice(
     if let Some(why) = unspeakable(&voice.text) {
         return Err(invalid("text", &voice.text, why));
     }
-    prompts.batches(&voice.text, CHUNK_LENGTH)?;
+    prompts
+        .batches(&voice.text, CHUNK_LENGTH)
+        .map_err(|e| match e {
+            // A control token in the text: named with the text.
+            FishError::InvalidRequest { msg, .. } => invalid("text", &voice.text, msg),
+            e => e.into(),
+        })?;
     let name = "a Fish S2 Pro checkpoint";
     if let Some(s) = voice.speaker.as_deref().filter(|s| !s.trim().is_empty()) {
         return Err(invalid(

@@ -168,20 +168,11 @@ impl Stage0Model for FishAr {
             transcript: vc.ref_text.clone().unwrap_or_default(),
         });
         let mut batches: VecDeque<String> = m.prompts.batches(&voice.text, CHUNK_LENGTH)?.into();
-        if batches.len() > 1 {
-            // The last batch's prompt holds every earlier batch: refused now if their text alone
-            // (their codes not known yet) passes the slow AR's length.
-            let n = batches.len();
-            let empty = vec![Vec::new(); m.config.num_codebooks()];
-            let history: Vec<(String, Codes)> = batches
-                .iter()
-                .take(n - 1)
-                .map(|b| (b.clone(), empty.clone()))
-                .collect();
-            let last = m
-                .prompts
-                .build(&batches[n - 1], reference.as_ref(), &history)?;
-            self.batch_cap(&voice.text, last.len(), 0)?;
+        // Every later batch must fit alone (its history gives way when it does not fit;
+        // `start_next_batch`).
+        for b in batches.iter().skip(1) {
+            let alone = m.prompts.build(b, reference.as_ref(), &[])?;
+            self.batch_cap(&voice.text, alone.len(), 0)?;
         }
         let batch = batches.pop_front().unwrap_or_default();
         let prompt = m.prompts.build(&batch, reference.as_ref(), &[])?;
@@ -651,8 +642,10 @@ impl FishSession<'_> {
 
     /// The next generation batch ([`Batches`]): the current one and its frames join the
     /// history, and the next batch's prompt is prefilled afresh in one forward (as the reference
-    /// prefills each batch's prompt), its frame made on the next [`Self::prepare`]. Errors: the
-    /// prompt, history included, past `max_seq_len` less [`PROMPT_HEADROOM`].
+    /// prefills each batch's prompt), its frame made on the next [`Self::prepare`]. When the
+    /// prompt with the whole history passes `max_seq_len` less [`PROMPT_HEADROOM`], the oldest
+    /// batches leave the history until it fits (the reference stops with an error there).
+    /// Errors: the batch alone does not fit (refused at `begin`).
     fn start_next_batch(&mut self) -> Result<(), ModelError> {
         let (ar, b) = (self.ar, &mut self.batches);
         let Some(next) = b.rest.pop_front() else {
@@ -664,9 +657,18 @@ impl FishSession<'_> {
         b.history
             .push((done, transpose(&std::mem::take(&mut b.frames))));
         let m = &ar.model;
-        let prompt = m
+        let mut prompt = m
             .prompts
             .build(&b.current, b.reference.as_ref(), &b.history)?;
+        // When the whole history no longer fits, the oldest batches leave the prompt (where the
+        // reference stops with an error).
+        let limit = m.slow.max_seq_len().saturating_sub(PROMPT_HEADROOM);
+        while prompt.len() > limit && !b.history.is_empty() {
+            b.history.remove(0);
+            prompt = m
+                .prompts
+                .build(&b.current, b.reference.as_ref(), &b.history)?;
+        }
         self.max_new = ar.batch_cap(&b.text, prompt.len(), b.max_new_tokens)?;
         let x = m.slow.embed(&[&prompt.rows])?;
         let mut cache = m.slow.new_cache();

@@ -20,13 +20,31 @@ pub fn nothing_to_speak(text: &str) -> bool {
         .all(|c| c.is_whitespace() || c.is_control() || invisible(c))
 }
 
-/// Whether `text` has no letter and no digit: nothing the tokenizer's pre-tokenizer
-/// (Qwen2's byte-level BPE pattern, which Fish S2 Pro's tokenizer shares) makes a word or number piece of, only
-/// punctuation and symbol pieces (emoji included). The reference speaks such text all the same,
-/// as noise: with the bundled voice, greedy, `!!!` gives 0.48 s, four emoji 2.5 s and 120
-/// punctuation marks 35.9 s of sound that says nothing.
+/// Whether `text` has no letter and no digit outside markup: nothing the tokenizer's
+/// pre-tokenizer (Qwen2's byte-level BPE pattern, which Fish S2 Pro's tokenizer shares) makes a
+/// word or number piece of, only punctuation and symbol pieces (emoji included). Markup of the
+/// special-token form `<|…|>` (a speaker tag such as `<|speaker:0|>`) is not words. The reference
+/// speaks such text all the same, as noise: with the bundled voice, greedy, `!!!` gives 0.48 s,
+/// four emoji 2.5 s and 120 punctuation marks 35.9 s of sound that says nothing.
 pub fn no_words_to_speak(text: &str) -> bool {
-    !text.chars().any(char::is_alphanumeric)
+    let mut rest = text;
+    loop {
+        let (words, markup) = match rest.find("<|") {
+            Some(i) => (&rest[..i], Some(&rest[i..])),
+            None => (rest, None),
+        };
+        if words.chars().any(char::is_alphanumeric) {
+            return false;
+        }
+        let Some(markup) = markup else {
+            return true;
+        };
+        match markup.find("|>") {
+            Some(j) => rest = &markup[j + 2..],
+            // Not closed: not markup.
+            None => return !markup.chars().any(char::is_alphanumeric),
+        }
+    }
 }
 
 /// Why `text` cannot be spoken ([`NOTHING_TO_SPEAK`] or [`NO_WORDS_TO_SPEAK`]), or `None`.
@@ -84,4 +102,37 @@ pub fn resolve_language(supported: &[String], value: &str) -> Result<String, Str
         "unsupported language; supported: {} (names or ISO 639-1 codes, case-insensitive)",
         listed.join(", ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markup_is_not_words() {
+        for none in [
+            "<|speaker:0|>",
+            "<|speaker:0|><|speaker:1|>",
+            "<|speaker:0|>   <|speaker:1|> . ",
+            "<|speaker:0|>😀😀",
+            "!!! <|im_end|> ?",
+        ] {
+            assert!(no_words_to_speak(none), "{none:?}");
+            assert_eq!(unspeakable(none), Some(NO_WORDS_TO_SPEAK), "{none:?}");
+        }
+        for some in [
+            "<|speaker:0|>Hi",
+            "Hi <|speaker:1|>",
+            "<|speaker:0|> 42",
+            "<|speaker:0 unclosed",
+            "a",
+            "你好",
+        ] {
+            assert!(!no_words_to_speak(some), "{some:?}");
+        }
+        assert!(
+            no_words_to_speak("<| !!"),
+            "not closed, and no words either"
+        );
+    }
 }
