@@ -287,6 +287,13 @@ fn a_dialogue_of_several_batches_is_one_utterance() {
             rel_l2(&together.audio, &alone.audio) < 1e-5,
             "{fx}: batched audio = alone"
         );
+        // A cap of one step: every batch gives no frame (its only frame is the dropped last one),
+        // and the utterance ends by its length, without an error.
+        let mut one = greedy(&engine, VoiceRequest::default(), 1);
+        one.voice.text = d["text"].as_str().unwrap().to_string();
+        let (none, no_codes) = run(&engine, one);
+        assert!(no_codes.is_empty() && none.audio.is_empty(), "{fx}");
+        assert_eq!(none.reason, FinishReason::Length, "{fx}");
         for ((h, c), case) in others.into_iter().zip(["en_text", "zh_clone"]) {
             let (_, codes) = drain(h, c);
             let want = codes_of(&exp[&format!("{case}.codes")]);

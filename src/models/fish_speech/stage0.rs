@@ -654,9 +654,15 @@ impl FishSession<'_> {
             )));
         };
         let done = std::mem::replace(&mut b.current, next);
-        b.history
-            .push((done, transpose(&std::mem::take(&mut b.frames))));
         let m = &ar.model;
+        // `[codebooks][frames]`, also for a batch that gave no frame (a cap of one step).
+        let mut codes = vec![Vec::new(); m.config.num_codebooks()];
+        for frame in std::mem::take(&mut b.frames) {
+            for (row, c) in codes.iter_mut().zip(frame) {
+                row.push(c);
+            }
+        }
+        b.history.push((done, codes));
         let mut prompt = m
             .prompts
             .build(&b.current, b.reference.as_ref(), &b.history)?;
