@@ -178,17 +178,7 @@ fn a_long_dialogue_is_one_utterance_in_auto_mode() {
     );
     let (mut h, _e, bus) = fish_src(&[("text", v(text.as_str())), ("do-sample", v(false))]);
     h.play();
-    let mut n = 0u64;
-    loop {
-        match h.pull_until_eos() {
-            Ok(Some(b)) => {
-                check_buffer(&b, n);
-                n += (b.size() / 4) as u64;
-            }
-            Ok(None) => break,
-            Err(e) => panic!("pull: {e}"),
-        }
-    }
+    let n = pull_to_eos(&mut h).len() as u64;
     let msgs = drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
     let done = element_messages(&msgs, messages::DONE);
