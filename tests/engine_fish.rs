@@ -352,6 +352,8 @@ fn a_dialogue_past_the_length_drops_its_oldest_history() {
         w.extend(c);
     }
     assert_eq!(transpose(&codes), want);
+    // The direct calls leave the same history out.
+    assert_eq!(m.synthesize_codes(&text, None, &opts).unwrap(), want);
     // A later batch too long even alone: the request ends when it begins, before any frame,
     // with an error that says so.
     let too_long = VoiceRequest {

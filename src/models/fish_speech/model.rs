@@ -8,7 +8,7 @@ use super::checkpoint::open_weights;
 use super::config::FishConfig;
 use super::error::Result;
 use super::fast_ar::FastAr;
-use super::generate::{FirstFrame, GenerateOptions, Generated, generate};
+use super::generate::{FirstFrame, GenerateOptions, Generated, PROMPT_HEADROOM, generate};
 use super::prompt::{Codes, Prompt, PromptBuilder, VoiceReference};
 use super::slow_ar::SlowAr;
 use super::tokenizer::FishTokenizer;
@@ -58,8 +58,9 @@ impl FishModel {
     }
 
     /// The codes of a whole text as the reference's `generate_long` produces them: one
-    /// generation per batch of speaker turns, earlier batches kept in the prompt; the batches'
-    /// codes concatenated.
+    /// generation per batch of speaker turns, earlier batches kept in the prompt (the oldest left
+    /// out when they no longer fit, where the reference stops with an error, as the engine's
+    /// session does); the batches' codes concatenated.
     pub fn synthesize_codes(
         &self,
         text: &str,
@@ -69,8 +70,10 @@ impl FishModel {
         let batches = self.prompts.batches(text, super::prompt::CHUNK_LENGTH)?;
         let mut history: Vec<(String, Codes)> = Vec::new();
         let mut all: Codes = vec![Vec::new(); self.config.num_codebooks()];
+        let limit = self.slow.max_seq_len().saturating_sub(PROMPT_HEADROOM);
         for batch in batches {
-            let prompt = self.prompts.build(&batch, voice, &history)?;
+            let (prompt, dropped) = self.prompts.build_within(&batch, voice, &history, limit)?;
+            history.drain(..dropped);
             let g = self.generate(&prompt, opts, None)?;
             for (a, c) in all.iter_mut().zip(&g.codes) {
                 a.extend_from_slice(c);

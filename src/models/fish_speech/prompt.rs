@@ -120,6 +120,26 @@ impl PromptBuilder {
         Ok(Prompt { rows: p.rows })
     }
 
+    /// [`Self::build`] with the oldest entries of `history` left out while the prompt takes more
+    /// than `limit` positions (where the reference stops with an error); the number left out
+    /// comes with it. A prompt over `limit` even without history is returned as it is.
+    pub fn build_within(
+        &self,
+        batch: &str,
+        voice: Option<&VoiceReference>,
+        history: &[(String, Codes)],
+        limit: usize,
+    ) -> Result<(Prompt, usize)> {
+        let mut dropped = 0;
+        loop {
+            let p = self.build(batch, voice, &history[dropped..])?;
+            if p.len() <= limit || dropped == history.len() {
+                return Ok((p, dropped));
+            }
+            dropped += 1;
+        }
+    }
+
     fn user(&self, p: &mut Rows, text: &str) -> Result<()> {
         self.text(p, &format!("{IM_START}user\n"))?;
         self.text(p, text)?;

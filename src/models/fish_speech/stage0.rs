@@ -663,18 +663,11 @@ impl FishSession<'_> {
             }
         }
         b.history.push((done, codes));
-        let mut prompt = m
-            .prompts
-            .build(&b.current, b.reference.as_ref(), &b.history)?;
-        // When the whole history no longer fits, the oldest batches leave the prompt (where the
-        // reference stops with an error).
         let limit = m.slow.max_seq_len().saturating_sub(PROMPT_HEADROOM);
-        while prompt.len() > limit && !b.history.is_empty() {
-            b.history.remove(0);
-            prompt = m
-                .prompts
-                .build(&b.current, b.reference.as_ref(), &b.history)?;
-        }
+        let (prompt, dropped) =
+            m.prompts
+                .build_within(&b.current, b.reference.as_ref(), &b.history, limit)?;
+        b.history.drain(..dropped);
         self.max_new = ar.batch_cap(&b.text, prompt.len(), b.max_new_tokens)?;
         let x = m.slow.embed(&[&prompt.rows])?;
         let mut cache = m.slow.new_cache();
