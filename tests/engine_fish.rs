@@ -302,6 +302,45 @@ fn a_dialogue_of_several_batches_is_one_utterance() {
     }
 }
 
+/// A dialogue whose first batch ends at its cap and whose last ends on `<|im_end|>` ends by its
+/// length, so that the cut in its middle is reported; one whose batches all end on `<|im_end|>`
+/// ends by its EOS. (Greedy on tiny-fish, two batches of 5 + 2 turns: the first text's first
+/// batch reaches the cap of 8, its second stops after 1 frame; the second text's batches both stop.)
+#[test]
+fn a_dialogue_cut_in_the_middle_ends_by_its_length() {
+    let engine = load(config(false, 1));
+    let dialogue = |lines: &[&str]| -> String {
+        (0..7)
+            .map(|i| format!("<|speaker:{}|>{}", i % 3, lines[i % lines.len()]))
+            .collect()
+    };
+    for (lines, reason, frames) in [
+        (
+            &["How are you today?", "Yes.", "Why not?"][..],
+            FinishReason::Length,
+            7 + 1,
+        ),
+        (
+            &["Let's go to the park.", "Why not?"][..],
+            FinishReason::Eos,
+            7,
+        ),
+    ] {
+        let text = dialogue(lines);
+        let req = greedy(
+            &engine,
+            VoiceRequest {
+                text: text.clone(),
+                ..VoiceRequest::default()
+            },
+            8,
+        );
+        let (r, codes) = run(&engine, req);
+        assert_eq!((r.reason.clone(), codes.len()), (reason, frames), "{text}");
+        assert_eq!(r.audio.len(), frames * 2048, "{text}");
+    }
+}
+
 /// A dialogue whose next batch no longer fits the slow AR's length with the whole history in
 /// its prompt (tiny-fish-alt's `max_seq_len` 2560 leaves 512 positions): the oldest batches leave
 /// the history and the utterance goes on (the reference stops with an error there); a batch too

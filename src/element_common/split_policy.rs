@@ -138,18 +138,41 @@ impl AutoSplit {
     }
 
     /// The pieces `mode` makes of `text`: its sentences when it splits it (and it has any),
-    /// else the text itself, whole.
+    /// else the text itself, whole. With the model's speaker-turn tag, a sentence that does not
+    /// open with a tag is spoken by the speaker of the tag before it (that tag is put in front
+    /// of it), so a turn's later sentences keep their speaker.
     pub fn pieces(self, mode: SplitSentences, text: &str) -> Vec<String> {
-        let pieces = if self.splits(mode, text) {
-            split_sentences(text)
-        } else {
+        let pieces = if !self.splits(mode, text) {
             Vec::new()
+        } else if let Some(tag) = self.turn_tag {
+            // A turn tag starts a sentence (the sentence rules alone would join `Hi. <|speaker:1|>
+            // hello` into one: a sentence does not end before a lowercase letter).
+            turns(text, tag).flat_map(split_sentences).collect()
+        } else {
+            split_sentences(text)
         };
         if pieces.is_empty() {
-            vec![text.to_string()]
-        } else {
-            pieces
+            return vec![text.to_string()];
         }
+        let Some(tag) = self.turn_tag else {
+            return pieces;
+        };
+        let mut speaker: Option<String> = None;
+        pieces
+            .into_iter()
+            .map(|piece| {
+                let body = piece.trim_start();
+                let opens_a_turn = body.starts_with(tag) && closed_tag(body, tag).is_some();
+                let out = match &speaker {
+                    Some(s) if !opens_a_turn => format!("{s}{body}"),
+                    _ => piece.clone(),
+                };
+                if let Some(last) = last_turn_tag(&piece, tag) {
+                    speaker = Some(last.to_string());
+                }
+                out
+            })
+            .collect()
     }
 
     /// Whether `mode` splits `text` into sentences.
@@ -163,6 +186,35 @@ impl AutoSplit {
             }
         }
     }
+}
+
+/// `text` cut before each of its whole speaker-turn tags (`tag` up to its closing `|>`).
+fn turns<'a>(text: &'a str, tag: &'a str) -> impl Iterator<Item = &'a str> {
+    let mut cuts: Vec<usize> = text
+        .match_indices(tag)
+        .map(|(i, _)| i)
+        .filter(|&i| i > 0 && closed_tag(&text[i..], tag).is_some())
+        .collect();
+    cuts.push(text.len());
+    let mut from = 0;
+    cuts.into_iter().map(move |to| {
+        let turn = &text[from..to];
+        from = to;
+        turn
+    })
+}
+
+/// The last whole speaker-turn tag in `text`: from the last `tag` (e.g. `<|speaker:`) to the
+/// `|>` that closes it; `None` when there is none, or the last one is not closed.
+fn last_turn_tag<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
+    closed_tag(&text[text.rfind(tag)?..], tag)
+}
+
+/// The tag `text` opens with (it starts with `tag`): up to its closing `|>`, `None` when there is
+/// none.
+fn closed_tag<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
+    let close = text.get(tag.len()..)?.find("|>")?;
+    Some(&text[..tag.len() + close + 2])
 }
 
 /// The hints file `file` as a JSON object, `None` if there is no such file.
@@ -267,12 +319,49 @@ mod tests {
             auto.pieces(SplitSentences::Auto, &dialogue),
             vec![dialogue.clone()]
         );
-        // Set to true, it still splits; without the tag, auto splits a long text.
-        assert!(auto.pieces(SplitSentences::True, &dialogue).len() > 20);
+        // Set to true, it still splits, and every sentence keeps its turn's speaker; without the
+        // tag, auto splits a long text.
+        let pieces = auto.pieces(SplitSentences::True, &dialogue);
+        assert!(pieces.len() > 20);
+        assert_eq!(
+            pieces[0].trim(),
+            "<|speaker:0|>Hello there, how are you today?"
+        );
+        assert_eq!(pieces[1].trim(), "<|speaker:1|>Fine, thanks.");
         let plain = "Hello there, how are you today? Fine, thanks. ".repeat(20);
         assert!(auto.pieces(SplitSentences::Auto, &plain).len() > 20);
         let untagged_model = AutoSplit::by_frames(400, 12.5);
         assert!(untagged_model.pieces(SplitSentences::Auto, &dialogue).len() > 20);
+    }
+
+    #[test]
+    fn a_turns_later_sentences_keep_its_speaker() {
+        let auto = AutoSplit::by_frames(400, 12.5).keeping_turns(Some("<|speaker:"));
+        let text = "Before any tag. <|speaker:0|>One. Two! <|speaker:12|>Three? Four. \
+                    Five <|speaker:3|>six. Seven. <|speaker:4 not closed. Eight.";
+        let pieces: Vec<String> = auto
+            .pieces(SplitSentences::True, text)
+            .iter()
+            .map(|p| p.trim().to_string())
+            .collect();
+        assert_eq!(
+            pieces,
+            [
+                "Before any tag.",
+                "<|speaker:0|>One.",
+                "<|speaker:0|>Two!",
+                "<|speaker:12|>Three?",
+                "<|speaker:12|>Four.",
+                "<|speaker:12|>Five",
+                "<|speaker:3|>six.",
+                "<|speaker:3|>Seven. <|speaker:4 not closed.",
+                "<|speaker:3|>Eight.",
+            ]
+        );
+        // A model without turn tags gets the sentences as they are: nothing added.
+        let plain = AutoSplit::by_frames(400, 12.5).pieces(SplitSentences::True, text);
+        assert!(plain.len() > 3);
+        assert!(plain.iter().all(|p| text.contains(p.trim())), "{plain:?}");
     }
 
     #[test]

@@ -195,6 +195,7 @@ impl Stage0Model for FishAr {
                 frames: Vec::new(),
                 reference,
                 max_new_tokens: sampling.max_new_tokens,
+                cut: false,
             },
         })
     }
@@ -516,6 +517,21 @@ struct Batches {
     frames: Vec<Vec<u32>>,
     reference: Option<VoiceReference>,
     max_new_tokens: usize,
+    /// An earlier batch ended at its cap: the utterance then ends by its length
+    /// ([`FinishReason::Length`]) whatever ends the last batch, so that a dialogue cut in the
+    /// middle is reported as cut.
+    cut: bool,
+}
+
+impl Batches {
+    /// How the utterance ends when its last batch stops on `<|im_end|>`.
+    fn end_by_eos(&self) -> FinishReason {
+        if self.cut {
+            FinishReason::Length
+        } else {
+            FinishReason::Eos
+        }
+    }
 }
 
 impl<'m> Stage0Prefill for FishPrefill<'m> {
@@ -630,6 +646,7 @@ impl FishSession<'_> {
                 if self.batches.rest.is_empty() {
                     self.finished = Some(FinishReason::Length);
                 } else {
+                    self.batches.cut = true;
                     self.next_batch = true;
                 }
                 continue;
@@ -694,7 +711,7 @@ impl FishSession<'_> {
         }
         if main == self.ar.model.slow.im_end() {
             if self.batches.rest.is_empty() {
-                self.finished = Some(FinishReason::Eos);
+                self.finished = Some(self.batches.end_by_eos());
             } else {
                 self.next_batch = true;
             }
