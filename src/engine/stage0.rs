@@ -234,9 +234,12 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
     ///    with [`FirstFrameRules::arrivals_first`], when requests arrived during such a step the
     ///    loop goes back to 1 once (no encode jobs, the rest of the step's prefill budget), so
     ///    that they start before the batched step;
-    /// 5. every decoding request that is not blocked (its chunk buffer full) advances one frame
-    ///    in one batched forward ([`Stage0Model::next_frames`]); requests that end (EOS, length,
-    ///    guard, cancel, error) leave the batch at once.
+    /// 5. every decoding request that is not blocked (its chunk buffer full, its next text id
+    ///    or its next prompt still to come) advances one frame in one batched forward
+    ///    ([`Stage0Model::next_frames`]); requests that end (EOS, length, guard, cancel, error)
+    ///    leave the batch at once. A running request's later prompt
+    ///    ([`Stage0Session::has_pending_prompt`]: a dialogue's next generation batch) runs in
+    ///    step 3, after the new requests' prompts, within the same budget.
     ///
     /// Sleeps on the stage signal only when no step could do anything.
     fn run(&self, queue: &StageQueue) {
@@ -352,6 +355,27 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                     Prefill::More(p) => prefilling.push_front(p),
                     Prefill::Done(a) => active.push(a),
                     Prefill::Released => {}
+                }
+            }
+            // Running requests' later prompts (a dialogue's next generation batch) take what is
+            // left of the budget, oldest request first; their rows sit the batched steps out
+            // meanwhile.
+            let mut i = 0;
+            while budget > 0 && i < active.len() {
+                if !active[i].session.has_pending_prompt() {
+                    i += 1;
+                    continue;
+                }
+                progress = true;
+                match self.prefill_pending(&mut active[i], budget) {
+                    Ok(n) => {
+                        budget = budget.saturating_sub(n.max(1));
+                        i += 1;
+                    }
+                    Err(reason) => {
+                        let a = active.remove(i);
+                        self.release(a, reason);
+                    }
                 }
             }
             // Open requests in the batch: the text that arrived becomes their next text rows.
@@ -599,6 +623,23 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         }
     }
 
+    /// Runs up to `positions` positions of running request `a`'s pending prompt
+    /// ([`Stage0Session::prefill_pending`]), counted as prefill time; how many ran, or why the
+    /// request ends (cancelled, a model failure).
+    fn prefill_pending(
+        &self,
+        a: &mut ArActive<'m, A>,
+        positions: usize,
+    ) -> Result<usize, FinishReason> {
+        if a.req.is_cancelled() {
+            return Err(FinishReason::Cancelled);
+        }
+        let t = Instant::now();
+        let ran = guarded(|| a.session.prefill_pending(positions));
+        a.timing.prefill += t.elapsed();
+        ran.map_err(|msg| failed::<A>("prefill", msg))
+    }
+
     /// One frame for every request of `rows` in `active` that can take one, in one batched
     /// forward; ends and removes the requests that are over. [`Rows::New`] steps only when some
     /// of the ready rows have frames already (otherwise the step of all is the same step).
@@ -620,9 +661,13 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                 i += 1;
             }
         }
-        // Rows whose next text id has not arrived wait too (no padding is fed, no RNG drawn).
+        // Rows whose next text id has not arrived wait too (no padding is fed, no RNG drawn),
+        // and so do rows whose next prompt is still to run.
         let mut ready: Vec<usize> = (0..active.len())
-            .filter(|&i| active[i].req.buffer.has_space() && !active[i].session.waits_for_text())
+            .filter(|&i| {
+                let s = &active[i].session;
+                active[i].req.buffer.has_space() && !s.waits_for_text() && !s.has_pending_prompt()
+            })
             .collect();
         if rows == Rows::New {
             let all = ready.len();
@@ -842,11 +887,31 @@ mod tests {
 
     struct Pending {
         text: String,
+        gate: Arc<Gate>,
     }
 
+    /// A session of text `dialogue …` takes a later prompt of [`LATER_PROMPT`] positions after
+    /// its third frame, as a dialogue's next generation batch does.
     struct Session {
         text: String,
         frames: usize,
+        /// Positions of its later prompt still to run.
+        pending: usize,
+        gate: Arc<Gate>,
+    }
+
+    const LATER_PROMPT: usize = 3 * PREFILL_CHUNK + 5;
+
+    impl Session {
+        /// Runs up to `positions` of the later prompt, logged in the steps as `prefill N`.
+        fn run_pending(&mut self, positions: usize) -> usize {
+            let n = positions.max(1).min(self.pending);
+            if n > 0 {
+                self.pending -= n;
+                lock(&self.gate.steps).push(vec![format!("prefill {n}")]);
+            }
+            n
+        }
     }
 
     impl Stage0Prefill for Pending {
@@ -861,6 +926,8 @@ mod tests {
             Ok(Session {
                 text: self.text,
                 frames: 0,
+                pending: 0,
+                gate: self.gate,
             })
         }
     }
@@ -871,6 +938,12 @@ mod tests {
         }
         fn check_text_budget(&self, _: &str, _: usize) -> Result<(), ModelError> {
             Ok(())
+        }
+        fn has_pending_prompt(&self) -> bool {
+            self.pending > 0
+        }
+        fn prefill_pending(&mut self, positions: usize) -> Result<usize, ModelError> {
+            Ok(self.run_pending(positions))
         }
     }
 
@@ -905,6 +978,7 @@ mod tests {
         fn begin(&self, v: &VoiceRequest, _: &SamplingParams) -> Result<Pending, ModelError> {
             Ok(Pending {
                 text: v.text.clone(),
+                gate: self.gate.clone(),
             })
         }
         fn open_text(&self) -> Result<NoOpenText, ModelError> {
@@ -919,6 +993,10 @@ mod tests {
             Err(refused("open text"))
         }
         fn next_frames(&self, rows: &mut [&mut Session]) -> Vec<Result<ArStep, ModelError>> {
+            // A row stepped with its later prompt pending runs all of it first, inside the step.
+            for r in rows.iter_mut() {
+                r.run_pending(usize::MAX);
+            }
             let texts: Vec<String> = rows.iter().map(|r| r.text.clone()).collect();
             lock(&self.gate.steps).push(texts);
             let hold = lock(&self.gate.hold).clone();
@@ -941,6 +1019,9 @@ mod tests {
             rows.iter_mut()
                 .map(|r| {
                     r.frames += 1;
+                    if r.frames == 3 && r.text.starts_with("dialogue") {
+                        r.pending = LATER_PROMPT;
+                    }
                     Ok(ArStep::Frame(vec![1, r.frames as u32]))
                 })
                 .collect()
@@ -1085,6 +1166,61 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// A running request's later prompt (a dialogue's next generation batch) runs between the
+    /// batched steps, a chunk of at most [`PREFILL_CHUNK`] positions at a time, while the other
+    /// streams go on stepping without it; then it steps with them again.
+    #[test]
+    fn a_later_prompt_runs_in_chunks_between_the_other_streams_steps() {
+        let s = Stage0::start("later-prompt", false);
+        let _running: Vec<_> = (0..2).map(|k| s.submit(&format!("running {k}"))).collect();
+        let _dialogue = s.submit("dialogue");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let steps = loop {
+            let steps = s.steps();
+            if steps
+                .iter()
+                .filter(|st| st.iter().any(|r| r == "dialogue"))
+                .count()
+                >= 6
+            {
+                break steps;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no 6 steps of the dialogue in 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let with = |st: &Vec<String>, text: &str| st.iter().any(|r| r == text);
+        let third = steps
+            .iter()
+            .enumerate()
+            .filter(|(_, st)| with(st, "dialogue"))
+            .nth(2)
+            .map(|(i, _)| i)
+            .expect("a third step of the dialogue");
+        let fourth = steps[third + 1..]
+            .iter()
+            .position(|st| with(st, "dialogue"))
+            .map(|i| third + 1 + i)
+            .expect("a fourth step of the dialogue");
+        let between = &steps[third + 1..fourth];
+        let chunks: Vec<usize> = between
+            .iter()
+            .filter_map(|st| st[0].strip_prefix("prefill ")?.parse().ok())
+            .collect();
+        assert_eq!(
+            chunks,
+            [PREFILL_CHUNK, PREFILL_CHUNK, PREFILL_CHUNK, 5],
+            "the later prompt in chunks of the step's budget: {between:?}"
+        );
+        let others = between.iter().filter(|st| with(st, "running 0")).count();
+        assert!(
+            others >= 3,
+            "the other streams step between the chunks: {between:?}"
+        );
     }
 
     #[test]

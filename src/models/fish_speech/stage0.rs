@@ -169,7 +169,7 @@ impl Stage0Model for FishAr {
         });
         let mut batches: VecDeque<String> = m.prompts.batches(&voice.text, CHUNK_LENGTH)?.into();
         // Every later batch must fit alone (its history gives way when it does not fit;
-        // `start_next_batch`).
+        // `begin_next_batch`).
         for b in batches.iter().skip(1) {
             let alone = m.prompts.build(b, reference.as_ref(), &[])?;
             self.batch_cap(&voice.text, alone.len(), 0)?;
@@ -568,6 +568,7 @@ impl<'m> Stage0Prefill for FishPrefill<'m> {
                 finished: None,
                 batches: self.batches,
                 next_batch: false,
+                pending: None,
             }),
             _ => Err(ModelError::PrefillIncomplete {
                 remaining: remaining.max(1),
@@ -594,8 +595,12 @@ pub struct FishSession<'m> {
     max_new: usize,
     finished: Option<FinishReason>,
     batches: Batches,
-    /// The current batch is over and another follows: it begins on the next step.
+    /// The current batch is over and another follows: its prompt is built on the next
+    /// [`Stage0Session::prefill_pending`] (or step).
     next_batch: bool,
+    /// The next batch's prompt `[1, t, dim]` and the positions of it already run, until all
+    /// have run.
+    pending: Option<(Tensor, usize)>,
 }
 
 impl FishSession<'_> {
@@ -610,16 +615,17 @@ impl FishSession<'_> {
         })
     }
 
-    /// Everything of a step before the batched slow AR: the prefill's frame on the first call
-    /// (made alone, as the reference makes it), the cap, then the slow AR's input from the held
-    /// frame.
+    /// Everything of a step before the batched slow AR: the next batch's prompt if it has not
+    /// run yet (whole, for a caller that did not run it between steps), the prefill's frame on
+    /// the first call (made alone, as the reference makes it), the cap, then the slow AR's input
+    /// from the held frame.
     fn prepare(&mut self) -> Result<Prep, ModelError> {
         loop {
             if let Some(r) = self.finished {
                 return Ok(Prep::Done(ArStep::Finished(r)));
             }
-            if self.next_batch {
-                self.start_next_batch()?;
+            while self.has_pending_prompt() {
+                self.prefill_pending(usize::MAX)?;
             }
             let (slow, fast) = (&self.ar.model.slow, &self.ar.model.fast);
             if let Some((logits, hidden)) = self.first.take() {
@@ -634,36 +640,46 @@ impl FishSession<'_> {
                 )?;
                 self.held = f0.into_iter().next();
                 self.generated = 1;
+                if self.at_cap() {
+                    continue;
+                }
             }
             let Some((main, codes)) = self.held.take() else {
                 return Err(ModelError::Candle(candle_core::Error::Msg(
                     "Fish session without a frame to continue from".into(),
                 )));
             };
-            if self.generated >= self.max_new {
-                // The cap: the last generated frame is dropped, as the reference does; the next
-                // batch begins, or the utterance is over.
-                if self.batches.rest.is_empty() {
-                    self.finished = Some(FinishReason::Length);
-                } else {
-                    self.batches.cut = true;
-                    self.next_batch = true;
-                }
-                continue;
-            }
             let mut ids = vec![vec![main]];
             ids.extend(codes.iter().map(|&c| vec![c]));
             return Ok(Prep::Make(Step { ids, emit: codes }));
         }
     }
 
+    /// The cap: once the batch has made `max_new` frames, the held (last) frame is dropped, as
+    /// the reference drops it, and the next batch follows or the utterance is over. Whether the
+    /// cap was reached.
+    fn at_cap(&mut self) -> bool {
+        if self.generated < self.max_new {
+            return false;
+        }
+        self.held = None;
+        if self.batches.rest.is_empty() {
+            self.finished = Some(FinishReason::Length);
+        } else {
+            self.batches.cut = true;
+            self.next_batch = true;
+        }
+        true
+    }
+
     /// The next generation batch ([`Batches`]): the current one and its frames join the
-    /// history, and the next batch's prompt is prefilled afresh in one forward (as the reference
-    /// prefills each batch's prompt), its frame made on the next [`Self::prepare`]. When the
-    /// prompt with the whole history passes `max_seq_len` less [`PROMPT_HEADROOM`], the oldest
-    /// batches leave the history until it fits (the reference stops with an error there).
-    /// Errors: the batch alone does not fit (refused at `begin`).
-    fn start_next_batch(&mut self) -> Result<(), ModelError> {
+    /// history, and the next batch's prompt, holding the earlier batches and their codes, is
+    /// embedded for [`Stage0Session::prefill_pending`] to run over a fresh cache (as the
+    /// reference prefills each batch's prompt afresh). When the prompt with the whole history
+    /// passes `max_seq_len` less [`PROMPT_HEADROOM`], the oldest batches leave the history until
+    /// it fits (the reference stops with an error there). Errors: the batch alone does not fit
+    /// (refused at `begin`).
+    fn begin_next_batch(&mut self) -> Result<(), ModelError> {
         let (ar, b) = (self.ar, &mut self.batches);
         let Some(next) = b.rest.pop_front() else {
             return Err(ModelError::Candle(candle_core::Error::Msg(
@@ -686,10 +702,8 @@ impl FishSession<'_> {
                 .build_within(&b.current, b.reference.as_ref(), &b.history, limit)?;
         b.history.drain(..dropped);
         self.max_new = ar.batch_cap(&b.text, prompt.len(), b.max_new_tokens)?;
-        let x = m.slow.embed(&[&prompt.rows])?;
-        let mut cache = m.slow.new_cache();
-        self.first = Some(m.slow.forward(&x, &mut cache)?);
-        self.cache = cache;
+        self.pending = Some((m.slow.embed(&[&prompt.rows])?, 0));
+        self.cache = m.slow.new_cache();
         self.held = None;
         self.generated = 0;
         self.window.clear();
@@ -717,6 +731,9 @@ impl FishSession<'_> {
             }
         } else {
             self.held = Some((main, codes));
+            // At the cap now rather than on the next step, so that a next batch's prompt can
+            // run between steps.
+            self.at_cap();
         }
         ArStep::Frame(emit)
     }
@@ -733,5 +750,34 @@ impl Stage0Session for FishSession<'_> {
 
     fn check_text_budget(&self, _text: &str, _max_new_tokens: usize) -> Result<(), ModelError> {
         Ok(())
+    }
+
+    fn has_pending_prompt(&self) -> bool {
+        self.finished.is_none() && (self.next_batch || self.pending.is_some())
+    }
+
+    fn prefill_pending(&mut self, positions: usize) -> Result<usize, ModelError> {
+        if self.finished.is_some() {
+            return Ok(0);
+        }
+        if self.next_batch {
+            self.begin_next_batch()?;
+        }
+        let Some((x, done)) = self.pending.take() else {
+            return Ok(0);
+        };
+        let t = x.dim(1)?;
+        let n = positions.max(1).min(t - done);
+        let out = self
+            .ar
+            .model
+            .slow
+            .forward(&x.narrow(1, done, n)?, &mut self.cache)?;
+        if done + n == t {
+            self.first = Some(out);
+        } else {
+            self.pending = Some((x, done + n));
+        }
+        Ok(n)
     }
 }

@@ -143,6 +143,23 @@ pub trait Stage0Session {
     /// (open text, once it ended). Errors: [`ModelError::InvalidRequest`] (`text` or
     /// `max_new_tokens`).
     fn check_text_budget(&self, text: &str, max_new_tokens: usize) -> Result<(), ModelError>;
+
+    /// Whether a prompt must run through the model before this session's next frame (a later
+    /// generation batch of the same utterance, whose prompt holds the earlier ones: Fish S2 Pro's
+    /// dialogues). Until it has run ([`Stage0Session::prefill_pending`]) the engine leaves the
+    /// session out of the batched steps, so that the other streams go on meanwhile.
+    fn has_pending_prompt(&self) -> bool {
+        false
+    }
+
+    /// Runs up to `positions` positions (at least one) of the pending prompt, as
+    /// [`Stage0Prefill::step`] does for a new request's; returns how many ran (0 when none was
+    /// pending). A session that is stepped with its prompt still pending runs the rest of it
+    /// first, so callers that never call this get the same frames. Errors: model failures.
+    fn prefill_pending(&mut self, positions: usize) -> Result<usize, ModelError> {
+        let _ = positions;
+        Ok(0)
+    }
 }
 
 /// Text tokenized while it arrives: only ids later text cannot change are committed.
