@@ -10,6 +10,7 @@ mod element_util;
 mod fish_fixture;
 mod reference_util;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use element_util::{
@@ -258,7 +259,16 @@ fn qwen_only_properties_are_refused_naming_the_property_and_the_model() {
         (
             "prompt-mode",
             v("streaming"),
-            &["prompt-mode", "Fish Audio S2 Pro"][..],
+            &["prompt-mode 'streaming'", "Fish Audio S2 Pro"][..],
+        ),
+        (
+            "quantization",
+            v("q8-0"),
+            &[
+                "quantization 'q8-0'",
+                "Fish Audio S2 Pro",
+                "dense weights only",
+            ][..],
         ),
     ] {
         let errs = start_error(&model(), &[("text", v("Hello.")), (prop, value.clone())]);
@@ -270,6 +280,134 @@ fn qwen_only_properties_are_refused_naming_the_property_and_the_model() {
         let errs = start_must_fail(&synth, prop);
         assert_names(&errs, words);
     }
+}
+
+/// A speaker-map entry that clones from a reference the checkpoint cannot use (missing, too
+/// short, without its transcript) fails the state change as the same `ref-audio` / `ref-text`
+/// properties do, naming the entry and the property; a good one starts.
+#[test]
+fn speaker_map_clone_entries_are_checked_at_start() {
+    init();
+    let dir = TempDir::new("fish-map");
+    let good = dir.path().join("good.wav");
+    write_wav(
+        &good,
+        &vec![0.2f32; 44_100]
+            .iter()
+            .enumerate()
+            .map(|(i, a)| a * (i as f32 * 0.05).sin())
+            .collect::<Vec<_>>(),
+    );
+    let short = dir.path().join("short.wav");
+    write_wav(
+        &short,
+        &vec![0.2f32; 4_410]
+            .iter()
+            .enumerate()
+            .map(|(i, a)| a * (i as f32 * 0.05).sin())
+            .collect::<Vec<_>>(),
+    );
+    let entry = |audio: &Path, text: Option<&str>| {
+        let text = text
+            .map(|t| format!(", ref-text=\"{t}\""))
+            .unwrap_or_default();
+        format!(
+            "map, spk_0=[voice, ref-audio=\"{}\"{text}]",
+            audio.display()
+        )
+    };
+    let synth = |map: &str| {
+        let e = gst::ElementFactory::make("omnittssynth").build().unwrap();
+        e.set_property("model", model());
+        e.set_property_from_str("speaker-map", map);
+        e
+    };
+    let missing = dir.path().join("missing.wav");
+    for (map, words) in [
+        (
+            entry(&missing, Some("Hello.")),
+            vec![
+                "speaker-map 'spk_0'".to_string(),
+                format!("ref-audio '{}'", missing.display()),
+            ],
+        ),
+        (
+            entry(&short, Some("Hello.")),
+            vec!["speaker-map 'spk_0'".to_string(), "too short".to_string()],
+        ),
+        (
+            entry(&good, None),
+            vec!["speaker-map 'spk_0'".to_string(), "ref-text".to_string()],
+        ),
+    ] {
+        let errs = element_util::start_must_fail(&synth(&map), &map);
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        assert_names(&errs, &words);
+    }
+    let e = synth(&entry(&good, Some("Hello there.")));
+    let res = e.set_state(gst::State::Paused);
+    let _ = e.set_state(gst::State::Null);
+    assert!(res.is_ok(), "a good clone entry starts");
+}
+
+/// Words before a dialogue's first speaker tag are not spoken (the model speaks turns only, as
+/// the reference does): the element warns, naming them, whether the text is split or not; under
+/// `split-sentences=true` every sentence keeps its turn's tag.
+#[test]
+fn words_before_the_first_speaker_tag_are_warned_about() {
+    let text = "Intro words. <|speaker:0|>Hello there. How are you? <|speaker:1|>Fine.";
+    for split in ["false", "true"] {
+        let (mut h, _e, bus) = fish_src(&[
+            ("split-sentences", v(split)),
+            ("text", v(text)),
+            ("do-sample", v(false)),
+        ]);
+        h.play();
+        pull_to_eos(&mut h);
+        let msgs = drain(&bus);
+        assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+        let w: Vec<String> = element_util::warnings(&msgs)
+            .into_iter()
+            .filter(|w| w.contains("before its first speaker tag"))
+            .collect();
+        assert_eq!(w.len(), 1, "split-sentences={split}: {w:?}");
+        assert!(w[0].contains("('Intro words.') are not spoken"), "{}", w[0]);
+        let texts: Vec<String> = element_messages(&msgs, messages::DONE)
+            .iter()
+            .map(|d| d.get::<String>("text").unwrap())
+            .collect();
+        if split == "true" {
+            assert_eq!(
+                texts,
+                [
+                    "<|speaker:0|>Hello there.",
+                    "<|speaker:0|>How are you?",
+                    "<|speaker:1|>Fine."
+                ]
+            );
+        } else {
+            assert_eq!(texts, [text]);
+        }
+    }
+}
+
+/// Another family's stage config is refused at start, naming the property, its file and the key.
+#[test]
+fn a_stage_config_of_another_family_is_refused_naming_the_file() {
+    let yaml = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/qwen3_tts.yaml");
+    let yaml = yaml.to_str().unwrap().to_string();
+    let errs = start_error(
+        &model(),
+        &[("text", v("Hello.")), ("stage-config", v(yaml.clone()))],
+    );
+    assert_names(
+        &errs,
+        &[
+            &format!("stage-config '{yaml}'"),
+            "stage_args[0].engine_args.model_stage",
+            "Fish Audio S2 Pro",
+        ],
+    );
 }
 
 /// A 1 s reference recording (a 44.1 kHz WAV with a falling tone): cloned through `ref-audio`

@@ -750,6 +750,31 @@ fn ignored_instruct_is_warned_once() {
     assert!(w[0].starts_with("instruct 'Whisper.': ignored"), "{}", w[0]);
 }
 
+/// A cue cut at max-new-tokens is warned about as omnittssrc warns about an utterance, naming
+/// it and what to change; its done message says `length`.
+#[test]
+fn a_cue_cut_at_max_new_tokens_is_warned_about() {
+    let (e, bus) = synth(&[("max-new-tokens", "3")]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    h.push(text_buffer(b"Cut short.", Some(0), None)).unwrap();
+    h.push_event(gst::event::Eos::new());
+    pull_to_eos(&mut h, Duration::from_secs(60));
+    let msgs = element_util::drain(&bus);
+    let done = element_messages(&msgs, "omnitts/utterance-done");
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].get::<String>("reason").unwrap(), "length");
+    let w: Vec<String> = warnings(&msgs)
+        .into_iter()
+        .filter(|w| w.contains("max-new-tokens"))
+        .collect();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].starts_with("utterance 1 ('Cut short.') ended by length: max-new-tokens was reached"),
+        "{}",
+        w[0]
+    );
+}
+
 #[test]
 fn bad_voices_fail_clearly() {
     // A speaker-map entry the checkpoint lacks fails the state change, naming it.

@@ -229,11 +229,12 @@ fn latency_answer_and_every_cue_on_time() {
             "cue rendered at {rendered}, due {due}"
         );
     }
-    assert!(
-        warnings(&live.msgs).is_empty(),
-        "{:?}",
-        warnings(&live.msgs)
-    );
+    // No warning but max-new-tokens' (random weights rarely end their speech themselves).
+    let w: Vec<String> = warnings(&live.msgs)
+        .into_iter()
+        .filter(|w| !w.contains("ended by length: max-new-tokens was reached"))
+        .collect();
+    assert!(w.is_empty(), "{w:?}");
 }
 
 #[test]
@@ -328,7 +329,12 @@ fn the_readme_caption_pipeline_runs_without_latency_warnings() {
             max.is_none_or(|max| max >= min + gst::ClockTime::from_seconds(1)),
             "{src_props}: min {min}, max {max:?}"
         );
-        let w = warnings(&live.msgs);
+        // No warning but max-new-tokens' (the tiny checkpoint's random weights rarely end
+        // their speech themselves).
+        let w: Vec<String> = warnings(&live.msgs)
+            .into_iter()
+            .filter(|w| !w.contains("ended by length: max-new-tokens was reached"))
+            .collect();
         assert!(w.is_empty(), "{src_props}: {w:?}");
     }
 }

@@ -184,11 +184,12 @@ pub(crate) enum NextClause {
 }
 
 impl OpenText {
-    /// The open text of an utterance in `mode`.
-    pub fn new(mode: TextStreamMode) -> Self {
+    /// The open text of an utterance in `mode`, for a model whose speaker-turn tag starts with
+    /// `turn_tag` (clause mode gives each clause its turn's tag).
+    pub fn new(mode: TextStreamMode, turn_tag: Option<&'static str>) -> Self {
         let t = OpenText::default();
         if mode == TextStreamMode::Clause {
-            t.lock().clauses = Some(Default::default());
+            t.lock().clauses = Some((ClauseSplitter::with_turns(turn_tag), VecDeque::new()));
         }
         t
     }
@@ -470,7 +471,7 @@ impl Requests {
         match &**self {
             Requests::Local { engine, cloner } => {
                 let mut r = checked_request(s, info, engine, cloner, "x")?;
-                let open = Arc::new(OpenText::new(mode));
+                let open = Arc::new(OpenText::new(mode, info.description.speaker_turn_tag));
                 if mode == TextStreamMode::Clause {
                     // Each clause is a whole text: the non-streaming prompt unless set (for a
                     // model with prompt modes).
@@ -513,7 +514,7 @@ impl Requests {
                         "the request was built for the local engine",
                     ));
                 };
-                let open = Arc::new(OpenText::new(TextStreamMode::Sentence));
+                let open = Arc::new(OpenText::new(TextStreamMode::Sentence, None));
                 Ok((Request::RemoteOpen(r, open.clone()), open))
             }
         }
@@ -683,7 +684,7 @@ mod tests {
 
     #[test]
     fn clause_mode_hands_out_clauses_as_they_complete() {
-        let t = OpenText::new(TextStreamMode::Clause);
+        let t = OpenText::new(TextStreamMode::Clause, None);
         let wait = Duration::from_millis(1);
         assert!(t.append("It was a fine morning, and the"));
         assert_eq!(t.next_clause(wait), NextClause::Waiting);
@@ -704,7 +705,7 @@ mod tests {
         assert_eq!(t.next_clause(wait), NextClause::Ended);
         assert_eq!(t.text(), "It was a fine morning, and the rain had stopped");
         // Token mode has no clauses.
-        let t = OpenText::new(TextStreamMode::Token);
+        let t = OpenText::new(TextStreamMode::Token, None);
         assert!(t.append("Hello"));
         assert_eq!(t.next_clause(wait), NextClause::Ended);
     }

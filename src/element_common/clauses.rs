@@ -18,6 +18,8 @@
 //!   as soon as that many words of it have begun.
 
 use super::sentences::split_sentences;
+use super::turns::{TurnCarry, turns};
+use crate::models::tts::text::unspeakable;
 
 /// Words that a clause and the rest of its sentence need for a cut at clause punctuation between
 /// them (a CJK character counts half).
@@ -35,11 +37,24 @@ fn is_cjk(c: char) -> bool {
         | 0x20000..=0x2FA1F)
 }
 
-/// Words begun in `s`, in halves: a run of letters and digits counts 2, a CJK character 1.
+/// Words begun in `s`, in halves: a run of letters and digits counts 2, a CJK character 1;
+/// markup of the special-token form `<|…|>` (a speaker tag) counts none.
 fn half_words(s: &str) -> usize {
     let mut n = 0;
     let mut in_word = false;
-    for c in s.chars() {
+    let mut chars = s.char_indices();
+    while let Some((i, c)) = chars.next() {
+        if s[i..].starts_with("<|")
+            && let Some(close) = s[i..].find("|>")
+        {
+            // Skip the markup: to the character after its `|>`.
+            let end = i + close + 2;
+            while chars.clone().next().is_some_and(|(j, _)| j < end) {
+                chars.next();
+            }
+            in_word = false;
+            continue;
+        }
         if is_cjk(c) {
             n += 1;
             in_word = false;
@@ -94,7 +109,13 @@ fn cut(sentence: &str, cuts: &[usize]) -> Vec<String> {
 /// The clauses of a whole text, in order (what [`ClauseSplitter`] hands out for it, however it
 /// was cut).
 pub fn clauses(text: &str) -> Vec<String> {
-    let mut s = ClauseSplitter::default();
+    clauses_with_turns(text, None)
+}
+
+#[cfg(test)]
+/// [`clauses`] for a model whose speaker-turn tag starts with `turn_tag`.
+pub fn clauses_with_turns(text: &str, turn_tag: Option<&'static str>) -> Vec<String> {
+    let mut s = ClauseSplitter::with_turns(turn_tag);
     let mut out = s.push(text);
     out.extend(s.finish());
     out
@@ -105,9 +126,21 @@ pub fn clauses(text: &str) -> Vec<String> {
 pub struct ClauseSplitter {
     /// Text not yet handed out.
     buf: String,
+    /// With the model's speaker-turn tag: a turn's tag ends the clause before it, and every
+    /// clause is spoken with its turn's tag ([`super::turns`]).
+    turns: Option<TurnCarry>,
 }
 
 impl ClauseSplitter {
+    /// A splitter for a model whose speaker-turn tag starts with `turn_tag` (`None`: a model
+    /// without turns; then as [`ClauseSplitter::default`]).
+    pub fn with_turns(turn_tag: Option<&'static str>) -> Self {
+        ClauseSplitter {
+            buf: String::new(),
+            turns: turn_tag.map(TurnCarry::new),
+        }
+    }
+
     /// Adds a fragment; returns the clauses it completed.
     pub fn push(&mut self, fragment: &str) -> Vec<String> {
         self.buf.push_str(fragment);
@@ -120,24 +153,17 @@ impl ClauseSplitter {
     }
 
     fn take(&mut self, end: bool) -> Vec<String> {
-        let sentences = split_sentences(&self.buf);
-        let mut out = Vec::new();
-        let open = match sentences.split_last() {
-            None => return out,
-            Some(_) if end => None,
-            // The boundary before the last piece is final once it has a letter or digit.
-            Some((last, _)) if !last.chars().any(char::is_alphanumeric) => return out,
-            Some((last, _)) => Some(last),
+        // Turns end at the next turn's tag: every turn but the last is complete.
+        let segments: Vec<&str> = match &self.turns {
+            Some(c) => turns(&self.buf, c.tag()).collect(),
+            None => vec![self.buf.as_str()],
         };
-        let complete = sentences.len() - usize::from(open.is_some());
-        for s in &sentences[..complete] {
-            out.extend(cut(s, &clause_cuts(s)));
-        }
-        if let Some(open) = open {
-            let cuts = clause_cuts(open);
-            if let Some(&to) = cuts.last() {
-                out.extend(cut(&open[..to], &cuts[..cuts.len() - 1]));
+        let mut out = Vec::new();
+        if let Some((last, complete)) = segments.split_last() {
+            for s in complete {
+                out.extend(final_clauses(s, true));
             }
+            out.extend(final_clauses(last, end));
         }
         if end {
             self.buf.clear();
@@ -160,8 +186,41 @@ impl ClauseSplitter {
             }
             self.buf.drain(..at);
         }
-        out
+        match &mut self.turns {
+            // Each clause with its turn's tag; a turn with nothing to speak leaves none.
+            Some(c) => out
+                .iter()
+                .map(|clause| c.carry(clause))
+                .filter(|clause| unspeakable(clause).is_none())
+                .collect(),
+            None => out,
+        }
     }
+}
+
+/// The clauses of `text` that are final: all of them at the `end` of the text, else those that
+/// later text cannot change (trimmed, in order).
+fn final_clauses(text: &str, end: bool) -> Vec<String> {
+    let sentences = split_sentences(text);
+    let mut out = Vec::new();
+    let open = match sentences.split_last() {
+        None => return out,
+        Some(_) if end => None,
+        // The boundary before the last piece is final once it has a letter or digit.
+        Some((last, _)) if !last.chars().any(char::is_alphanumeric) => return out,
+        Some((last, _)) => Some(last),
+    };
+    let complete = sentences.len() - usize::from(open.is_some());
+    for s in &sentences[..complete] {
+        out.extend(cut(s, &clause_cuts(s)));
+    }
+    if let Some(open) = open {
+        let cuts = clause_cuts(open);
+        if let Some(&to) = cuts.last() {
+            out.extend(cut(&open[..to], &cuts[..cuts.len() - 1]));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -220,6 +279,34 @@ mod tests {
         assert_eq!(s.finish(), ["It cost 3. and"]);
     }
 
+    const TAG: &str = "<|speaker:";
+
+    /// A turn's tag ends the clause before it; every clause keeps its turn's tag; the tag
+    /// counts no words; a turn with nothing to speak gives no clause.
+    #[test]
+    fn turns_end_clauses_and_keep_their_tag() {
+        let text = "<|speaker:0|>Hello there my good friend, how are you doing today? Nice \
+                    weather <|speaker:1|>Fine thanks, my old friend. <|speaker:2|>!!! \
+                    <|speaker:0|>Bye.";
+        assert_eq!(
+            clauses_with_turns(text, Some(TAG)),
+            [
+                "<|speaker:0|>Hello there my good friend,",
+                "<|speaker:0|>how are you doing today?",
+                "<|speaker:0|>Nice weather",
+                "<|speaker:1|>Fine thanks, my old friend.",
+                "<|speaker:0|>Bye.",
+            ]
+        );
+        // A turn is final once the next one's tag is whole.
+        let mut s = ClauseSplitter::with_turns(Some(TAG));
+        assert!(s.push("<|speaker:0|>Nice weather <|speaker:1").is_empty());
+        assert_eq!(s.push("|>Y"), ["<|speaker:0|>Nice weather"]);
+        assert_eq!(s.finish(), ["<|speaker:1|>Y"]);
+        // Without turns the tags are text.
+        assert_eq!(clauses("<|speaker:0|>A b. <|speaker:1|>c d.").len(), 1);
+    }
+
     #[test]
     fn any_cut_gives_the_clauses_of_the_whole_text() {
         let texts = [
@@ -228,12 +315,19 @@ mod tests {
             "今天天气很好，我们去公园散步吧。好的！我们走吧、快点。",
             "Hello there... What — you again? Well, I never, not in all my years, did see it.",
         ];
+        let dialogue = "<|speaker:0|>Hello there my good friend, how are you doing today? Nice \
+                        weather. <|speaker:1|>Fine thanks, my old friend, and you? <|speaker:2|>!!! \
+                        <|speaker:0|>Bye for now.";
         let mut rng = Rng(0x005e_ed36);
-        for text in texts {
-            let whole = clauses(text);
+        for (text, turn_tag) in texts
+            .iter()
+            .map(|t| (*t, None))
+            .chain([(dialogue, Some(TAG)), (texts[0], Some(TAG))])
+        {
+            let whole = clauses_with_turns(text, turn_tag);
             let chars: Vec<char> = text.chars().collect();
             for round in 0..200 {
-                let mut s = ClauseSplitter::default();
+                let mut s = ClauseSplitter::with_turns(turn_tag);
                 let mut got = Vec::new();
                 let mut i = 0;
                 while i < chars.len() {

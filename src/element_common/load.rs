@@ -8,8 +8,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::engine::{DeviceSpec, Engine, EngineOptions, SharedEngine, StageConfig, registry};
-use crate::nn::WeightForm;
+use crate::engine::{
+    DeviceSpec, Engine, EngineError, EngineOptions, SharedEngine, StageConfig, registry,
+};
+use crate::models::registry as families;
+use crate::nn::{Quantization, QuantizationSpec, WeightForm};
 
 use super::bundled_voice;
 use super::hub;
@@ -69,8 +72,22 @@ fn load_stage_config(
     dir: &Path,
 ) -> Result<StageConfig, gst::ErrorMessage> {
     let (mut stage_config, warnings) = match s.stage_config.as_deref().map(str::trim) {
-        Some(p) if !p.is_empty() => StageConfig::from_yaml_file(Path::new(p))
-            .map_err(|e| input_error("stage-config", p, e.to_string()).to_error_msg())?,
+        Some(p) if !p.is_empty() => {
+            let (c, warnings) = StageConfig::from_yaml_file(Path::new(p))
+                .map_err(|e| input_error("stage-config", p, e.to_string()).to_error_msg())?;
+            // Another family's stage config is named here, with its file (the engine checks
+            // it again at load).
+            if let Ok(family) = families::detect(dir)
+                && let Err(e) = c.check_family(family)
+            {
+                let why = match e {
+                    EngineError::Config { key, msg, .. } => format!("{key}: {msg}"),
+                    e => e.to_string(),
+                };
+                return Err(input_error("stage-config", p, why).to_error_msg());
+            }
+            (c, warnings)
+        }
         _ => {
             let c = StageConfig::default_for_model(dir).map_err(|e| {
                 gst::error_msg!(
@@ -89,6 +106,22 @@ fn load_stage_config(
         );
     }
     if let Some(q) = s.quantization.quantization() {
+        // A family that loads dense weights only refuses a quantized form here, naming the
+        // property (the loader would name the stage config's key).
+        if let (QuantizationSpec::Form(form), Ok(family)) = (q, families::detect(dir))
+            && form != Quantization::None
+            && !family.quantized_weights
+        {
+            return Err(input_error(
+                "quantization",
+                s.quantization.nick(),
+                format!(
+                    "{} loads dense weights only: leave quantization auto or set none",
+                    family.name
+                ),
+            )
+            .to_error_msg());
+        }
         stage_config.ar.quantization = q;
     }
     Ok(stage_config)

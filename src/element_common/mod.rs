@@ -55,5 +55,6 @@ pub(crate) mod server_request;
 pub(crate) mod settings;
 pub(crate) mod split_policy;
 pub(crate) mod text_checks;
+pub(crate) mod turns;
 pub(crate) mod voice_clone;
 pub(crate) mod voice_warnings;

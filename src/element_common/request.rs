@@ -122,7 +122,7 @@ pub(crate) fn build_request(
     if let (Some(m), false) = (prompt_mode, d.prompt_modes) {
         return Err(input_error(
             "prompt-mode",
-            &format!("{m:?}"),
+            &m.to_string(),
             format!(
                 "model '{}' ({}) has one prompt form (the prompt mode is Qwen3-TTS's): leave \
                  prompt-mode auto",

@@ -87,6 +87,16 @@ pub(crate) enum QuantizationSetting {
 }
 
 impl QuantizationSetting {
+    /// Its nick, as gst-launch spells it.
+    pub fn nick(self) -> &'static str {
+        match self {
+            QuantizationSetting::Auto => "auto",
+            QuantizationSetting::None => "none",
+            QuantizationSetting::Q8_0 => "q8-0",
+            QuantizationSetting::Q4K => "q4-k",
+        }
+    }
+
     /// The form asked for; `None`: the stage config decides.
     pub fn quantization(self) -> Option<QuantizationSpec> {
         match self {

@@ -17,6 +17,8 @@ use gst::glib;
 use gst::prelude::*;
 
 use super::sentences::split_sentences;
+use super::turns::{TurnCarry, turns, untagged_lead};
+use crate::models::tts::text::unspeakable;
 
 /// The `split-sentences` property. The values keep the booleans' numbers (`FALSE` = 0,
 /// `TRUE` = 1), so `g_object_set (src, "split-sentences", TRUE, NULL)` and gst-launch's
@@ -146,8 +148,13 @@ impl AutoSplit {
             Vec::new()
         } else if let Some(tag) = self.turn_tag {
             // A turn tag starts a sentence (the sentence rules alone would join `Hi. <|speaker:1|>
-            // hello` into one: a sentence does not end before a lowercase letter).
-            turns(text, tag).flat_map(split_sentences).collect()
+            // hello` into one: a sentence does not end before a lowercase letter). Text before
+            // the first tag is left out, as the model leaves it out of the whole text.
+            let lead = untagged_lead(text, tag).is_some();
+            turns(text, tag)
+                .skip(usize::from(lead))
+                .flat_map(split_sentences)
+                .collect()
         } else {
             split_sentences(text)
         };
@@ -157,22 +164,20 @@ impl AutoSplit {
         let Some(tag) = self.turn_tag else {
             return pieces;
         };
-        let mut speaker: Option<String> = None;
-        pieces
+        let mut carry = TurnCarry::new(tag);
+        let pieces: Vec<String> = pieces.iter().map(|p| carry.carry(p)).collect();
+        // A turn with nothing to speak (`<|speaker:1|>!!!`) is left out, as the whole text
+        // would be spoken without a word from it; a text of nothing else stays as it is, for
+        // the element to refuse.
+        let spoken: Vec<String> = pieces
             .into_iter()
-            .map(|piece| {
-                let body = piece.trim_start();
-                let opens_a_turn = body.starts_with(tag) && closed_tag(body, tag).is_some();
-                let out = match &speaker {
-                    Some(s) if !opens_a_turn => format!("{s}{body}"),
-                    _ => piece.clone(),
-                };
-                if let Some(last) = last_turn_tag(&piece, tag) {
-                    speaker = Some(last.to_string());
-                }
-                out
-            })
-            .collect()
+            .filter(|p| unspeakable(p).is_none())
+            .collect();
+        if spoken.is_empty() {
+            vec![text.to_string()]
+        } else {
+            spoken
+        }
     }
 
     /// Whether `mode` splits `text` into sentences.
@@ -186,35 +191,6 @@ impl AutoSplit {
             }
         }
     }
-}
-
-/// `text` cut before each of its whole speaker-turn tags (`tag` up to its closing `|>`).
-fn turns<'a>(text: &'a str, tag: &'a str) -> impl Iterator<Item = &'a str> {
-    let mut cuts: Vec<usize> = text
-        .match_indices(tag)
-        .map(|(i, _)| i)
-        .filter(|&i| i > 0 && closed_tag(&text[i..], tag).is_some())
-        .collect();
-    cuts.push(text.len());
-    let mut from = 0;
-    cuts.into_iter().map(move |to| {
-        let turn = &text[from..to];
-        from = to;
-        turn
-    })
-}
-
-/// The last whole speaker-turn tag in `text`: from the last `tag` (e.g. `<|speaker:`) to the
-/// `|>` that closes it; `None` when there is none, or the last one is not closed.
-fn last_turn_tag<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
-    closed_tag(&text[text.rfind(tag)?..], tag)
-}
-
-/// The tag `text` opens with (it starts with `tag`): up to its closing `|>`, `None` when there is
-/// none.
-fn closed_tag<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
-    let close = text.get(tag.len()..)?.find("|>")?;
-    Some(&text[..tag.len() + close + 2])
 }
 
 /// The hints file `file` as a JSON object, `None` if there is no such file.
@@ -337,7 +313,7 @@ mod tests {
     #[test]
     fn a_turns_later_sentences_keep_its_speaker() {
         let auto = AutoSplit::by_frames(400, 12.5).keeping_turns(Some("<|speaker:"));
-        let text = "Before any tag. <|speaker:0|>One. Two! <|speaker:12|>Three? Four. \
+        let text = "<|speaker:0|>One. Two! <|speaker:12|>Three? Four. \
                     Five <|speaker:3|>six. Seven. <|speaker:4 not closed. Eight.";
         let pieces: Vec<String> = auto
             .pieces(SplitSentences::True, text)
@@ -347,7 +323,6 @@ mod tests {
         assert_eq!(
             pieces,
             [
-                "Before any tag.",
                 "<|speaker:0|>One.",
                 "<|speaker:0|>Two!",
                 "<|speaker:12|>Three?",
@@ -357,6 +332,28 @@ mod tests {
                 "<|speaker:3|>Seven. <|speaker:4 not closed.",
                 "<|speaker:3|>Eight.",
             ]
+        );
+        // Words before the first tag are left out, as the model leaves them out of the whole
+        // text (the elements warn).
+        assert_eq!(
+            auto.pieces(SplitSentences::True, &format!("Before any tag. {text}"))
+                .iter()
+                .map(|p| p.trim().to_string())
+                .collect::<Vec<_>>(),
+            pieces
+        );
+        // Turns with nothing to speak are left out; a text of nothing else stays whole.
+        let sparse = "<|speaker:0|> <|speaker:1|>Hello. <|speaker:2|>!!! Again.";
+        assert_eq!(
+            auto.pieces(SplitSentences::True, sparse)
+                .iter()
+                .map(|p| p.trim())
+                .collect::<Vec<_>>(),
+            ["<|speaker:1|>Hello.", "<|speaker:2|>Again."]
+        );
+        assert_eq!(
+            auto.pieces(SplitSentences::True, "<|speaker:0|> <|speaker:1|>!!"),
+            ["<|speaker:0|> <|speaker:1|>!!"]
         );
         // A model without turn tags gets the sentences as they are: nothing added.
         let plain = AutoSplit::by_frames(400, 12.5).pieces(SplitSentences::True, text);

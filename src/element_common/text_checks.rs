@@ -206,6 +206,19 @@ pub(crate) fn uncovered_scripts(text: &str, languages: &[String]) -> Vec<(Script
     out
 }
 
+/// The warning for `text` when it has words before its first speaker-turn tag (the model's
+/// `turn_tag`, e.g. `<|speaker:`), which the model does not speak: it speaks turns only, as the
+/// reference does. `None` for a model without turns or a text without such words.
+pub(crate) fn untagged_lead_warning(text: &str, turn_tag: Option<&str>) -> Option<String> {
+    let lead = super::turns::untagged_lead(text, turn_tag?)?;
+    Some(format!(
+        "text '{}': the words before its first speaker tag ('{}') are not spoken: the model          speaks its turns only; start the text with a tag such as {}0|>",
+        quoted(text),
+        quoted(lead),
+        turn_tag.unwrap_or_default()
+    ))
+}
+
 /// The warning for `text`, whose letters include the `uncovered` scripts, spoken by a checkpoint
 /// of `languages`; `None` when there are none.
 pub(crate) fn script_warning(

@@ -512,7 +512,7 @@ impl StageConfig {
                 .collect::<Vec<_>>()
                 .join("; ");
             let bad = |k: &str, v: &str, w: &str| EngineError::Config {
-                source_name: "stage config".to_string(),
+                source_name: "for this checkpoint".to_string(),
                 key: key(k),
                 msg: format!(
                     "{v:?} is not stage {id} of this checkpoint ({}, model_type {}): expected \

@@ -50,6 +50,9 @@ pub struct Family {
     /// The files a checkpoint cannot load without: one of each group (a hub snapshot without
     /// them is incomplete).
     pub required_files: &'static [&'static [&'static str]],
+    /// Whether stage 0 loads quantized weight forms (`engine_args.quantization` int8 or 4-bit);
+    /// a family without them loads dense weights only.
+    pub quantized_weights: bool,
 }
 
 /// Qwen3-TTS (12 Hz): talker + code predictor, Code2Wav at 24 kHz.
@@ -85,6 +88,7 @@ pub const QWEN3_TTS: Family = Family {
         &["speech_tokenizer/config.json"],
         &["speech_tokenizer/model.safetensors"],
     ],
+    quantized_weights: true,
 };
 
 /// Fish Audio S2 Pro: slow AR + fast AR, the DAC codec at 44.1 kHz.
@@ -117,6 +121,7 @@ pub const FISH_SPEECH: Family = Family {
         &["model.safetensors", "model.safetensors.index.json"],
         &["codec.pth"],
     ],
+    quantized_weights: false,
 };
 
 /// Every family, in the order messages list them.

@@ -25,7 +25,9 @@ use crate::element_common::settings::SynthesisSettings;
 use crate::element_common::split_policy::{
     AutoSplit, SplitSentences, split_sentences_param_spec, streaming_prompt_hint,
 };
-use crate::element_common::text_checks::{language_warning, markup_warning, strip_markup_tags};
+use crate::element_common::text_checks::{
+    language_warning, markup_warning, strip_markup_tags, untagged_lead_warning,
+};
 use crate::element_common::voice_clone::VoiceCloner;
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::engine::SharedEngine;
@@ -227,16 +229,25 @@ impl OmniTtsSynth {
         let Loaded {
             engine,
             info,
-            cloner,
+            mut cloner,
         } = load(&element, *CAT, &settings.synthesis, false).inspect_err(|_| {
             progress::post_error(&element, "load", "model loading failed");
         })?;
         let speaker_map = SpeakerMap::parse(settings.speaker_map.as_deref(), &info.description)
             .map_err(|e| e.to_error_msg())?;
         for (label, voice) in speaker_map.entries() {
-            build_request(&voice.apply(&settings.synthesis), &info, "probe").map_err(|e| {
-                input_error("speaker-map", label, format!("{voice}: {e}")).to_error_msg()
-            })?;
+            let entry_error = |e: &dyn std::fmt::Display| {
+                input_error("speaker-map", label, format!("{voice}: {e}"))
+            };
+            let (_, clone) = build_request(&voice.apply(&settings.synthesis), &info, "probe")
+                .map_err(|e| entry_error(&e).to_error_msg())?;
+            // A cloned voice's reference is decoded and encoded now, as the properties' is:
+            // a bad one fails the state change (and its prompt is cached for the cues).
+            if let Some(spec) = clone {
+                cloner
+                    .prompt(&engine, &spec)
+                    .map_err(|e| entry_error(&e).to_error_msg())?;
+            }
         }
         let auto_split = AutoSplit::for_checkpoint(
             &info.dir,
@@ -599,7 +610,14 @@ impl OmniTtsSynth {
         for w in rt.warned.new_warnings(&settings, &rt.info) {
             gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
         }
-        if let Some(w) = language_warning(text, &rt.info.description.languages) {
+        let d = &rt.info.description;
+        for w in [
+            language_warning(text, &d.languages),
+            untagged_lead_warning(text, d.speaker_turn_tag),
+        ]
+        .into_iter()
+        .flatten()
+        {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("cue {}: {}", id, w));
         }
         // A long cue is spoken sentence by sentence (`split-sentences`), back to back, as that

@@ -320,6 +320,16 @@ impl Output {
                         if let Some(m) = done.failure_message(element) {
                             msgs.push(m);
                         }
+                        // Cut at max-new-tokens or by the runaway guard: said as omnittssrc
+                        // says it.
+                        if let Some(w) = done.limit_warning() {
+                            gst::warning!(CAT, obj = element, "{w}");
+                            msgs.push(
+                                gst::message::Warning::builder(gst::StreamError::Failed, &w)
+                                    .src(element)
+                                    .build(),
+                            );
+                        }
                     }
                     gst::info!(
                         CAT,

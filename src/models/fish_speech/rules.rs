@@ -124,7 +124,7 @@ pub(crate) fn check_voice(
     if let Some(m) = voice.prompt_mode {
         return Err(invalid(
             "prompt_mode",
-            &format!("{m:?}"),
+            &m.to_string(),
             format!("{name} has one prompt form (the prompt mode is Qwen3-TTS's)"),
         ));
     }

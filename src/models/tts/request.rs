@@ -9,6 +9,17 @@ pub enum PromptMode {
     NonStreaming,
 }
 
+/// The name [`std::str::FromStr`] takes, and the `prompt-mode` property's nick: `streaming`,
+/// `non-streaming`.
+impl std::fmt::Display for PromptMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PromptMode::Streaming => "streaming",
+            PromptMode::NonStreaming => "non-streaming",
+        })
+    }
+}
+
 impl std::str::FromStr for PromptMode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
