@@ -52,7 +52,7 @@ impl Attention {
             && supports_head_dim(self.head_dim)
             && rope_supports_head_dim(self.head_dim)
             && self.num_kv_heads > 0
-            && self.num_heads % self.num_kv_heads == 0
+            && self.num_heads.is_multiple_of(self.num_kv_heads)
             && self.q_norm.is_some() == self.k_norm.is_some()
             && self
                 .q_norm
@@ -260,7 +260,7 @@ impl DecoderLayer {
         let post = &self.post_attention_layernorm;
         let (h, normed) = cuda_kernels::add_rms_norm::add_rms_norm(
             x,
-            &a,
+            a,
             &post.weight_as(x.dtype())?,
             post.eps(),
         )?;

@@ -18,9 +18,9 @@ pub const MAX_KEYS: usize = 8192;
 /// block), and whose shared memory at [`MAX_KEYS`] keys fits in 48 KiB.
 pub fn supports_head_dim(hd: usize) -> bool {
     hd >= 8
-        && hd % 8 == 0
+        && hd.is_multiple_of(8)
         && hd <= 8 * THREADS
-        && THREADS % (hd / 8) == 0
+        && THREADS.is_multiple_of(hd / 8)
         && shared_bytes(MAX_KEYS, hd) <= 48 * 1024
 }
 

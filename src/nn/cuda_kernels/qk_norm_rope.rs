@@ -74,7 +74,7 @@ pub(super) fn check_norms(
 /// block, which must be whole warps (its block reductions shuffle across all 32 lanes), so `hd` is
 /// a multiple of 64, at most 2048. Narrower heads (the tiny test checkpoints: 16) take the unfused ops.
 pub fn supports_head_dim(hd: usize) -> bool {
-    hd >= 64 && hd % 64 == 0 && hd <= 2048
+    hd >= 64 && hd.is_multiple_of(64) && hd <= 2048
 }
 
 /// Normalises and rotates the new queries and keys, and writes keys and values into the cache.

@@ -99,7 +99,7 @@ pub fn rows_attention(
         );
     }
     let align = 16 / dtype.size_in_bytes();
-    if q.layout().start_offset() % align != 0 {
+    if !q.layout().start_offset().is_multiple_of(align) {
         candle_core::bail!("rows_attention: q starts at an unaligned offset");
     }
     let dev = cuda_device(q)?;
