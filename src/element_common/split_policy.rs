@@ -140,9 +140,11 @@ impl AutoSplit {
     }
 
     /// The pieces `mode` makes of `text`: its sentences when it splits it (and it has any),
-    /// else the text itself, whole. With the model's speaker-turn tag, a sentence that does not
-    /// open with a tag is spoken by the speaker of the tag before it (that tag is put in front
-    /// of it), so a turn's later sentences keep their speaker.
+    /// else the text itself, whole. With the model's speaker-turn tag, each tag starts a
+    /// sentence, a sentence that does not open with a tag is spoken by the speaker of the tag
+    /// before it (that tag is put in front of it), so a turn's later sentences keep their
+    /// speaker; the words before the first tag are left out, as the model leaves them out of the
+    /// whole text, and so are turns with nothing to speak (alone, they would be refused).
     pub fn pieces(self, mode: SplitSentences, text: &str) -> Vec<String> {
         let pieces = if !self.splits(mode, text) {
             Vec::new()
