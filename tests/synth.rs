@@ -599,6 +599,34 @@ fn non_utf8_text_is_an_error_after_the_audio_before_it() {
     );
 }
 
+/// Untimed text (a BYTES segment, as `filesrc` gives) is refused with one error naming what is
+/// needed, however many buffers upstream goes on to push.
+#[test]
+fn an_untimed_segment_is_one_clear_error() {
+    init();
+    let dir = TempDir::new("synth-bytes");
+    let file = dir.path().join("lines.txt");
+    std::fs::write(&file, "One line.\nAnother line.\n".repeat(2000)).unwrap();
+    let pipeline = gst::parse::launch(&format!(
+        "filesrc location=\"{}\" blocksize=64 ! text/x-raw,format=utf8 ! omnittssynth \
+         model=\"{}\" max-new-tokens={MAX_TOKENS} ! fakesink",
+        file.display(),
+        fixture_model("tiny-customvoice")
+    ))
+    .unwrap();
+    let bus = pipeline.bus().unwrap();
+    let _ = pipeline.set_state(gst::State::Playing);
+    std::thread::sleep(Duration::from_millis(1500));
+    // Read before NULL, which flushes the bus.
+    let errs = errors(&element_util::drain(&bus));
+    let _ = pipeline.set_state(gst::State::Null);
+    let segment: Vec<_> = errs
+        .iter()
+        .filter(|e| e.contains("needs timed text (a TIME segment)"))
+        .collect();
+    assert_eq!(segment.len(), 1, "{errs:?}");
+}
+
 #[test]
 fn unsupported_text_caps_fail_negotiation_with_a_clear_message() {
     for caps in ["application/x-subtitle", "text/x-raw,format=utf16"] {

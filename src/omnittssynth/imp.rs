@@ -3,7 +3,7 @@
 //! utterance as they arrive), and the start/stop of the engine, the synthesis workers and the
 //! output task.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -108,6 +108,9 @@ pub struct OmniTtsSynth {
     fragments: Mutex<Fragments>,
     /// The loaded model's sample rate, Hz (0 before start: [`audio::DEFAULT_RATE`] stands in).
     rate: AtomicU32,
+    /// A SEGMENT was refused and said so: the pad offers a sticky event again before every
+    /// buffer, and the error is posted once (until a segment is taken, or the element stops).
+    segment_refused: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -187,6 +190,7 @@ impl ObjectSubclass for OmniTtsSynth {
             shared: Arc::new(Shared::new(DEFAULT_OVERFLOW)),
             fragments: Mutex::new(Fragments::default()),
             rate: AtomicU32::new(0),
+            segment_refused: AtomicBool::new(false),
         }
     }
 }
@@ -303,6 +307,7 @@ impl OmniTtsSynth {
 
     /// Stops the workers (cancelling what they synthesise) and lets go of the engine.
     fn stop(&self) {
+        self.segment_refused.store(false, Ordering::Relaxed);
         let policy = self.policy();
         drop_fragments(&self.fragments);
         {
@@ -492,28 +497,25 @@ impl OmniTtsSynth {
     /// A SEGMENT: TIME at rate 1 only. The first one starts the output; a later one (no flush)
     /// waits for the output of the cues before it, then starts a new timeline.
     fn set_segment(&self, event: &gst::Event, segment: &gst::Segment) -> bool {
+        let refuse = |why: String| {
+            if !self.segment_refused.swap(true, Ordering::Relaxed) {
+                gst::element_imp_error!(self, gst::StreamError::Format, ("{}", why));
+            }
+            false
+        };
         let Some(seg) = segment.downcast_ref::<gst::ClockTime>() else {
-            gst::element_imp_error!(
-                self,
-                gst::StreamError::Format,
-                (
-                    "segment format {:?}: omnittssynth needs timed text (a TIME segment)",
-                    segment.format()
-                )
-            );
-            return false;
+            return refuse(format!(
+                "segment format {:?}: omnittssynth needs timed text (a TIME segment)",
+                segment.format()
+            ));
         };
         if seg.rate() != 1.0 {
-            gst::element_imp_error!(
-                self,
-                gst::StreamError::Format,
-                (
-                    "segment rate {}: omnittssynth speaks at rate 1.0 only",
-                    seg.rate()
-                )
-            );
-            return false;
+            return refuse(format!(
+                "segment rate {}: omnittssynth speaks at rate 1.0 only",
+                seg.rate()
+            ));
         }
+        self.segment_refused.store(false, Ordering::Relaxed);
         let mut out = seg.clone();
         out.set_stop(gst::ClockTime::NONE);
         if self.shared.lock().upstream_latency.is_none() {
