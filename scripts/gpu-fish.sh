@@ -21,6 +21,9 @@
 #           (OMNITTS_FISH_GRAPHS=1), beside `closed` in the same call.
 # The reference's own timings on the same /tmp/s2pro: scripts/gpu-fish-ref.sh (a second call on the
 # same warm machine skips the checkpoint).
+# The working tree on the GPU machine needs scripts/ and tests/fixtures/tiny-fish's tokenizer files
+# (tokenizer.json, tokenizer_config.json, special_tokens_map.json: scripts/fish/real_shape.py copies
+# them into the checkpoints); a sparse checkout for the device tool must keep them.
 set -uo pipefail
 bin=$1 bundle=$2 out=$3
 mkdir -p "$out"

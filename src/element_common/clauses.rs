@@ -18,8 +18,8 @@
 //!   as soon as that many words of it have begun.
 
 use super::sentences::split_sentences;
-use super::turns::{TurnCarry, turns};
-use crate::models::tts::text::unspeakable;
+use super::turns::{TurnCarry, turns, unfinished_tag};
+use crate::models::tts::text::{outside_markup, unspeakable};
 
 /// Words that a clause and the rest of its sentence need for a cut at clause punctuation between
 /// them (a CJK character counts half).
@@ -40,21 +40,14 @@ fn is_cjk(c: char) -> bool {
 /// Words begun in `s`, in halves: a run of letters and digits counts 2, a CJK character 1;
 /// markup of the special-token form `<|…|>` (a speaker tag) counts none.
 fn half_words(s: &str) -> usize {
+    outside_markup(s).map(plain_half_words).sum()
+}
+
+/// [`half_words`] of text without markup.
+fn plain_half_words(s: &str) -> usize {
     let mut n = 0;
     let mut in_word = false;
-    let mut chars = s.char_indices();
-    while let Some((i, c)) = chars.next() {
-        if s[i..].starts_with("<|")
-            && let Some(close) = s[i..].find("|>")
-        {
-            // Skip the markup: to the character after its `|>`.
-            let end = i + close + 2;
-            while chars.clone().next().is_some_and(|(j, _)| j < end) {
-                chars.next();
-            }
-            in_word = false;
-            continue;
-        }
+    for c in s.chars() {
         if is_cjk(c) {
             n += 1;
             in_word = false;
@@ -153,9 +146,16 @@ impl ClauseSplitter {
     }
 
     fn take(&mut self, end: bool) -> Vec<String> {
-        // Turns end at the next turn's tag: every turn but the last is complete.
+        // Turns end at the next turn's tag: every turn but the last is complete. A tag still
+        // arriving (`<|speaker:1`) is held back, unseen, until it is whole or is not a tag.
         let segments: Vec<&str> = match &self.turns {
-            Some(c) => turns(&self.buf, c.tag()).collect(),
+            Some(c) => {
+                let held = (!end)
+                    .then(|| unfinished_tag(&self.buf, c.tag()))
+                    .flatten()
+                    .unwrap_or(self.buf.len());
+                turns(&self.buf[..held], c.tag()).collect()
+            }
             None => vec![self.buf.as_str()],
         };
         let mut out = Vec::new();
@@ -303,8 +303,27 @@ mod tests {
         assert!(s.push("<|speaker:0|>Nice weather <|speaker:1").is_empty());
         assert_eq!(s.push("|>Y"), ["<|speaker:0|>Nice weather"]);
         assert_eq!(s.finish(), ["<|speaker:1|>Y"]);
-        // Without turns the tags are text.
-        assert_eq!(clauses("<|speaker:0|>A b. <|speaker:1|>c d.").len(), 1);
+        // A tag that arrives in pieces after clause punctuation: the cut is the whole text's
+        // (the unfinished tag counts no words of the rest of the sentence).
+        let text = "<|speaker:0|>Hello there my good friend, oh <|speaker:1|>Yes.";
+        let whole = clauses_with_turns(text, Some(TAG));
+        assert_eq!(
+            whole,
+            [
+                "<|speaker:0|>Hello there my good friend, oh",
+                "<|speaker:1|>Yes."
+            ]
+        );
+        let mut s = ClauseSplitter::with_turns(Some(TAG));
+        let mut got = s.push("<|speaker:0|>Hello there my good friend, oh <|speaker:1");
+        got.extend(s.push("|>Yes."));
+        got.extend(s.finish());
+        assert_eq!(got, whole);
+        // Without turns the tags are text: the sentence goes on past a tag before lower case.
+        assert_eq!(
+            clauses("<|speaker:0|>A b. <|speaker:1|>c d."),
+            ["<|speaker:0|>A b. <|speaker:1|>c d."]
+        );
     }
 
     #[test]
@@ -317,7 +336,7 @@ mod tests {
         ];
         let dialogue = "<|speaker:0|>Hello there my good friend, how are you doing today? Nice \
                         weather. <|speaker:1|>Fine thanks, my old friend, and you? <|speaker:2|>!!! \
-                        <|speaker:0|>Bye for now.";
+                        <|speaker:0|>Bye for now, my dear, oh <|speaker:1|>well, <|speaker:x|>no.";
         let mut rng = Rng(0x005e_ed36);
         for (text, turn_tag) in texts
             .iter()

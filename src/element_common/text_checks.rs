@@ -206,13 +206,29 @@ pub(crate) fn uncovered_scripts(text: &str, languages: &[String]) -> Vec<(Script
     out
 }
 
+/// Every warning `text` gets before it is spoken by a checkpoint described by `d`: letters of a
+/// script none of its languages is written in ([`language_warning`]), words before the first
+/// speaker-turn tag ([`untagged_lead_warning`]).
+pub(crate) fn text_warnings(
+    text: &str,
+    d: &crate::models::tts::ModelDescription,
+) -> impl Iterator<Item = String> {
+    [
+        language_warning(text, &d.languages),
+        untagged_lead_warning(text, d.speaker_turn_tag),
+    ]
+    .into_iter()
+    .flatten()
+}
+
 /// The warning for `text` when it has words before its first speaker-turn tag (the model's
 /// `turn_tag`, e.g. `<|speaker:`), which the model does not speak: it speaks turns only, as the
 /// reference does. `None` for a model without turns or a text without such words.
 pub(crate) fn untagged_lead_warning(text: &str, turn_tag: Option<&str>) -> Option<String> {
     let lead = super::turns::untagged_lead(text, turn_tag?)?;
     Some(format!(
-        "text '{}': the words before its first speaker tag ('{}') are not spoken: the model          speaks its turns only; start the text with a tag such as {}0|>",
+        "text '{}': the words before its first speaker tag ('{}') are not spoken: the model \
+         speaks its turns only; start the text with a tag such as {}0|>",
         quoted(text),
         quoted(lead),
         turn_tag.unwrap_or_default()

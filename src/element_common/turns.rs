@@ -4,8 +4,9 @@
 //! sentences (`split-sentences`) or clauses (clause mode) is spoken with, so that a turn's later
 //! pieces keep its speaker.
 //!
-//! A tag is the model's tag start (`<|speaker:`) up to the `|>` that closes it; an unclosed one is
-//! text.
+//! A tag is the model's tag start (`<|speaker:`), a number (one or more Unicode decimal digits,
+//! as the reference's `\d+`) and `|>`; anything else (`<|speaker:x|>`, an unclosed start) is
+//! text, as the model takes it.
 
 /// `text` cut before each of its whole turn tags (`tag` is the tag start): the text before the
 /// first tag (possibly empty), then each turn from its tag on.
@@ -66,8 +67,8 @@ impl TurnCarry {
             _ => piece.to_string(),
         };
         if let Some(last) = piece
-            .rfind(self.tag)
-            .and_then(|i| closed_tag(&piece[i..], self.tag))
+            .rmatch_indices(self.tag)
+            .find_map(|(i, _)| closed_tag(&piece[i..], self.tag))
         {
             self.speaker = Some(last.to_string());
         }
@@ -75,11 +76,41 @@ impl TurnCarry {
     }
 }
 
-/// The tag `text` opens with (it starts with `tag`): up to its closing `|>`; `None` when it is
-/// not closed.
+/// The whole tag `text` opens with (it starts with the tag start `tag`): `tag`, a number and
+/// `|>`; `None` when it is not one.
 fn closed_tag<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
-    let close = text.get(tag.len()..)?.find("|>")?;
-    Some(&text[..tag.len() + close + 2])
+    let rest = text.get(tag.len()..)?;
+    let digits: usize = rest
+        .chars()
+        .take_while(|c| is_decimal_digit(*c))
+        .map(char::len_utf8)
+        .sum();
+    (digits > 0 && rest[digits..].starts_with("|>")).then(|| &text[..tag.len() + digits + 2])
+}
+
+/// Whether `c` is a Unicode decimal digit (category Nd), what the reference's `\d` matches.
+fn is_decimal_digit(c: char) -> bool {
+    static DIGIT: std::sync::LazyLock<regex::Regex> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"^\d$").expect("a fixed, valid pattern"));
+    c.is_ascii_digit() || (!c.is_ascii() && DIGIT.is_match(c.encode_utf8(&mut [0; 4])))
+}
+
+/// Where `text` could still become a tag once more text arrives: the offset of a trailing tag
+/// start that is not yet whole (`<|speaker:1`), or of a trailing proper prefix of the tag start
+/// (`<|spe`); `None` when its end cannot.
+pub(crate) fn unfinished_tag(text: &str, tag: &str) -> Option<usize> {
+    if let Some(i) = text.rfind(tag) {
+        let rest = &text[i + tag.len()..];
+        let digits = rest.trim_start_matches(is_decimal_digit);
+        // `<|speaker:`, `<|speaker:12`, `<|speaker:12|`: a tag may still come.
+        if digits.is_empty() || digits == "|" {
+            return Some(i);
+        }
+    }
+    (1..tag.len())
+        .rev()
+        .find(|&n| text.ends_with(&tag[..n]))
+        .map(|n| text.len() - n)
 }
 
 #[cfg(test)]
@@ -120,6 +151,44 @@ mod tests {
         assert_eq!(untagged_lead("<|speaker:0|>Hi.", TAG), None);
         assert_eq!(untagged_lead("No tag at all.", TAG), None);
         assert_eq!(untagged_lead("Open <|speaker:0 tag", TAG), None);
+        assert_eq!(untagged_lead("Not a tag <|speaker:x|>Hi.", TAG), None);
+    }
+
+    #[test]
+    fn a_tag_is_the_start_a_number_and_its_end() {
+        assert_eq!(closed_tag("<|speaker:12|>Hi", TAG), Some("<|speaker:12|>"));
+        assert_eq!(closed_tag("<|speaker:３|>Hi", TAG), Some("<|speaker:３|>"));
+        for not in [
+            "<|speaker:|>",
+            "<|speaker:x|>",
+            "<|speaker:1 |>",
+            "<|speaker:1",
+            "<|speaker:",
+        ] {
+            assert_eq!(closed_tag(not, TAG), None, "{not}");
+        }
+        // An open start up to a later tag's end is no tag: the turns are those of the model.
+        assert_eq!(
+            turns("<|speaker:0|>A <|speaker:4 open. B <|speaker:5|>C", TAG).collect::<Vec<_>>(),
+            ["<|speaker:0|>A <|speaker:4 open. B ", "<|speaker:5|>C"]
+        );
+    }
+
+    #[test]
+    fn an_unfinished_tag_at_the_end_is_found() {
+        for (text, at) in [
+            ("Hi <", Some(3)),
+            ("Hi <|spe", Some(3)),
+            ("Hi <|speaker:", Some(3)),
+            ("Hi <|speaker:12", Some(3)),
+            ("Hi <|speaker:12|", Some(3)),
+            ("Hi <|speaker:12|>", None),
+            ("Hi <|speaker:x", None),
+            ("Hi", None),
+            ("Hi |", None),
+        ] {
+            assert_eq!(unfinished_tag(text, TAG), at, "{text}");
+        }
     }
 
     #[test]
@@ -133,6 +202,8 @@ mod tests {
             "Five.",
             "<|speaker:2 open.",
             "Six.",
+            "<|speaker:3|>Seven <|speaker:4 open.",
+            "Eight.",
         ]
         .iter()
         .map(|p| c.carry(p))
@@ -147,6 +218,8 @@ mod tests {
                 "<|speaker:1|>Five.",
                 "<|speaker:1|><|speaker:2 open.",
                 "<|speaker:1|>Six.",
+                "<|speaker:3|>Seven <|speaker:4 open.",
+                "<|speaker:3|>Eight.",
             ]
         );
     }

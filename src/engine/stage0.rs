@@ -359,7 +359,9 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
             }
             // Running requests' later prompts (a dialogue's next generation batch) take what is
             // left of the budget, oldest request first; their rows sit the batched steps out
-            // meanwhile.
+            // meanwhile. New prompts go first: a new request has no audio yet, a running one has
+            // its earlier batches' audio (a batch is tens of frames at least) still to play.
+            // Prompts that take the whole budget step after step would hold a dialogue back.
             let mut i = 0;
             while budget > 0 && i < active.len() {
                 if !active[i].session.has_pending_prompt() {

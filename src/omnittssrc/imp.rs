@@ -26,9 +26,7 @@ use crate::element_common::settings::SynthesisSettings;
 use crate::element_common::split_policy::{
     AutoSplit, SplitSentences, split_sentences_param_spec, streaming_prompt_hint,
 };
-use crate::element_common::text_checks::{
-    language_warning, markup_warning, strip_markup_tags, untagged_lead_warning,
-};
+use crate::element_common::text_checks::{markup_warning, strip_markup_tags, text_warnings};
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::element_common::{messages, progress};
 use crate::models::tts::text::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
@@ -186,14 +184,7 @@ impl OmniTtsSrc {
     }
 
     fn warn_language(&self, text: &str, info: &ModelInfo) {
-        let d = &info.description;
-        for w in [
-            language_warning(text, &d.languages),
-            untagged_lead_warning(text, d.speaker_turn_tag),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for w in text_warnings(text, &info.description) {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("{}", w));
         }
     }

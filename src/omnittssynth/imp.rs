@@ -26,7 +26,7 @@ use crate::element_common::split_policy::{
     AutoSplit, SplitSentences, split_sentences_param_spec, streaming_prompt_hint,
 };
 use crate::element_common::text_checks::{
-    language_warning, markup_warning, strip_markup_tags, untagged_lead_warning,
+    language_warning, markup_warning, strip_markup_tags, text_warnings,
 };
 use crate::element_common::voice_clone::VoiceCloner;
 use crate::element_common::voice_warnings::WarnOnce;
@@ -612,14 +612,7 @@ impl OmniTtsSynth {
         for w in rt.warned.new_warnings(&settings, &rt.info) {
             gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
         }
-        let d = &rt.info.description;
-        for w in [
-            language_warning(text, &d.languages),
-            untagged_lead_warning(text, d.speaker_turn_tag),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for w in text_warnings(text, &rt.info.description) {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("cue {}: {}", id, w));
         }
         // A long cue is spoken sentence by sentence (`split-sentences`), back to back, as that

@@ -27,24 +27,29 @@ pub fn nothing_to_speak(text: &str) -> bool {
 /// speaks such text all the same, as noise: with the bundled voice, greedy, `!!!` gives 0.48 s,
 /// four emoji 2.5 s and 120 punctuation marks 35.9 s of sound that says nothing.
 pub fn no_words_to_speak(text: &str) -> bool {
-    let mut rest = text;
-    loop {
-        let (words, markup) = match rest.find("<|") {
-            Some(i) => (&rest[..i], Some(&rest[i..])),
-            None => (rest, None),
-        };
-        if words.chars().any(char::is_alphanumeric) {
-            return false;
+    !outside_markup(text).any(|t| t.chars().any(char::is_alphanumeric))
+}
+
+/// The spans of `text` outside its markup of the special-token form `<|…|>` (a `<|` that is not
+/// closed is text), in order.
+pub fn outside_markup(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(text);
+    std::iter::from_fn(move || {
+        let r = rest?;
+        let markup = r
+            .find("<|")
+            .and_then(|i| r[i..].find("|>").map(|j| (i, i + j + 2)));
+        match markup {
+            Some((start, end)) => {
+                rest = Some(&r[end..]);
+                Some(&r[..start])
+            }
+            None => {
+                rest = None;
+                Some(r)
+            }
         }
-        let Some(markup) = markup else {
-            return true;
-        };
-        match markup.find("|>") {
-            Some(j) => rest = &markup[j + 2..],
-            // Not closed: not markup.
-            None => return !markup.chars().any(char::is_alphanumeric),
-        }
-    }
+    })
 }
 
 /// Why `text` cannot be spoken ([`NOTHING_TO_SPEAK`] or [`NO_WORDS_TO_SPEAK`]), or `None`.
