@@ -797,7 +797,7 @@ fn a_cue_cut_at_max_new_tokens_is_warned_about() {
         .collect();
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(
-        w[0].starts_with("utterance 1 ('Cut short.') ended by length: max-new-tokens was reached"),
+        w[0].starts_with("cue 1 ('Cut short.') ended by length: max-new-tokens was reached"),
         "{}",
         w[0]
     );

@@ -149,19 +149,20 @@ impl UtteranceDone {
 
     /// Why the utterance was cut short and what to change, when it ended at a limit instead of
     /// the model's end of speech: `max-new-tokens` (`length`) or the runaway guard (`guard`).
-    /// Posted as a bus warning.
-    pub fn limit_warning(&self) -> Option<String> {
+    /// Posted as a bus warning; `what` names the utterance as the element does (`utterance`,
+    /// omnittssynth's `cue`).
+    pub fn limit_warning(&self, what: &str) -> Option<String> {
         let (id, frames) = (self.id, self.metrics.frames);
         let (text, secs) = (quoted(&self.text), self.metrics.audio_ms / 1000.0);
         match self.reason {
             FinishReason::Length => Some(format!(
-                "utterance {id} ('{text}') ended by length: max-new-tokens was reached after \
+                "{what} {id} ('{text}') ended by length: max-new-tokens was reached after \
                  {frames} frames ({secs:.1} s of audio) before the model ended the speech, so \
                  its end may be cut off; raise max-new-tokens, set split-sentences=true, or \
                  send shorter text"
             )),
             FinishReason::Guard => Some(format!(
-                "utterance {id} ('{text}') ended by guard: the runaway guard stopped it after \
+                "{what} {id} ('{text}') ended by guard: the runaway guard stopped it after \
                  {frames} frames ({secs:.1} s of audio), more than its text should take, which \
                  usually means babble or noise; set split-sentences=true, send shorter or \
                  plainer text, or change runaway_guard in the stage-config"
@@ -245,7 +246,9 @@ mod tests {
 
     #[test]
     fn limits_warn_with_the_reason_frames_and_remedy() {
-        let w = done(FinishReason::Length).limit_warning().unwrap();
+        let w = done(FinishReason::Length)
+            .limit_warning("utterance")
+            .unwrap();
         for word in [
             "utterance 3",
             "'A long one.'",
@@ -258,7 +261,9 @@ mod tests {
         for remedy in ["max-new-tokens", "split-sentences", "shorter text"] {
             assert!(w.contains(remedy), "{remedy}: {w}");
         }
-        let w = done(FinishReason::Guard).limit_warning().unwrap();
+        let w = done(FinishReason::Guard)
+            .limit_warning("utterance")
+            .unwrap();
         for word in [
             "guard",
             "29 frames",
@@ -273,7 +278,7 @@ mod tests {
             FinishReason::Cancelled,
             FinishReason::Error("x".into()),
         ] {
-            assert_eq!(done(quiet).limit_warning(), None);
+            assert_eq!(done(quiet).limit_warning("utterance"), None);
         }
     }
 }

@@ -322,7 +322,7 @@ impl Output {
                         }
                         // Cut at max-new-tokens or by the runaway guard: said as omnittssrc
                         // says it.
-                        if let Some(w) = done.limit_warning() {
+                        if let Some(w) = done.limit_warning("cue") {
                             gst::warning!(CAT, obj = element, "{w}");
                             msgs.push(
                                 gst::message::Warning::builder(gst::StreamError::Failed, &w)
