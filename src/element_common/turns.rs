@@ -109,6 +109,7 @@ pub(crate) fn unfinished_tag(text: &str, tag: &str) -> Option<usize> {
     }
     (1..tag.len())
         .rev()
+        .filter(|&n| tag.is_char_boundary(n))
         .find(|&n| text.ends_with(&tag[..n]))
         .map(|n| text.len() - n)
 }
