@@ -289,24 +289,12 @@ fn qwen_only_properties_are_refused_naming_the_property_and_the_model() {
 fn speaker_map_clone_entries_are_checked_at_start() {
     init();
     let dir = TempDir::new("fish-map");
+    // A tone of `n` samples at 44.1 kHz.
+    let tone = |n: usize| -> Vec<f32> { (0..n).map(|i| 0.2 * (i as f32 * 0.05).sin()).collect() };
     let good = dir.path().join("good.wav");
-    write_wav(
-        &good,
-        &vec![0.2f32; 44_100]
-            .iter()
-            .enumerate()
-            .map(|(i, a)| a * (i as f32 * 0.05).sin())
-            .collect::<Vec<_>>(),
-    );
+    write_wav(&good, &tone(44_100));
     let short = dir.path().join("short.wav");
-    write_wav(
-        &short,
-        &vec![0.2f32; 4_410]
-            .iter()
-            .enumerate()
-            .map(|(i, a)| a * (i as f32 * 0.05).sin())
-            .collect::<Vec<_>>(),
-    );
+    write_wav(&short, &tone(4_410));
     let entry = |audio: &Path, text: Option<&str>| {
         let text = text
             .map(|t| format!(", ref-text=\"{t}\""))

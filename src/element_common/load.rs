@@ -71,13 +71,16 @@ fn load_stage_config(
     s: &SynthesisSettings,
     dir: &Path,
 ) -> Result<StageConfig, gst::ErrorMessage> {
+    // The checkpoint's family, for the checks that name a property (an unreadable checkpoint is
+    // reported by the built-in config's load or the engine's).
+    let family = families::detect(dir).ok();
     let (mut stage_config, warnings) = match s.stage_config.as_deref().map(str::trim) {
         Some(p) if !p.is_empty() => {
             let (c, warnings) = StageConfig::from_yaml_file(Path::new(p))
                 .map_err(|e| input_error("stage-config", p, e.to_string()).to_error_msg())?;
             // Another family's stage config is named here, with its file (the engine checks
             // it again at load).
-            if let Ok(family) = families::detect(dir)
+            if let Some(family) = family
                 && let Err(e) = c.check_family(family)
             {
                 let why = match e {
@@ -108,7 +111,7 @@ fn load_stage_config(
     if let Some(q) = s.quantization.quantization() {
         // A family that loads dense weights only refuses a quantized form here, naming the
         // property (the loader would name the stage config's key).
-        if let (QuantizationSpec::Form(form), Ok(family)) = (q, families::detect(dir))
+        if let (QuantizationSpec::Form(form), Some(family)) = (q, family)
             && form != Quantization::None
             && !family.quantized_weights
         {

@@ -11,11 +11,7 @@
 /// `text` cut before each of its whole turn tags (`tag` is the tag start): the text before the
 /// first tag (possibly empty), then each turn from its tag on.
 pub(crate) fn turns<'a>(text: &'a str, tag: &'a str) -> impl Iterator<Item = &'a str> {
-    let mut cuts: Vec<usize> = text
-        .match_indices(tag)
-        .map(|(i, _)| i)
-        .filter(|&i| i > 0 && closed_tag(&text[i..], tag).is_some())
-        .collect();
+    let mut cuts: Vec<usize> = whole_tags(text, tag).filter(|&i| i > 0).collect();
     cuts.push(text.len());
     let mut from = 0;
     cuts.into_iter().map(move |to| {
@@ -28,10 +24,7 @@ pub(crate) fn turns<'a>(text: &'a str, tag: &'a str) -> impl Iterator<Item = &'a
 /// The text before `text`'s first whole turn tag, when it has a tag and that text has words (the
 /// model speaks turns only, so it is not spoken); `None` otherwise.
 pub(crate) fn untagged_lead<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
-    let first = text
-        .match_indices(tag)
-        .map(|(i, _)| i)
-        .find(|&i| closed_tag(&text[i..], tag).is_some())?;
+    let first = whole_tags(text, tag).next()?;
     let lead = &text[..first];
     (!crate::models::tts::text::no_words_to_speak(lead)).then_some(lead.trim())
 }
@@ -76,6 +69,13 @@ impl TurnCarry {
     }
 }
 
+/// The offsets of `text`'s whole turn tags, in order.
+fn whole_tags<'a>(text: &'a str, tag: &'a str) -> impl Iterator<Item = usize> + 'a {
+    text.match_indices(tag)
+        .map(|(i, _)| i)
+        .filter(move |&i| closed_tag(&text[i..], tag).is_some())
+}
+
 /// The whole tag `text` opens with (it starts with the tag start `tag`): `tag`, a number and
 /// `|>`; `None` when it is not one.
 fn closed_tag<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
@@ -90,9 +90,13 @@ fn closed_tag<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
 
 /// Whether `c` is a Unicode decimal digit (category Nd), what the reference's `\d` matches.
 fn is_decimal_digit(c: char) -> bool {
-    static DIGIT: std::sync::LazyLock<regex::Regex> =
-        std::sync::LazyLock::new(|| regex::Regex::new(r"^\d$").expect("a fixed, valid pattern"));
-    c.is_ascii_digit() || (!c.is_ascii() && DIGIT.is_match(c.encode_utf8(&mut [0; 4])))
+    static DIGIT: std::sync::LazyLock<Option<regex::Regex>> =
+        std::sync::LazyLock::new(|| regex::Regex::new(r"^\d$").ok());
+    c.is_ascii_digit()
+        || (!c.is_ascii()
+            && DIGIT
+                .as_ref()
+                .is_some_and(|d| d.is_match(c.encode_utf8(&mut [0; 4]))))
 }
 
 /// Where `text` could still become a tag once more text arrives: the offset of a trailing tag
