@@ -156,10 +156,11 @@ impl UtteranceDone {
         let (text, secs) = (quoted(&self.text), self.metrics.audio_ms / 1000.0);
         match self.reason {
             FinishReason::Length => Some(format!(
-                "{what} {id} ('{text}') ended by length: max-new-tokens was reached after \
-                 {frames} frames ({secs:.1} s of audio) before the model ended the speech, so \
-                 its end may be cut off; raise max-new-tokens, set split-sentences=true, or \
-                 send shorter text"
+                "{what} {id} ('{text}') ended by length: max-new-tokens was reached before \
+                 the model ended the speech (it counts the frames of one generation batch: of \
+                 each batch for a model that speaks a dialogue in several), after {frames} \
+                 frames ({secs:.1} s of audio) in all, so its end may be cut off; raise \
+                 max-new-tokens, set split-sentences=true, or send shorter text"
             )),
             FinishReason::Guard => Some(format!(
                 "{what} {id} ('{text}') ended by guard: the runaway guard stopped it after \

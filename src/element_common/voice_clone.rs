@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use crate::engine::{Engine, EngineError};
+use crate::models::tts::text::unspeakable;
 use crate::models::tts::{
     ModelDescription, ModelError, ReferenceRules, ReferenceUse, VoiceClonePrompt,
 };
@@ -34,8 +35,9 @@ fn non_empty(s: Option<&str>) -> Option<&str> {
 /// reference (Qwen3-TTS Base) needs `ref-audio`; one that does not clone refuses `ref-audio`,
 /// `ref-text` and `x-vector-only`; `x-vector-only` needs a checkpoint with a speaker-embedding
 /// mode (in it `ref-text` is ignored, as in qwen-tts `generate_voice_clone`); `ref-text` needs
-/// `ref-audio`. A missing `ref-text` otherwise is reported by the engine, which checks it with
-/// the audio.
+/// `ref-audio`; a `ref-text` with nothing to speak (only punctuation, symbols or markup) is
+/// refused. A missing `ref-text` otherwise is reported by the engine, which checks it with the
+/// audio.
 pub(crate) fn clone_spec(
     d: &ModelDescription,
     model: &str,
@@ -88,6 +90,15 @@ pub(crate) fn clone_spec(
             (None, _) => Ok(None),
         };
     };
+    if let Some(t) = text.filter(|_| !x_vector_only)
+        && let Some(why) = unspeakable(t)
+    {
+        return Err(input_error(
+            "ref-text",
+            t,
+            format!("the transcript of ref-audio has {why}: give the words the recording says"),
+        ));
+    }
     Ok(Some(CloneSpec {
         location: location.to_string(),
         ref_text: if x_vector_only {
@@ -202,6 +213,13 @@ mod tests {
             base(None, Some("hi"), false).unwrap_err().property,
             "ref-text"
         );
+        // A transcript with no words is refused, naming ref-text; x-vector-only ignores it.
+        for t in ["...", "<|speaker:0|> !?", "\u{200B}"] {
+            let e = base(Some("r.wav"), Some(t), false).unwrap_err();
+            assert_eq!((e.property, e.value.as_str()), ("ref-text", t));
+            assert!(e.why.contains("nothing"), "{}", e.why);
+            assert!(base(Some("r.wav"), Some(t), true).unwrap().is_some());
+        }
         let cv_d = d(ModelVariant::CustomVoice);
         let cv = |a, t, x| clone_spec(&cv_d, "m", a, t, x);
         assert_eq!(cv(None, None, false).unwrap(), None);

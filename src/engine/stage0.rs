@@ -25,6 +25,11 @@ use crate::models::tts::{
 };
 use crate::nn::WeightForm;
 use crate::nn::transformer::PREFILL_CHUNK;
+
+/// Positions of each step's prefill budget ([`PREFILL_CHUNK`]) kept for running requests' later
+/// prompts while any has one: new prompts take the rest first.
+const LATER_PROMPT_SHARE: usize = PREFILL_CHUNK / 4;
+
 /// A voice-clone reference to encode on stage 0 ([`super::Engine::voice_clone_prompt`]); the
 /// result goes back on `reply` (dropped unanswered if the stage shuts down first).
 pub(crate) struct EncodeJob {
@@ -239,7 +244,8 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
     ///    ([`Stage0Model::next_frames`]); requests that end (EOS, length, guard, cancel, error)
     ///    leave the batch at once. A running request's later prompt
     ///    ([`Stage0Session::has_pending_prompt`]: a dialogue's next generation batch) runs in
-    ///    step 3, after the new requests' prompts, within the same budget.
+    ///    step 3, after the new requests' prompts, within the same budget, of which it keeps
+    ///    [`LATER_PROMPT_SHARE`] positions.
     ///
     /// Sleeps on the stage signal only when no step could do anything.
     fn run(&self, queue: &StageQueue) {
@@ -345,11 +351,19 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                     }
                 }
             }
-            while budget > 0
+            // A running request's later prompt keeps a share of the budget, so that new prompts
+            // that would take all of it step after step (a burst of long ones) do not hold a
+            // dialogue's next batch back.
+            let reserve = if active.iter().any(|a| a.session.has_pending_prompt()) {
+                LATER_PROMPT_SHARE.min(budget)
+            } else {
+                0
+            };
+            while budget > reserve
                 && let Some(p) = prefilling.pop_front()
             {
                 progress = true;
-                let n = p.pending.remaining().clamp(1, budget);
+                let n = p.pending.remaining().clamp(1, budget - reserve);
                 budget -= n;
                 match self.prefill_chunk(p, n) {
                     Prefill::More(p) => prefilling.push_front(p),
@@ -358,10 +372,10 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                 }
             }
             // Running requests' later prompts (a dialogue's next generation batch) take what is
-            // left of the budget, oldest request first; their rows sit the batched steps out
-            // meanwhile. New prompts go first: a new request has no audio yet, a running one has
-            // its earlier batches' audio (a batch is tens of frames at least) still to play.
-            // Prompts that take the whole budget step after step would hold a dialogue back.
+            // left of the budget, at least the reserved share, oldest request first; their rows
+            // sit the batched steps out meanwhile. New prompts go first: a new request has no
+            // audio yet, a running one has its earlier batches' audio (a batch is tens of frames
+            // at least) still to play.
             let mut i = 0;
             while budget > 0 && i < active.len() {
                 if !active[i].session.has_pending_prompt() {
@@ -887,10 +901,15 @@ mod tests {
         }
     }
 
+    /// A prompt of one position, or of [`LONG_PROMPT`] for a text `long …` (its chunks logged in
+    /// the steps as `prompt N`).
     struct Pending {
         text: String,
+        left: usize,
         gate: Arc<Gate>,
     }
+
+    const LONG_PROMPT: usize = 2 * PREFILL_CHUNK;
 
     /// A session of text `dialogue …` takes a later prompt of [`LATER_PROMPT`] positions after
     /// its third frame, as a dialogue's next generation batch does.
@@ -919,10 +938,15 @@ mod tests {
     impl Stage0Prefill for Pending {
         type Session = Session;
         fn remaining(&self) -> usize {
-            1
+            self.left
         }
-        fn step(&mut self, _: usize) -> Result<bool, ModelError> {
-            Ok(true)
+        fn step(&mut self, positions: usize) -> Result<bool, ModelError> {
+            let n = positions.min(self.left);
+            self.left -= n;
+            if self.text.starts_with("long") {
+                lock(&self.gate.steps).push(vec![format!("prompt {n}")]);
+            }
+            Ok(self.left == 0)
         }
         fn into_session(self) -> Result<Session, ModelError> {
             Ok(Session {
@@ -979,6 +1003,11 @@ mod tests {
         }
         fn begin(&self, v: &VoiceRequest, _: &SamplingParams) -> Result<Pending, ModelError> {
             Ok(Pending {
+                left: if v.text.starts_with("long") {
+                    LONG_PROMPT
+                } else {
+                    1
+                },
                 text: v.text.clone(),
                 gate: self.gate.clone(),
             })
@@ -1222,6 +1251,74 @@ mod tests {
         assert!(
             others >= 3,
             "the other streams step between the chunks: {between:?}"
+        );
+    }
+
+    /// New prompts that would take the whole prefill budget step after step (a burst of long
+    /// ones) leave a running request's later prompt its share ([`LATER_PROMPT_SHARE`]) of each
+    /// step's budget, instead of holding it back until they have all run.
+    #[test]
+    fn a_later_prompt_keeps_its_share_beside_a_burst_of_long_prompts() {
+        let s = Stage0::start("later-prompt-share", false);
+        let _running = s.submit("running 0");
+        // The long prompts arrive while the dialogue's first frame is held, so they are
+        // prefilling when its later prompt comes, two frames on.
+        *lock(&s.gate.hold) = Some("dialogue".into());
+        let _dialogue = s.submit("dialogue");
+        s.wait_holding();
+        let _long: Vec<_> = (0..12).map(|k| s.submit(&format!("long {k}"))).collect();
+        *lock(&s.gate.hold) = None;
+        s.gate.cv.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let steps = loop {
+            let steps = s.steps();
+            let prompts = steps
+                .iter()
+                .filter(|st| st[0].starts_with("prompt "))
+                .count();
+            if prompts >= 12 * LONG_PROMPT / PREFILL_CHUNK
+                && steps.iter().any(|st| st[0].starts_with("prefill "))
+            {
+                break steps;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the long prompts and the later prompt did not run in 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let chunk = |prefix: &str| {
+            let p = prefix.to_string();
+            move |(i, st): (usize, &Vec<String>)| {
+                st[0]
+                    .strip_prefix(&p)?
+                    .parse::<usize>()
+                    .ok()
+                    .map(|n| (i, n))
+            }
+        };
+        let long: Vec<(usize, usize)> = steps
+            .iter()
+            .enumerate()
+            .filter_map(chunk("prompt "))
+            .collect();
+        let last_long = long.last().expect("long prompt chunks").0;
+        let later: Vec<usize> = steps
+            .iter()
+            .enumerate()
+            .filter_map(chunk("prefill "))
+            .filter(|&(i, _)| i < last_long)
+            .map(|(_, n)| n)
+            .collect();
+        assert!(
+            !later.is_empty(),
+            "the later prompt ran only after every long prompt: {steps:?}"
+        );
+        let mut expected = vec![LATER_PROMPT_SHARE; LATER_PROMPT / LATER_PROMPT_SHARE];
+        expected.push(LATER_PROMPT % LATER_PROMPT_SHARE);
+        assert_eq!(
+            later, expected,
+            "the later prompt's chunks beside the long prompts"
         );
     }
 

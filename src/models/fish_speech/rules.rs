@@ -145,11 +145,11 @@ fn check_clone(vc: &VoiceClonePrompt, ncb: usize, size: usize) -> Result<(), Mod
         ));
     }
     let text = vc.ref_text.as_deref().unwrap_or("");
-    if text.trim().is_empty() {
+    if let Some(why) = unspeakable(text) {
         return Err(invalid(
             "voice_clone.ref_text",
             text,
-            "voice cloning needs the transcript of the reference audio",
+            format!("voice cloning needs the transcript of the reference audio; it has {why}"),
         ));
     }
     let codes = vc.ref_codes.as_deref().unwrap_or(&[]);

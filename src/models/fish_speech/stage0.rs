@@ -29,6 +29,7 @@ use super::model::FishModel;
 use super::prompt::{CHUNK_LENGTH, Codes, VoiceReference};
 use super::rules::{MAX_REF_SAMPLES, MIN_REF_SAMPLES, check_voice};
 use super::sampler::{RAS_WINDOW, SamplingParams as FishSampling, sample};
+use crate::models::tts::text::unspeakable;
 use crate::models::tts::{
     ArStep, FinishReason, ModelError, NoOpenText, ReferenceRules, ReferenceUse, SamplingParams,
     Stage0Model, Stage0Options, Stage0Prefill, Stage0Session, VoiceClonePrompt, VoiceRequest,
@@ -273,8 +274,8 @@ impl Stage0Model for FishAr {
 
     /// The codec encoder's codes of `audio` (mono, 44.1 kHz) and its transcript. Errors
     /// (`InvalidRequest`): `x_vector_only` (Fish has no speaker-embedding mode), `ref_audio`
-    /// (too short, too long, non-finite, silent), `ref_text` (missing, or holding control
-    /// tokens).
+    /// (too short, too long, non-finite, silent), `ref_text` (missing, with nothing to speak,
+    /// or holding control tokens).
     fn encode_reference(
         &self,
         audio: &[f32],
@@ -298,6 +299,13 @@ impl Stage0Model for FishAr {
                 msg: "Fish S2 Pro's voice cloning needs the transcript of the reference audio"
                     .into(),
             })?;
+        if let Some(why) = unspeakable(text) {
+            return Err(ModelError::InvalidRequest {
+                field: "ref_text".into(),
+                value: text.into(),
+                msg: format!("the transcript of the reference audio has {why}"),
+            });
+        }
         self.model
             .prompts
             .tokenizer
