@@ -78,10 +78,11 @@ use crate::models::registry::{self, Family};
 use crate::models::tts::SamplingParams;
 use crate::nn::QuantizationSpec;
 
-/// The shipped default stage configuration (async chunk, exact streaming).
-pub const DEFAULT_ASYNC_YAML: &str = include_str!("../../configs/qwen3_tts.yaml");
-/// The shipped batch configuration (stage 1 decodes once stage 0 is done).
-pub const DEFAULT_BATCH_YAML: &str = include_str!("../../configs/qwen3_tts_batch.yaml");
+/// The default family's ([`registry::FAMILIES`]' first) shipped stage configuration (async
+/// chunk, exact streaming).
+pub const DEFAULT_ASYNC_YAML: &str = registry::FAMILIES[0].default_config.0;
+/// The default family's shipped batch configuration (stage 1 decodes once stage 0 is done).
+pub const DEFAULT_BATCH_YAML: &str = registry::FAMILIES[0].batch_config.0;
 
 /// How stage 1 turns chunks of frames into audio.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -441,20 +442,17 @@ impl Default for StageConfig {
 }
 
 impl StageConfig {
-    /// `configs/qwen3_tts.yaml` (embedded at build time; its validity is checked by the tests).
+    /// The default family's async-chunk stage config ([`DEFAULT_ASYNC_YAML`], embedded at build
+    /// time; its validity is checked by the tests).
     pub fn default_async() -> StageConfig {
-        Self::from_yaml_str(DEFAULT_ASYNC_YAML)
-            .expect("configs/qwen3_tts.yaml is embedded at build time and valid (unit-tested)")
-            .0
+        Self::builtin(&registry::FAMILIES[0], false)
+            .expect("the built-in stage configs are embedded at build time and valid (unit-tested)")
     }
 
-    /// `configs/qwen3_tts_batch.yaml` (embedded at build time).
+    /// The default family's batch stage config ([`DEFAULT_BATCH_YAML`], embedded at build time).
     pub fn default_batch() -> StageConfig {
-        Self::from_yaml_str_named(DEFAULT_BATCH_YAML, "configs/qwen3_tts_batch.yaml")
-            .expect(
-                "configs/qwen3_tts_batch.yaml is embedded at build time and valid (unit-tested)",
-            )
-            .0
+        Self::builtin(&registry::FAMILIES[0], true)
+            .expect("the built-in stage configs are embedded at build time and valid (unit-tested)")
     }
 
     /// Whether stage 0 on `ar_device` gives new requests their first frame in a step of their own

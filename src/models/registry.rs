@@ -124,7 +124,8 @@ pub const FISH_SPEECH: Family = Family {
     quantized_weights: false,
 };
 
-/// Every family, in the order messages list them.
+/// Every family, in the order messages list them; the first is the default family, whose stage
+/// configs are the engine's defaults ([`StageConfig::default_async`](crate::engine::StageConfig::default_async)).
 pub const FAMILIES: [Family; 2] = [QWEN3_TTS, FISH_SPEECH];
 
 /// The known `model_type`s, for messages: `qwen3_tts, fish_qwen3_omni`.
