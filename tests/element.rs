@@ -802,6 +802,35 @@ fn parse_launch_to_wav_has_expected_length() {
     assert_eq!(reader.duration() as u64, frames * SPF);
 }
 
+/// Downstream that takes none of the model's caps (another rate) gets an error that names the
+/// caps and says what to put in between, first on the bus.
+#[test]
+fn caps_downstream_refuses_are_named() {
+    init();
+    let pipeline = gst::parse::launch(&format!(
+        "omnittssrc model=\"{}\" text=\"Hello.\" max-new-tokens=4 ! \
+         audio/x-raw,rate=44100 ! fakesink",
+        fixture_model("tiny-customvoice"),
+    ))
+    .unwrap();
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let msg = bus
+        .timed_pop_filtered(
+            gst::ClockTime::from_seconds(60),
+            &[gst::MessageType::Error, gst::MessageType::Eos],
+        )
+        .expect("an error within 60 s");
+    pipeline.set_state(gst::State::Null).unwrap();
+    let gst::MessageView::Error(e) = msg.view() else {
+        panic!("expected an error, got {msg:?}");
+    };
+    let text = e.error().to_string();
+    for word in ["downstream takes none", "rate=(int)24000", "audioresample"] {
+        assert!(text.contains(word), "{word}: {text}");
+    }
+}
+
 /// The warnings among `msgs` that contain `word`.
 fn warnings_with(msgs: &[gst::Message], word: &str) -> Vec<String> {
     warnings(msgs)

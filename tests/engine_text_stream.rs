@@ -247,6 +247,53 @@ fn open_text_refusals_name_the_field() {
     assert!(r.contains("nothing to speak"), "{r}");
 }
 
+/// An open text's speech waits for its first letter or digit: punctuation alone makes no frame
+/// while it arrives and is refused whole when it ends (an invalid request, as the same text given
+/// whole is), and punctuation before the words is spoken with them.
+#[test]
+fn an_open_text_starts_with_its_first_word() {
+    let engine = load("tiny-customvoice", config(|_| {}));
+    let lead = ["!!! ", "... ", "??? ", "--- ", "*** ", ";;; ", "!?! "];
+    for words in [None, Some("Hello there, this is spoken.")] {
+        let (h, sender, codes) = engine
+            .submit_open_tapped(request(&engine, "", None))
+            .expect("open");
+        for piece in lead {
+            sender.append(piece).expect("append");
+            thread::sleep(Duration::from_millis(40));
+        }
+        assert_eq!(
+            codes.try_iter().count(),
+            0,
+            "a frame before the text had a word"
+        );
+        assert!(!h.is_finished(), "the open text waits for more");
+        if let Some(w) = words {
+            sender.append(w).expect("append the words");
+        }
+        assert!(sender.end());
+        let got = drain(h, codes);
+        match words {
+            None => {
+                let FinishReason::Error(e) = &got.reason else {
+                    panic!("punctuation alone: {:?}", got.reason);
+                };
+                assert!(e.contains("invalid request: text"), "{e}");
+                assert!(e.contains("nothing the tokenizer can speak"), "{e}");
+                assert!(got.codes.is_empty() && got.audio.is_empty());
+            }
+            Some(_) => {
+                assert!(
+                    matches!(got.reason, FinishReason::Eos | FinishReason::Length),
+                    "{:?}",
+                    got.reason
+                );
+                assert!(!got.codes.is_empty(), "the words are spoken");
+            }
+        }
+    }
+}
+
 fn drain_reason(h: RequestHandle) -> String {
     let mut events = Vec::new();
     while let Some(ev) = h.recv() {

@@ -701,6 +701,30 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// A tiny codec.pth without its codec_config.yaml is read with S2 Pro's dimensions: the shape
+/// error names the file and says why.
+#[test]
+fn a_codec_without_its_config_names_the_missing_file() {
+    let dir = scratch("codec-config");
+    std::fs::copy(fixture().join("codec.pth"), dir.join("codec.pth")).unwrap();
+    let e = match Codec::load(&dir, &Device::Cpu) {
+        Ok(_) => panic!("the tiny codec loaded with S2 Pro's dimensions"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("codec.pth"), "{e}");
+    assert!(
+        e.contains("no codec_config.yaml beside it, so S2 Pro's codec dimensions were assumed"),
+        "{e}"
+    );
+    std::fs::copy(
+        fixture().join("codec_config.yaml"),
+        dir.join("codec_config.yaml"),
+    )
+    .unwrap();
+    assert!(Codec::load(&dir, &Device::Cpu).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_single_safetensors_file_loads_like_the_shards() {
     let dir = scratch("single");

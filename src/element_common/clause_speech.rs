@@ -13,7 +13,7 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use crate::engine::{EngineEvent, FinishReason, Metrics};
-use crate::models::tts::text::{NOTHING_TO_SPEAK, unspeakable};
+use crate::models::tts::text::{NO_WORDS_TO_SPEAK, unspeakable};
 
 use super::backend::{Backend, Cancel, ClauseRequests, Handle, NextClause};
 use super::input_error::quoted;
@@ -199,9 +199,11 @@ pub(crate) fn speak_clauses(
     let text = clauses.open.text();
     let reason = match failure {
         Some(f) => f,
-        None if n_clauses == 0 => {
-            FinishReason::Error(format!("text {}: {NOTHING_TO_SPEAK}", quoted(&text)))
-        }
+        None if n_clauses == 0 => FinishReason::Error(format!(
+            "text '{}': {}",
+            quoted(&text),
+            unspeakable(&text).unwrap_or(NO_WORDS_TO_SPEAK)
+        )),
         None => last_reason,
     };
     sink.debug(&format!(

@@ -157,10 +157,9 @@ impl UtteranceDone {
         match self.reason {
             FinishReason::Length => Some(format!(
                 "{what} {id} ('{text}') ended by length: max-new-tokens was reached before \
-                 the model ended the speech (it counts the frames of one generation batch: of \
-                 each batch for a model that speaks a dialogue in several), after {frames} \
-                 frames ({secs:.1} s of audio) in all, so its end may be cut off; raise \
-                 max-new-tokens, set split-sentences=true, or send shorter text"
+                 the model ended the speech, after {frames} frames ({secs:.1} s of audio) in \
+                 all, so its end may be cut off; raise max-new-tokens, set \
+                 split-sentences=true, or send shorter text"
             )),
             FinishReason::Guard => Some(format!(
                 "{what} {id} ('{text}') ended by guard: the runaway guard stopped it after \

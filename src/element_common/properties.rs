@@ -38,8 +38,9 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecString::builder("stage-config")
             .nick("Stage config")
             .blurb(
-                "YAML file with the engine's stage configuration (chunk sizes, queues); \
-                 unset: the built-in async-chunk configuration (configs/qwen3_tts.yaml)",
+                "YAML file with the engine's stage configuration (chunk sizes, queues), of the \
+                 checkpoint's model family; unset: that family's built-in async-chunk \
+                 configuration (configs/qwen3_tts.yaml, configs/fish_speech.yaml)",
             )
             .mutable_ready()
             .build(),

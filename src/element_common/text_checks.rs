@@ -142,12 +142,17 @@ fn entity(name: &str) -> Option<char> {
 
 /// The warning for markup removed from `text` (its tag names `names`).
 pub(crate) fn markup_warning(text: &str, names: &[String]) -> String {
-    let tags = names
-        .iter()
-        .take(6)
-        .map(|n| format!("<{n}>"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let tags = if names.is_empty() {
+        // Comments, declarations or processing instructions only: no element names.
+        "comments or declarations".to_string()
+    } else {
+        names
+            .iter()
+            .take(6)
+            .map(|n| format!("<{n}>"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     format!(
         "text '{}': markup ({tags}) is not interpreted, as omnitts speaks plain text (SSML is \
          not supported): the tags were removed and the text between them is spoken",
@@ -208,7 +213,8 @@ pub(crate) fn uncovered_scripts(text: &str, languages: &[String]) -> Vec<(Script
 
 /// Every warning `text` gets before it is spoken by a checkpoint described by `d`: letters of a
 /// script none of its languages is written in ([`language_warning`]), words before the first
-/// speaker-turn tag ([`untagged_lead_warning`]).
+/// speaker-turn tag ([`untagged_lead_warning`]), `<|…|>` markup a model without speaker turns
+/// reads as text ([`unread_markup_warning`]).
 pub(crate) fn text_warnings(
     text: &str,
     d: &crate::models::tts::ModelDescription,
@@ -216,9 +222,31 @@ pub(crate) fn text_warnings(
     [
         language_warning(text, &d.languages),
         untagged_lead_warning(text, d.speaker_turn_tag),
+        unread_markup_warning(text, d),
     ]
     .into_iter()
     .flatten()
+}
+
+/// The warning for `text` when it holds markup of the special-token form `<|…|>` (such as a
+/// speaker-turn tag `<|speaker:0|>`) and the model described by `d` has no speaker turns: it
+/// reads the markup as text. `None` otherwise.
+pub(crate) fn unread_markup_warning(
+    text: &str,
+    d: &crate::models::tts::ModelDescription,
+) -> Option<String> {
+    if d.speaker_turn_tag.is_some() {
+        return None;
+    }
+    let start = text.find("<|")?;
+    let end = start + text[start..].find("|>")? + 2;
+    Some(format!(
+        "text '{}': '{}' is read as text: {} has no speaker turns or other <|…|> markup; \
+         remove it, or give each speaker's text as an utterance of its own with its voice",
+        quoted(text),
+        quoted(&text[start..end]),
+        d.name
+    ))
 }
 
 /// The warning for `text` when it has words before its first speaker-turn tag (the model's
@@ -289,6 +317,11 @@ mod tests {
             w.contains("<speak>, <break>, <prosody>") && w.contains("SSML is not supported"),
             "{w}"
         );
+        // A comment alone names no element.
+        let (text, names) = strip_markup_tags("<!-- c --> Hello").unwrap();
+        assert_eq!((text.trim(), names.len()), ("Hello", 0));
+        let w = markup_warning("<!-- c --> Hello", &names);
+        assert!(w.contains("markup (comments or declarations)"), "{w}");
         // Namespaced and HTML-like tags too.
         assert_eq!(
             strip_markup_tags("<mstts:express-as style='x'>Hi</mstts:express-as> <b>there</b>")
@@ -296,6 +329,23 @@ mod tests {
                 .0,
             "Hi there"
         );
+    }
+
+    #[test]
+    fn turn_markup_is_named_for_a_model_without_turns() {
+        use crate::models::qwen3_tts::{ModelVariant, served_description};
+        let mut d = served_description(ModelVariant::CustomVoice, vec![], vec![], false);
+        let text = "<|speaker:0|>Hi. <|speaker:1|>Fine.";
+        let w = unread_markup_warning(text, &d).expect("a warning");
+        assert!(w.contains("'<|speaker:0|>' is read as text"), "{w}");
+        assert!(w.contains(&d.name), "{w}");
+        assert_eq!(text_warnings(text, &d).count(), 1);
+        for plain in ["a <| b", "x |> y <| z", "Hello."] {
+            assert_eq!(unread_markup_warning(plain, &d), None, "{plain:?}");
+        }
+        // A model with speaker turns reads its tags.
+        d.speaker_turn_tag = Some("<|speaker:");
+        assert_eq!(unread_markup_warning(text, &d), None);
     }
 
     #[test]

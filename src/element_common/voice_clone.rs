@@ -90,7 +90,7 @@ pub(crate) fn clone_spec(
             (None, _) => Ok(None),
         };
     };
-    if let Some(t) = text.filter(|_| !x_vector_only)
+    if let Some(t) = ref_text.filter(|t| !t.is_empty() && !x_vector_only)
         && let Some(why) = unspeakable(t)
     {
         return Err(input_error(
@@ -214,7 +214,7 @@ mod tests {
             "ref-text"
         );
         // A transcript with no words is refused, naming ref-text; x-vector-only ignores it.
-        for t in ["...", "<|speaker:0|> !?", "\u{200B}"] {
+        for t in ["...", "<|speaker:0|> !?", "\u{200B}", "   "] {
             let e = base(Some("r.wav"), Some(t), false).unwrap_err();
             assert_eq!((e.property, e.value.as_str()), ("ref-text", t));
             assert!(e.why.contains("nothing"), "{}", e.why);

@@ -18,7 +18,7 @@ use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
 use super::stages::{BatchGraphs, CudaGraphs, guarded, panic_message};
 use super::{DeviceSpec, EngineError, EngineEvent, EngineRequest, FinishReason};
-use crate::models::tts::text::unspeakable;
+use crate::models::tts::text::{no_words_to_speak, unspeakable};
 use crate::models::tts::{
     self as model, ArStep, IncrementalText, ModelError, Stage0Model, Stage0Options, Stage0Prefill,
     Stage0Session,
@@ -155,6 +155,12 @@ struct OpenText<'m, A: Stage0Model> {
     tok: A::OpenText<'m>,
     /// The ids the session has been given.
     given: usize,
+    /// The bytes received while none of them made a word (emptied once one does).
+    head: Vec<u8>,
+    /// Whether the text received so far has a letter or digit: its prefill waits for one, so
+    /// that a text of punctuation alone is refused whole when it ends instead of spoken as
+    /// noise until then.
+    has_words: bool,
 }
 
 impl<'m, A: Stage0Model> OpenText<'m, A> {
@@ -162,6 +168,8 @@ impl<'m, A: Stage0Model> OpenText<'m, A> {
         Ok(OpenText {
             tok: model.open_text()?,
             given: 0,
+            head: Vec::new(),
+            has_words: false,
         })
     }
 
@@ -178,6 +186,13 @@ impl<'m, A: Stage0Model> OpenText<'m, A> {
         if !bytes.is_empty() {
             self.tok.push_bytes(&bytes)?;
             changed = true;
+            if !self.has_words {
+                self.head.extend_from_slice(&bytes);
+                if !no_words_to_speak(&String::from_utf8_lossy(&self.head)) {
+                    self.has_words = true;
+                    self.head = Vec::new();
+                }
+            }
         }
         if ended {
             self.tok.finish()?;
@@ -508,7 +523,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         if let Err(msg) = o.open.poll(&o.req) {
             return OpenStep::Release(failed::<A>("text", msg));
         }
-        if o.open.tok.is_finished() || o.open.tok.ids().len() >= 4 {
+        if o.open.tok.is_finished() || (o.open.has_words && o.open.tok.ids().len() >= 4) {
             OpenStep::Begin
         } else {
             OpenStep::Wait
@@ -567,7 +582,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
             if ended {
                 let text = open.text().unwrap_or("");
                 if let Some(why) = unspeakable(text) {
-                    return Err(text_err(format!("text {text:?}: {why}")));
+                    return Err(text_err(ModelError::invalid("text", text, why).to_string()));
                 }
             }
             guarded(|| a.session.extend_text(ids, ended)).map_err(text_err)?;

@@ -15,6 +15,15 @@ use candle_core::{DType, Device, Tensor};
 use super::embedding::{Embedding, MappedRows};
 use super::linear::{Linear, QuantizationSpec};
 
+/// "tensor `NAME`: " before a [`WeightError::Load`]'s cause, nothing for the file as a whole.
+fn tensor_prefix(name: &str) -> String {
+    if name.is_empty() {
+        String::new()
+    } else {
+        format!("tensor `{name}`: ")
+    }
+}
+
 /// Errors of [`Weights`] lookups.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightError {
@@ -29,8 +38,8 @@ pub enum WeightError {
         expected: Vec<usize>,
         got: Vec<usize>,
     },
-    /// Opening/mapping the file or converting the tensor failed.
-    #[error("{file}: tensor `{name}`: {source}")]
+    /// Opening/mapping the file (`name` empty) or converting the tensor failed.
+    #[error("{file}: {}{source}", tensor_prefix(.name))]
     Load {
         file: PathBuf,
         name: String,

@@ -183,7 +183,8 @@ impl OmniTtsSrc {
             .map(|rt| rt.info.description.sample_rate)
     }
 
-    fn warn_language(&self, text: &str, info: &ModelInfo) {
+    /// Posts `text`'s warnings ([`text_warnings`]) for the loaded model.
+    fn warn_text(&self, text: &str, info: &ModelInfo) {
         for w in text_warnings(text, &info.description) {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("{}", w));
         }
@@ -235,7 +236,7 @@ impl OmniTtsSrc {
         };
         if accepted {
             self.warn_voice(&warned, &settings.synthesis, &info);
-            self.warn_language(text, &info);
+            self.warn_text(text, &info);
         }
         let mut inner = shared.lock();
         if inner.ended() {
@@ -417,10 +418,11 @@ impl OmniTtsSrc {
                     self,
                     gst::StreamError::Failed,
                     (
-                        "utterance {}: no audio at its start plus the latency ({} ms): it waits \
-                         in the engine's queue behind other requests or its first chunk is \
-                         slower than the latency; silence until its audio comes (counted in its \
-                         done message's underruns, wait-ms and silence-samples)",
+                        "utterance {}: no audio at its start plus the latency ({} ms): its \
+                         text is still to come (append-text), it waits in the engine's queue \
+                         behind other requests, or its first chunk is slower than the latency; \
+                         silence until its audio comes (counted in its done message's \
+                         underruns, wait-ms and silence-samples)",
                         id,
                         latency.mseconds()
                     )
@@ -800,7 +802,7 @@ impl OmniTtsSrc {
                 self.warn_voice(&warned, &settings.synthesis, &info);
                 shared.lock().queue(text, Ok(request), 0);
             }
-            self.warn_language(t, &info);
+            self.warn_text(t, &info);
         }
         let worker =
             runtime::spawn_worker(backend, shared.clone(), element.downgrade()).map_err(|e| {
@@ -907,6 +909,28 @@ impl BaseSrcImpl for OmniTtsSrc {
             Some(f) => f.intersect_with_mode(&caps, gst::CapsIntersectMode::First),
             None => caps,
         })
+    }
+
+    /// BaseSrc's negotiation, after a check that downstream takes one of the model's caps: when
+    /// it takes none (another rate or format), an error says so and what to do, instead of
+    /// BaseSrc's bare "not-negotiated".
+    fn negotiate(&self) -> Result<(), gst::LoggableError> {
+        if let Some(ours) = BaseSrcImpl::caps(self, None)
+            && let Some(pad) = self.obj().static_pad("src")
+            && pad.peer_query_caps(Some(&ours)).is_empty()
+        {
+            gst::element_imp_error!(
+                self,
+                gst::CoreError::Negotiation,
+                (
+                    "downstream takes none of omnittssrc's audio caps ({}); put audioconvert \
+                     and audioresample after it",
+                    ours
+                )
+            );
+            return Err(gst::loggable_error!(CAT, "downstream takes none of {ours}"));
+        }
+        self.parent_negotiate()
     }
 
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {

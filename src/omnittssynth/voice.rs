@@ -21,6 +21,26 @@ pub const SPEAKER_CHANGE_EVENT: &str = "rstranscribe/speaker-change";
 /// The fields a [`VoiceChange`] structure may have.
 const FIELDS: &str = "speaker, instruct, language, ref-audio, ref-text, x-vector-only";
 
+/// The [`FIELDS`] a checkpoint described by `d` takes: `speaker` with preset speakers,
+/// `instruct` unless it refuses one, `language` with languages, `ref-audio` and `ref-text` when
+/// it clones, `x-vector-only` when it has a speaker-embedding mode.
+fn fields_for(d: &ModelDescription) -> String {
+    let clones = d.reference.use_ != ReferenceUse::Unsupported;
+    [
+        ("speaker", !d.speakers.is_empty()),
+        ("instruct", d.instruct != InstructUse::Unsupported),
+        ("language", !d.languages.is_empty()),
+        ("ref-audio", clones),
+        ("ref-text", clones),
+        ("x-vector-only", clones && d.reference.speaker_embedding_only),
+    ]
+    .iter()
+    .filter(|(_, takes)| *takes)
+    .map(|(f, _)| *f)
+    .collect::<Vec<_>>()
+    .join(", ")
+}
+
 /// Voice properties to use instead of the element's; `None`: the property's value.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VoiceChange {
@@ -159,8 +179,9 @@ impl SpeakerMap {
                 } else {
                     return Err(bad(format!(
                         "label '{label}': model {} has no voice a string could name; give a \
-                         structure ({FIELDS})",
-                        d.name
+                         structure ({})",
+                        d.name,
+                        fields_for(d)
                     )));
                 }
                 v
@@ -244,11 +265,7 @@ mod tests {
         .unwrap();
         let d = |v| served_description(v, vec!["ryan".into(), "aiden".into()], vec![], true);
         let (cv, base) = (d(ModelVariant::CustomVoice), d(ModelVariant::Base));
-        let base = ModelDescription {
-            speakers: vec![],
-            default_speaker: None,
-            ..base
-        };
+        let base = base_d(&base);
         let m = SpeakerMap::parse(Some(&map), &cv).unwrap();
         assert_eq!(m.get("spk_0").unwrap().speaker.as_deref(), Some("ryan"));
         let v1 = m.get("spk_1").unwrap();
@@ -267,5 +284,27 @@ mod tests {
         let e = SpeakerMap::parse(Some(&bad), &cv).unwrap_err();
         assert_eq!(e.property, "speaker-map");
         assert!(e.why.contains("label 'spk_0'"), "{e}");
+        // A checkpoint with no voice a string names (one that clones optionally, without
+        // presets, instruct or languages): the error lists the fields it takes.
+        let mut own_voice = base_d(&cv);
+        own_voice.instruct = InstructUse::Unsupported;
+        own_voice.languages = vec![];
+        own_voice.reference.use_ = ReferenceUse::Optional;
+        own_voice.reference.speaker_embedding_only = false;
+        let e = SpeakerMap::parse(Some(&map), &own_voice).unwrap_err();
+        assert!(
+            e.why.contains("give a structure (ref-audio, ref-text)"),
+            "{}",
+            e.why
+        );
+    }
+
+    /// `d` without preset speakers.
+    fn base_d(d: &ModelDescription) -> ModelDescription {
+        ModelDescription {
+            speakers: vec![],
+            default_speaker: None,
+            ..d.clone()
+        }
     }
 }

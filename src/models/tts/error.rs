@@ -25,7 +25,8 @@ pub enum ModelError {
         expected: Vec<usize>,
         got: Vec<usize>,
     },
-    #[error("{file}: field `{field}`: {msg}")]
+    /// A configuration file's value, or the file as a whole (`field` empty), is unusable.
+    #[error("{file}: {}{msg}", field_prefix(.field))]
     Config {
         file: PathBuf,
         field: String,
@@ -67,9 +68,9 @@ impl From<WeightError> for ModelError {
                 expected,
                 got,
             },
-            WeightError::Load { file, name, source } => ModelError::Candle(
-                candle_core::Error::Msg(format!("{}: tensor `{name}`: {source}", file.display())),
-            ),
+            load @ WeightError::Load { .. } => {
+                ModelError::Candle(candle_core::Error::Msg(load.to_string()))
+            }
         }
     }
 }
@@ -92,5 +93,49 @@ impl ModelError {
             value: shown,
             msg: msg.into(),
         }
+    }
+}
+
+/// "field `NAME`: " before a [`ModelError::Config`]'s message, nothing for the whole file.
+fn field_prefix(field: &str) -> String {
+    if field.is_empty() {
+        String::new()
+    } else {
+        format!("field `{field}`: ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_whole_file_error_names_no_empty_field_or_tensor() {
+        let config = |field: &str| ModelError::Config {
+            file: "codec.pth".into(),
+            field: field.into(),
+            msg: "not a checkpoint".into(),
+        };
+        assert_eq!(config("").to_string(), "codec.pth: not a checkpoint");
+        assert_eq!(
+            config("hop").to_string(),
+            "codec.pth: field `hop`: not a checkpoint"
+        );
+        let load = |name: &str| -> ModelError {
+            WeightError::Load {
+                file: "model.safetensors".into(),
+                name: name.into(),
+                source: Box::new(candle_core::Error::Msg("invalid header length".into())),
+            }
+            .into()
+        };
+        assert_eq!(
+            load("").to_string(),
+            "model.safetensors: invalid header length"
+        );
+        assert_eq!(
+            load("w").to_string(),
+            "model.safetensors: tensor `w`: invalid header length"
+        );
     }
 }

@@ -95,9 +95,14 @@ impl ReferenceRules {
         }
         let peak = audio.iter().fold(0f32, |m, x| m.max(x.abs()));
         if peak < SILENT_REF_PEAK {
+            let level = if peak > 0.0 {
+                format!("peak {:.1} dBFS", 20.0 * peak.log10())
+            } else {
+                "digital silence (every sample 0)".to_string()
+            };
             return Err(bad(
-                format!("peak {peak:e}"),
-                format!("reference audio is silent (peak below {SILENT_REF_PEAK:e}, −60 dBFS)"),
+                level,
+                "reference audio is silent (peak below −60 dBFS)".into(),
             ));
         }
         Ok(())

@@ -106,6 +106,9 @@ quantizer:
 ";
 
 impl CodecConfig {
+    /// The file beside `codec.pth` that gives the codec's dimensions.
+    pub const FILE: &'static str = "codec_config.yaml";
+
     /// S2 Pro's values.
     pub fn s2_pro() -> Self {
         serde_yaml_ng::from_str(S2_PRO).expect("the built-in codec config parses")
@@ -113,7 +116,7 @@ impl CodecConfig {
 
     /// `dir/codec_config.yaml` when present, else [`Self::s2_pro`].
     pub fn load(dir: &Path) -> Result<Self> {
-        let path = dir.join("codec_config.yaml");
+        let path = dir.join(Self::FILE);
         if !path.exists() {
             return Ok(Self::s2_pro());
         }

@@ -54,14 +54,35 @@ pub struct Codec {
 }
 
 impl Codec {
-    /// Loads `dir/codec.pth` with `dir/codec_config.yaml` (or S2 Pro's dimensions).
+    /// Loads `dir/codec.pth` with `dir/codec_config.yaml` (or S2 Pro's dimensions). Errors:
+    /// the config's or the weights' file; a missing tensor or one of another shape names
+    /// `codec.pth`, and says when S2 Pro's dimensions were assumed for want of the config.
     pub fn load(dir: &Path, device: &Device) -> Result<Self> {
         let config = CodecConfig::load(dir)?;
         let w = CodecWeights::load(&dir.join("codec.pth"), device)?;
+        let parts = (|| {
+            Ok((
+                Quantizer::new(&w, &config)?,
+                Decoder::new(&w, &config)?,
+                Encoder::new(&w, &config)?,
+            ))
+        })();
+        let assumed = !dir.join(CodecConfig::FILE).exists();
+        let (quantizer, decoder, encoder) = parts.map_err(|e| match e {
+            FishError::Checkpoint { file, msg } if assumed => FishError::Checkpoint {
+                file,
+                msg: format!(
+                    "{msg} (there is no {} beside it, so S2 Pro's codec dimensions were \
+                     assumed)",
+                    CodecConfig::FILE
+                ),
+            },
+            e => e,
+        })?;
         Ok(Self {
-            quantizer: Quantizer::new(&w, &config)?,
-            decoder: Decoder::new(&w, &config)?,
-            encoder: Encoder::new(&w, &config)?,
+            quantizer,
+            decoder,
+            encoder,
             config,
             device: device.clone(),
         })
