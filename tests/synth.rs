@@ -536,6 +536,47 @@ fn empty_whitespace_and_unspeakable_cues_are_silence_without_error() {
     assert_eq!(element_messages(&msgs, "omnitts/utterance-done").len(), 1);
 }
 
+/// A cue of zero duration (an SRT cue `00:00:01,500 --> 00:00:01,500`, which subparse gives a
+/// duration of 0) has no slot to fit its speech into: under every policy it is spoken whole from
+/// its PTS, as a cue without duration, with a warning naming it; its cue message has its start.
+#[test]
+fn a_zero_duration_cue_is_spoken_whole_with_a_warning() {
+    let (hello, zero) = (reference("Hello.", &[]), reference("Zero length.", &[]));
+    for policy in ["clip", "compress", "overlap", "shift"] {
+        let (e, bus) = synth(&[("overflow", policy)]);
+        let mut h = harness(&e, "text/x-raw,format=utf8");
+        h.push(text_buffer(b"Hello.", Some(0), Some(1_000)))
+            .unwrap();
+        h.push(text_buffer(b"Zero length.", Some(1_500), Some(0)))
+            .unwrap();
+        h.push_event(gst::event::Eos::new());
+        let (got, _) = pull_to_eos(&mut h, Duration::from_secs(60));
+        let mut want = Vec::new();
+        place(&mut want, 0, &hello);
+        place(&mut want, at_ms(1_500), &zero);
+        assert_eq!(got.len(), want.len(), "{policy}: the whole speech");
+        assert!(got == want, "{policy}: spoken whole at its PTS");
+        let msgs = element_util::drain(&bus);
+        assert!(errors(&msgs).is_empty(), "{policy}: {:?}", errors(&msgs));
+        let cues = element_messages(&msgs, CUE);
+        let c = &cues[1];
+        assert_eq!(c.get::<String>("action").unwrap(), "fit", "{policy}: {c}");
+        assert_eq!(u64_field(c, "slot-duration"), 0, "{c}");
+        assert_eq!(u64_field(c, "start"), 1_500_000_000, "{policy}: {c}");
+        assert_eq!(
+            u64_field(c, "output-duration"),
+            zero.len() as u64 * 1_000_000_000 / RATE,
+            "{c}"
+        );
+        let w: Vec<_> = warnings(&msgs)
+            .into_iter()
+            .filter(|w| w.contains("zero duration"))
+            .collect();
+        assert_eq!(w.len(), 1, "{policy}: {w:?}");
+        assert!(w[0].starts_with("cue 2 (PTS 0:00:01.5"), "{}", w[0]);
+    }
+}
+
 #[test]
 fn a_cue_without_pts_is_spoken_right_after_the_cue_before_it() {
     let (e, bus) = synth(&[("overflow", "overlap")]);

@@ -545,6 +545,14 @@ impl OmniTtsSynth {
         true
     }
 
+    /// A cue's slot on the timeline, samples: its text buffer's duration. A duration of less
+    /// than one sample (zero) is no slot: the cue is spoken as one without duration, whole.
+    fn slot(&self, duration: Option<gst::ClockTime>) -> Option<u64> {
+        duration
+            .map(|d| pos_of(d, self.rate()))
+            .filter(|&samples| samples > 0)
+    }
+
     /// Where a text buffer's PTS is on the timeline (a buffer without PTS: as soon as possible).
     fn cue_start(&self, inner: &Inner, pts: Option<gst::ClockTime>) -> CueStart {
         let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
@@ -603,7 +611,7 @@ impl OmniTtsSynth {
             return Err(gst::FlowError::Flushing);
         };
         let squeeze = slot
-            .filter(|&s| rt.policy == Overflow::Compress && s > 0)
+            .filter(|_| rt.policy == Overflow::Compress)
             .map(|slot| Squeeze {
                 slot,
                 max: max_compression,
@@ -928,8 +936,26 @@ impl OmniTtsSynth {
             }
             _ => t,
         });
-        let slot = duration.map(|d| pos_of(d, self.rate()));
+        let slot = self.slot(duration);
         let (kind, job) = self.cue_kind(id, &text, pts, slot, &voice, live)?;
+        if let Some(d) = duration
+            && slot.is_none()
+            && kind == CueKind::Speech
+        {
+            // A zero duration (as an SRT cue `00:00:05,000 --> 00:00:05,000` gets from subparse)
+            // is no slot to fit speech into: the cue is spoken as one without duration.
+            gst::element_imp_warning!(
+                self,
+                gst::StreamError::Format,
+                (
+                    "cue {} (PTS {}) has a zero duration ({}): it is spoken whole from its PTS, \
+                     as a cue without duration (no slot end, never clipped)",
+                    id,
+                    pts.display(),
+                    d
+                )
+            );
+        }
         self.queue_cue(
             id,
             epoch,
@@ -955,7 +981,7 @@ impl OmniTtsSynth {
         job: Option<Job>,
         text: String,
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
-        let slot = duration.map(|d| pos_of(d, self.rate()));
+        let slot = self.slot(duration);
         let mut inner = self.shared.lock();
         if inner.epoch != epoch || inner.flushing {
             return Err(gst::FlowError::Flushing);
