@@ -94,14 +94,19 @@ for start in 250000000 1500000000; do
 done
 grep 'omnitts/cue' "$work/launch-synth.txt" | grep -q 'text=(string)"Second\\ cue."' \
     || { echo "the markup of cue 2 was not stripped"; exit 1; }
-# The stream ends where the last cue's speech ends (overflow=clip, the speech fits its slot).
-last_end=$(grep -o 'omnitts/cue, id=(guint64)2,.*' "$work/launch-synth.txt" \
-    | grep -o 'end=(guint64)[0-9]*' | grep -o '[0-9]*$')
+# The stream ends at the last cue's end, 3 s (its slot's end: the speech fits, silence follows).
+last_cue=$(grep -o 'omnitts/cue, id=(guint64)2,.*' "$work/launch-synth.txt")
+last_pts=$(grep -o 'pts=(guint64)[0-9]*' <<< "$last_cue" | grep -o '[0-9]*$')
+last_slot=$(grep -o 'slot-duration=(guint64)[0-9]*' <<< "$last_cue" | grep -o '[0-9]*$')
+last_speech_end=$(grep -o ' end=(guint64)[0-9]*' <<< "$last_cue" | grep -o '[0-9]*$')
+last_end=$((last_pts + last_slot))
+[ "$last_end" -eq 3000000000 ] && [ "$last_speech_end" -le "$last_end" ] \
+    || { echo "the last cue: $last_cue"; exit 1; }
 dub_samples=$(soxi -s "$work/dub.wav" 2>/dev/null)
 [ "$dub_samples" -eq $((last_end * 24 / 1000000)) ] \
     || { echo "dub WAV of $dub_samples samples, the last cue ends at $last_end ns"; exit 1; }
 [ "$(soxi -r "$work/dub.wav" 2>/dev/null)" = 24000 ] || { echo "dub WAV is not 24 kHz"; exit 1; }
-echo "ok: dub WAV of $dub_samples samples, cues at 0.25 s and 1.5 s, ending with the last cue"
+echo "ok: dub WAV of $dub_samples samples, cues at 0.25 s and 1.5 s, ending with the last cue's end"
 
 echo "== scripts/install.sh into a temporary prefix; the installed plugin speaks from another directory"
 # The installed plugin must find the installed voice with no model set: GST_PLUGIN_PATH names only

@@ -255,6 +255,9 @@ fn subtitles_dub_each_cue_at_its_sample_for_every_overflow_policy() {
             assert!(r.len() <= slot(i), "cue {} fits its slot", i + 1);
         }
     }
+    // Every policy's stream goes on to the last cue's slot end (its speech fits the slot), in
+    // silence after the speech.
+    let last_end = at_ms(CUES[4].1);
 
     // clip: each cue at its PTS, cut at its slot's end with a 10 ms fade.
     let mut want = Vec::new();
@@ -274,12 +277,9 @@ fn subtitles_dub_each_cue_at_its_sample_for_every_overflow_policy() {
             .collect();
         place(&mut want, at_ms(CUES[i].0), &s);
     }
+    want.resize(last_end, 0.0);
     let (got, cues) = dub(&path, "clip", &dir);
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "clip: ends with the last cue's speech"
-    );
+    assert_eq!(got.len(), want.len(), "clip: ends at the last cue's end");
     assert!(
         got == want,
         "clip: samples differ from the expected timeline"
@@ -323,12 +323,9 @@ fn subtitles_dub_each_cue_at_its_sample_for_every_overflow_policy() {
             *x = soft_limit(*x);
         }
     }
+    want.resize(last_end, 0.0);
     let (got, cues) = dub(&path, "overlap", &dir);
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "overlap: ends with the last cue's speech"
-    );
+    assert_eq!(got.len(), want.len(), "overlap: ends at the last cue's end");
     assert!(
         got == want,
         "overlap: samples differ from the expected timeline"
@@ -348,12 +345,10 @@ fn subtitles_dub_each_cue_at_its_sample_for_every_overflow_policy() {
         place(&mut want, start, r);
     }
     assert!(starts[2] > at_ms(CUES[2].0));
+    assert!(want.len() <= last_end, "the last cue is not shifted");
+    want.resize(last_end, 0.0);
     let (got, cues) = dub(&path, "shift", &dir);
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "shift: ends with the last (shifted) speech"
-    );
+    assert_eq!(got.len(), want.len(), "shift: ends at the last cue's end");
     assert!(
         got == want,
         "shift: samples differ from the expected timeline"
@@ -376,6 +371,43 @@ fn subtitles_dub_each_cue_at_its_sample_for_every_overflow_policy() {
             .iter()
             .all(|&x| x == 0.0)
     );
+}
+
+/// A dub track lasts as long as the subtitles: at EOS the output covers every cue's slot, a
+/// silent last cue's (`♪♪`, nothing to speak) included, with silence.
+#[test]
+fn the_dub_track_ends_at_the_last_cue_slot_end_a_silent_one_included() {
+    let dir = TempDir::new("synth-silent-last");
+    let path = dir.path().join("silent-last.srt");
+    std::fs::write(
+        &path,
+        "1\n00:00:01,000 --> 00:00:02,000\nHello there.\n\n\
+         2\n00:00:06,000 --> 00:00:07,000\n\u{266a}\u{266a}\n\n",
+    )
+    .unwrap();
+    let hello = reference("Hello there.", &[]);
+    assert!(
+        hello.len() < at_ms(1_000),
+        "the fixture's speech fits its slot"
+    );
+    let mut want = Vec::new();
+    place(&mut want, at_ms(1_000), &hello);
+    want.resize(at_ms(7_000), 0.0);
+    for policy in ["clip", "compress", "overlap", "shift"] {
+        let (got, cues) = dub(&path, policy, &dir);
+        assert_eq!(got.len(), at_ms(7_000), "{policy}: to the last cue's end");
+        assert!(got == want, "{policy}: the speech, then silence");
+        let c = &cues[1];
+        assert_eq!(c.get::<String>("action").unwrap(), "silent", "{c}");
+        assert_eq!(u64_field(c, "start"), 6_000_000_000, "{policy}: {c}");
+        assert_eq!(u64_field(c, "end"), 7_000_000_000, "{policy}: {c}");
+    }
+    // Speech shorter than the last slot: silence to the slot's end, too.
+    let path = dir.path().join("short-last.srt");
+    std::fs::write(&path, "1\n00:00:01,000 --> 00:00:03,000\nHello there.\n\n").unwrap();
+    let (got, _) = dub(&path, "clip", &dir);
+    assert_eq!(got.len(), at_ms(3_000));
+    assert!(got[..want.len().min(at_ms(3_000))] == want[..at_ms(3_000)]);
 }
 
 #[test]
@@ -524,6 +556,8 @@ fn empty_whitespace_and_unspeakable_cues_are_silence_without_error() {
     let cue = reference("Spoken.", &[]);
     let mut want = Vec::new();
     place(&mut want, at_ms(1_000), &cue);
+    // To the spoken cue's slot end.
+    want.resize(want.len().max(at_ms(2_000)), 0.0);
     assert!(got == want, "silence, then the one spoken cue");
     let msgs = element_util::drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
@@ -533,6 +567,15 @@ fn empty_whitespace_and_unspeakable_cues_are_silence_without_error() {
         .map(|c| c.get::<String>("action").unwrap())
         .collect();
     assert_eq!(actions, ["silent", "silent", "silent", "silent", "fit"]);
+    // A silent cue's audio is its slot's silence.
+    for (i, c) in cues[..4].iter().enumerate() {
+        let at = 100_000_000 * i as u64;
+        assert_eq!(
+            (u64_field(c, "start"), u64_field(c, "end")),
+            (at, at + 100_000_000),
+            "{c}"
+        );
+    }
     assert_eq!(element_messages(&msgs, "omnitts/utterance-done").len(), 1);
 }
 
@@ -591,6 +634,8 @@ fn a_cue_without_pts_is_spoken_right_after_the_cue_before_it() {
     place(&mut want, at_ms(300), &a);
     let end_a = want.len();
     place(&mut want, end_a, &b);
+    // To the first cue's slot end (2.3 s) if the speech ends before it.
+    want.resize(want.len().max(at_ms(2_300)), 0.0);
     assert!(got == want);
     let msgs = element_util::drain(&bus);
     let cues = element_messages(&msgs, CUE);
@@ -746,6 +791,10 @@ fn voice_event_and_speaker_map_change_the_voice_of_later_cues() {
         let r = reference(t, &props);
         let start = at_ms(1_000 * i as u64).max(want.len());
         place(&mut want, start, &r);
+    }
+    // Silence to the last cue's slot end (4 s) if its speech is shorter.
+    if want.len() < at_ms(4_000) {
+        want.resize(at_ms(4_000), 0.0);
     }
     assert!(
         got == want,

@@ -11,8 +11,8 @@ use super::timeline::CueReport;
 /// `id` (u64, as in the utterance messages), `text` (string, the text spoken), `pts` (u64 ns,
 /// the text buffer's PTS; `GST_CLOCK_TIME_NONE` for a cue without one), `slot-duration` (u64
 /// ns, the buffer's duration, or none), `start` (u64 ns, the PTS of its first audio sample, or
-/// none when nothing of it was output), `end` (u64 ns, past its last output sample or where it
-/// was cut), `speech-duration` (u64 ns synthesised; for a clipped cue, up to the cut),
+/// none when nothing of it was output; a silent cue: where its slot's silence starts), `end` (u64
+/// ns, past its last output sample or where it was cut; a silent cue: its slot's end), `speech-duration` (u64 ns synthesised; for a clipped cue, up to the cut),
 /// `output-duration` (u64 ns of it output), `overflow` (string, the policy: `clip`, `overlap`,
 /// `shift`, `compress`), `action` (string: `fit`, `clipped`, `overlapped`, `overran`, `shifted`,
 /// `compressed`, `silent`), `compression` (f64, `compress`: how many times faster its speech was

@@ -5,8 +5,9 @@
 //! spoken from its PTS, its duration being the cue's slot. Out comes one continuous,
 //! sample-exact audio stream with the caps of `omnittssrc` (F32LE or S16LE, mono, at the
 //! model's rate: 24000 Hz for Qwen3-TTS, 44100 Hz for Fish S2 Pro): the cues' speech at their
-//! sample positions, GAP-flagged silence between them, in the input's TIME segment, EOS after
-//! the last cue's audio.
+//! sample positions, GAP-flagged silence between them, in the input's TIME segment, EOS at the
+//! end of the last cue: its slot's end (silence to there, for a silent cue too) or its audio's
+//! end, whichever is later.
 //!
 //! - When speech is longer than its slot, the `overflow` property decides ([`Overflow`]): `clip`,
 //!   `overlap` (the element mixes, soft-limited), `shift` (later cues later, never earlier than

@@ -21,6 +21,10 @@
 //! A mix of two or more voices goes through [`soft_limit`], which keeps it within full scale; a
 //! lone voice is output as synthesised.
 //!
+//! End: after EOS, once every cue is over, the output goes on (in silence) to the latest slot end
+//! of any cue (its start + slot; a silent cue's too) and GAP end, so that the stream covers the
+//! whole cue timeline.
+//!
 //! Pacing ([`Pace`]): not live, silence is output only up to what the input has told (a later cue's
 //! PTS, a GAP's end) and audio is waited for however long synthesis takes, so the timeline is exact.
 //! Live, silence may also run up to the running time all input has arrived by, and a cue whose audio
@@ -140,9 +144,11 @@ pub struct CueReport {
     pub speech: u64,
     /// Samples of it output.
     pub output: u64,
-    /// Position of its first output sample.
+    /// Position of its first output sample (a silent cue: where it became due, its slot's
+    /// silence).
     pub first: Option<u64>,
-    /// Position where it ended (past its last output sample, or where it was cut).
+    /// Position where it ended (past its last output sample, or where it was cut; a silent cue:
+    /// its slot's end).
     pub end: u64,
     pub action: Action,
     /// Samples it started after its PTS because the speech before it ran long (`shift`).
@@ -186,6 +192,8 @@ struct Cue {
     finished: bool,
     /// Where the output was when it became due.
     due_at: Option<u64>,
+    /// Where its slot ends (its start + the slot), once due; `None` without a slot.
+    slot_end: Option<u64>,
     first: Option<u64>,
     /// `clip`: the slot's end, where it is cut.
     cut: Option<u64>,
@@ -249,7 +257,8 @@ pub struct Timeline {
     n: u64,
     /// What the input has told up to: the latest cue PTS or GAP end.
     horizon: u64,
-    /// The latest GAP end: the output goes at least this far before EOS.
+    /// The latest GAP end or slot end of a cue that became due: the output goes at least this
+    /// far before EOS.
     input_end: u64,
     ended: bool,
     notices: Vec<Notice>,
@@ -315,6 +324,7 @@ impl Timeline {
             pos: 0,
             finished: false,
             due_at: None,
+            slot_end: None,
             first: None,
             cut: None,
             fade: 0,
@@ -403,6 +413,12 @@ impl Timeline {
         let speech = c.original.unwrap_or(c.received);
         let overrun = c.slot.map_or(0, |s| speech.saturating_sub(s));
         let clipped = c.received - c.pos;
+        // A silent cue's audio is the silence of its slot: from where it became due to its
+        // slot's end.
+        let (first, end) = match c.kind {
+            CueKind::Silent => (c.due_at, c.slot_end.map_or(end, |e| e.max(end))),
+            _ => (c.first, end),
+        };
         let action = match (&c.kind, self.policy) {
             (CueKind::Silent | CueKind::Refused(_), _) => Action::Silent,
             (_, p) if p.cuts() && (clipped > 0 || !c.finished) => Action::Clipped,
@@ -418,7 +434,7 @@ impl Timeline {
             slot: c.slot,
             speech,
             output: c.pos,
-            first: c.first,
+            first,
             end,
             action,
             shifted,
@@ -468,23 +484,28 @@ impl Timeline {
                     let c = &mut self.cues[i];
                     c.state = State::Playing;
                     c.due_at = Some(n);
-                    if silent {
-                        self.retire(i);
-                        changed = true;
-                        continue;
-                    }
+                    // Its slot: from its PTS (a cue without PTS: from now).
+                    let begin = match c.start {
+                        CueStart::At(p) => p,
+                        CueStart::Asap(_) => n,
+                    };
+                    c.slot_end = c.slot.map(|slot| begin + slot);
                     if self.policy.cuts()
-                        && let Some(slot) = c.slot
+                        && !silent
+                        && let Some(cut) = c.slot_end
                     {
-                        let begin = match c.start {
-                            CueStart::At(p) => p,
-                            CueStart::Asap(_) => n,
-                        };
-                        let cut = begin + slot;
                         c.cut = Some(cut);
                         c.fade = CLIP_FADE_SAMPLES.min(cut.saturating_sub(n));
                     }
+                    // The stream covers every cue's slot, a silent one's included.
+                    if let Some(end) = c.slot_end {
+                        self.input_end = self.input_end.max(end);
+                    }
                     changed = true;
+                    if silent {
+                        self.retire(i);
+                        continue;
+                    }
                 }
                 i += 1;
             }
@@ -671,7 +692,8 @@ mod tests {
         for policy in [Overflow::Clip, Overflow::Overlap, Overflow::Shift] {
             let mut t = five(policy, [3_000, 1_500, 2_000, 2_500, 1_000]);
             let (out, gaps, reports) = run(&mut t);
-            assert_eq!(out.len(), 45_000, "{policy:?}: ends with the last speech");
+            // The last speech ends at 45000, its slot at 46000: silence to there.
+            assert_eq!(out.len(), 46_000, "{policy:?}: ends with the last slot");
             assert_eq!(
                 gaps,
                 [
@@ -679,12 +701,13 @@ mod tests {
                     (4_000, 6_000),
                     (7_500, 9_000),
                     (11_000, 40_000),
-                    (42_500, 44_000)
+                    (42_500, 44_000),
+                    (45_000, 46_000)
                 ],
                 "{policy:?}"
             );
             assert!(out[1_000..4_000].iter().all(|&x| x == 1.0));
-            assert!(out[44_000..].iter().all(|&x| x == 5.0));
+            assert!(out[44_000..45_000].iter().all(|&x| x == 5.0));
             for r in &reports {
                 assert_eq!(r.action, Action::Fit, "{policy:?} {r:?}");
                 assert_eq!(r.first, Some(r.start.position()));
@@ -698,7 +721,7 @@ mod tests {
         // Cue 2 (slot 6000..8000) speaks 5000 samples.
         let mut t = five(Overflow::Clip, [3_000, 5_000, 2_000, 2_500, 1_000]);
         let (out, gaps, reports) = run(&mut t);
-        assert_eq!(out.len(), 45_000);
+        assert_eq!(out.len(), 46_000);
         assert_eq!(gaps[1], (4_000, 6_000));
         assert_eq!(gaps[2], (8_000, 9_000), "silence from the cut to cue 3");
         let fade_start = 8_000 - CLIP_FADE_SAMPLES as usize;
@@ -718,7 +741,7 @@ mod tests {
     fn overlap_mixes_the_next_cue_at_its_pts() {
         let mut t = five(Overflow::Overlap, [3_000, 5_000, 2_000, 2_500, 1_000]);
         let (out, gaps, reports) = run(&mut t);
-        assert_eq!(out.len(), 45_000);
+        assert_eq!(out.len(), 46_000);
         assert_eq!(gaps[2], (11_000, 40_000), "no silence before cue 3");
         assert!(out[6_000..9_000].iter().all(|&x| x == 2.0));
         assert!(
@@ -842,18 +865,68 @@ mod tests {
             .take_notices()
             .into_iter()
             .filter_map(|n| match n {
-                Notice::Done(r) => Some((r.id, r.action, r.first)),
+                Notice::Done(r) => Some((r.id, r.action, r.first, r.end)),
                 _ => None,
             })
             .collect();
+        // The silent cue's audio is its slot's silence (under cue 1's speech here).
         assert_eq!(
             reports,
             [
-                (2, Action::Silent, None),
-                (1, Action::Overlapped, Some(0)),
-                (3, Action::Fit, Some(1_000)),
+                (2, Action::Silent, Some(200), 700),
+                (1, Action::Overlapped, Some(0), 1_000),
+                (3, Action::Fit, Some(1_000), 1_100),
             ]
         );
+    }
+
+    #[test]
+    fn eos_comes_after_the_last_slot_a_silent_one_included() {
+        for policy in [
+            Overflow::Clip,
+            Overflow::Overlap,
+            Overflow::Shift,
+            Overflow::Compress,
+        ] {
+            // A spoken cue shorter than its slot, then a silent last cue (`♪♪`) at 6000..7000:
+            // silence (GAP) to the silent cue's slot end, then EOS.
+            let mut t = Timeline::new(policy);
+            t.push_cue(1, CueStart::At(1_000), Some(1_000), CueKind::Speech);
+            t.push_cue(2, CueStart::At(6_000), Some(1_000), CueKind::Silent);
+            t.add_audio(1, &speech(500, 1.0));
+            t.finish(1);
+            t.end();
+            let (out, gaps, reports) = run(&mut t);
+            assert_eq!(out.len(), 7_000, "{policy:?}: to the silent cue's slot end");
+            assert_eq!(gaps, [(0, 1_000), (1_500, 7_000)], "{policy:?}");
+            let r = &reports[1];
+            assert_eq!(
+                (r.action, r.first, r.end, r.output),
+                (Action::Silent, Some(6_000), 7_000, 0),
+                "{policy:?}"
+            );
+
+            // The last cue's speech shorter than its slot: silence to the slot end; a cue
+            // without PTS has its slot from where it starts; a GAP past it goes further.
+            let mut t = Timeline::new(policy);
+            t.push_cue(1, CueStart::At(0), Some(1_000), CueKind::Speech);
+            t.push_cue(2, CueStart::Asap(0), Some(2_000), CueKind::Speech);
+            t.add_audio(1, &speech(600, 1.0));
+            t.add_audio(2, &speech(300, 2.0));
+            t.finish(1);
+            t.finish(2);
+            t.end();
+            let (out, gaps, _) = run(&mut t);
+            assert_eq!(out.len(), 2_600, "{policy:?}: cue 2's slot is 600..2600");
+            assert_eq!(gaps, [(900, 2_600)], "{policy:?}");
+            let mut t = Timeline::new(policy);
+            t.push_cue(1, CueStart::At(0), Some(1_000), CueKind::Speech);
+            t.add_audio(1, &speech(600, 1.0));
+            t.finish(1);
+            t.gap(3_000);
+            t.end();
+            assert_eq!(run(&mut t).0.len(), 3_000, "{policy:?}");
+        }
     }
 
     #[test]
@@ -902,7 +975,9 @@ mod tests {
             Step::Audio(speech(100, 2.0))
         );
         t.end();
-        assert_eq!(t.next(MAX, live(2_380, false)), Step::End);
+        // Cue 2's slot ends at 2500: the stream goes on to there.
+        assert_eq!(t.next(MAX, live(2_380, false)), Step::Silence(120));
+        assert_eq!(t.next(MAX, live(2_500, false)), Step::End);
         let Notice::Done(r2) = &t.take_notices()[1] else {
             panic!()
         };
@@ -1043,7 +1118,8 @@ mod tests {
         }
         t.end();
         let (out, _, reports) = run(&mut t);
-        assert_eq!(out.len(), 3_400);
+        // Cue 3's slot end.
+        assert_eq!(out.len(), 3_500);
         assert!(out[..800].iter().all(|&x| x == 0.1));
         assert!(out[800..2_000].iter().all(|&x| x == 0.0));
         assert!(out[2_499] < 0.2 && out[2_499] > 0.0, "faded at the cut");
