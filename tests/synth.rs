@@ -713,6 +713,50 @@ fn an_untimed_segment_is_one_clear_error() {
     assert_eq!(segment.len(), 1, "{errs:?}");
 }
 
+/// Downstream that takes none of the element's audio caps (24 kHz here, 44.1 kHz asked for) is
+/// one negotiation error, however often upstream offers the text caps again (its CAPS event is
+/// sticky: it is sent again before the segment and every buffer).
+#[test]
+fn audio_caps_downstream_refuses_are_one_error() {
+    init();
+    let dir = TempDir::new("synth-caps");
+    let path = dir.path().join("cues.srt");
+    std::fs::write(&path, srt()).unwrap();
+    let pipeline = gst::parse::launch(&format!(
+        "filesrc location=\"{}\" ! subparse ! omnittssynth model=\"{}\" \
+         max-new-tokens={MAX_TOKENS} ! audio/x-raw,rate=44100 ! fakesink",
+        path.display(),
+        fixture_model("tiny-customvoice")
+    ))
+    .unwrap();
+    let bus = pipeline.bus().unwrap();
+    let _ = pipeline.set_state(gst::State::Playing);
+    std::thread::sleep(Duration::from_millis(1500));
+    // Read before NULL, which flushes the bus.
+    let msgs = element_util::drain(&bus);
+    let _ = pipeline.set_state(gst::State::Null);
+    let ours: Vec<String> = msgs
+        .iter()
+        .filter_map(|m| match m.view() {
+            gst::MessageView::Error(e)
+                if m.src()
+                    .is_some_and(|s| s.name().starts_with("omnittssynth")) =>
+            {
+                Some(e.error().to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert!(
+        ours[0].contains("downstream takes none of omnittssynth's audio caps")
+            && ours[0].contains("rate=(int)24000"),
+        "{}",
+        ours[0]
+    );
+}
+
+/// Text caps the element does not speak fail negotiation with one error that names them.
 #[test]
 fn unsupported_text_caps_fail_negotiation_with_a_clear_message() {
     for caps in ["application/x-subtitle", "text/x-raw,format=utf16"] {
@@ -740,6 +784,8 @@ fn unsupported_text_caps_fail_negotiation_with_a_clear_message() {
                 && e.contains("utf8 or pango-markup")),
             "{caps}: {errs:?}"
         );
+        // Once, though the sticky CAPS event came again before the segment and the buffer.
+        assert_eq!(errs.len(), 1, "{caps}: {errs:?}");
         e.set_state(gst::State::Null).unwrap();
     }
 }

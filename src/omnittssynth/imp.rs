@@ -111,6 +111,10 @@ pub struct OmniTtsSynth {
     /// A SEGMENT was refused and said so: the pad offers a sticky event again before every
     /// buffer, and the error is posted once (until a segment is taken, or the element stops).
     segment_refused: AtomicBool,
+    /// Caps were refused (text caps the element does not speak, or audio caps downstream does
+    /// not take) and said so: the sticky CAPS event is offered again before every later event
+    /// and buffer, and the error is posted once (until caps are taken, or the element stops).
+    caps_refused: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -191,6 +195,7 @@ impl ObjectSubclass for OmniTtsSynth {
             fragments: Mutex::new(Fragments::default()),
             rate: AtomicU32::new(0),
             segment_refused: AtomicBool::new(false),
+            caps_refused: AtomicBool::new(false),
         }
     }
 }
@@ -308,6 +313,7 @@ impl OmniTtsSynth {
     /// Stops the workers (cancelling what they synthesise) and lets go of the engine.
     fn stop(&self) {
         self.segment_refused.store(false, Ordering::Relaxed);
+        self.caps_refused.store(false, Ordering::Relaxed);
         let policy = self.policy();
         drop_fragments(&self.fragments);
         {
@@ -389,15 +395,17 @@ impl OmniTtsSynth {
             let caps = q.caps_owned();
             let ok = caps.is_subset(&sink_caps());
             if !ok && caps.is_fixed() {
-                gst::element_imp_error!(
-                    self,
-                    gst::CoreError::Negotiation,
-                    (
-                        "text caps '{}' are not supported: omnittssynth speaks text/x-raw with \
-                         format utf8 or pango-markup (timed text, e.g. from subparse)",
-                        caps
-                    )
-                );
+                self.refuse_caps(|| {
+                    gst::element_imp_error!(
+                        self,
+                        gst::CoreError::Negotiation,
+                        (
+                            "text caps '{}' are not supported: omnittssynth speaks text/x-raw \
+                             with format utf8 or pango-markup (timed text, e.g. from subparse)",
+                            caps
+                        )
+                    );
+                });
             }
             q.set_result(ok);
             return true;
@@ -443,6 +451,17 @@ impl OmniTtsSynth {
         }
     }
 
+    /// Caps are refused: `post` posts the error the first time only (the sticky CAPS event comes
+    /// again before every later event and buffer). Returns false (not accepted).
+    fn refuse_caps(&self, post: impl FnOnce()) -> bool {
+        if !self.caps_refused.swap(true, Ordering::Relaxed) {
+            post();
+        } else {
+            gst::debug!(CAT, imp = self, "caps refused again (error already posted)");
+        }
+        false
+    }
+
     /// Checks the text caps and sets the output caps (F32LE or S16LE as downstream prefers).
     fn set_caps(&self, caps: &gst::CapsRef) -> bool {
         let format = caps
@@ -451,45 +470,50 @@ impl OmniTtsSynth {
             .and_then(|s| s.get::<&str>("format").ok())
             .and_then(TextFormat::from_caps_format);
         let Some(format) = format else {
-            gst::element_imp_error!(
-                self,
-                gst::CoreError::Negotiation,
-                (
-                    "text caps '{}' are not supported: omnittssynth speaks text/x-raw with format \
-                     utf8 or pango-markup",
-                    caps
-                )
-            );
-            return false;
+            return self.refuse_caps(|| {
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    (
+                        "text caps '{}' are not supported: omnittssynth speaks text/x-raw with \
+                         format utf8 or pango-markup",
+                        caps
+                    )
+                );
+            });
         };
         self.shared.lock().text_format = Some(format);
         if self.shared.lock().format.is_some() {
+            self.caps_refused.store(false, Ordering::Relaxed);
             return true;
         }
         let template = audio::caps(self.rate());
         let peer = self.srcpad.peer_query_caps(Some(&template));
         let mut out = peer.intersect_with_mode(&template, gst::CapsIntersectMode::First);
         if out.is_empty() {
-            gst::element_imp_error!(
-                self,
-                gst::CoreError::Negotiation,
-                (
-                    "downstream takes none of omnittssynth's audio caps ({}); put audioconvert \
-                     and audioresample after it",
-                    template
-                )
-            );
-            return false;
+            return self.refuse_caps(|| {
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    (
+                        "downstream takes none of omnittssynth's audio caps ({}); put \
+                         audioconvert and audioresample after it",
+                        template
+                    )
+                );
+            });
         }
         out.fixate();
         let sample_format = match SampleFormat::from_caps(&out, self.rate()) {
             Ok(f) => f,
             Err(e) => {
-                gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", e));
-                return false;
+                return self.refuse_caps(|| {
+                    gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", e));
+                });
             }
         };
         gst::debug!(CAT, imp = self, "output caps {out}");
+        self.caps_refused.store(false, Ordering::Relaxed);
         self.shared.lock().format = Some(sample_format);
         self.srcpad.push_event(gst::event::Caps::new(&out))
     }
