@@ -32,7 +32,10 @@ fn fields_for(d: &ModelDescription) -> String {
         ("language", !d.languages.is_empty()),
         ("ref-audio", clones),
         ("ref-text", clones),
-        ("x-vector-only", clones && d.reference.speaker_embedding_only),
+        (
+            "x-vector-only",
+            clones && d.reference.speaker_embedding_only,
+        ),
     ]
     .iter()
     .filter(|(_, takes)| *takes)
