@@ -63,7 +63,8 @@ struct Args {
     /// Text to speak.
     #[arg(long)]
     text: String,
-    /// CustomVoice preset speaker (case-insensitive).
+    /// Qwen3-TTS CustomVoice preset speaker (case-insensitive); unset: none in the prompt, as the
+    /// reference's direct call (the elements take the alphabetically first speaker instead).
     #[arg(long)]
     speaker: Option<String>,
     /// Language (case-insensitive); default `auto`.
@@ -75,8 +76,8 @@ struct Args {
     /// Greedy decoding for both the talker and the code predictor.
     #[arg(long)]
     greedy: bool,
-    /// Sampling seed.
-    #[arg(long, default_value_t = 0)]
+    /// Sampling seed (42, as the elements' `seed` property).
+    #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Maximum codebook-0 tokens (default: generation_config.json).
     #[arg(long)]
@@ -87,8 +88,9 @@ struct Args {
     /// Compute dtype of the weights: f32, bf16 or f16.
     #[arg(long, default_value = "f32")]
     dtype: String,
-    /// Stored form of the talker's and code predictor's linear weights: auto, none, q8_0 or
-    /// q4_k (`engine_args.quantization`, docs/cpu.md; quantized forms need the CPU and f32).
+    /// Qwen3-TTS: stored form of the talker's and code predictor's linear weights: auto, none,
+    /// q8-0 or q4-k (also spelled q8_0, q4_k: `engine_args.quantization`, docs/cpu.md;
+    /// quantized forms need the CPU and f32).
     #[arg(long, default_value = "auto")]
     quantization: String,
     /// `cpu` or `cuda:N`.
@@ -97,17 +99,18 @@ struct Args {
     /// Where to write the codes JSON (optional).
     #[arg(long)]
     codes_out: Option<PathBuf>,
-    /// Where to write the 24 kHz mono WAV.
+    /// Where to write the mono WAV, at the model's rate (24 kHz Qwen3-TTS, 44.1 kHz Fish S2 Pro).
     #[arg(long)]
     wav_out: Option<PathBuf>,
-    /// Base: reference audio to clone: a file path or URI in any format GStreamer decodes
-    /// (resampled to 24 kHz, channels mixed down).
+    /// Checkpoints that clone (Qwen3-TTS Base, Fish S2 Pro): reference audio, a file path or URI
+    /// in any format GStreamer decodes (resampled to the model's reference rate, mixed down).
     #[arg(long)]
     ref_audio: Option<String>,
-    /// Base: transcript of the reference audio (ICL mode; required unless --x-vector-only).
+    /// Transcript of the reference audio (ICL mode; required unless --x-vector-only).
     #[arg(long)]
     ref_text: Option<String>,
-    /// Base: clone from the speaker embedding only (no reference text/codes in the prompt).
+    /// Qwen3-TTS Base: clone from the speaker embedding only (no reference text/codes in the
+    /// prompt).
     #[arg(long)]
     x_vector_only: bool,
 }
@@ -136,12 +139,13 @@ fn main() -> Result<()> {
     let dev = device(&args.device)?;
     let ckpt = Checkpoint::open(&args.model)?;
     let t0 = Instant::now();
-    let quantization = QuantizationSpec::parse(&args.quantization).with_context(|| {
-        format!(
-            "--quantization {:?} (auto | none | q8_0 | q4_k)",
-            args.quantization
-        )
-    })?;
+    let quantization =
+        QuantizationSpec::parse(&args.quantization.replace('-', "_")).with_context(|| {
+            format!(
+                "--quantization {:?} (auto | none | q8-0 | q4-k)",
+                args.quantization
+            )
+        })?;
     let model = ArModel::load_with(&ckpt, &dev, dtype(&args.dtype)?, quantization)?;
     eprintln!(
         "loaded {} ({}) in {:.2} s; weights: {}",

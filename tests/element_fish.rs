@@ -149,6 +149,44 @@ fn omnittssrc_speaks_fish_at_44100_hz() {
     assert!(samples.iter().all(|x| x.is_finite() && x.abs() <= 1.0));
 }
 
+/// An unset sampling property reads as the loaded checkpoint's default (S2 Pro's: temperature
+/// 1.0, top-k 30, top-p 0.9, no repetition penalty), the value its utterances use, so that an
+/// application that reads the properties and writes them back changes nothing; before the model
+/// is loaded it reads as the released Qwen3-TTS checkpoints' default.
+#[test]
+fn unset_sampling_properties_read_as_the_loaded_models_defaults() {
+    init();
+    let e = gst::ElementFactory::make("omnittssrc")
+        .property("model", model())
+        .property("text", "Hello.")
+        .property("max-new-tokens", 4u32)
+        .build()
+        .unwrap();
+    let read = |e: &gst::Element| {
+        (
+            e.property::<f64>("temperature"),
+            e.property::<u32>("top-k"),
+            e.property::<f64>("top-p"),
+            e.property::<f64>("repetition-penalty"),
+        )
+    };
+    assert_eq!(read(&e), (0.9, 50, 1.0, 1.05), "before start");
+    e.set_state(gst::State::Paused).unwrap();
+    assert_eq!(
+        read(&e),
+        (1.0, 30, 0.9, 1.0),
+        "S2 Pro's defaults once loaded"
+    );
+    assert_eq!(
+        e.property::<u32>("max-new-tokens"),
+        4,
+        "a set property keeps its value"
+    );
+    e.set_property("top-k", 7u32);
+    assert_eq!(read(&e).1, 7);
+    e.set_state(gst::State::Null).unwrap();
+}
+
 /// A dialogue longer than `split-sentences=auto`'s threshold (594 characters with Fish's
 /// built-in 4096 frames) and of several generation batches (9 turns): spoken whole, as one
 /// utterance, its turns batched by the model with each batch's prompt holding the earlier ones;

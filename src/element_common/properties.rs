@@ -15,8 +15,9 @@ use super::bundled_voice;
 use super::request::ModelInfo;
 use super::settings::{
     DEFAULT_CHUNK_FRAMES, DEFAULT_INITIAL_CHUNK_FRAMES, DEFAULT_LANGUAGE, PromptModeSetting,
-    QuantizationSetting, SAMPLING_DEFAULTS, SynthesisSettings,
+    QuantizationSetting, SAMPLING_DEFAULTS, SamplingDefaults, SynthesisSettings,
 };
+use crate::models::tts::SamplingParams;
 
 /// Param specs of the model, stage config, device, voice, sampling and chunk properties, in the
 /// order gst-inspect lists them.
@@ -68,7 +69,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
                  output heads): auto = the stage config's engine_args.quantization (auto in the \
                  built-in one: int8 on the CPU where its fast kernels apply), none = dense \
                  (reference parity), q8-0 = int8, q4-k = 4-bit; the quantized forms run on the \
-                 CPU only (docs/cpu.md)",
+                 CPU only (docs/cpu.md); Qwen3-TTS only (Fish S2 Pro refuses q8-0 and q4-k)",
             )
             .mutable_ready()
             .build(),
@@ -87,7 +88,9 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .blurb(
                 "Preset speaker of a CustomVoice checkpoint (case-insensitive, see \
                  available-speakers); unset: the checkpoint's alphabetically first speaker \
-                 (joe in the bundled voice, aiden in the released checkpoints). Applies to text queued after it is set",
+                 (joe in the bundled voice, aiden in the released checkpoints); a checkpoint \
+                 without presets (Qwen3-TTS Base and VoiceDesign, Fish S2 Pro) refuses it. \
+                 Applies to text queued after it is set",
             )
             .mutable_playing()
             .build(),
@@ -95,8 +98,9 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .nick("Language")
             .blurb(
                 "Language of the text, case-insensitive: a name (see available-languages) \
-                 or its ISO 639-1 code (en, zh, ja, ko, de, fr, ru, pt, es, it), or auto. \
-                 Applies to text queued after it is set",
+                 or its ISO 639-1 code (en, zh, ja, ko, de, fr, ru, pt, es, it), or auto; \
+                 Fish S2 Pro, which takes no language, refuses any other value. Applies to \
+                 text queued after it is set",
             )
             .default_value(Some(DEFAULT_LANGUAGE))
             .mutable_playing()
@@ -106,7 +110,8 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .blurb(
                 "Style instruction (1.7B CustomVoice) or voice description (VoiceDesign); \
                  ignored by 0.6B CustomVoice and Base (with a warning, as for a VoiceDesign \
-                 checkpoint without one). Applies to text queued after it is set",
+                 checkpoint without one); refused by Fish S2 Pro. Applies to text queued after \
+                 it is set",
             )
             .mutable_playing()
             .build(),
@@ -115,7 +120,8 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .blurb(
                 "Where the text goes in the model's prompt: fed one token per frame \
                  (streaming) or all at once (non-streaming); auto: the variant's default. \
-                 Applies to text queued after it is set",
+                 Qwen3-TTS only (Fish S2 Pro refuses streaming and non-streaming). Applies to \
+                 text queued after it is set",
             )
             .mutable_playing()
             .build(),
@@ -146,7 +152,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecBoolean::builder("x-vector-only")
             .nick("X-vector only")
             .blurb(
-                "Base checkpoints only: clone from the speaker embedding (x-vector) of \
+                "Qwen3-TTS Base only: clone from the speaker embedding (x-vector) of \
                  ref-audio alone, without its transcript and codes (ref-text ignored); \
                  false: ICL cloning, which needs ref-text. Applies to text queued after \
                  it is set",
@@ -157,18 +163,19 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecBoolean::builder("do-sample")
             .nick("Sample")
             .blurb(
-                "Sample codes (true) or decode greedily, talker and code predictor \
-                 (false, deterministic). Unset sampling properties: the stage config's \
-                 default_sampling_params, else the checkpoint's generation_config.json \
-                 (the defaults shown are the released checkpoints'; the bundled voice's \
-                 is greedy)",
+                "Sample codes (true) or decode greedily, every codebook (false, \
+                 deterministic). Unset sampling properties: the stage config's \
+                 default_sampling_params, else the checkpoint's defaults (those shown are \
+                 the released Qwen3-TTS checkpoints'; once a model is loaded an unset one \
+                 reads as its value: the bundled voice is greedy, Fish S2 Pro samples at \
+                 temperature 1.0, top-k 30, top-p 0.9)",
             )
             .default_value(SAMPLING_DEFAULTS.do_sample)
             .mutable_playing()
             .build(),
         glib::ParamSpecDouble::builder("temperature")
             .nick("Temperature")
-            .blurb("Sampling temperature of the talker (0 = greedy)")
+            .blurb("Sampling temperature of the codes (0 = greedy)")
             .minimum(0.0)
             .maximum(2.0)
             .default_value(SAMPLING_DEFAULTS.temperature)
@@ -176,7 +183,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecUInt::builder("top-k")
             .nick("Top-k")
-            .blurb("Talker: sample among the k most likely codes (0 = no limit)")
+            .blurb("Sample among the k most likely codes (0 = no limit)")
             .minimum(0)
             .maximum(4096)
             .default_value(SAMPLING_DEFAULTS.top_k)
@@ -184,7 +191,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecDouble::builder("top-p")
             .nick("Top-p")
-            .blurb("Talker: nucleus sampling probability mass (1 = off)")
+            .blurb("Nucleus sampling probability mass (1 = off)")
             .minimum(0.01)
             .maximum(1.0)
             .default_value(SAMPLING_DEFAULTS.top_p)
@@ -192,7 +199,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecDouble::builder("repetition-penalty")
             .nick("Repetition penalty")
-            .blurb("Talker: penalty on codes already generated (1 = off)")
+            .blurb("Penalty on codes already generated (1 = off)")
             .minimum(1.0)
             .maximum(2.0)
             .default_value(SAMPLING_DEFAULTS.repetition_penalty)
@@ -201,9 +208,10 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecUInt::builder("max-new-tokens")
             .nick("Max new tokens")
             .blurb(
-                "Longest utterance in codec frames of the model (12.5 per second of audio for \
-                 Qwen3-TTS, ~21.5 for Fish S2 Pro); the stage config's runaway guard may \
-                 end it earlier",
+                "Generation steps per utterance (per generation batch of a Fish S2 Pro \
+                 dialogue), as the reference's max_new_tokens: at most N - 1 codec frames of \
+                 audio (12.5 a second for Qwen3-TTS, ~21.5 for Fish S2 Pro); the stage \
+                 config's runaway guard may end it earlier",
             )
             .minimum(2)
             .maximum(65536)
@@ -253,14 +261,17 @@ pub(crate) fn model_info_param_specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecString::builder("available-languages")
             .nick("Available languages")
-            .blurb("Languages of the loaded checkpoint, comma-separated (after start)")
+            .blurb(
+                "Languages of the loaded checkpoint, comma-separated, auto among them (after \
+                 start; empty for a model that takes none)",
+            )
             .read_only()
             .build(),
         glib::ParamSpecUInt64::builder("voice-clone-encodes")
             .nick("Voice-clone encodes")
             .blurb(
-                "Base checkpoints: how many times the engine has encoded a reference \
-                 (speaker and codec encoders) since start; utterances reusing a \
+                "Checkpoints that clone: how many times the engine has encoded a reference \
+                 (its encoders) since it was loaded; utterances reusing a \
                  reference take it from the engine's cache; a shared engine counts for \
                  every element sharing it (0 before start)",
             )
@@ -370,10 +381,13 @@ impl SynthesisSettings {
     }
 
     /// The value of the property `name` (one of [`synthesis_param_specs`]): an unset sampling
-    /// property shows its default. `None` for any other name.
-    pub fn property(&self, name: &str) -> Option<glib::Value> {
+    /// property shows its default, the `loaded` checkpoint's (its engine's defaults: the model's
+    /// generation defaults under the stage config) once one is, else the released Qwen3-TTS
+    /// checkpoints' under the built-in stage config. `None` for any other name.
+    pub fn property(&self, name: &str, loaded: Option<&SamplingParams>) -> Option<glib::Value> {
         let s = self;
-        let d = &*SAMPLING_DEFAULTS;
+        let of_loaded = loaded.map(SamplingDefaults::of);
+        let d = of_loaded.as_ref().unwrap_or(&*SAMPLING_DEFAULTS);
         Some(match name {
             "model" => s.model.to_value(),
             "stage-config" => s.stage_config.to_value(),
@@ -417,7 +431,7 @@ mod tests {
         for spec in synthesis_param_specs() {
             let name = spec.name();
             let v = s
-                .property(name)
+                .property(name, None)
                 .unwrap_or_else(|| panic!("{name}: no getter"));
             assert_eq!(v.type_(), spec.value_type(), "{name}");
             assert!(
@@ -426,7 +440,7 @@ mod tests {
             );
         }
         assert!(!s.set_property("text", &"x".to_value()));
-        assert!(s.property("is-live").is_none());
+        assert!(s.property("is-live", None).is_none());
         for spec in model_info_param_specs() {
             let v = model_info_property(spec.name(), None).unwrap();
             assert_eq!(v.type_(), spec.value_type(), "{}", spec.name());
@@ -438,7 +452,7 @@ mod tests {
     fn unset_sampling_shows_the_default_and_set_values_stick() {
         let mut s = SynthesisSettings::default();
         assert_eq!(
-            s.property("seed").unwrap().get::<u64>().unwrap(),
+            s.property("seed", None).unwrap().get::<u64>().unwrap(),
             SAMPLING_DEFAULTS.seed
         );
         assert!(s.set_property("seed", &7u64.to_value()));

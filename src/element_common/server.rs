@@ -203,8 +203,9 @@ pub(crate) fn server_param_specs() -> Vec<glib::ParamSpec> {
                  When set the element loads no model: each utterance is one streaming POST \
                  <server>/v1/audio/speech; caps, timestamps and messages stay the same. \
                  Properties without a request field (model, stage-config, ar-device, \
-                 decoder-device, do-sample, temperature, top-k, top-p, repetition-penalty, \
-                 chunk-frames, shared-engine=false, quantization) are refused",
+                 decoder-device, shared-engine=false, quantization, do-sample, \
+                 repetition-penalty, chunk-frames) are refused; temperature, top-k and top-p \
+                 travel in extra_params",
             )
             .mutable_ready()
             .build(),

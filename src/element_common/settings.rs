@@ -41,16 +41,24 @@ pub(crate) static SAMPLING_DEFAULTS: LazyLock<SamplingDefaults> = LazyLock::new(
         .ar
         .sampling
         .apply(SamplingParams::from_generation_config(&released));
-    SamplingDefaults {
-        do_sample: s.do_sample,
-        temperature: s.temperature,
-        top_k: s.top_k.min(u32::MAX as usize) as u32,
-        top_p: s.top_p,
-        repetition_penalty: s.repetition_penalty,
-        max_new_tokens: s.max_new_tokens.min(u32::MAX as usize) as u32,
-        seed: s.seed,
-    }
+    SamplingDefaults::of(&s)
 });
+
+impl SamplingDefaults {
+    /// The property values of `s` (a loaded checkpoint's defaults, [`super::request::ModelInfo`]'s
+    /// `base_sampling`).
+    pub fn of(s: &SamplingParams) -> SamplingDefaults {
+        SamplingDefaults {
+            do_sample: s.do_sample,
+            temperature: s.temperature,
+            top_k: s.top_k.min(u32::MAX as usize) as u32,
+            top_p: s.top_p,
+            repetition_penalty: s.repetition_penalty,
+            max_new_tokens: s.max_new_tokens.min(u32::MAX as usize) as u32,
+            seed: s.seed,
+        }
+    }
+}
 
 /// The `quantization` property: the stored form of stage 0's linear weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, glib::Enum)]

@@ -28,11 +28,11 @@ use crate::models::tts::text::unspeakable;
 #[enum_type(name = "GstOmniTtsSplitSentences")]
 pub(crate) enum SplitSentences {
     /// Every text is one utterance.
-    #[enum_value(name = "Never: every text is one utterance", nick = "false")]
+    #[enum_value(name = "Never: every text is spoken whole", nick = "false")]
     False = 0,
     /// Every sentence is an utterance.
     #[enum_value(
-        name = "Always: every sentence is an utterance of its own",
+        name = "Always: every text is split into its sentences, each synthesised on its own",
         nick = "true"
     )]
     True = 1,
@@ -40,7 +40,7 @@ pub(crate) enum SplitSentences {
     /// speaker-turn tags, which the model batches itself).
     #[default]
     #[enum_value(
-        name = "Auto: split texts longer than the checkpoint handles well as one utterance \
+        name = "Auto: split texts longer than the checkpoint handles well as one request \
                 (omnitts.json split_sentences_above_chars, else max-new-tokens / 4 characters), \
                 except a text with the model's speaker-turn tags (such as <|speaker:0|>)",
         nick = "auto"

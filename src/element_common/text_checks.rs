@@ -221,11 +221,40 @@ pub(crate) fn text_warnings(
 ) -> impl Iterator<Item = String> {
     [
         language_warning(text, &d.languages),
+        emoji_warning(text),
         untagged_lead_warning(text, d.speaker_turn_tag),
         unread_markup_warning(text, d),
     ]
     .into_iter()
     .flatten()
+}
+
+/// Whether `c` is an emoji or pictograph: the Unicode blocks of pictographs, emoticons, transport
+/// and map symbols, the supplemental symbols and pictographs, regional indicators (flags), the
+/// miscellaneous symbols, dingbats and symbols and arrows (☀, ✈, ⭐).
+fn is_pictograph(c: char) -> bool {
+    matches!(c as u32, 0x1F000..=0x1FAFF | 0x2600..=0x27BF | 0x2B00..=0x2BFF)
+}
+
+/// The warning for `text` when it has words and emoji or pictographs among them: the model has
+/// no reading for them and speaks each as noise (a second or more of babble for a few; a text of
+/// nothing else is refused, [`crate::models::tts::text::no_words_to_speak`]). `None` otherwise.
+pub(crate) fn emoji_warning(text: &str) -> Option<String> {
+    let mut pictographs = text.chars().filter(|&c| is_pictograph(c));
+    let first = pictographs.next()?;
+    if crate::models::tts::text::unspeakable(text).is_some() {
+        return None;
+    }
+    let n = 1 + pictographs.count();
+    Some(format!(
+        "text '{}': it has {} ('{first}'), which the model speaks as noise, not as words; remove \
+         {} or write what {} mean{}",
+        quoted(text),
+        super::messages::count_of(n, "emoji or pictograph"),
+        if n == 1 { "it" } else { "them" },
+        if n == 1 { "it" } else { "they" },
+        if n == 1 { "s" } else { "" },
+    ))
 }
 
 /// The warning for `text` when it holds markup of the special-token form `<|…|>` (such as a
@@ -284,8 +313,13 @@ pub(crate) fn script_warning(
         .cloned()
         .collect::<Vec<_>>()
         .join(", ");
+    let noun = if uncovered.len() == 1 {
+        "script"
+    } else {
+        "scripts"
+    };
     Some(format!(
-        "text '{}': it has letters of the {scripts} script, which none of the checkpoint's \
+        "text '{}': it has letters of the {scripts} {noun}, which none of the checkpoint's \
          languages ({langs}) is written in; the model will likely speak them as silence or \
          noise (use a checkpoint for that language)",
         quoted(text)
@@ -329,6 +363,24 @@ mod tests {
                 .0,
             "Hi there"
         );
+    }
+
+    #[test]
+    fn emoji_among_words_are_warned_about() {
+        let w = emoji_warning("I love it 😀🎉 so much! ✈").expect("a warning");
+        assert!(w.contains("3 emoji or pictographs ('😀')"), "{w}");
+        assert!(w.contains("noise"), "{w}");
+        let one = emoji_warning("Sunny ☀ today.").expect("a warning");
+        assert!(one.contains("1 emoji or pictograph ('☀')") && one.contains("remove it"));
+        // No emoji, or nothing else (refused as having no words, not warned about).
+        for t in [
+            "I love it so much!",
+            "Price: $3.50 → 4 €, 50% © ™",
+            "😀🎉",
+            "",
+        ] {
+            assert_eq!(emoji_warning(t), None, "{t:?}");
+        }
     }
 
     #[test]

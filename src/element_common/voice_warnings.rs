@@ -46,7 +46,7 @@ pub(crate) fn voice_warnings(
         None if info.description.instruct == InstructUse::Required => out.push((
             VoiceWarning::InstructMissing,
             format!(
-                "instruct '': model '{}' is a {} checkpoint, which makes its voice from \
+                "instruct is unset: model '{}' is a {} checkpoint, which makes its voice from \
                  the description in instruct; without one the voice is whatever the model \
                  picks: set instruct (e.g. \"A calm, low female voice\")",
                 info.model, info.description.name
@@ -126,7 +126,7 @@ mod tests {
         let w = once.new_warnings(&s, &vd);
         assert_eq!(w.len(), 1);
         assert!(
-            w[0].starts_with("instruct '': model 'm' is a Qwen3-TTS VoiceDesign"),
+            w[0].starts_with("instruct is unset: model 'm' is a Qwen3-TTS VoiceDesign"),
             "{}",
             w[0]
         );

@@ -564,6 +564,11 @@ impl ObjectImpl for OmniTtsSrc {
     }
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        // The loaded checkpoint's sampling defaults, read before the settings are locked.
+        let loaded = lock(&self.state)
+            .runtime
+            .as_ref()
+            .map(|rt| rt.info.base_sampling.clone());
         let s = lock(&self.settings);
         match pspec.name() {
             "text" => s.text.to_value(),
@@ -573,7 +578,7 @@ impl ObjectImpl for OmniTtsSrc {
             other => {
                 if let Some(v) = s
                     .synthesis
-                    .property(other)
+                    .property(other, loaded.as_ref())
                     .or_else(|| s.server.property(other))
                 {
                     return v;

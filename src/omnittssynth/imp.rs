@@ -1314,6 +1314,10 @@ impl ObjectImpl for OmniTtsSynth {
     }
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        // The loaded checkpoint's sampling defaults, read before the settings are locked.
+        let loaded = lock(&self.runtime)
+            .as_ref()
+            .map(|rt| rt.info.base_sampling.clone());
         let s = lock(&self.settings);
         match pspec.name() {
             "overflow" => s.overflow.to_value(),
@@ -1324,7 +1328,7 @@ impl ObjectImpl for OmniTtsSynth {
             "input-mode" => s.input_mode.to_value(),
             "fragment-pause" => s.fragment_pause_ms.to_value(),
             other => {
-                if let Some(v) = s.synthesis.property(other) {
+                if let Some(v) = s.synthesis.property(other, loaded.as_ref()) {
                     return v;
                 }
                 drop(s);
