@@ -99,7 +99,7 @@ SHAPES = {
         fast=dict(dim=256, n_layer=2, n_head=4, n_local_heads=2, head_dim=64,
                   intermediate_size=640, attention_qk_norm=False),
         max_seq_len=4096,
-        codec="tiny",  # make_tiny.py's tiny codec + its codec_config.yaml
+        codec="tiny",  # make_tiny.py's tiny codec (the s2 variant's) + its codec_config.yaml
     ),
 }
 NUM_CODEBOOKS = 10
@@ -300,7 +300,7 @@ def main():
         if shape["codec"] is None:
             cshapes = codec_shapes(real_codec_yaml())
         else:
-            cshapes = codec_shapes(mt.codec_yaml())
+            cshapes = codec_shapes(mt.codec_yaml(mt.VARIANTS["s2"]["codec"]))
         print(json.dumps({"llm_params": n_params, "fast_ar_params": fast,
                           "llm_bytes_bf16": 2 * n_params, "llm_tensors": len(shapes),
                           "codec_params": sum(math.prod(s) for s in cshapes.values()),
@@ -313,7 +313,7 @@ def main():
     if shape["codec"] is None:
         yaml_text = real_codec_yaml()
     else:
-        yaml_text = mt.codec_yaml()
+        yaml_text = mt.codec_yaml(mt.VARIANTS["s2"]["codec"])
         (out / "codec_config.yaml").write_text(yaml_text)
     cshapes = codec_shapes(yaml_text)
     csd = {k: codec_value(k, s, gen_for("codec." + k, args.seed, device), device).cpu()

@@ -24,7 +24,7 @@ pub(crate) struct FirstFrameRules {
     pub alone_share: f64,
     /// After a step alone, requests that arrived during it start (prefill, and their own step
     /// alone if allowed) before the batched step instead of after it, once a batched step
-    /// (`OMNITTS_ALONE_ARRIVALS=1`; not measured on a GPU yet, so off by default).
+    /// (on by default; `OMNITTS_ALONE_ARRIVALS=0` turns it off: docs/cuda.md).
     pub arrivals_first: bool,
 }
 

@@ -79,7 +79,7 @@ pub(crate) struct LoadedInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CudaGraphs {
     /// The stage is not on a CUDA device (stage 1: or its decoder captures nothing, as with
-    /// `OMNITTS_DECODER_FIRST_GRAPH` unset).
+    /// `OMNITTS_DECODER_FIRST_GRAPH=0`).
     NotApplicable,
     /// Captured at load, before the engine reported ready; the work they cover replays them.
     Enabled,

@@ -15,9 +15,9 @@
 //! | `OMNITTS_DECODER_CONV` | `candle` Code2Wav's convolutions as candle's `conv1d` (im2col, GEMM, transposing copy) and transposed convolutions as one product and an overlap-add| `cols`: tap-major product input read in place, one GEMM writing `[batch, channels, time]`, the bias epilogue after it |
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
 //! | `OMNITTS_PREFILL_GRAPHS` | `0` prompts through the talker eagerly instead of on the prefill graphs | graphs |
-//! | `OMNITTS_DECODER_FIRST_GRAPH` | `1` a fresh stream's one-frame first chunk through Code2Wav on a CUDA graph (not measured on a GPU yet) | eager |
+//! | `OMNITTS_DECODER_FIRST_GRAPH` | `0` a fresh stream's one-frame first chunk through Code2Wav eagerly instead of on its CUDA graph (docs/cuda.md, "The first chunk on a graph, and arrivals after a step alone") | graph |
 //! | `OMNITTS_FISH_GRAPHS` | `1` Fish S2 Pro's frame (the slow AR's step, the fast AR's positions) replays CUDA graphs per batch bucket (`models/fish_speech/graphs.rs`; not measured on a GPU yet) | eager |
-//! | `OMNITTS_ALONE_ARRIVALS` | `1` after a step of new rows alone, stage 0 takes the requests that arrived during it before the batched step (`engine/first_frame.rs`; not measured on a GPU yet) | the batched step first |
+//! | `OMNITTS_ALONE_ARRIVALS` | `0` after a step of new rows alone, stage 0 goes on to the batched step before it takes the requests that arrived during it (`engine/first_frame.rs`) | arrivals first |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams at the device's greatest priority: `none`, or a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread) | `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -112,14 +112,14 @@ pub struct Switches {
     pub prefill_graphs: bool,
     /// `OMNITTS_STREAM_PRIORITY`: which stages' CUDA streams run at the greatest priority.
     pub stream_priority: StreamPriority,
-    /// `OMNITTS_DECODER_FIRST_GRAPH`: Code2Wav decodes a fresh stream's one-frame first chunk on
-    /// a CUDA graph (`models/qwen3_tts/code2wav/first_frame.rs`).
+    /// `OMNITTS_DECODER_FIRST_GRAPH=0`: Code2Wav decodes a fresh stream's one-frame first chunk
+    /// eagerly instead of on its CUDA graph (`models/qwen3_tts/code2wav/first_frame.rs`).
     pub decoder_first_graph: bool,
     /// `OMNITTS_FISH_GRAPHS`: Fish S2 Pro's frame (the slow AR's step, the fast AR's positions)
     /// on CUDA graphs.
     pub fish_graphs: bool,
-    /// `OMNITTS_ALONE_ARRIVALS`: after a step of new rows alone, stage 0 takes the requests that
-    /// arrived during it before the batched step.
+    /// `OMNITTS_ALONE_ARRIVALS=0`: after a step of new rows alone, stage 0 goes on to the batched
+    /// step instead of first taking the requests that arrived during it.
     pub arrivals_after_alone: bool,
 }
 
@@ -164,9 +164,9 @@ impl Switches {
             stream_priority: value("OMNITTS_STREAM_PRIORITY")
                 .and_then(|v| StreamPriority::parse(&v))
                 .unwrap_or_default(),
-            decoder_first_graph: is("OMNITTS_DECODER_FIRST_GRAPH", "1"),
+            decoder_first_graph: !is("OMNITTS_DECODER_FIRST_GRAPH", "0"),
             fish_graphs: is("OMNITTS_FISH_GRAPHS", "1"),
-            arrivals_after_alone: is("OMNITTS_ALONE_ARRIVALS", "1"),
+            arrivals_after_alone: !is("OMNITTS_ALONE_ARRIVALS", "0"),
         }
     }
 }
@@ -198,8 +198,8 @@ mod tests {
         assert_eq!(s.decoder_conv, DecoderConv::Cols);
         assert!(s.prefill_graphs);
         assert_eq!(s.stream_priority, StreamPriority::default());
-        assert!(!s.decoder_first_graph);
-        assert!(!s.arrivals_after_alone);
+        assert!(s.decoder_first_graph);
+        assert!(s.arrivals_after_alone);
         assert!(!s.fish_graphs);
     }
 
@@ -217,13 +217,13 @@ mod tests {
             ("OMNITTS_DECODER_CONV", " candle"),
             ("OMNITTS_PREFILL_GRAPHS", "0"),
             ("OMNITTS_STREAM_PRIORITY", "lane, decoder"),
-            ("OMNITTS_DECODER_FIRST_GRAPH", "1"),
-            ("OMNITTS_ALONE_ARRIVALS", " 1"),
+            ("OMNITTS_DECODER_FIRST_GRAPH", "0"),
+            ("OMNITTS_ALONE_ARRIVALS", " 0"),
             ("OMNITTS_FISH_GRAPHS", "1"),
         ]);
         assert!(s.fish_graphs);
-        assert!(s.decoder_first_graph);
-        assert!(s.arrivals_after_alone);
+        assert!(!s.decoder_first_graph);
+        assert!(!s.arrivals_after_alone);
         assert_eq!(
             s.stream_priority,
             StreamPriority {
