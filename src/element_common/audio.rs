@@ -36,6 +36,15 @@ pub fn caps(rate: u32) -> gst::Caps {
         .build()
 }
 
+/// The error when downstream takes none of `element`'s audio caps `ours` (another rate or
+/// format), with what to put in between.
+pub fn refused_by_downstream(element: &str, ours: &gst::Caps) -> String {
+    format!(
+        "downstream takes none of {element}'s audio caps ({ours}); put audioconvert and \
+         audioresample after it"
+    )
+}
+
 /// The pad templates' caps: as [`caps`] at the rate of each model family omnitts runs
 /// ([`crate::models::registry::FAMILIES`]: 24,000 Hz for Qwen3-TTS, 44,100 Hz for Fish S2 Pro); a
 /// started element offers exactly its model's.

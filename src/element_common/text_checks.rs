@@ -246,14 +246,16 @@ pub(crate) fn emoji_warning(text: &str) -> Option<String> {
         return None;
     }
     let n = 1 + pictographs.count();
+    let (them, they_mean) = if n == 1 {
+        ("it", "it means")
+    } else {
+        ("them", "they mean")
+    };
     Some(format!(
         "text '{}': it has {} ('{first}'), which the model speaks as noise, not as words; remove \
-         {} or write what {} mean{}",
+         {them} or write what {they_mean}",
         quoted(text),
         super::messages::count_of(n, "emoji or pictograph"),
-        if n == 1 { "it" } else { "them" },
-        if n == 1 { "it" } else { "they" },
-        if n == 1 { "s" } else { "" },
     ))
 }
 
@@ -267,13 +269,12 @@ pub(crate) fn unread_markup_warning(
     if d.speaker_turn_tag.is_some() {
         return None;
     }
-    let start = text.find("<|")?;
-    let end = start + text[start..].find("|>")? + 2;
+    let markup = crate::models::tts::text::first_markup(text)?;
     Some(format!(
         "text '{}': '{}' is read as text: {} has no speaker turns or other <|…|> markup; \
          remove it, or give each speaker's text as an utterance of its own with its voice",
         quoted(text),
-        quoted(&text[start..end]),
+        quoted(markup),
         d.name
     ))
 }

@@ -155,12 +155,10 @@ struct OpenText<'m, A: Stage0Model> {
     tok: A::OpenText<'m>,
     /// The ids the session has been given.
     given: usize,
-    /// The bytes received while none of them made a word (emptied once one does).
-    head: Vec<u8>,
-    /// Whether the text received so far has a letter or digit: its prefill waits for one, so
-    /// that a text of punctuation alone is refused whole when it ends instead of spoken as
-    /// noise until then.
-    has_words: bool,
+    /// The bytes received while none of them made a word; `None` once the text has a letter or
+    /// digit. Its prefill waits for one, so that a text of punctuation alone is refused whole
+    /// when it ends instead of spoken as noise until then.
+    wordless: Option<Vec<u8>>,
 }
 
 impl<'m, A: Stage0Model> OpenText<'m, A> {
@@ -168,8 +166,7 @@ impl<'m, A: Stage0Model> OpenText<'m, A> {
         Ok(OpenText {
             tok: model.open_text()?,
             given: 0,
-            head: Vec::new(),
-            has_words: false,
+            wordless: Some(Vec::new()),
         })
     }
 
@@ -186,11 +183,10 @@ impl<'m, A: Stage0Model> OpenText<'m, A> {
         if !bytes.is_empty() {
             self.tok.push_bytes(&bytes)?;
             changed = true;
-            if !self.has_words {
-                self.head.extend_from_slice(&bytes);
-                if !no_words_to_speak(&String::from_utf8_lossy(&self.head)) {
-                    self.has_words = true;
-                    self.head = Vec::new();
+            if let Some(head) = &mut self.wordless {
+                head.extend_from_slice(&bytes);
+                if !no_words_to_speak(&String::from_utf8_lossy(head)) {
+                    self.wordless = None;
                 }
             }
         }
@@ -523,7 +519,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         if let Err(msg) = o.open.poll(&o.req) {
             return OpenStep::Release(failed::<A>("text", msg));
         }
-        if o.open.tok.is_finished() || (o.open.has_words && o.open.tok.ids().len() >= 4) {
+        if o.open.tok.is_finished() || (o.open.wordless.is_none() && o.open.tok.ids().len() >= 4) {
             OpenStep::Begin
         } else {
             OpenStep::Wait

@@ -927,11 +927,7 @@ impl BaseSrcImpl for OmniTtsSrc {
             gst::element_imp_error!(
                 self,
                 gst::CoreError::Negotiation,
-                (
-                    "downstream takes none of omnittssrc's audio caps ({}); put audioconvert \
-                     and audioresample after it",
-                    ours
-                )
+                ("{}", audio::refused_by_downstream("omnittssrc", &ours))
             );
             return Err(gst::loggable_error!(CAT, "downstream takes none of {ours}"));
         }

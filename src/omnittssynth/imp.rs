@@ -395,7 +395,7 @@ impl OmniTtsSynth {
             let caps = q.caps_owned();
             let ok = caps.is_subset(&sink_caps());
             if !ok && caps.is_fixed() {
-                self.refuse_caps(|| {
+                self.refuse_once(&self.caps_refused, || {
                     gst::element_imp_error!(
                         self,
                         gst::CoreError::Negotiation,
@@ -451,13 +451,14 @@ impl OmniTtsSynth {
         }
     }
 
-    /// Caps are refused: `post` posts the error the first time only (the sticky CAPS event comes
-    /// again before every later event and buffer). Returns false (not accepted).
-    fn refuse_caps(&self, post: impl FnOnce()) -> bool {
-        if !self.caps_refused.swap(true, Ordering::Relaxed) {
+    /// A sticky event (CAPS, SEGMENT) is refused: `post` posts the error the first time only,
+    /// as `refused` records (the pad offers the event again before every later event and
+    /// buffer). Returns false (not accepted).
+    fn refuse_once(&self, refused: &AtomicBool, post: impl FnOnce()) -> bool {
+        if !refused.swap(true, Ordering::Relaxed) {
             post();
         } else {
-            gst::debug!(CAT, imp = self, "caps refused again (error already posted)");
+            gst::debug!(CAT, imp = self, "refused again (error already posted)");
         }
         false
     }
@@ -470,7 +471,7 @@ impl OmniTtsSynth {
             .and_then(|s| s.get::<&str>("format").ok())
             .and_then(TextFormat::from_caps_format);
         let Some(format) = format else {
-            return self.refuse_caps(|| {
+            return self.refuse_once(&self.caps_refused, || {
                 gst::element_imp_error!(
                     self,
                     gst::CoreError::Negotiation,
@@ -491,14 +492,13 @@ impl OmniTtsSynth {
         let peer = self.srcpad.peer_query_caps(Some(&template));
         let mut out = peer.intersect_with_mode(&template, gst::CapsIntersectMode::First);
         if out.is_empty() {
-            return self.refuse_caps(|| {
+            return self.refuse_once(&self.caps_refused, || {
                 gst::element_imp_error!(
                     self,
                     gst::CoreError::Negotiation,
                     (
-                        "downstream takes none of omnittssynth's audio caps ({}); put \
-                         audioconvert and audioresample after it",
-                        template
+                        "{}",
+                        audio::refused_by_downstream("omnittssynth", &template)
                     )
                 );
             });
@@ -507,7 +507,7 @@ impl OmniTtsSynth {
         let sample_format = match SampleFormat::from_caps(&out, self.rate()) {
             Ok(f) => f,
             Err(e) => {
-                return self.refuse_caps(|| {
+                return self.refuse_once(&self.caps_refused, || {
                     gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", e));
                 });
             }
@@ -522,10 +522,9 @@ impl OmniTtsSynth {
     /// waits for the output of the cues before it, then starts a new timeline.
     fn set_segment(&self, event: &gst::Event, segment: &gst::Segment) -> bool {
         let refuse = |why: String| {
-            if !self.segment_refused.swap(true, Ordering::Relaxed) {
+            self.refuse_once(&self.segment_refused, || {
                 gst::element_imp_error!(self, gst::StreamError::Format, ("{}", why));
-            }
-            false
+            })
         };
         let Some(seg) = segment.downcast_ref::<gst::ClockTime>() else {
             return refuse(format!(

@@ -30,16 +30,26 @@ pub fn no_words_to_speak(text: &str) -> bool {
     !outside_markup(text).any(|t| t.chars().any(char::is_alphanumeric))
 }
 
+/// The byte range of `text`'s first markup of the special-token form `<|…|>` (a `<|` that is
+/// not closed is text).
+fn markup_span(text: &str) -> Option<(usize, usize)> {
+    let start = text.find("<|")?;
+    let len = text[start..].find("|>")? + 2;
+    Some((start, start + len))
+}
+
+/// `text`'s first markup of the special-token form `<|…|>` (such as `<|speaker:0|>`).
+pub fn first_markup(text: &str) -> Option<&str> {
+    markup_span(text).map(|(start, end)| &text[start..end])
+}
+
 /// The spans of `text` outside its markup of the special-token form `<|…|>` (a `<|` that is not
 /// closed is text), in order.
 pub fn outside_markup(text: &str) -> impl Iterator<Item = &str> {
     let mut rest = Some(text);
     std::iter::from_fn(move || {
         let r = rest?;
-        let markup = r
-            .find("<|")
-            .and_then(|i| r[i..].find("|>").map(|j| (i, i + j + 2)));
-        match markup {
+        match markup_span(r) {
             Some((start, end)) => {
                 rest = Some(&r[end..]);
                 Some(&r[..start])
