@@ -33,7 +33,8 @@
 #           eager and on its CUDA graph, f32 and bf16, 1.7B codec shapes;
 #  protocol the measurement as the serving benchmark runs it: for each rate of RATES, seeds
 #           1, 2 and 3, each with a 30 s warm-up at that rate and 60 s measured (~5 min a rate, so
-#           one or two rates a call; SIZE=0.6b for the small model, GREEDY=1 for greedy).
+#           one or two rates a call; SIZE=0.6b for the small model, GREEDY=1 for greedy); PROTO
+#           ("RATE:SEEDS RATE:SEEDS", e.g. "20:1,2,3 40:1") picks the seeds of each rate instead.
 set -uo pipefail
 bin=$1 template=$2 out=$3 fx=${4:-}
 mkdir -p "$out"
@@ -161,9 +162,14 @@ fi
 if has protocol; then
     [ "${SIZE:-1.7b}" = 1.7b ] || ckpt "$SIZE"
     greedy=(); [ "${GREEDY:-0}" = 1 ] && greedy=(--greedy)
-    for rate in ${RATES//,/ }; do
-        streams "protocol-${SIZE:-1.7b}${greedy:+-greedy}-$rate" 560 -- --rates "$rate" --seeds 1,2,3 \
-            --warmup-s 30 --duration 60 --drain-s 10 "${greedy[@]}"
+    # PROTO: RATE:SEEDS entries (e.g. "20:1,2,3 40:1"), one bench_streams run each; by default every
+    # rate of RATES with seeds 1, 2 and 3.
+    proto=${PROTO:-}
+    [ -n "$proto" ] || for rate in ${RATES//,/ }; do proto+=" $rate:1,2,3"; done
+    for entry in $proto; do
+        rate=${entry%%:*} seeds=${entry#*:}
+        streams "protocol-${SIZE:-1.7b}${greedy:+-greedy}-$rate-seeds${seeds//,/}" 560 -- --rates "$rate" \
+            --seeds "$seeds" --warmup-s 30 --duration 60 --drain-s 10 "${greedy[@]}"
     done
 fi
 stamp done
