@@ -4,6 +4,7 @@
 use crate::engine::{FinishReason, Metrics};
 
 use super::input_error::quoted;
+use super::sentences::split_sentences;
 
 /// An utterance's first buffer is being output. Fields: `id` (u64), `text` (string),
 /// `pts` (u64 ns, the PTS of its first sample).
@@ -154,18 +155,24 @@ impl UtteranceDone {
     pub fn limit_warning(&self, what: &str) -> Option<String> {
         let (id, frames) = (self.id, self.metrics.frames);
         let (text, secs) = (quoted(&self.text), self.metrics.audio_ms / 1000.0);
+        // Splitting helps only a text of several sentences (one already split is one sentence).
+        let split = if split_sentences(&self.text).len() > 1 {
+            "set split-sentences=true, "
+        } else {
+            ""
+        };
         match self.reason {
             FinishReason::Length => Some(format!(
                 "{what} {id} ('{text}') ended by length: max-new-tokens was reached before \
                  the model ended the speech, after {frames} frames ({secs:.1} s of audio) in \
-                 all, so its end may be cut off; raise max-new-tokens, set \
-                 split-sentences=true, or send shorter text"
+                 all, so its end may be cut off; raise max-new-tokens, {split}or send shorter \
+                 text"
             )),
             FinishReason::Guard => Some(format!(
                 "{what} {id} ('{text}') ended by guard: the runaway guard stopped it after \
                  {frames} frames ({secs:.1} s of audio), more than its text should take, which \
-                 usually means babble or noise; set split-sentences=true, send shorter or \
-                 plainer text, or change runaway_guard in the stage-config"
+                 usually means babble or noise; {split}send shorter or plainer text, or change \
+                 runaway_guard in the stage-config"
             )),
             _ => None,
         }
@@ -258,21 +265,32 @@ mod tests {
         ] {
             assert!(w.contains(word), "{word}: {w}");
         }
-        for remedy in ["max-new-tokens", "split-sentences", "shorter text"] {
+        for remedy in ["max-new-tokens", "shorter text"] {
             assert!(w.contains(remedy), "{remedy}: {w}");
         }
         let w = done(FinishReason::Guard)
             .limit_warning("utterance")
             .unwrap();
-        for word in [
-            "guard",
-            "29 frames",
-            "split-sentences",
-            "shorter",
-            "runaway_guard",
-        ] {
+        for word in ["guard", "29 frames", "shorter", "runaway_guard"] {
             assert!(w.contains(word), "{word}: {w}");
         }
+    }
+
+    #[test]
+    fn splitting_is_suggested_only_for_a_text_of_several_sentences() {
+        for reason in [FinishReason::Length, FinishReason::Guard] {
+            // One sentence (as every piece of a split text is): splitting cannot help.
+            let w = done(reason.clone()).limit_warning("utterance").unwrap();
+            assert!(!w.contains("split-sentences"), "{w}");
+            let mut two = done(reason);
+            two.text = "A long one. And another one after it.".into();
+            let w = two.limit_warning("utterance").unwrap();
+            assert!(w.contains("set split-sentences=true"), "{w}");
+        }
+    }
+
+    #[test]
+    fn only_limits_warn() {
         for quiet in [
             FinishReason::Eos,
             FinishReason::Cancelled,
