@@ -11,6 +11,8 @@
 #           (OMNITTS_PREFILL_GRAPHS=0) and on;
 #  closed   bench_streams closed loop (STREAMS 1,4,16,64; 100 frames; bf16 Code2Wav), prefill graphs
 #           off and on;
+#  long     the closed loop at STREAMS with LONG_FRAMES (250: 20 s a stream, as the baseline)
+#           frames a stream: the aggregate with the start less in it;
 #  text     bench_streams --text-rates 20,50: an LLM reply streamed into one request (token mode);
 #  open     bench_streams open loop (RATES 1,10,20,40, seed SEEDS, WARMUP_S 5 + DURATION_S 20 s,
 #           sampled as the checkpoint says, bf16 Code2Wav), with where the first audio waited;
@@ -41,7 +43,7 @@ mkdir -p "$out"
 STEPS=${STEPS:-"parity stage0 closed text"} STREAMS=${STREAMS:-1,4,16,64} RATES=${RATES:-1,10,20,40}
 SEEDS=${SEEDS:-1} WARMUP_S=${WARMUP_S:-5} DURATION_S=${DURATION_S:-20} BUDGET_S=${BUDGET_S:-560}
 OFF_RATES=${OFF_RATES:-10,20} PASS_RATES=${PASS_RATES:-10,20} PASS_FRAMES=${PASS_FRAMES:-128}
-SHORT_RATES=${SHORT_RATES:-1,10,20}
+SHORT_RATES=${SHORT_RATES:-1,10,20} LONG_FRAMES=${LONG_FRAMES:-250}
 t0=$(date +%s)
 stamp() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
@@ -88,6 +90,9 @@ if has closed; then
     for g in 0 1; do
         streams "closed-prefill-graphs-$g" 100 OMNITTS_PREFILL_GRAPHS=$g -- --streams "$STREAMS" --frames 100
     done
+fi
+if has long; then
+    streams "closed-frames-$LONG_FRAMES" 150 -- --streams "$STREAMS" --frames "$LONG_FRAMES"
 fi
 if has text; then
     streams text-stream 90 -- --text-rates 20,50 --text-rounds 3
