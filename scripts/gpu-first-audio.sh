@@ -7,6 +7,8 @@
 # checkpoints of the real shapes are made from it); FIXTURES_DIR holds the tiny fixtures and
 # reference/ (step parity). Steps (STEPS; each skipped once BUDGET_S, 560 s, have passed):
 #  parity   gpu_parity on the fixtures: f32 graphs (prefill graphs included) equal to eager;
+#  batch-parity  gpu_parity --batch-parity on the 1.7B shapes, f32: batched frames and the
+#           prefills of streams that join together against each stream alone;
 #  stage0   bench_gpu, stage 0 alone at batch 1 (1.7B): prefill and ms per frame, prefill graphs off
 #           (OMNITTS_PREFILL_GRAPHS=0) and on;
 #  closed   bench_streams closed loop (STREAMS 1,4,16,64; 100 frames; bf16 Code2Wav), prefill graphs
@@ -78,6 +80,11 @@ limited warm-up 120 -- "$bin/bench_streams" --model-dir /tmp/ckpt/1.7b --device 
     --streams 1,16 --frames 30
 if has parity && [ -n "$fx" ]; then
     limited parity 150 -- "$bin/gpu_parity" --fixtures "$fx" --device cuda:0 --json "$out/parity.json"
+fi
+if has batch-parity; then
+    # Batched frames and batched prefills (the streams joining at one frame) against solo streams.
+    limited batch-parity 200 -- "$bin/gpu_parity" --batch-parity /tmp/ckpt/1.7b --device cuda:0 \
+        --batch-modes f32 --json "$out/batch-parity.json"
 fi
 if has stage0; then
     for g in 0 1; do

@@ -856,11 +856,12 @@ fn length_and_guard_limits_post_a_warning() {
         "utterance 1",
         &format!("{frames} frames"),
         "max-new-tokens",
-        "split-sentences",
         "shorter text",
     ] {
         assert!(w[0].contains(word), "{word}: {}", w[0]);
     }
+    // One sentence: splitting would not help, so it is not suggested.
+    assert!(!w[0].contains("split-sentences"), "{}", w[0]);
 
     // The runaway guard: a budget of 3 frames for any text.
     let dir = TempDir::new("guard");
@@ -873,8 +874,12 @@ fn length_and_guard_limits_post_a_warning() {
     .replace("frames_per_text_token: 6.0", "frames_per_text_token: 0.01");
     let config = dir.path().join("guard.yaml");
     std::fs::write(&config, yaml).unwrap();
+    // Two sentences spoken as one utterance (shorter than auto's threshold): splitting helps.
     let (mut h, bus) = harness(&[
-        ("text", v(LONG_TEXT)),
+        (
+            "text",
+            v("Hello there, this goes on. And a second sentence follows it."),
+        ),
         ("max-new-tokens", v(200u32)),
         ("stage-config", v(config.display().to_string())),
     ]);
@@ -886,7 +891,12 @@ fn length_and_guard_limits_post_a_warning() {
     assert_eq!(u64_field(&done[0], "frames"), 3);
     let w = warnings_with(&msgs, "ended by guard");
     assert_eq!(w.len(), 1, "{:?}", warnings(&msgs));
-    for word in ["3 frames", "split-sentences", "shorter", "runaway_guard"] {
+    for word in [
+        "3 frames",
+        "split-sentences=true",
+        "shorter",
+        "runaway_guard",
+    ] {
         assert!(w[0].contains(word), "{word}: {}", w[0]);
     }
     assert!(warnings_with(&msgs, "ended by length").is_empty());

@@ -7,7 +7,8 @@
 //! with prompts of different lengths, each its own seed and
 //! `max_new_tokens` (so they leave at different frames), joining at staggered frames (so the
 //! batch grows and shrinks while streams join and leave), are stepped with
-//! `ArModel::next_frames`:
+//! `ArModel::next_frames` (the streams that join at one frame prefilled together with
+//! `ArModel::prefill_steps`, whole prompts of one length class in one batched pass):
 //! - on a model with the batched frame graphs (`enable_cuda_graphs` + `enable_batch_graphs(64)`),
 //! - on the same model kind eagerly (no graphs: the batched eager path),
 //!
@@ -98,14 +99,26 @@ fn batched(model: &ArModel, reqs: &[(VoiceRequest, SamplingParams)]) -> Result<(
     let mut out: Vec<Out> = vec![(Vec::new(), Vec::new()); n];
     let mut largest = 0;
     for frame in 0.. {
-        for (i, (req, sp)) in reqs.iter().enumerate() {
-            if join_at(i) == frame {
-                sessions[i] = Some(
-                    model
-                        .start(req, sp)
-                        .with_context(|| format!("stream {i}"))?,
-                );
-            }
+        // The streams that join at this frame start together, as the engine starts the prompts
+        // of one step: whole prompts of one length class in one batched prefill pass.
+        let joining: Vec<usize> = (0..n).filter(|&i| join_at(i) == frame).collect();
+        let mut pending = joining
+            .iter()
+            .map(|&i| {
+                let (req, sp) = &reqs[i];
+                model.begin(req, sp).with_context(|| format!("stream {i}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut steps: Vec<_> = pending.iter_mut().map(|p| (p, usize::MAX)).collect();
+        for (&i, done) in joining.iter().zip(model.prefill_steps(&mut steps)) {
+            anyhow::ensure!(
+                done.with_context(|| format!("stream {i}: prefill"))?,
+                "stream {i}: prefill incomplete"
+            );
+        }
+        drop(steps);
+        for (i, p) in joining.iter().zip(pending) {
+            sessions[*i] = Some(p.into_session().with_context(|| format!("stream {i}"))?);
         }
         if done.iter().all(|&d| d) {
             break;

@@ -370,17 +370,27 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
             } else {
                 0
             };
+            let mut work = Vec::new();
             while budget > reserve
                 && let Some(p) = prefilling.pop_front()
             {
                 progress = true;
                 let n = p.pending.remaining().clamp(1, budget - reserve);
                 budget -= n;
-                match self.prefill_chunk(p, n) {
-                    Prefill::More(p) => prefilling.push_front(p),
+                work.push((p, n));
+            }
+            // One call for the step's prompts (the model may run whole ones in one pass); a
+            // prompt with positions still to run goes back to the front, in order.
+            let mut more = Vec::new();
+            for outcome in self.prefill_chunks(work) {
+                match outcome {
+                    Prefill::More(p) => more.push(p),
                     Prefill::Done(a) => active.push(a),
                     Prefill::Released => {}
                 }
+            }
+            for p in more.into_iter().rev() {
+                prefilling.push_front(p);
             }
             // Running requests' later prompts (a dialogue's next generation batch) take what is
             // left of the budget, at least the reserved share, oldest request first; their rows
@@ -600,15 +610,53 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         Ok(changed)
     }
 
-    /// Runs the next `positions` prompt positions of a request's prefill (fewer at its end).
-    fn prefill_chunk(&self, mut p: Prefilling<'m, A>, positions: usize) -> Prefill<'m, A> {
-        if p.req.is_cancelled() {
-            p.req.release_from_ar(FinishReason::Cancelled, p.timing);
-            return Prefill::Released;
+    /// Runs one step's prefill work, `work[i]` a request and the prompt positions it may run
+    /// (fewer at its end), in one [`Stage0Model::prefill_steps`] call: the model may run whole
+    /// prompts together. Each request's prefill time counts the whole call, which its prompt
+    /// waited for. Cancelled requests let go first; a panic fails every request of the call.
+    fn prefill_chunks(&self, work: Vec<(Prefilling<'m, A>, usize)>) -> Vec<Prefill<'m, A>> {
+        let mut live = Vec::with_capacity(work.len());
+        for (p, n) in work {
+            if p.req.is_cancelled() {
+                p.req.release_from_ar(FinishReason::Cancelled, p.timing);
+            } else {
+                live.push((p, n));
+            }
+        }
+        if live.is_empty() {
+            return Vec::new();
         }
         let t = Instant::now();
-        let step = guarded(|| p.pending.step(positions));
-        p.timing.prefill += t.elapsed();
+        let steps = {
+            let mut steps: Vec<(&mut A::Prefill<'m>, usize)> =
+                live.iter_mut().map(|(p, n)| (&mut p.pending, *n)).collect();
+            match catch_unwind(AssertUnwindSafe(|| self.model.prefill_steps(&mut steps))) {
+                Ok(results) if results.len() == steps.len() => results
+                    .into_iter()
+                    .map(|r| r.map_err(|e| e.to_string()))
+                    .collect(),
+                Ok(results) => {
+                    let msg = format!("{} results for {} prompts", results.len(), steps.len());
+                    vec![Err(msg); steps.len()]
+                }
+                Err(p) => {
+                    vec![Err(format!("panicked: {}", panic_message(p.as_ref()))); steps.len()]
+                }
+            }
+        };
+        let took = t.elapsed();
+        live.into_iter()
+            .zip(steps)
+            .map(|((mut p, _), step)| {
+                p.timing.prefill += took;
+                self.prefill_outcome(p, step)
+            })
+            .collect()
+    }
+
+    /// What one prefill step's result makes of its request: more to run, the decode batch, or
+    /// let go (failed or cancelled).
+    fn prefill_outcome(&self, p: Prefilling<'m, A>, step: Result<bool, String>) -> Prefill<'m, A> {
         let failed = |req: Arc<RequestShared>, timing: ArTiming, msg: String| {
             req.release_from_ar(failed::<A>("prefill", msg), timing);
             Prefill::Released

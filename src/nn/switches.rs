@@ -18,6 +18,7 @@
 //! | `OMNITTS_DECODER_FIRST_GRAPH` | `0` a fresh stream's one-frame first chunk through Code2Wav eagerly instead of on its CUDA graph (docs/cuda.md, "The first chunk on a graph, and arrivals after a step alone") | graph |
 //! | `OMNITTS_FISH_GRAPHS` | `1` Fish S2 Pro's frame (the slow AR's step, the fast AR's positions) replays CUDA graphs per batch bucket (`models/fish_speech/graphs.rs`; not measured on a GPU yet) | eager |
 //! | `OMNITTS_ALONE_ARRIVALS` | `0` after a step of new rows alone, stage 0 goes on to the batched step before it takes the requests that arrived during it (`engine/first_frame.rs`) | arrivals first |
+//! | `OMNITTS_BATCHED_PREFILL` | `0` every prompt through the talker on its own (on the prefill graphs when they hold it) instead of whole prompts of similar lengths that start in one step in one batched pass (`models/qwen3_tts/prefill.rs`) | batched |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams at the device's greatest priority: `none`, or a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread) | `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -121,6 +122,9 @@ pub struct Switches {
     /// `OMNITTS_ALONE_ARRIVALS=0`: after a step of new rows alone, stage 0 goes on to the batched
     /// step instead of first taking the requests that arrived during it.
     pub arrivals_after_alone: bool,
+    /// `OMNITTS_BATCHED_PREFILL=0`: every prompt through the talker on its own instead of whole
+    /// prompts that start in one step in one batched pass.
+    pub batched_prefill: bool,
 }
 
 impl Default for Switches {
@@ -167,6 +171,7 @@ impl Switches {
             decoder_first_graph: !is("OMNITTS_DECODER_FIRST_GRAPH", "0"),
             fish_graphs: is("OMNITTS_FISH_GRAPHS", "1"),
             arrivals_after_alone: !is("OMNITTS_ALONE_ARRIVALS", "0"),
+            batched_prefill: !is("OMNITTS_BATCHED_PREFILL", "0"),
         }
     }
 }
@@ -200,6 +205,7 @@ mod tests {
         assert_eq!(s.stream_priority, StreamPriority::default());
         assert!(s.decoder_first_graph);
         assert!(s.arrivals_after_alone);
+        assert!(s.batched_prefill);
         assert!(!s.fish_graphs);
     }
 
@@ -220,8 +226,10 @@ mod tests {
             ("OMNITTS_DECODER_FIRST_GRAPH", "0"),
             ("OMNITTS_ALONE_ARRIVALS", " 0"),
             ("OMNITTS_FISH_GRAPHS", "1"),
+            ("OMNITTS_BATCHED_PREFILL", "0"),
         ]);
         assert!(s.fish_graphs);
+        assert!(!s.batched_prefill);
         assert!(!s.decoder_first_graph);
         assert!(!s.arrivals_after_alone);
         assert_eq!(
@@ -266,6 +274,7 @@ mod tests {
             ("OMNITTS_STREAM_PRIORITY", "ar,stage1"),
             ("OMNITTS_DECODER_FIRST_GRAPH", "off"),
             ("OMNITTS_ALONE_ARRIVALS", "no"),
+            ("OMNITTS_BATCHED_PREFILL", "off"),
         ]);
         assert_eq!(s, Switches::default());
         let s = with(&[("OMNITTS_STACK_BLOCKS_PER_SM", "many")]);

@@ -196,6 +196,18 @@ impl LayerCaches {
     /// Errors when the depths differ, these caches already hold positions, or `src` lacks buffers
     /// or room for `count` positions.
     pub fn fill_prefix_from(&mut self, src: &LayerCaches, count: usize) -> Result<()> {
+        self.fill_prefix_from_row(src, 0, count)
+    }
+
+    /// [`Self::fill_prefix_from`] from sequence `row` of a batched `src` (buffers `[batch,
+    /// kv_heads, slots, head_dim]`, e.g. a batched prefill's scratch cache) into these caches of
+    /// one sequence. Errors as [`Self::fill_prefix_from`], and when `row` is past `src`'s batch.
+    pub fn fill_prefix_from_row(
+        &mut self,
+        src: &LayerCaches,
+        row: usize,
+        count: usize,
+    ) -> Result<()> {
         if self.caches.len() != src.caches.len() {
             candle_core::bail!(
                 "KV prefix: caches of {} layers from a stack of {}",
@@ -217,6 +229,10 @@ impl LayerCaches {
             if k.dim(2)? < count {
                 candle_core::bail!("KV prefix: {count} positions from {} slots", k.dim(2)?);
             }
+            if row >= k.dim(0)? {
+                candle_core::bail!("KV prefix: sequence {row} of a batch of {}", k.dim(0)?);
+            }
+            let (k, v) = (k.narrow(0, row, 1)?, v.narrow(0, row, 1)?);
             d.ensure_capacity(k.dims(), k.dtype(), k.device(), count)?;
             pairs.push((k, v));
         }
@@ -232,7 +248,7 @@ impl LayerCaches {
         if pairs.first().is_some_and(|(k, _)| k.device().is_cuda())
             && super::cuda_kernels::enabled()
         {
-            let s: Vec<&Tensor> = pairs.iter().flat_map(|(k, v)| [*k, *v]).collect();
+            let s: Vec<&Tensor> = pairs.iter().flat_map(|(k, v)| [k, v]).collect();
             let d: Vec<&Tensor> = dst.iter().flat_map(|(k, v)| [*k, *v]).collect();
             super::cuda_kernels::kv_prefix::kv_prefix_copy(&s, &d, count)?;
             return self.advance(count);

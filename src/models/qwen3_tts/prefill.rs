@@ -203,6 +203,151 @@ impl ArModel {
     }
 }
 
+/// Fewest whole prompts of one length class that run as one batched pass
+/// ([`ArModel::prefill_steps`]); fewer run one by one. A prompt alone replays its prefill graph
+/// (one launch, ~4.4 ms for a sentence on an H100), an eager batched pass is host-bound (~700
+/// launches, ~11 ms on an H200 whatever the batch): from three prompts on, one pass is the
+/// shorter. Without graphs (the CPU) batching never costs more than the prompts one by one.
+pub const BATCHED_PREFILL_MIN: usize = 3;
+
+/// The most rows (prompts × their padded length) one batched prefill pass runs.
+pub const BATCHED_PREFILL_ROWS: usize = 2 * PREFILL_CHUNK;
+
+/// A prompt's length class for batching: the power of two at or above its length, so that a
+/// batch pads each prompt to less than twice its length.
+fn length_class(positions: usize) -> usize {
+    positions.next_power_of_two()
+}
+
+/// Which of one step's prefills run together: `whole[i]` is prefill `i`'s prompt length when
+/// it runs its whole prompt from the start (`None`: it runs a piece, or goes on from one). Groups
+/// of indices, in order, each of one [`length_class`], at least [`BATCHED_PREFILL_MIN`] prompts
+/// and at most [`BATCHED_PREFILL_ROWS`] padded rows.
+fn prefill_groups(whole: &[Option<usize>]) -> Vec<Vec<usize>> {
+    let mut classes: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (i, len) in whole.iter().enumerate() {
+        if let Some(len) = len {
+            classes.entry(length_class(*len)).or_default().push(i);
+        }
+    }
+    classes
+        .into_iter()
+        .flat_map(|(class, members)| {
+            let per_pass = (BATCHED_PREFILL_ROWS / class).max(1);
+            members
+                .chunks(per_pass)
+                .filter(|g| g.len() >= BATCHED_PREFILL_MIN)
+                .map(<[usize]>::to_vec)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+impl ArModel {
+    /// Runs one engine step's prefill work: `steps[i]` is a session and the positions it may
+    /// run, each result what [`PendingSession::prefill_step`] returns for it alone. Whole prompts
+    /// that have not started run together where at least [`BATCHED_PREFILL_MIN`] of one length
+    /// class ([`length_class`]) are in the step ([`Self::prefill_together`]; off with
+    /// `OMNITTS_BATCHED_PREFILL=0`); the others step one by one, in order.
+    pub fn prefill_steps(
+        &self,
+        steps: &mut [(&mut PendingSession<'_>, usize)],
+    ) -> Vec<Result<bool, ModelError>> {
+        let mut results: Vec<Option<Result<bool, ModelError>>> =
+            steps.iter().map(|_| None).collect();
+        if crate::nn::switches::Switches::get().batched_prefill {
+            let whole: Vec<Option<usize>> = steps
+                .iter()
+                .map(|(p, n)| {
+                    let len = p.prefill_len();
+                    (p.done == 0 && *n >= len && len > 0).then_some(len)
+                })
+                .collect();
+            for group in prefill_groups(&whole) {
+                let mut batch: Vec<&mut PendingSession<'_>> = steps
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| group.contains(i))
+                    .map(|(_, (p, _))| &mut **p)
+                    .collect();
+                let outcome = self.prefill_together(&mut batch);
+                for &i in &group {
+                    results[i] = Some(match &outcome {
+                        Ok(()) => Ok(true),
+                        Err(e) => Err(ModelError::Candle(candle_core::Error::Msg(format!(
+                            "batched prefill of {} prompts: {e}",
+                            group.len()
+                        )))),
+                    });
+                }
+            }
+        }
+        steps
+            .iter_mut()
+            .zip(results)
+            .map(|((p, n), r)| r.unwrap_or_else(|| p.prefill_step(*n)))
+            .collect()
+    }
+
+    /// Runs the whole prompts of `pendings` (none started) through the talker in one batched
+    /// pass: each prompt `[1, t_i, hidden]` padded to the longest `T` into `[B, T, hidden]`, the
+    /// layers from position 0 with one causal mask into a scratch cache of `B` sequences, then
+    /// each sequence's first `t_i` positions copied into its own cache
+    /// ([`LayerCaches::fill_prefix_from_row`]) and the final norm and codec head of each row
+    /// `t_i − 1`, read back once. Padding rows sit after every real position, so causal attention
+    /// keeps them unseen: each session ends as [`PendingSession::prefill_step`] of its whole
+    /// prompt leaves it, up to the products' summation order. Errors: a session already started,
+    /// or a failed pass (the sessions cannot go on: drop them).
+    pub fn prefill_together(
+        &self,
+        pendings: &mut [&mut PendingSession<'_>],
+    ) -> candle_core::Result<()> {
+        let Some(longest) = pendings.iter().map(|p| p.prefill_len()).max() else {
+            return Ok(());
+        };
+        if pendings.iter().any(|p| p.done != 0 || p.prefill_len() == 0) {
+            candle_core::bail!("a batched prefill takes whole prompts that have not started");
+        }
+        let talker = &self.talker;
+        let rows = pendings
+            .iter()
+            .map(|p| {
+                let (_, t, d) = p.prefill.dims3()?;
+                if t == longest {
+                    Ok(p.prefill.clone())
+                } else {
+                    let pad =
+                        Tensor::zeros((1, longest - t, d), p.prefill.dtype(), p.prefill.device())?;
+                    Tensor::cat(&[&p.prefill, &pad], 1)
+                }
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let x = Tensor::cat(&rows, 0)?;
+        let (b, _, hidden) = x.dims3()?;
+        let mut scratch = talker.new_cache(longest);
+        let h = talker.run(&x, &mut scratch)?;
+        let last: Vec<u32> = pendings
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i * longest + p.prefill_len() - 1) as u32)
+            .collect();
+        let last = Tensor::new(last.as_slice(), x.device())?;
+        let last = h.reshape((b * longest, hidden))?.index_select(&last, 0)?;
+        let (normed, logits) = talker.head(&last.unsqueeze(1)?)?;
+        let vocab = logits.len() / b;
+        for (i, p) in pendings.iter_mut().enumerate() {
+            let t = p.prefill_len();
+            p.cache.lock()?.fill_prefix_from_row(&scratch, i, t)?;
+            p.done = t;
+            p.last = Some((
+                normed.narrow(0, i, 1)?.copy()?,
+                logits[i * vocab..(i + 1) * vocab].to_vec(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl<'a> PendingSession<'a> {
     /// Prompt positions still to run through the talker (0 once the prefill is complete).
     pub fn remaining(&self) -> usize {
@@ -282,6 +427,150 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::super::testing::fixture;
+    use super::{BATCHED_PREFILL_MIN, PendingSession, prefill_groups};
+    use crate::models::qwen3_tts::{ArModel, ArStep, SamplingParams, VoiceRequest};
+
+    /// Greedy codes and the logits before every frame of `frames` frames after a prefill.
+    fn frames_after(p: PendingSession<'_>, frames: usize) -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+        let mut s = p.into_session().expect("session");
+        let (mut codes, mut logits) = (Vec::new(), vec![s.pending_logits().to_vec()]);
+        while codes.len() < frames {
+            match s.next_frame().expect("frame") {
+                ArStep::Frame(f) => {
+                    codes.push(f);
+                    logits.push(s.pending_logits().to_vec());
+                }
+                ArStep::Finished(_) => break,
+            }
+        }
+        (codes, logits)
+    }
+
+    fn begin_all<'m>(
+        m: &'m ArModel,
+        texts: &[&str],
+        sampling: &SamplingParams,
+    ) -> Vec<PendingSession<'m>> {
+        let speaker = m.speakers().into_iter().next();
+        texts
+            .iter()
+            .map(|text| {
+                let req = VoiceRequest {
+                    text: (*text).into(),
+                    speaker: speaker.clone(),
+                    language: Some("english".into()),
+                    ..VoiceRequest::default()
+                };
+                m.begin(&req, sampling).expect("begin")
+            })
+            .collect()
+    }
+
+    /// Whole prompts of different lengths prefilled in one batched pass (padded to the longest,
+    /// one scratch cache of several sequences, each copied into its own cache) leave every
+    /// session as its prompt alone does: the same greedy codes and logits within 1e-4 frame after
+    /// frame, so the caches hold the same positions. Through `prefill_steps` too, where a piece
+    /// of a longer prompt in the same step runs alone.
+    #[test]
+    fn prompts_prefilled_together_equal_each_alone() {
+        let (m, g) = fixture("tiny-customvoice");
+        let sampling = SamplingParams {
+            max_new_tokens: 24,
+            ..SamplingParams::from_generation_config(&g)
+        }
+        .greedy();
+        let texts = [
+            "Hello world, this is a test.",
+            "Hi there, friend.",
+            "Short.",
+            "A somewhat longer sentence, so that its prompt is the longest of the four.",
+        ];
+        let alone: Vec<_> = begin_all(&m, &texts, &sampling)
+            .into_iter()
+            .map(|mut p| {
+                assert!(p.prefill_step(usize::MAX).expect("prefill alone"));
+                frames_after(p, 20)
+            })
+            .collect();
+        let lens: Vec<usize> = begin_all(&m, &texts, &sampling)
+            .iter()
+            .map(PendingSession::prefill_len)
+            .collect();
+        assert!(
+            lens.iter().any(|&l| l != lens[0]),
+            "prompts of one length: {lens:?}"
+        );
+        let check = |what: &str, together: Vec<PendingSession<'_>>| {
+            for (i, p) in together.into_iter().enumerate() {
+                let (codes, logits) = frames_after(p, 20);
+                assert_eq!(codes, alone[i].0, "{what} prompt {i}: codes differ");
+                for (f, (a, b)) in logits.iter().zip(&alone[i].1).enumerate() {
+                    let d = a
+                        .iter()
+                        .zip(b)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0f32, f32::max);
+                    assert!(
+                        d <= 1e-4,
+                        "{what} prompt {i} frame {f}: logits differ by {d}"
+                    );
+                }
+            }
+        };
+        let mut together = begin_all(&m, &texts, &sampling);
+        let mut refs: Vec<&mut PendingSession<'_>> = together.iter_mut().collect();
+        m.prefill_together(&mut refs).expect("prefill together");
+        assert!(together.iter().all(|p| p.remaining() == 0));
+        check("prefill_together", together);
+        // A started prompt is refused.
+        let mut started = begin_all(&m, &texts[..1], &sampling);
+        assert!(!started[0].prefill_step(2).expect("a piece"));
+        let mut refs: Vec<&mut PendingSession<'_>> = started.iter_mut().collect();
+        assert!(m.prefill_together(&mut refs).is_err());
+        // Through prefill_steps: the three shortest whole, the longest in two pieces.
+        let mut steps_run = begin_all(&m, &texts, &sampling);
+        let first = lens[3] / 2;
+        let results = {
+            let mut steps: Vec<(&mut PendingSession<'_>, usize)> = steps_run
+                .iter_mut()
+                .enumerate()
+                .map(|(i, p)| (p, if i == 3 { first } else { usize::MAX }))
+                .collect();
+            m.prefill_steps(&mut steps)
+        };
+        let done: Vec<bool> = results.into_iter().map(|r| r.expect("step")).collect();
+        assert_eq!(done, [true, true, true, false]);
+        assert!(steps_run[3].prefill_step(usize::MAX).expect("the rest"));
+        check("prefill_steps", steps_run);
+    }
+
+    /// Batches are whole prompts of one length class, at least BATCHED_PREFILL_MIN of them, in
+    /// order; pieces and lone prompts of a class are left out.
+    #[test]
+    fn prefill_groups_are_whole_prompts_of_one_length_class() {
+        assert!(BATCHED_PREFILL_MIN >= 2);
+        let whole = [
+            Some(40),
+            Some(33),
+            None,
+            Some(64),
+            Some(12),
+            Some(50),
+            Some(16),
+            Some(9),
+        ];
+        // 40, 33, 64, 50: class 64; 12, 16, 9: class 16; index 2 runs a piece.
+        assert_eq!(
+            prefill_groups(&whole),
+            vec![vec![4, 6, 7], vec![0, 1, 3, 5]]
+        );
+        assert!(prefill_groups(&[Some(40), Some(40), None]).is_empty());
+        // At most BATCHED_PREFILL_ROWS padded rows a pass: 1024 / 256 = 4 prompts of class 256
+        // (the ninth alone is left out).
+        let long = vec![Some(200); 9];
+        let groups = prefill_groups(&long);
+        assert_eq!(groups, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+    }
 
     /// A prompt longer than the prefill chunk runs in chunks with the result of one piece: the
     /// same hidden states and the same KV cache (checked through the decode step after it).

@@ -72,6 +72,13 @@ impl Stage0Model for ArModel {
         ArModel::begin_open(self, voice, sampling, ids)
     }
 
+    fn prefill_steps<'m>(
+        &'m self,
+        steps: &mut [(&mut PendingSession<'m>, usize)],
+    ) -> Vec<Result<bool, ModelError>> {
+        ArModel::prefill_steps(self, steps)
+    }
+
     fn next_frames<'m>(
         &'m self,
         rows: &mut [&mut ArSession<'m>],

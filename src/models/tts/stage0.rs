@@ -87,6 +87,18 @@ pub trait Stage0Model: Sized + 'static {
         ids: &[u32],
     ) -> Result<Self::Prefill<'m>, ModelError>;
 
+    /// One engine step's prefill work: `steps[i]` is a prefill and the positions it may run;
+    /// `results[i]` is what [`Stage0Prefill::step`] returns for it alone. A model may run several
+    /// whole prompts in one batched pass (each equal to its prompt alone up to float rounding); a
+    /// failure of such a pass fails every prefill in it. The default steps them one by one, in
+    /// order.
+    fn prefill_steps<'m>(
+        &'m self,
+        steps: &mut [(&mut Self::Prefill<'m>, usize)],
+    ) -> Vec<Result<bool, ModelError>> {
+        steps.iter_mut().map(|(p, n)| p.step(*n)).collect()
+    }
+
     /// One frame for every row, in one batched forward: `results[i]` is what row `i` gets
     /// alone (the same codes for the same settings and seed). A failure of the batched forward
     /// fails every row in it.
