@@ -302,11 +302,18 @@ fn subtitles_dub_each_cue_at_its_sample_for_every_overflow_policy() {
         "{}",
         cues[1]
     );
-    assert!(speech <= refs[1].len() as u64 * 1_000_000_000 / RATE);
+    let whole = refs[1].len() as u64 * 1_000_000_000 / RATE;
+    assert!(speech <= whole);
     assert_eq!(
         u64_field(&cues[1], "output-duration"),
         slot(1) as u64 * 1_000_000_000 / RATE
     );
+    // speech-complete says whether speech-duration is all of it or a lower bound.
+    let complete = |c: &gst::Structure| c.get::<bool>("speech-complete").unwrap();
+    assert_eq!(complete(&cues[1]), speech == whole, "{}", cues[1]);
+    for c in [&cues[0], &cues[2], &cues[3], &cues[4]] {
+        assert!(complete(c), "{c}");
+    }
 
     // overlap: each cue at its PTS, whole; cue 3 mixed into cue 2's tail (through the limiter).
     let mut want = Vec::new();

@@ -20,10 +20,13 @@ pub fn pts_of(n: u64, rate: u32) -> gst::ClockTime {
     )
 }
 
-/// Sample position of time `t` at `rate` Hz (rounded down).
+/// Sample position of time `t` at `rate` Hz, rounded up: the first sample at or after `t`
+/// (samples `0..pos_of(t)` start before `t`, so a cue at `t` never starts a sample early, and a
+/// slot of duration `d` holds `pos_of(d)` samples). The inverse of [`pts_of`]:
+/// `pos_of(pts_of(n)) == n`.
 pub fn pos_of(t: gst::ClockTime, rate: u32) -> u64 {
     t.nseconds()
-        .mul_div_floor(u64::from(rate), gst::ClockTime::SECOND.nseconds())
+        .mul_div_ceil(u64::from(rate), gst::ClockTime::SECOND.nseconds())
         .unwrap_or(u64::MAX)
 }
 
@@ -184,23 +187,23 @@ mod tests {
         assert_eq!(pts_of(24_000, 24_000), gst::ClockTime::SECOND);
         // One sample is 41666.67 ns, rounded down.
         assert_eq!(pts_of(1, 24_000).nseconds(), 41_666);
-        // Fish S2 Pro's 44.1 kHz: one second, one sample, and the round trip where the time is
-        // whole nanoseconds (every 441 samples); elsewhere both round down.
+        // Fish S2 Pro's 44.1 kHz: one second, one sample.
         assert_eq!(pts_of(44_100, 44_100), gst::ClockTime::SECOND);
         assert_eq!(pts_of(1, 44_100).nseconds(), 22_675);
-        for n in [0u64, 441, 44_100 * 7 + 4410] {
-            assert_eq!(pos_of(pts_of(n, 44_100), 44_100), n, "n={n}");
+        // The round trip is exact, whole nanoseconds or not.
+        for rate in [24_000, 44_100] {
+            for n in [0u64, 1, 2, 3, 441, 2048, 24_000, 44_100 * 7 + 4410, 3 << 40] {
+                assert_eq!(pos_of(pts_of(n, rate), rate), n, "n={n} at {rate} Hz");
+            }
         }
-        assert_eq!(pos_of(pts_of(2048, 44_100), 44_100), 2047);
-        // Every third sample falls on a whole nanosecond: exact both ways.
-        for n in [0u64, 3, 480, 24_000, 3 << 40] {
-            assert_eq!(pos_of(pts_of(n, 24_000), 24_000), n, "n={n}");
-        }
-        // Otherwise the time is rounded down, and so is the position of that time.
-        assert_eq!(pos_of(pts_of(1, 24_000), 24_000), 0);
+        // A time between two samples maps to the sample after it: a cue at 333 ms at 44.1 kHz
+        // (14,685.3 samples) starts at sample 14,686, not a sample before 333 ms.
+        let t = gst::ClockTime::from_mseconds(333);
+        assert_eq!(pos_of(t, 44_100), 14_686);
+        assert!(pts_of(pos_of(t, 44_100), 44_100) >= t);
         assert_eq!(
             pos_of(pts_of(1, 24_000) + gst::ClockTime::from_nseconds(1), 24_000),
-            1
+            2
         );
     }
 

@@ -182,6 +182,34 @@ impl AutoSplit {
         }
     }
 
+    /// The warning for a `text` that `mode` splits (or would, `auto`) where a piece is still
+    /// longer than [`AutoSplit::above_chars`]: a sentence with no boundary to split it at (a
+    /// long text without sentence punctuation), which the checkpoint speaks as one utterance past
+    /// what it speaks well (babble, or a cut at `max-new-tokens`). `None` with
+    /// `split-sentences=false`, which keeps texts whole by choice.
+    pub fn long_sentence_warning(self, mode: SplitSentences, text: &str) -> Option<String> {
+        if mode == SplitSentences::False {
+            return None;
+        }
+        let whole = matches!(mode, SplitSentences::Auto) && !self.splits(mode, text);
+        if whole {
+            return None;
+        }
+        let long = self
+            .pieces(SplitSentences::True, text)
+            .into_iter()
+            .find(|p| p.trim().chars().nth(self.above_chars).is_some())?;
+        Some(format!(
+            "a sentence of {} characters ('{}') is longer than the {} characters this checkpoint \
+             speaks well as one utterance and has no sentence boundary to split it at: it may \
+             be spoken as babble or cut off at max-new-tokens; add sentence punctuation or send \
+             shorter text",
+            long.trim().chars().count(),
+            super::input_error::quoted(long.trim()),
+            self.above_chars
+        ))
+    }
+
     /// Whether `mode` splits `text` into sentences.
     pub fn splits(self, mode: SplitSentences, text: &str) -> bool {
         match mode {
@@ -285,6 +313,41 @@ mod tests {
         assert_eq!(auto.pieces(SplitSentences::Auto, short), [short]);
         assert_eq!(auto.pieces(SplitSentences::True, short).len(), 2);
         assert_eq!(auto.pieces(SplitSentences::True, "   "), ["   "]);
+    }
+
+    #[test]
+    fn a_long_sentence_without_a_boundary_is_warned_about() {
+        let auto = AutoSplit {
+            above_chars: 40,
+            turn_tag: None,
+        };
+        let run_on = "and then it goes on and on without any stop at all for ever more";
+        for mode in [SplitSentences::Auto, SplitSentences::True] {
+            let w = auto.long_sentence_warning(mode, run_on).expect("a warning");
+            for word in [
+                "65 characters",
+                "40 characters",
+                "no sentence boundary",
+                "and then",
+            ] {
+                assert!(w.contains(word), "{word}: {w}");
+            }
+            // A long sentence among short ones is found too.
+            let mixed = format!("Hi. {run_on}. Bye.");
+            assert!(auto.long_sentence_warning(mode, &mixed).is_some());
+            // Sentences each within the threshold: nothing to say.
+            let fine = "This sentence is short. So is this one. And this one as well.";
+            assert_eq!(auto.long_sentence_warning(mode, fine), None);
+        }
+        // Kept whole by choice, or short enough for auto to keep whole.
+        assert_eq!(
+            auto.long_sentence_warning(SplitSentences::False, run_on),
+            None
+        );
+        assert_eq!(
+            auto.long_sentence_warning(SplitSentences::Auto, "short, no stop"),
+            None
+        );
     }
 
     #[test]

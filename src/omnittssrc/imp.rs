@@ -183,9 +183,11 @@ impl OmniTtsSrc {
             .map(|rt| rt.info.description.sample_rate)
     }
 
-    /// Posts `text`'s warnings ([`text_warnings`]) for the loaded model.
-    fn warn_text(&self, text: &str, info: &ModelInfo) {
-        for w in text_warnings(text, &info.description) {
+    /// Posts `text`'s warnings ([`text_warnings`]) for the loaded model, and a sentence too long
+    /// to speak well that `split` cannot split ([`AutoSplit::long_sentence_warning`]).
+    fn warn_text(&self, text: &str, info: &ModelInfo, auto: AutoSplit, split: SplitSentences) {
+        let long = auto.long_sentence_warning(split, text);
+        for w in text_warnings(text, &info.description).chain(long) {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("{}", w));
         }
     }
@@ -236,7 +238,7 @@ impl OmniTtsSrc {
         };
         if accepted {
             self.warn_voice(&warned, &settings.synthesis, &info);
-            self.warn_text(text, &info);
+            self.warn_text(text, &info, auto_split, settings.split_sentences);
         }
         let mut inner = shared.lock();
         if inner.ended() {
@@ -807,7 +809,7 @@ impl OmniTtsSrc {
                 self.warn_voice(&warned, &settings.synthesis, &info);
                 shared.lock().queue(text, Ok(request), 0);
             }
-            self.warn_text(t, &info);
+            self.warn_text(t, &info, auto_split, settings.split_sentences);
         }
         let worker =
             runtime::spawn_worker(backend, shared.clone(), element.downgrade()).map_err(|e| {

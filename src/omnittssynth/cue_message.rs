@@ -19,8 +19,10 @@ use super::timeline::CueReport;
 /// made, 1.0 when not),
 /// `shifted-ms` (f64, how much later than its PTS it became due because the speech before it
 /// ran long), `overrun-ms` (f64, how much longer than its slot its speech is), `clipped-ms`
-/// (f64, speech cut off), `late` (u32, live: how many times its audio missed its deadline) and
-/// `late-ms` (f64, live: silence output in its place meanwhile).
+/// (f64, speech cut off), `late` (u32, live: how many times its audio missed its deadline),
+/// `late-ms` (f64, live: silence output in its place meanwhile) and `speech-complete` (bool: its
+/// synthesis ran to its end; false when it was stopped at a cut, so that `speech-duration`,
+/// `overrun-ms` and `clipped-ms` count only the speech made before the cut: lower bounds).
 pub const CUE: &str = "omnitts/cue";
 
 fn ms(samples: u64, rate: u32) -> f64 {
@@ -61,6 +63,7 @@ pub(super) fn cue_message(
         )
         .field("late", report.late)
         .field("late-ms", ms(report.late_samples, rate))
+        .field("speech-complete", report.finished)
         .build();
     gst::message::Element::builder(s).src(src).build()
 }

@@ -643,7 +643,8 @@ impl OmniTtsSynth {
         for w in rt.warned.new_warnings(&settings, &rt.info) {
             gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
         }
-        for w in text_warnings(text, &rt.info.description) {
+        let long = rt.auto_split.long_sentence_warning(split, text);
+        for w in text_warnings(text, &rt.info.description).chain(long) {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("cue {}: {}", id, w));
         }
         // A long cue is spoken sentence by sentence (`split-sentences`), back to back, as that
