@@ -212,8 +212,8 @@ fn latency_answer_and_every_cue_on_time() {
     let seen = live.check_tiling();
     for (r, pts) in reports.iter().zip(&cues) {
         assert_eq!(r.get::<u32>("late").unwrap(), 0, "on time: {r}");
-        // Exactly at its sample (PTS → sample, rounded down, → PTS).
-        let n = pts.nseconds() * RATE / 1_000_000_000;
+        // Exactly at its sample: the first at or after its PTS (PTS → sample, rounded up, → PTS).
+        let n = (pts.nseconds() * RATE).div_ceil(1_000_000_000);
         assert_eq!(ns(r, "start"), n * 1_000_000_000 / RATE, "{r}");
         assert!(ns(r, "output-duration") > 0);
         // fakesink rendered the cue's first buffer when due: running time + pipeline latency.

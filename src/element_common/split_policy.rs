@@ -325,7 +325,7 @@ mod tests {
         for mode in [SplitSentences::Auto, SplitSentences::True] {
             let w = auto.long_sentence_warning(mode, run_on).expect("a warning");
             for word in [
-                "65 characters",
+                "64 characters",
                 "40 characters",
                 "no sentence boundary",
                 "and then",

@@ -2,8 +2,9 @@
 //! overflow policy did with it.
 
 use crate::element_common::audio::pts_of;
+use crate::engine::FinishReason;
 
-use super::overflow::Overflow;
+use super::overflow::{Action, Overflow};
 use super::shared::CueInfo;
 use super::timeline::CueReport;
 
@@ -40,6 +41,16 @@ pub(super) fn cue_message(
     rate: u32,
 ) -> gst::Message {
     let at = |p: u64| segment_start + pts_of(p, rate);
+    // Its synthesis ran to the model's end (or a limit), or it had nothing to speak; not when the
+    // element stopped it at a cut (cancelled, or still running when the cue ended) or it failed.
+    let speech_complete = report.action == Action::Silent
+        || matches!(
+            info.finish,
+            Some((
+                FinishReason::Eos | FinishReason::Length | FinishReason::Guard,
+                _
+            ))
+        );
     let s = gst::Structure::builder(CUE)
         .field("id", report.id)
         .field("text", info.text.as_str())
@@ -63,7 +74,7 @@ pub(super) fn cue_message(
         )
         .field("late", report.late)
         .field("late-ms", ms(report.late_samples, rate))
-        .field("speech-complete", report.finished)
+        .field("speech-complete", speech_complete)
         .build();
     gst::message::Element::builder(s).src(src).build()
 }

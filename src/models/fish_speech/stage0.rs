@@ -352,8 +352,8 @@ impl FishAr {
     fn capture_graphs(&mut self, rows: &[usize]) -> Result<(), ModelError> {
         if !crate::nn::switches::Switches::get().fish_graphs {
             return Err(ModelError::Candle(candle_core::Error::Msg(
-                "Fish S2 Pro's CUDA graphs are off until measured on a GPU \
-                 (OMNITTS_FISH_GRAPHS=1 turns them on): frames run eagerly"
+                "Fish S2 Pro's CUDA graphs are off by default (a one-stream first audio later \
+                 than eager on an H100; OMNITTS_FISH_GRAPHS=1 turns them on): frames run eagerly"
                     .into(),
             )));
         }

@@ -548,7 +548,7 @@ mod tests {
     /// order; pieces and lone prompts of a class are left out.
     #[test]
     fn prefill_groups_are_whole_prompts_of_one_length_class() {
-        assert!(BATCHED_PREFILL_MIN >= 2);
+        const { assert!(BATCHED_PREFILL_MIN == 3) };
         let whole = [
             Some(40),
             Some(33),
