@@ -938,6 +938,8 @@ mod tests {
         hold: Mutex<Option<String>>,
         /// Whether a step is waiting on `hold`.
         holding: Mutex<bool>,
+        /// The texts of the prompts of every `prefill_steps` call, in order.
+        prefill_calls: Mutex<Vec<Vec<String>>>,
         cv: Condvar,
     }
 
@@ -1083,6 +1085,14 @@ mod tests {
             _: &[u32],
         ) -> Result<Pending, ModelError> {
             Err(refused("open text"))
+        }
+        fn prefill_steps<'m>(
+            &'m self,
+            steps: &mut [(&mut Pending, usize)],
+        ) -> Vec<Result<bool, ModelError>> {
+            let texts = steps.iter().map(|(p, _)| p.text.clone()).collect();
+            lock(&self.gate.prefill_calls).push(texts);
+            steps.iter_mut().map(|(p, n)| p.step(*n)).collect()
         }
         fn next_frames(&self, rows: &mut [&mut Session]) -> Vec<Result<ArStep, ModelError>> {
             // A row stepped with its later prompt pending runs all of it first, inside the step.
@@ -1381,6 +1391,43 @@ mod tests {
             later, expected,
             "the later prompt's chunks beside the long prompts"
         );
+    }
+
+    /// The prompts of a burst that arrives during a step reach the model in one
+    /// `prefill_steps` call (so a model can run them in one pass), oldest first, and the
+    /// running stream's frames go on.
+    #[test]
+    fn a_burst_of_prompts_goes_to_the_model_in_one_call() {
+        let s = Stage0::start("burst-prefill", false);
+        *lock(&s.gate.hold) = Some("running".into());
+        let _running = s.submit("running");
+        s.wait_holding();
+        let burst: Vec<String> = (0..8).map(|k| format!("burst {k}")).collect();
+        let _reqs: Vec<_> = burst.iter().map(|t| s.submit(t)).collect();
+        *lock(&s.gate.hold) = None;
+        s.gate.cv.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let calls = lock(&s.gate.prefill_calls).clone();
+            let seen = calls
+                .iter()
+                .flatten()
+                .filter(|t| t.starts_with("burst"))
+                .count();
+            if seen == burst.len() {
+                let with_burst: Vec<&Vec<String>> = calls
+                    .iter()
+                    .filter(|c| c.iter().any(|t| t.starts_with("burst")))
+                    .collect();
+                assert_eq!(with_burst, [&burst], "the burst's prefill calls: {calls:?}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the burst was not prefilled in 20 s: {calls:?}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     #[test]
