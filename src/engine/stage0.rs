@@ -1086,8 +1086,8 @@ mod tests {
         ) -> Result<Pending, ModelError> {
             Err(refused("open text"))
         }
-        fn prefill_steps<'m>(
-            &'m self,
+        fn prefill_steps(
+            &self,
             steps: &mut [(&mut Pending, usize)],
         ) -> Vec<Result<bool, ModelError>> {
             let texts = steps.iter().map(|(p, _)| p.text.clone()).collect();
