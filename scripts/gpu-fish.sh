@@ -18,7 +18,10 @@
 #  open     bench_streams open loop (RATES, SEEDS, WARMUP_S + DURATION_S): first audio under
 #           Poisson arrivals as the serving engines are measured;
 #  graphs   the closed loop at STREAMS again with the fast AR on its CUDA graphs
-#           (OMNITTS_FISH_GRAPHS=1), beside `closed` in the same call.
+#           (OMNITTS_FISH_GRAPHS=1), beside `closed` in the same call;
+#  graphs-prio  the same with stage 1's CUDA streams (its thread and the first-chunk lane) at the
+#           greatest priority (OMNITTS_STREAM_PRIORITY=lane,decoder): whether the one-stream
+#           first audio that came later with the graphs (docs/cuda.md) waited behind the replays.
 # The reference's own timings on the same /tmp/s2pro: scripts/gpu-fish-ref.sh (a second call on the
 # same warm machine skips the checkpoint).
 # The working tree on the GPU machine needs scripts/ and tests/fixtures/tiny-fish's tokenizer files
@@ -52,13 +55,16 @@ if has check; then
     OMNITTS_FISH_GRAPHS=1 run check 150 "$bin/fish_check" --model-dir /tmp/s2small --device cuda:0 \
         --frames 40
 fi
-if has closed || has open || has graphs; then
+if has closed || has open || has graphs || has graphs-prio; then
     stamp "real-shape checkpoint"; ckpt real /tmp/s2pro
 fi
 has closed && run closed 240 "$bin/bench_streams" --model-dir /tmp/s2pro --device cuda:0 --shared-only \
     --streams "$STREAMS" --frames "$CLOSED_FRAMES" --json "$out/closed.json"
 has open && run open 200 "$bin/bench_streams" --model-dir /tmp/s2pro --device cuda:0 --rates "$RATES" \
     --seeds "$SEEDS" --warmup-s "$WARMUP_S" --duration "$DURATION_S" --json "$out/open.json"
+has graphs-prio && OMNITTS_FISH_GRAPHS=1 OMNITTS_STREAM_PRIORITY=lane,decoder run closed-graphs-prio 240 \
+    "$bin/bench_streams" --model-dir /tmp/s2pro --device cuda:0 --shared-only --streams "$STREAMS" \
+    --frames "$CLOSED_FRAMES" --json "$out/closed-graphs-prio.json"
 has graphs && OMNITTS_FISH_GRAPHS=1 run closed-graphs 240 "$bin/bench_streams" --model-dir /tmp/s2pro \
     --device cuda:0 --shared-only --streams "$STREAMS" --frames "$CLOSED_FRAMES" --json "$out/closed-graphs.json"
 stamp done
