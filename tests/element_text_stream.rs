@@ -100,6 +100,64 @@ fn appended_text_is_spoken_in_order_with_the_queued_texts() {
     );
 }
 
+/// A string argument as a C caller passes it: any bytes (glib's Rust strings cannot hold them).
+fn c_string(bytes: &[u8]) -> gst::glib::Value {
+    use gst::glib::translate::ToGlibPtrMut;
+    let c = std::ffi::CString::new(bytes).expect("no NUL");
+    let mut v = gst::glib::Value::from_type(gst::glib::Type::STRING);
+    // SAFETY: a string value; g_value_set_string copies the bytes.
+    unsafe { gst::glib::gobject_ffi::g_value_set_string(v.to_glib_none_mut().0, c.as_ptr()) };
+    v
+}
+
+fn emit_bytes(e: &gst::Element, signal: &str, bytes: &[u8]) -> bool {
+    e.emit_by_name_with_values(signal, &[c_string(bytes)])
+        .and_then(|v| v.get::<bool>().ok())
+        .expect("a boolean")
+}
+
+/// From C, `append-text` may cut a UTF-8 character between two calls: it is joined; bytes that
+/// are not UTF-8 (in `push-text` or `append-text`) are dropped with a warning naming the first,
+/// and the rest is spoken (glib's conversion of such bytes to a Rust string used to abort the
+/// process).
+#[test]
+fn a_c_callers_bytes_are_joined_and_bad_bytes_dropped() {
+    let (mut h, bus) = harness(&[
+        ("text", v("First.")),
+        ("speaker", v("vivian")),
+        ("max-new-tokens", v(30u32)),
+    ]);
+    let (pad, probe) = play_holding_first_buffer(&mut h);
+    let e = h.element().expect("element");
+    let text = "Café in pieces.".as_bytes();
+    let cut = 4; // between the two bytes of é
+    assert!(emit_bytes(&e, "append-text", &text[..cut]));
+    assert!(emit_bytes(&e, "append-text", &text[cut..]));
+    assert!(emit_bytes(&e, "append-text", b" And \xffmore."));
+    assert!(e.emit_by_name::<bool>("end-text", &[]));
+    assert!(emit_bytes(&e, "push-text", b"Caf\xff after."));
+    pad.remove_probe(probe);
+    pull_samples(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let d = element_messages(&msgs, messages::DONE);
+    let texts: Vec<String> = d.iter().map(|s| s.get::<String>("text").unwrap()).collect();
+    assert_eq!(texts, ["First.", "Café in pieces. And more.", "Caf after."]);
+    let bad: Vec<String> = warnings(&msgs)
+        .into_iter()
+        .filter(|w| w.contains("not UTF-8"))
+        .collect();
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(
+        bad.iter()
+            .any(|w| w.starts_with("append-text") && w.contains("0xff"))
+    );
+    assert!(
+        bad.iter()
+            .any(|w| w.starts_with("push-text") && w.contains("0xff at offset 3"))
+    );
+}
+
 /// Live, an EOS event ends the open text (`end-text` finds nothing open after it) and the rest
 /// is spoken before the stream ends, in token mode (tiny fixture) and clause mode (the bundled
 /// voice); the done message carries the whole text.

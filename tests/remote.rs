@@ -823,6 +823,11 @@ fn an_unusable_server_fails_the_state_change() {
         e.set_property("text", "Hello.");
         let errs = start_must_fail(&e, url);
         assert_names(&errs, &words);
+        if url == "gpu-host:8091" {
+            // The property and its value named once, then the reason.
+            let msg = errs[0].split(" | ").next().unwrap_or_default();
+            assert_eq!(msg.matches("gpu-host:8091").count(), 1, "{msg}");
+        }
     }
     let e = gst::ElementFactory::make("omnittssrc").build().unwrap();
     e.set_property("server", &plain.url);

@@ -347,6 +347,55 @@ fn a_server_error_fails_the_utterance_with_its_message() {
     assert!(e.contains("voice 'nobody' is not supported"), "{e}");
 }
 
+/// `omnittssrc server=… append-text` on a server without the streaming-input endpoint: the open
+/// utterance fails once, in stream order, and the rest of its text is refused (false) until
+/// `end-text`, instead of each later fragment opening an utterance of its own.
+#[test]
+fn the_rest_of_a_failed_open_text_is_refused_until_end_text() {
+    element_util::init();
+    let s = WsServer::start(Mode::NoEndpoint);
+    let mut h = gst_check::Harness::new("omnittssrc");
+    let e = h.element().expect("element");
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    e.set_property("server", &s.url);
+    e.set_property("speaker", "vivian");
+    e.set_property("is-live", true);
+    h.use_systemclock();
+    let started = e.set_state(gst::State::Playing);
+    assert!(started.is_ok(), "{:?}", element_util::drain(&bus));
+    assert!(e.emit_by_name::<bool>("append-text", &[&"Hello th"]));
+    let mut seen = Vec::new();
+    let done = element_util::wait_element_message(
+        &bus,
+        messages::DONE,
+        Duration::from_secs(20),
+        &mut seen,
+    )
+    .expect("the failed utterance's done message");
+    assert_eq!(done.get::<String>("reason").unwrap(), "error");
+    for fragment in ["ere, how are y", "ou?"] {
+        assert!(
+            !e.emit_by_name::<bool>("append-text", &[&fragment]),
+            "{fragment:?} accepted by a failed open text"
+        );
+    }
+    assert!(e.emit_by_name::<bool>("end-text", &[]));
+    std::thread::sleep(Duration::from_millis(200));
+    seen.extend(element_util::drain(&bus));
+    let modes = element_util::element_messages(&seen, messages::TEXT_STREAM_MODE);
+    assert_eq!(modes.len(), 1, "one utterance opened: {modes:?}");
+    let dones = element_util::element_messages(&seen, messages::DONE);
+    assert_eq!(dones.len(), 1, "{dones:?}");
+    // After end-text, the next append-text opens a new utterance.
+    assert!(e.emit_by_name::<bool>("append-text", &[&"Again."]));
+    let _ = e.set_state(gst::State::Null);
+    let modes =
+        element_util::element_messages(&element_util::drain(&bus), messages::TEXT_STREAM_MODE);
+    assert_eq!(modes.len(), 1, "a new utterance: {modes:?}");
+    drop(h);
+}
+
 /// `omnittssrc server=… append-text`: the sentences stream into the element's timeline in
 /// order, the first before `end-text`; the mode message says `sentence`.
 #[test]

@@ -32,6 +32,7 @@
 //! - [`server`], [`server_load`], [`server_request`]: the same through a speech server
 //!   ([`crate::remote`]) instead of a local engine: its properties, the probe at start, settings +
 //!   text → speech request;
+//! - [`utf8_join`]: text that arrives as bytes in pieces, characters cut between them joined;
 //! - [`backend`]: what the worker synthesises with, the engine or the server, behind one
 //!   request / handle / cancel.
 
@@ -56,5 +57,6 @@ pub(crate) mod settings;
 pub(crate) mod split_policy;
 pub(crate) mod text_checks;
 pub(crate) mod turns;
+pub(crate) mod utf8_join;
 pub(crate) mod voice_clone;
 pub(crate) mod voice_warnings;

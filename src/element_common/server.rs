@@ -137,7 +137,13 @@ impl ServerSettings {
         let url = self.url()?;
         Some(
             ServerUrl::parse(url)
-                .map_err(|e| input_error("server", url, e.to_string()))
+                .map_err(|e| match e {
+                    // input_error names the property and the value: the reason alone.
+                    crate::remote::RemoteError::BadUrl { url: shown, why } => {
+                        input_error("server", &shown, why)
+                    }
+                    e => input_error("server", url, e.to_string()),
+                })
                 .map(|url| {
                     let mut o = ServerOptions::new(url);
                     o.model = self

@@ -27,6 +27,7 @@ use crate::element_common::split_policy::{
     AutoSplit, SplitSentences, split_sentences_param_spec, streaming_prompt_hint,
 };
 use crate::element_common::text_checks::{markup_warning, strip_markup_tags, text_warnings};
+use crate::element_common::utf8_join::Utf8Join;
 use crate::element_common::voice_warnings::WarnOnce;
 use crate::element_common::{messages, progress};
 use crate::models::tts::text::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
@@ -108,6 +109,9 @@ struct State {
     open: Option<Arc<OpenText>>,
     /// The id of the last utterance `append-text` opened (live, an EOS event waits for it).
     last_open: Option<u64>,
+    /// `append-text`'s bytes as UTF-8: a character a C caller cut between two calls waits for
+    /// its other bytes (until `end-text`).
+    appended: Utf8Join,
 }
 
 /// The element's instance data: property values and stream state, each behind its own lock
@@ -273,10 +277,18 @@ impl OmniTtsSrc {
     fn append_text(&self, fragment: &str) -> bool {
         let settings = self.settings();
         let state = lock(&self.state);
-        if let Some(open) = &state.open
-            && open.append(fragment)
-        {
-            return true;
+        if let Some(open) = &state.open {
+            if open.append(fragment) {
+                return true;
+            }
+            // Its request has failed (the error comes in stream order): the rest of its text is
+            // refused until end-text, instead of each fragment opening an utterance of its own.
+            gst::debug!(
+                CAT,
+                imp = self,
+                "append-text: the open utterance has failed, refused"
+            );
+            return false;
         }
         let Some(rt) = state.runtime.as_ref() else {
             drop(state);
@@ -342,10 +354,67 @@ impl OmniTtsSrc {
 
     /// `end-text`: ends the open utterance's text; false when none is open.
     fn end_text(&self) -> bool {
-        match lock(&self.state).open.take() {
+        let (open, cut) = {
+            let mut state = lock(&self.state);
+            (state.open.take(), state.appended.finish())
+        };
+        if let Some((byte, at)) = cut {
+            self.warn_bad_bytes("append-text", byte, at);
+        }
+        match open {
             Some(open) => open.end(),
             None => false,
         }
+    }
+
+    /// A signal's string argument as the caller's bytes: a C caller may pass any bytes, and
+    /// glib's conversion to a Rust string stops the process on bytes that are not UTF-8.
+    fn string_arg(value: &glib::Value) -> Vec<u8> {
+        use glib::translate::ToGlibPtr;
+        // SAFETY: the value holds a gchararray (the signal's parameter type); the string is
+        // copied before the value can go.
+        unsafe {
+            let p = glib::gobject_ffi::g_value_get_string(value.to_glib_none().0);
+            if p.is_null() {
+                Vec::new()
+            } else {
+                std::ffi::CStr::from_ptr(p).to_bytes().to_vec()
+            }
+        }
+    }
+
+    /// `push-text` from the caller's bytes: bytes that are not UTF-8 are dropped, with a
+    /// warning naming the first.
+    fn push_bytes(&self, bytes: &[u8]) -> bool {
+        let mut join = Utf8Join::default();
+        let joined = join.push(bytes);
+        if let Some((byte, at)) = joined.invalid.or(join.finish()) {
+            self.warn_bad_bytes("push-text", byte, at);
+        }
+        self.push_text(&joined.text)
+    }
+
+    /// `append-text` from the caller's bytes: a character cut between two calls is joined,
+    /// bytes that are not UTF-8 are dropped with a warning naming the first.
+    fn append_bytes(&self, bytes: &[u8]) -> bool {
+        let joined = lock(&self.state).appended.push(bytes);
+        if let Some((byte, at)) = joined.invalid {
+            self.warn_bad_bytes("append-text", byte, at);
+        }
+        self.append_text(&joined.text)
+    }
+
+    fn warn_bad_bytes(&self, signal: &str, byte: u8, at: usize) {
+        gst::element_imp_warning!(
+            self,
+            gst::StreamError::Format,
+            (
+                "{}: text that is not UTF-8 (byte 0x{:02x} at offset {}): bytes dropped",
+                signal,
+                byte,
+                at
+            )
+        );
     }
 
     /// Drops queued text and audio and stops the utterance in flight (flush, `cancel`).
@@ -490,9 +559,8 @@ impl ObjectImpl for OmniTtsSrc {
                     .action()
                     .class_handler(|args| {
                         let element = args[0].get::<super::OmniTtsSrc>().ok()?;
-                        let text = args[1].get::<Option<String>>().ok().flatten();
-                        let ok = element.imp().push_text(text.as_deref().unwrap_or(""));
-                        Some(ok.to_value())
+                        let bytes = OmniTtsSrc::string_arg(&args[1]);
+                        Some(element.imp().push_bytes(&bytes).to_value())
                     })
                     .build(),
                 glib::subclass::Signal::builder("append-text")
@@ -501,9 +569,8 @@ impl ObjectImpl for OmniTtsSrc {
                     .action()
                     .class_handler(|args| {
                         let element = args[0].get::<super::OmniTtsSrc>().ok()?;
-                        let text = args[1].get::<Option<String>>().ok().flatten();
-                        let ok = element.imp().append_text(text.as_deref().unwrap_or(""));
-                        Some(ok.to_value())
+                        let bytes = OmniTtsSrc::string_arg(&args[1]);
+                        Some(element.imp().append_bytes(&bytes).to_value())
                     })
                     .build(),
                 glib::subclass::Signal::builder("end-text")

@@ -17,6 +17,7 @@
 //! between fragments is spoken after its cut.
 
 use super::cue_text::{TextFormat, strip_ass_overrides, strip_markup};
+use crate::element_common::utf8_join::Utf8Join;
 
 /// The most bytes held back for a markup construct whose end has not arrived.
 pub(super) const MAX_HELD: usize = 256;
@@ -25,16 +26,14 @@ pub(super) const MAX_HELD: usize = 256;
 #[derive(Debug)]
 pub(crate) struct FragmentText {
     format: TextFormat,
-    /// Bytes of an incomplete UTF-8 character at the end of the last fragment.
-    partial: Vec<u8>,
+    /// The fragments' bytes as UTF-8.
+    utf8: Utf8Join,
     /// Decoded text not yet final (an unterminated markup construct at its start).
     held: String,
     /// A space is due before the next non-space character.
     space: bool,
     /// Something was handed on (no leading space).
     started: bool,
-    /// Bytes taken so far (for the offsets of bad bytes).
-    offset: usize,
 }
 
 /// What one fragment gave.
@@ -51,49 +50,18 @@ impl FragmentText {
     pub fn new(format: TextFormat) -> FragmentText {
         FragmentText {
             format,
-            partial: Vec::new(),
+            utf8: Utf8Join::default(),
             held: String::new(),
             space: false,
             started: false,
-            offset: 0,
         }
     }
 
     /// Adds a fragment's bytes; returns the text that became final.
     pub fn push(&mut self, bytes: &[u8]) -> Pushed {
-        let start = self.offset - self.partial.len();
-        self.offset += bytes.len();
-        let mut buf = std::mem::take(&mut self.partial);
-        buf.extend_from_slice(bytes);
-        let mut invalid = None;
-        let mut rest: &[u8] = &buf;
-        let mut at = start;
-        loop {
-            match std::str::from_utf8(rest) {
-                Ok(s) => {
-                    self.held.push_str(s);
-                    break;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    // Checked valid just above.
-                    self.held
-                        .push_str(std::str::from_utf8(&rest[..valid]).unwrap_or_default());
-                    match e.error_len() {
-                        None => {
-                            // An incomplete character at the end: wait for its other bytes.
-                            self.partial = rest[valid..].to_vec();
-                            break;
-                        }
-                        Some(n) => {
-                            invalid.get_or_insert((rest[valid], at + valid));
-                            rest = &rest[valid + n..];
-                            at += valid + n;
-                        }
-                    }
-                }
-            }
-        }
+        let joined = self.utf8.push(bytes);
+        self.held.push_str(&joined.text);
+        let invalid = joined.invalid;
         let cut = self.final_len();
         let ready: String = self.held.drain(..cut).collect();
         Pushed {
@@ -105,9 +73,7 @@ impl FragmentText {
     /// The end of the text: everything held is final (an unterminated construct is text, an
     /// incomplete character is dropped). Returns the rest of the text, and the bad bytes.
     pub fn finish(&mut self) -> Pushed {
-        let invalid =
-            (!self.partial.is_empty()).then(|| (self.partial[0], self.offset - self.partial.len()));
-        self.partial.clear();
+        let invalid = self.utf8.finish();
         let ready = std::mem::take(&mut self.held);
         self.space = false;
         Pushed {

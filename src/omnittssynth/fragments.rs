@@ -3,8 +3,9 @@
 //! its text arrives, as `omnittssrc`'s `append-text` speaks it:
 //!
 //! - it opens at the first fragment whose text has something to speak (a letter or a digit):
-//!   one cue at the PTS of the utterance's first fragment, with no duration (its speech is as
-//!   long as it is), so its audio starts at the first fragment's running time;
+//!   one cue at the PTS of the utterance's first fragment with more than whitespace, with no
+//!   duration (its speech is as long as it is), so its audio starts at that fragment's running
+//!   time;
 //! - each fragment's text goes to it as it comes ([`fragment_text`](super::fragment_text): as
 //!   bytes, so that a fragment may end in the middle of a UTF-8 character or of a markup tag);
 //! - in token mode (checkpoints whose streaming prompt mode is good) one engine request takes
@@ -77,7 +78,7 @@ pub(crate) struct OpenCue {
 pub(crate) struct Fragments {
     /// The fragments' bytes, joined.
     pub bytes: Vec<u8>,
-    /// PTS of the first fragment (the utterance's).
+    /// PTS of the first fragment with more than whitespace (the utterance's).
     pub pts: Option<ClockTime>,
     /// PTS of the last fragment that had one.
     pub last_pts: Option<ClockTime>,
@@ -96,7 +97,9 @@ pub(crate) struct Fragments {
 impl Fragments {
     /// Adds a fragment.
     pub fn push(&mut self, bytes: &[u8], pts: Option<ClockTime>) {
-        if self.bytes.is_empty() && self.pts.is_none() {
+        // The utterance's time is that of its first fragment with more than whitespace: an
+        // LLM's reply often starts with a line break well before its first word.
+        if pts.is_some() && self.bytes.iter().all(u8::is_ascii_whitespace) {
             self.pts = pts;
         }
         self.bytes.extend_from_slice(bytes);
@@ -135,6 +138,23 @@ impl Fragments {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_utterance_is_timed_by_its_first_fragment_with_more_than_whitespace() {
+        let at = ClockTime::from_seconds;
+        let mut f = Fragments::default();
+        f.push(b"\n ", Some(at(0)));
+        f.push(b"  ", Some(at(1)));
+        assert_eq!(f.pts, Some(at(1)));
+        f.push(b"Hello th", Some(at(2)));
+        f.push(b"ere.", Some(at(3)));
+        assert_eq!(f.pts, Some(at(2)));
+        // A first fragment with words keeps its time; one without PTS takes none.
+        let mut f = Fragments::default();
+        f.push(b"Hi", Some(at(5)));
+        f.push(b" there", None);
+        assert_eq!(f.pts, Some(at(5)));
+    }
 
     #[test]
     fn a_pause_ends_a_sentence_only() {
