@@ -9,9 +9,11 @@
 //! Unset options default like the reference's generate call for the checkpoint's variant
 //! (`generation_config.json` sampling, `auto` language, non-streaming prompt for
 //! CustomVoice/VoiceDesign). Writes the codes as JSON (array of frames, `num_code_groups` ints
-//! each, EOS excluded) and a 24 kHz mono WAV decoded by `Code2Wav`, each when asked for. Random-weight
-//! checkpoints (the repository's fixtures) never emit EOS: give them `--max-new-tokens` (e.g. 50),
-//! or they run to the checkpoint's limit (8192 frames, minutes on a CPU).
+//! each, EOS excluded) and a WAV at the model's rate (24 kHz for Qwen3-TTS, 44.1 kHz for Fish S2
+//! Pro), each when asked for. Random-weight checkpoints (the repository's fixtures) may never
+//! choose their end (the Qwen3-TTS fixtures do not; the tiny Fish one stops after a few frames):
+//! give them `--max-new-tokens` (e.g. 50), or they may run to the checkpoint's limit (8192
+//! frames, minutes on a CPU).
 //!
 //! Base checkpoints clone a voice from `--ref-audio REF` (a file path or URI in any format
 //! GStreamer decodes, resampled to 24 kHz mono by the element's own reader,
