@@ -244,9 +244,9 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
     ///    [`PREFILL_CHUNK`] positions a step (a long prompt takes a chunk of it, short ones share
     ///    it: a burst of arrivals starts together instead of one request a step), so a prompt
     ///    joining the batch delays the running streams by at most one chunk's work a step; the
-    ///    step's prompts go to the model in one [`Stage0Model::prefill_steps`] call (Qwen3-TTS
-    ///    runs three or more whole prompts of one length class as one batched pass); a finished
-    ///    prefill joins the decode batch;
+    ///    step's prompts go to the model in one [`Stage0Model::prefill_steps`] call (a model
+    ///    may run several whole prompts as one batched pass); a finished prefill joins the
+    ///    decode batch;
     /// 4. with `first_frame_alone`, requests whose prefill has just ended get their first frame in
     ///    a step of their own first, while [`AloneBudget`] allows it (`engine/first_frame.rs`);
     ///    with [`FirstFrameRules::arrivals_first`], when requests arrived during such a step the
