@@ -158,6 +158,45 @@ fn a_c_callers_bytes_are_joined_and_bad_bytes_dropped() {
     );
 }
 
+/// Live, an open utterance whose text is still arriving when its start plus the latency passes
+/// waits for its text: no bus warning for it (a voice agent's every reply would get one); the
+/// silence is counted in its done message.
+#[test]
+fn waiting_for_appended_text_is_not_warned_about() {
+    let (mut h, bus) = harness(&[
+        ("speaker", v("vivian")),
+        ("max-new-tokens", v(20u32)),
+        ("is-live", v(true)),
+    ]);
+    h.use_systemclock();
+    h.play();
+    let e = h.element().expect("element");
+    assert!(e.emit_by_name::<bool>("append-text", &[&"Wai"]));
+    // 0.4 s of the live stream (GAP silence, then the utterance's wait) with its text open.
+    let mut n = 0;
+    while n < 24_000 * 4 / 10 {
+        n += h.pull().expect("a buffer").size() / 4;
+    }
+    assert!(e.emit_by_name::<bool>("append-text", &[&"ting for the rest."]));
+    assert!(e.emit_by_name::<bool>("end-text", &[]));
+    e.send_event(gst::event::Eos::new());
+    pull_samples(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let late: Vec<String> = warnings(&msgs)
+        .into_iter()
+        .filter(|w| w.contains("no audio at its start"))
+        .collect();
+    assert!(late.is_empty(), "{late:?}");
+    let d = element_messages(&msgs, messages::DONE);
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(
+        d[0].get::<u64>("silence-samples").unwrap() > 0,
+        "the wait for the text is counted: {}",
+        d[0]
+    );
+}
+
 /// Live, an EOS event ends the open text (`end-text` finds nothing open after it) and the rest
 /// is spoken before the stream ends, in token mode (tiny fixture) and clause mode (the bundled
 /// voice); the done message carries the whole text.

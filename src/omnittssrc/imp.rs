@@ -352,6 +352,13 @@ impl OmniTtsSrc {
         true
     }
 
+    /// Whether utterance `id` is the open utterance and its text has not ended (`end-text`,
+    /// EOS, a flush).
+    fn text_still_open(&self, id: u64) -> bool {
+        let state = lock(&self.state);
+        state.open.is_some() && state.last_open == Some(id)
+    }
+
     /// `end-text`: ends the open utterance's text; false when none is open.
     fn end_text(&self) -> bool {
         let (open, cut) = {
@@ -485,15 +492,23 @@ impl OmniTtsSrc {
                      silence; synthesis is slower than real time or the chunks are too large \
                      for the latency"
                 ),
+                // The open utterance's text still arriving (append-text) is what it waits for:
+                // expected of a voice agent's every reply, so logged, not warned about.
+                Notice::LateFirstAudio { id, latency } if self.text_still_open(id) => gst::info!(
+                    CAT,
+                    imp = self,
+                    "utterance {id}: no audio at its start plus the latency ({} ms): its text \
+                     is still arriving; silence until its audio comes",
+                    latency.mseconds()
+                ),
                 Notice::LateFirstAudio { id, latency } => gst::element_imp_warning!(
                     self,
                     gst::StreamError::Failed,
                     (
-                        "utterance {}: no audio at its start plus the latency ({} ms): its \
-                         text is still to come (append-text), it waits in the engine's queue \
-                         behind other requests, or its first chunk is slower than the latency; \
-                         silence until its audio comes (counted in its done message's \
-                         underruns, wait-ms and silence-samples)",
+                        "utterance {}: no audio at its start plus the latency ({} ms): it waits \
+                         in the engine's queue behind other requests, or its first chunk is \
+                         slower than the latency; silence until its audio comes (counted in its \
+                         done message's underruns, wait-ms and silence-samples)",
                         id,
                         latency.mseconds()
                     )
