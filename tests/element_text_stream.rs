@@ -197,6 +197,38 @@ fn waiting_for_appended_text_is_not_warned_about() {
     );
 }
 
+/// Live, an EOS event ends the stream at once: utterances still queued are dropped with one
+/// warning naming how many and the first.
+#[test]
+fn a_live_eos_names_the_queued_utterances_it_drops() {
+    let (mut h, bus) = harness(&[
+        ("speaker", v("vivian")),
+        ("max-new-tokens", v(20u32)),
+        ("is-live", v(true)),
+    ]);
+    h.use_systemclock();
+    h.play();
+    let e = h.element().expect("element");
+    for t in ["The first one.", "The second one.", "The third one."] {
+        assert!(e.emit_by_name::<bool>("push-text", &[&t]));
+    }
+    let _ = h.pull().expect("a buffer");
+    e.send_event(gst::event::Eos::new());
+    pull_samples(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let dropped: Vec<String> = warnings(&msgs)
+        .into_iter()
+        .filter(|w| w.starts_with("EOS:"))
+        .collect();
+    assert_eq!(dropped.len(), 1, "{:?}", warnings(&msgs));
+    assert!(
+        dropped[0].contains("queued utterance") && dropped[0].contains("one.'"),
+        "{}",
+        dropped[0]
+    );
+}
+
 /// Live, an EOS event ends the open text (`end-text` finds nothing open after it) and the rest
 /// is spoken before the stream ends, in token mode (tiny fixture) and clause mode (the bundled
 /// voice); the done message carries the whole text.

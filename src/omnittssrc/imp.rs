@@ -791,11 +791,29 @@ impl OmniTtsSrc {
             Some(id) if live && inner.unfinished(id) => (inner.drain_then_end(id), true),
             _ => (inner.end_stream(), false),
         };
+        // Live, the EOS ends the stream at once: what is queued is never spoken.
+        let dropped = if live && !drain {
+            inner.queued_texts()
+        } else {
+            Vec::new()
+        };
         drop(inner);
         shared.notify();
         let src = self.element();
         for r in refusals {
             let _ = src.post_message(r.message(&src));
+        }
+        if let Some(first) = dropped.first() {
+            gst::element_imp_warning!(
+                self,
+                gst::StreamError::Failed,
+                (
+                    "EOS: {} not spoken, dropped with the stream's end (the first: '{}'); wait \
+                     for the last utterance-done before sending EOS to have everything spoken",
+                    count_of(dropped.len(), "queued utterance"),
+                    crate::element_common::input_error::quoted(first)
+                )
+            );
         }
         drain
     }

@@ -255,6 +255,16 @@ impl Inner {
         out
     }
 
+    /// The texts of the utterances queued and not yet submitted, in order (an EOS event that
+    /// ends a live stream at once drops them).
+    pub fn queued_texts(&self) -> Vec<String> {
+        self.pending
+            .iter()
+            .filter(|u| u.request.is_ok())
+            .map(|u| u.text.clone())
+            .collect()
+    }
+
     /// Live: the stream pauses (PLAYING → PAUSED) at running time `now`; see [`Output::pause`].
     pub fn pause(&mut self, now: gst::ClockTime) {
         self.output.pause(now);
