@@ -158,11 +158,9 @@ fn a_c_callers_bytes_are_joined_and_bad_bytes_dropped() {
     );
 }
 
-/// Live, an open utterance whose text is still arriving when its start plus the latency passes
-/// waits for its text: no bus warning for it (a voice agent's every reply would get one); the
-/// silence is counted in its done message.
-#[test]
-fn waiting_for_appended_text_is_not_warned_about() {
+/// A live omnittssrc on the system clock, playing (tiny fixture, speaker vivian, 20 frames at
+/// most an utterance), its bus and the element.
+fn playing_live() -> (Harness, gst::Bus, gst::Element) {
     let (mut h, bus) = harness(&[
         ("speaker", v("vivian")),
         ("max-new-tokens", v(20u32)),
@@ -171,6 +169,15 @@ fn waiting_for_appended_text_is_not_warned_about() {
     h.use_systemclock();
     h.play();
     let e = h.element().expect("element");
+    (h, bus, e)
+}
+
+/// Live, an open utterance whose text is still arriving when its start plus the latency passes
+/// waits for its text: no bus warning for it (a voice agent's every reply would get one); the
+/// silence is counted in its done message.
+#[test]
+fn waiting_for_appended_text_is_not_warned_about() {
+    let (mut h, bus, e) = playing_live();
     assert!(e.emit_by_name::<bool>("append-text", &[&"Wai"]));
     // 0.4 s of the live stream (GAP silence, then the utterance's wait) with its text open.
     let mut n = 0;
@@ -201,14 +208,7 @@ fn waiting_for_appended_text_is_not_warned_about() {
 /// warning naming how many and the first.
 #[test]
 fn a_live_eos_names_the_queued_utterances_it_drops() {
-    let (mut h, bus) = harness(&[
-        ("speaker", v("vivian")),
-        ("max-new-tokens", v(20u32)),
-        ("is-live", v(true)),
-    ]);
-    h.use_systemclock();
-    h.play();
-    let e = h.element().expect("element");
+    let (mut h, bus, e) = playing_live();
     for t in ["The first one.", "The second one.", "The third one."] {
         assert!(e.emit_by_name::<bool>("push-text", &[&t]));
     }

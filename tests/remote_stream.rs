@@ -347,23 +347,31 @@ fn a_server_error_fails_the_utterance_with_its_message() {
     assert!(e.contains("voice 'nobody' is not supported"), "{e}");
 }
 
-/// `omnittssrc server=… append-text` on a server without the streaming-input endpoint: the open
-/// utterance fails once, in stream order, and the rest of its text is refused (false) until
-/// `end-text`, instead of each later fragment opening an utterance of its own.
-#[test]
-fn the_rest_of_a_failed_open_text_is_refused_until_end_text() {
+/// A live omnittssrc on the speech server at `url` (speaker vivian), playing on the system
+/// clock: the harness, its bus and the element. The state change is checked with the bus's
+/// messages when it fails (as `h.play()`, which does not show them).
+fn playing_live(url: &str) -> (gst_check::Harness, gst::Bus, gst::Element) {
     element_util::init();
-    let s = WsServer::start(Mode::NoEndpoint);
     let mut h = gst_check::Harness::new("omnittssrc");
     let e = h.element().expect("element");
     let bus = gst::Bus::new();
     e.set_bus(Some(&bus));
-    e.set_property("server", &s.url);
+    e.set_property("server", url);
     e.set_property("speaker", "vivian");
     e.set_property("is-live", true);
     h.use_systemclock();
     let started = e.set_state(gst::State::Playing);
     assert!(started.is_ok(), "{:?}", element_util::drain(&bus));
+    (h, bus, e)
+}
+
+/// `omnittssrc server=… append-text` on a server without the streaming-input endpoint: the open
+/// utterance fails once, in stream order, and the rest of its text is refused (false) until
+/// `end-text`, instead of each later fragment opening an utterance of its own.
+#[test]
+fn the_rest_of_a_failed_open_text_is_refused_until_end_text() {
+    let s = WsServer::start(Mode::NoEndpoint);
+    let (h, bus, e) = playing_live(&s.url);
     assert!(e.emit_by_name::<bool>("append-text", &[&"Hello th"]));
     let mut seen = Vec::new();
     let done = element_util::wait_element_message(
@@ -400,19 +408,8 @@ fn the_rest_of_a_failed_open_text_is_refused_until_end_text() {
 /// order, the first before `end-text`; the mode message says `sentence`.
 #[test]
 fn the_element_streams_appended_text_to_the_server() {
-    element_util::init();
     let s = WsServer::start(Mode::Speak);
-    let mut h = gst_check::Harness::new("omnittssrc");
-    let e = h.element().expect("element");
-    let bus = gst::Bus::new();
-    e.set_bus(Some(&bus));
-    e.set_property("server", &s.url);
-    e.set_property("speaker", "vivian");
-    e.set_property("is-live", true);
-    h.use_systemclock();
-    // As `h.play()`, with the bus's messages when the state change fails.
-    let started = e.set_state(gst::State::Playing);
-    assert!(started.is_ok(), "{:?}", element_util::drain(&bus));
+    let (mut h, bus, e) = playing_live(&s.url);
     assert!(e.emit_by_name::<bool>("append-text", &[&"First one"]));
     assert!(e.emit_by_name::<bool>("append-text", &[&" here. And"]));
     // Audio of the first sentence before the text ends.
