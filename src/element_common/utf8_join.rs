@@ -58,6 +58,15 @@ impl Utf8Join {
         }
     }
 
+    /// All of a text's bytes at once: its UTF-8 text, and the first bad byte (an incomplete
+    /// character at the end included).
+    pub fn whole(bytes: &[u8]) -> Joined {
+        let mut join = Utf8Join::default();
+        let mut joined = join.push(bytes);
+        joined.invalid = joined.invalid.or(join.finish());
+        joined
+    }
+
     /// The end of the bytes: an incomplete character left is dropped, and reported (its first
     /// byte and offset). The joiner starts afresh.
     pub fn finish(&mut self) -> Option<(u8, usize)> {
@@ -103,5 +112,7 @@ mod tests {
         // An incomplete character at the end is dropped.
         assert_eq!(j.finish(), Some((0xc3, 6)));
         assert_eq!(j.push(b"x").text, "x");
+        let w = Utf8Join::whole(b"ok\xe2\x82");
+        assert_eq!((w.text.as_str(), w.invalid), ("ok", Some((0xe2, 2))));
     }
 }

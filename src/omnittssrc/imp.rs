@@ -14,7 +14,7 @@ use gst_base::subclass::prelude::*;
 
 use crate::element_common::audio::{self, SampleFormat, pts_of};
 use crate::element_common::backend::{OpenText, Ready, Requests, prepare};
-use crate::element_common::input_error::{InputError, input_error};
+use crate::element_common::input_error::{InputError, input_error, quoted};
 use crate::element_common::load::sharing;
 use crate::element_common::messages::count_of;
 use crate::element_common::properties::{
@@ -393,9 +393,8 @@ impl OmniTtsSrc {
     /// `push-text` from the caller's bytes: bytes that are not UTF-8 are dropped, with a
     /// warning naming the first.
     fn push_bytes(&self, bytes: &[u8]) -> bool {
-        let mut join = Utf8Join::default();
-        let joined = join.push(bytes);
-        if let Some((byte, at)) = joined.invalid.or(join.finish()) {
+        let joined = Utf8Join::whole(bytes);
+        if let Some((byte, at)) = joined.invalid {
             self.warn_bad_bytes("push-text", byte, at);
         }
         self.push_text(&joined.text)
@@ -792,26 +791,22 @@ impl OmniTtsSrc {
             _ => (inner.end_stream(), false),
         };
         // Live, the EOS ends the stream at once: what is queued is never spoken.
-        let dropped = if live && !drain {
-            inner.queued_texts()
-        } else {
-            Vec::new()
-        };
+        let dropped = if live && !drain { inner.queued() } else { None };
         drop(inner);
         shared.notify();
         let src = self.element();
         for r in refusals {
             let _ = src.post_message(r.message(&src));
         }
-        if let Some(first) = dropped.first() {
+        if let Some((n, first)) = dropped {
             gst::element_imp_warning!(
                 self,
                 gst::StreamError::Failed,
                 (
                     "EOS: {} not spoken, dropped with the stream's end (the first: '{}'); wait \
                      for the last utterance-done before sending EOS to have everything spoken",
-                    count_of(dropped.len(), "queued utterance"),
-                    crate::element_common::input_error::quoted(first)
+                    count_of(n, "queued utterance"),
+                    quoted(&first)
                 )
             );
         }

@@ -255,14 +255,12 @@ impl Inner {
         out
     }
 
-    /// The texts of the utterances queued and not yet submitted, in order (an EOS event that
-    /// ends a live stream at once drops them).
-    pub fn queued_texts(&self) -> Vec<String> {
-        self.pending
-            .iter()
-            .filter(|u| u.request.is_ok())
-            .map(|u| u.text.clone())
-            .collect()
+    /// How many utterances are queued and not yet submitted, and the first one's text (an EOS
+    /// event that ends a live stream at once drops them); `None` when there are none.
+    pub fn queued(&self) -> Option<(usize, String)> {
+        let mut queued = self.pending.iter().filter(|u| u.request.is_ok());
+        let first = queued.next()?.text.clone();
+        Some((1 + queued.count(), first))
     }
 
     /// Live: the stream pauses (PLAYING → PAUSED) at running time `now`; see [`Output::pause`].
