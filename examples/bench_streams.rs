@@ -54,7 +54,8 @@
 //! the chunk); it is reported too (`ttfa_audible_played_ms`). Percentiles are nearest-rank.
 //!
 //! Per rate, over all its seeds and per seed: TTFA audible p50 / p95 / p99, first chunk p50 /
-//! p95 / p99, underruns (chunks, and requests with at least one), end-to-end p95, requests
+//! p95 / p99, underruns (chunks, and requests with at least one; which chunk came late: the
+//! second, third, fourth, fifth or a later one, and the longest stall), end-to-end p95, requests
 //! finished / refused / timed out, the backlog and, on a CUDA device where `nvidia-smi` runs, the
 //! highest GPU memory in use during the run; last, the highest rate whose measured requests all
 //! ended by themselves without an underrun or a refusal. The backlog is **bounded** when no
@@ -570,6 +571,10 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
             let s = open_loop::summarize(std::slice::from_ref(&run));
             println!("{}", open_loop::table_row(&s, &seed.to_string()));
             println!("{}", s.first_audio_parts.line());
+            let underruns = open_loop::underrun_line(&s);
+            if !underruns.is_empty() {
+                println!("{underruns}");
+            }
             per_seed.push(s);
             runs.push(run);
         }

@@ -259,8 +259,9 @@ pub struct Outcome {
     pub end_s: Option<f64>,
     /// Audio received, seconds.
     pub audio_s: f64,
-    /// Late chunks on the playback timeline, and the time the player waited.
-    pub underruns: usize,
+    /// Indices of the chunks that came late on the playback timeline (one underrun each,
+    /// [`playback::Playback::late_chunks`]), and the time the player waited.
+    pub late_chunks: Vec<usize>,
     pub stalled_s: f64,
     /// Where the first audio waited (the engine's timing, seconds since the scheduled arrival):
     /// stage 0 took the request, its prefill ended, its first frame was made.
@@ -287,7 +288,7 @@ impl Outcome {
             audible_played_s: None,
             end_s: None,
             audio_s: 0.0,
-            underruns: 0,
+            late_chunks: Vec::new(),
             stalled_s: 0.0,
             started_s: None,
             prefilled_s: None,
@@ -316,8 +317,8 @@ impl Outcome {
                 .and_then(|s| playback::played_at(&r.chunks, &play, s, sample_rate)),
             end_s: (!r.timed_out).then_some(r.end_s),
             audio_s: r.audio.len() as f64 / sample_rate as f64,
-            underruns: play.underruns,
             stalled_s: play.stalled_s,
+            late_chunks: play.late_chunks,
             started_s: m.map(|m| after_lag(m.queue_ms)),
             prefilled_s: m.map(|m| after_lag(m.queue_ms + m.ar_prefill_ms)),
             first_frame_s: m.and_then(|m| m.first_frame_ms).map(after_lag),
@@ -652,6 +653,9 @@ pub struct Summary {
     pub first_audio_parts: Parts,
     pub underruns: usize,
     pub requests_with_underruns: usize,
+    /// Underruns by the late chunk's place: the second chunk, the third, the fourth, the fifth,
+    /// and any later one (with the chunk ramp, 2, 4, 8 and 16 frames, then 25 or more).
+    pub underruns_by_chunk: [usize; 5],
     pub stalled_ms_max: f64,
     pub audio_s_mean: f64,
     /// Submit returned − scheduled arrival (the load generator's own delay), ms.
@@ -704,8 +708,9 @@ pub fn summarize(runs: &[RunResult]) -> Summary {
         ttfa_audible_played_ms: Pcts::of(&lat(|o| o.audible_played_s)),
         e2e_ms: Pcts::of(&lat(|o| o.end_s)),
         first_audio_parts: Parts::of(&admitted),
-        underruns: m.iter().map(|o| o.underruns).sum(),
-        requests_with_underruns: count(|o| o.underruns > 0),
+        underruns: m.iter().map(|o| o.late_chunks.len()).sum(),
+        requests_with_underruns: count(|o| !o.late_chunks.is_empty()),
+        underruns_by_chunk: by_chunk(&m),
         stalled_ms_max: m.iter().map(|o| o.stalled_s * 1e3).fold(0.0, f64::max),
         audio_s_mean: admitted.iter().map(|o| o.audio_s).sum::<f64>()
             / admitted.len().max(1) as f64,
@@ -715,6 +720,28 @@ pub fn summarize(runs: &[RunResult]) -> Summary {
         backlog,
         gpu_memory_peak_mib: runs.iter().filter_map(|r| r.gpu_peak_mib).max(),
     }
+}
+
+/// [`Summary::underruns_by_chunk`] of `outcomes`.
+fn by_chunk(outcomes: &[&Outcome]) -> [usize; 5] {
+    let mut n = [0; 5];
+    for k in outcomes.iter().flat_map(|o| &o.late_chunks) {
+        // Chunk 0 starts the timeline and is never late; chunk 1 is the second.
+        n[k.saturating_sub(1).min(4)] += 1;
+    }
+    n
+}
+
+/// Where the underruns of `s` fell, one line (empty when none did).
+pub fn underrun_line(s: &Summary) -> String {
+    if s.underruns == 0 {
+        return String::new();
+    }
+    let [second, third, fourth, fifth, later] = s.underruns_by_chunk;
+    format!(
+        "  underruns by chunk: 2nd {second} | 3rd {third} | 4th {fourth} | 5th {fifth} | later {later}; longest stall {:.0} ms",
+        s.stalled_ms_max
+    )
 }
 
 /// The table's header line.
@@ -834,7 +861,7 @@ mod tests {
         assert_eq!(trend_growth(&[(0.0, 3.0)]), 0.0);
     }
 
-    fn outcome(finish: &'static str, audible_s: Option<f64>, underruns: usize) -> Outcome {
+    fn outcome(finish: &'static str, audible_s: Option<f64>, late_chunks: &[usize]) -> Outcome {
         Outcome {
             measured: true,
             refused: finish == "refused",
@@ -844,7 +871,7 @@ mod tests {
             audible_played_s: audible_s,
             end_s: (finish != "timeout").then_some(3.0),
             audio_s: 3.0,
-            underruns,
+            late_chunks: late_chunks.to_vec(),
             stalled_s: 0.0,
             started_s: None,
             prefilled_s: None,
@@ -858,7 +885,7 @@ mod tests {
     /// The first audio's parts are the gaps between the engine's timestamps, per request.
     #[test]
     fn parts_split_the_time_to_the_first_chunk() {
-        let mut a = outcome("length", Some(0.030), 0);
+        let mut a = outcome("length", Some(0.030), &[]);
         (a.started_s, a.prefill_s, a.prefilled_s) = (Some(0.010), Some(0.005), Some(0.015));
         (a.first_frame_s, a.first_pass_frames) = (Some(0.020), Some(3));
         let p = Parts::of(&[&a]);
@@ -873,20 +900,20 @@ mod tests {
             p.first_pass_frames
         );
         // A request without the engine's timing adds nothing.
-        let b = outcome("refused", None, 0);
+        let b = outcome("refused", None, &[]);
         assert_eq!(Parts::of(&[&b]).queue.p50, None);
     }
 
     #[test]
     fn summary_counts_timeouts_as_infinite_and_leaves_refusals_out() {
         let mut outcomes: Vec<Outcome> = (1..=8)
-            .map(|i| outcome("length", Some(i as f64 * 0.1), 0))
+            .map(|i| outcome("length", Some(i as f64 * 0.1), &[]))
             .collect();
-        outcomes.push(outcome("timeout", None, 0));
-        outcomes.push(outcome("refused", None, 0));
-        outcomes.push(outcome("length", None, 0)); // silent audio
-        outcomes.push(outcome("eos", Some(0.05), 2));
-        let mut warm = outcome("length", Some(9.0), 5);
+        outcomes.push(outcome("timeout", None, &[]));
+        outcomes.push(outcome("refused", None, &[]));
+        outcomes.push(outcome("length", None, &[])); // silent audio
+        outcomes.push(outcome("eos", Some(0.05), &[1, 6]));
+        let mut warm = outcome("length", Some(9.0), &[1, 2, 3, 4, 5]);
         warm.measured = false;
         outcomes.push(warm);
         let load = (0..=10)
@@ -923,6 +950,9 @@ mod tests {
         assert_eq!(s.ttfa_audible_ms.p50.map(f64::round), Some(400.0));
         assert_eq!(s.ttfa_audible_ms.p95, None, "the timed-out request is ∞");
         assert_eq!((s.underruns, s.requests_with_underruns), (2, 1));
+        // The measured request's second and seventh chunks; the warm-up's five are not counted.
+        assert_eq!(s.underruns_by_chunk, [1, 0, 0, 0, 1]);
+        assert!(underrun_line(&s).contains("2nd 1 | 3rd 0 | 4th 0 | 5th 0 | later 1"));
         assert!(
             !s.bounded,
             "a refusal and a timeout are not a bounded backlog"

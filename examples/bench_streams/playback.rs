@@ -74,8 +74,10 @@ pub fn chunk_holding(chunks: &[Chunk], sample: usize) -> Option<&Chunk> {
 /// `1 / sample_rate` s after the previous one, waiting when a chunk is not there yet.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Playback {
-    /// Chunks that arrived after the moment the player needed them.
-    pub underruns: usize,
+    /// Indices (in arrival order, the first chunk 0) of the chunks that arrived after the moment
+    /// the player needed them: one underrun each. The first chunk starts the timeline, so it is
+    /// never among them.
+    pub late_chunks: Vec<usize>,
     /// Time the player spent waiting, seconds.
     pub stalled_s: f64,
     /// When each chunk started to play, seconds since the scheduled arrival (same order as the
@@ -88,7 +90,7 @@ pub struct Playback {
 /// and the timeline then shifts by the wait, as a player that waits would.
 pub fn play(chunks: &[Chunk], sample_rate: u32) -> Playback {
     let mut out = Playback {
-        underruns: 0,
+        late_chunks: Vec::new(),
         stalled_s: 0.0,
         play_start_s: Vec::with_capacity(chunks.len()),
     };
@@ -96,15 +98,22 @@ pub fn play(chunks: &[Chunk], sample_rate: u32) -> Playback {
         return out;
     };
     let rate = sample_rate as f64;
-    for c in chunks {
+    for (k, c) in chunks.iter().enumerate() {
         let needed = first.arrival_s + (c.offset - first.offset) as f64 / rate + out.stalled_s;
         if c.arrival_s > needed {
-            out.underruns += 1;
+            out.late_chunks.push(k);
             out.stalled_s += c.arrival_s - needed;
         }
         out.play_start_s.push(needed.max(c.arrival_s));
     }
     out
+}
+
+impl Playback {
+    /// Chunks that arrived after the moment the player needed them.
+    pub fn underruns(&self) -> usize {
+        self.late_chunks.len()
+    }
 }
 
 /// When sample `sample` plays on `playback`'s timeline, seconds since the scheduled arrival.
@@ -237,12 +246,12 @@ mod tests {
         // 80 ms chunks arriving every 50 ms: always ahead of the player.
         let chunks = chunks_of(&[1920; 4], &[0.2, 0.25, 0.3, 0.35]);
         let p = play(&chunks, SR);
-        assert_eq!(p.underruns, 0);
+        assert_eq!(p.underruns(), 0);
         assert_eq!(p.stalled_s, 0.0);
         assert_eq!(p.play_start_s, vec![0.2, 0.28, 0.36, 0.44]);
         // Exactly on time is not late.
         let p = play(&chunks_of(&[1920; 2], &[0.2, 0.28]), SR);
-        assert_eq!(p.underruns, 0);
+        assert_eq!(p.underruns(), 0);
     }
 
     #[test]
@@ -251,14 +260,19 @@ mod tests {
         // (0.36 + the 50 ms stall) and arrives at 0.40 s: in time only because of the shift.
         let chunks = chunks_of(&[1920; 3], &[0.2, 0.33, 0.40]);
         let p = play(&chunks, SR);
-        assert_eq!(p.underruns, 1);
+        assert_eq!(p.underruns(), 1);
+        assert_eq!(p.late_chunks, vec![1], "the second chunk was the late one");
         assert!((p.stalled_s - 0.05).abs() < 1e-9, "stalled {}", p.stalled_s);
         assert!((p.play_start_s[1] - 0.33).abs() < 1e-9);
         assert!((p.play_start_s[2] - 0.41).abs() < 1e-9);
         // Two late chunks in a row are two underruns.
         let p = play(&chunks_of(&[1920; 3], &[0.2, 0.33, 0.45]), SR);
-        assert_eq!(p.underruns, 2);
+        assert_eq!(p.underruns(), 2);
+        assert_eq!(p.late_chunks, vec![1, 2]);
         assert!((p.stalled_s - 0.09).abs() < 1e-9, "stalled {}", p.stalled_s);
+        // A late fourth chunk after three in time.
+        let p = play(&chunks_of(&[1920; 4], &[0.2, 0.25, 0.3, 0.5]), SR);
+        assert_eq!(p.late_chunks, vec![3]);
     }
 
     #[test]
@@ -266,8 +280,8 @@ mod tests {
         // At 16 kHz a 1920-sample chunk lasts 120 ms: the second chunk at 0.3 s (needed at
         // 0.32 s) is in time, though it would be late at 24 kHz (needed at 0.28 s).
         let chunks = chunks_of(&[1920; 2], &[0.2, 0.3]);
-        assert_eq!(play(&chunks, 16_000).underruns, 0);
-        assert_eq!(play(&chunks, SR).underruns, 1);
+        assert_eq!(play(&chunks, 16_000).underruns(), 0);
+        assert_eq!(play(&chunks, SR).underruns(), 1);
     }
 
     #[test]

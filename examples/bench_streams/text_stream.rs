@@ -113,7 +113,7 @@ pub fn run(
         first_s: heard,
         first_after_second_s: heard.zip(sent.get(1)).map(|(h, s)| h - s),
         last_s: chunks.last().map(|c| c.arrival_s - ended),
-        underruns: play.underruns,
+        underruns: play.underruns(),
         audio_s: audio.len() as f64 / sample_rate as f64,
         finish,
     })
