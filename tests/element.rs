@@ -121,6 +121,39 @@ fn check_timeline(bufs: &[gst::Buffer], bytes: usize) -> u64 {
     n
 }
 
+/// Language bindings print an enum value with its name: PyGObject 3.42 formats
+/// `<enum NAME of type TYPE>` into a 256-byte buffer and aborts the process past it (a 225-character
+/// `split-sentences` name did). Every enum value of both elements keeps its name short; the
+/// property's blurb holds the details.
+#[test]
+fn enum_value_names_are_short_enough_for_bindings() {
+    init();
+    let mut checked = 0;
+    for factory in ["omnittssrc", "omnittssynth"] {
+        let e = gst::ElementFactory::make(factory).build().unwrap();
+        for pspec in e.list_properties() {
+            let Some(p) = pspec.downcast_ref::<glib::ParamSpecEnum>() else {
+                continue;
+            };
+            let class = p.enum_class();
+            let type_name = pspec.value_type().name();
+            for v in class.values() {
+                let shown = format!("<enum {} of type {type_name}>", v.name());
+                assert!(
+                    v.name().len() <= 100 && shown.len() < 160,
+                    "{factory}.{}: value {} has a {}-character name: {}",
+                    pspec.name(),
+                    v.nick(),
+                    v.name().len(),
+                    v.name()
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 20, "only {checked} enum values found");
+}
+
 #[test]
 fn non_live_caps_events_timestamps_and_eos() {
     let (mut h, bus) = harness(&[("text", v("Hello world.")), ("max-new-tokens", v(12u32))]);
@@ -514,6 +547,42 @@ fn errors_missing_or_unreadable_model() {
     );
     // A repo id that is neither cached nor downloadable: tests/element_hub.rs (it needs its own
     // HF_* environment, so it runs in a child process there).
+    // A huge value is quoted cut, however often the reason repeats it.
+    let huge = format!("/nonexistent/{}", "m".repeat(100_000));
+    let errs = start_error(&huge, &[("text", v("x"))]);
+    assert_names(&errs, &["model", "/nonexistent/mmm"]);
+    assert!(
+        errs.iter().all(|e| e.len() < 4_000),
+        "{} bytes",
+        errs[0].len()
+    );
+    let errs = start_error(
+        &fixture_model("tiny-customvoice"),
+        &[("text", v("x")), ("ar-device", v("9".repeat(100_000)))],
+    );
+    assert_names(&errs, &["ar-device"]);
+    assert!(
+        errs.iter().all(|e| e.len() < 4_000),
+        "{} bytes",
+        errs[0].len()
+    );
+}
+
+/// Text that is only markup is refused naming the value as it was set, not the empty text left
+/// once the markup is removed.
+#[test]
+fn markup_only_text_is_named_as_set() {
+    let errs = start_error(
+        &fixture_model("tiny-customvoice"),
+        &[("text", v("<speak></speak>"))],
+    );
+    assert_names(
+        &errs,
+        &[
+            "text '<speak></speak>'",
+            "nothing to speak once its markup is removed",
+        ],
+    );
 }
 
 #[test]
@@ -676,6 +745,53 @@ fn runtime_bad_speaker_refuses_the_utterance() {
     assert!(
         first_done < error,
         "error at {error}, first done at {first_done}"
+    );
+}
+
+/// Clearing `text` while running (NULL, empty, blank) queues nothing: no refusal, so no error
+/// that would stop the pipeline (an application that clears the property lost its stream).
+#[test]
+fn clearing_text_while_running_queues_nothing() {
+    let (mut h, bus) = harness(&[("text", v("Good one.")), ("max-new-tokens", v(4u32))]);
+    let e = h.element().unwrap();
+    let (pad, probe) = play_holding_first_buffer(&mut h);
+    e.set_property("text", "");
+    e.set_property("text", "   ");
+    e.set_property("text", None::<&str>);
+    e.set_property("text", "Second one.");
+    pad.remove_probe(probe);
+    let bufs = pull_all(&mut h);
+    check_timeline(&bufs, 4);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    assert_eq!(element_messages(&msgs, messages::DONE).len(), 2);
+}
+
+/// Blank `ar-device` / `decoder-device` are unset (the stage config's devices), as a blank
+/// `speaker` or `stage-config` is; and server properties set without `server` get a warning
+/// naming them instead of doing nothing silently.
+#[test]
+fn blank_devices_are_unset_and_server_properties_without_server_are_named() {
+    let (mut h, bus) = harness(&[
+        ("text", v("Good one.")),
+        ("max-new-tokens", v(4u32)),
+        ("ar-device", v("")),
+        ("decoder-device", v(" ")),
+        ("server-model", v("foo")),
+        ("server-task-type", v("base")),
+    ]);
+    h.play();
+    let bufs = pull_all(&mut h);
+    check_timeline(&bufs, 4);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let w = warnings(&msgs);
+    assert!(
+        w.iter().any(|w| w.starts_with(
+            "server-model, server-task-type set without server: ignored, the element \
+             synthesises locally"
+        )),
+        "{w:?}"
     );
 }
 

@@ -222,10 +222,86 @@ fn a_live_eos_names_the_queued_utterances_it_drops() {
         .filter(|w| w.starts_with("EOS:"))
         .collect();
     assert_eq!(dropped.len(), 1, "{:?}", warnings(&msgs));
+    // The first is cut; the other two are not begun, whether still queued, being synthesised or
+    // synthesised and waiting (the tiny fixture makes them faster than real time).
     assert!(
-        dropped[0].contains("queued utterance") && dropped[0].contains("one.'"),
+        dropped[0].contains("'The first one.' is cut")
+            && dropped[0].contains("2 queued utterances not spoken (the first: 'The second one.')"),
         "{}",
         dropped[0]
+    );
+    assert!(
+        !e.emit_by_name::<bool>("push-text", &[&"Too late."]),
+        "text after EOS is refused"
+    );
+}
+
+/// Non-live, an EOS event sent by the application also ends the stream at once: the warning
+/// names what it drops, and `push-text` after it returns false (it returned true and the text
+/// was never spoken).
+#[test]
+fn a_non_live_eos_names_what_it_drops_and_refuses_later_text() {
+    let (mut h, bus) = harness(&[("speaker", v("vivian")), ("max-new-tokens", v(20u32))]);
+    let e = h.element().expect("element");
+    // Non-live, text pushed before the start is the stream's.
+    for t in ["One is spoken.", "Two is dropped.", "Three is dropped."] {
+        assert!(e.emit_by_name::<bool>("push-text", &[&t]));
+    }
+    h.play();
+    let _ = h.pull().expect("a buffer");
+    e.send_event(gst::event::Eos::new());
+    assert!(
+        !e.emit_by_name::<bool>("push-text", &[&"Too late."]),
+        "text after EOS is refused"
+    );
+    pull_samples(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let dropped: Vec<String> = warnings(&msgs)
+        .into_iter()
+        .filter(|w| w.starts_with("EOS:"))
+        .collect();
+    assert_eq!(dropped.len(), 1, "{:?}", warnings(&msgs));
+    assert!(
+        dropped[0].contains("'One is spoken.' is cut")
+            && dropped[0].contains("2 queued utterances not spoken (the first: 'Two is dropped.')"),
+        "{}",
+        dropped[0]
+    );
+}
+
+/// omnittssrc is not seekable: a seek sent to the element itself is refused (BaseSrc flushed
+/// downstream and started no new segment, so every element downstream warned of data before a
+/// segment; a seek to 0 returned true and did nothing), and the stream goes on.
+#[test]
+fn a_seek_sent_to_the_element_is_refused() {
+    let (mut h, bus) = harness(&[("text", v("Hello there.")), ("max-new-tokens", v(20u32))]);
+    h.play();
+    let e = h.element().expect("element");
+    let _ = h.pull().expect("a buffer");
+    for to in [0u64, 2] {
+        let seek = gst::event::Seek::new(
+            1.0,
+            gst::SeekFlags::FLUSH,
+            gst::SeekType::Set,
+            gst::ClockTime::from_seconds(to),
+            gst::SeekType::None,
+            gst::ClockTime::NONE,
+        );
+        assert!(!e.send_event(seek), "a seek to {to} s was taken");
+    }
+    // No flush went downstream: the stream carries on to its end.
+    let n = pull_samples(&mut h);
+    assert!(n > 0, "the stream stopped after the refused seeks");
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let mut events = Vec::new();
+    while let Some(ev) = h.try_pull_event() {
+        events.push(ev.type_());
+    }
+    assert!(
+        !events.contains(&gst::EventType::FlushStart),
+        "a flush went downstream: {events:?}"
     );
 }
 

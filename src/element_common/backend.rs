@@ -618,6 +618,17 @@ pub(crate) fn prepare(
             })
         }
         None => {
+            let ignored = server.set_without_server();
+            if !ignored.is_empty() {
+                gst::element_warning!(
+                    element,
+                    gst::ResourceError::Settings,
+                    (
+                        "{} set without server: ignored, the element synthesises locally",
+                        ignored.join(", ")
+                    )
+                );
+            }
             let Loaded {
                 engine,
                 info,

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use hf_hub::api::sync::ApiBuilder;
 use hf_hub::{Cache, Repo, RepoType};
 
+use super::input_error::quoted;
 use crate::models::registry;
 
 /// Where and how to look a repo id up.
@@ -88,7 +89,8 @@ pub struct ResolvedModel {
     pub source: ModelSource,
 }
 
-/// Why `model` could not be resolved. Every message names the value of the `model` property.
+/// Why `model` could not be resolved. Every message names the value of the `model` property
+/// (escaped and cut as [`quoted`] does).
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
     /// Empty property.
@@ -98,23 +100,29 @@ pub enum HubError {
     Empty,
     /// Neither an existing directory nor something shaped like `owner/name`.
     #[error(
-        "model: '{value}' is neither an existing checkpoint directory nor a Hugging Face repo id (owner/name)"
+        "model: '{}' is neither an existing checkpoint directory nor a Hugging Face repo id (owner/name)",
+        quoted(value)
     )]
     NotFound {
         /// The property value.
         value: String,
     },
     /// A directory that exists but is not a checkpoint.
-    #[error("model: '{value}' is a directory without config.json, not a model checkpoint")]
+    #[error(
+        "model: '{}' is a directory without config.json, not a model checkpoint",
+        quoted(value)
+    )]
     NotACheckpoint {
         /// The property value.
         value: String,
     },
     /// Not in the cache, and downloading was impossible or failed.
     #[error(
-        "model: Hugging Face repo '{repo}' is not in the cache folder {cache} and {why}; \
+        "model: Hugging Face repo '{}' is not in the cache folder {} and {why}; \
          download it while online, point HF_HUB_CACHE/HF_HOME at a cache that has it, \
-         or set model to a local checkpoint directory"
+         or set model to a local checkpoint directory",
+        quoted(repo),
+        cache.display()
     )]
     NotCached {
         /// The repo id.

@@ -137,7 +137,8 @@ fn parse_device(
     value: Option<&str>,
     from_stage_config: DeviceSpec,
 ) -> Result<DeviceSpec, InputError> {
-    let Some(value) = value else {
+    // Unset, empty or blank: the stage config's device (as an empty speaker or language is unset).
+    let Some(value) = value.filter(|v| !v.trim().is_empty()) else {
         return Ok(from_stage_config);
     };
     let spec =

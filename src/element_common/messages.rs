@@ -164,15 +164,17 @@ impl UtteranceDone {
         match self.reason {
             FinishReason::Length => Some(format!(
                 "{what} {id} ('{text}') ended by length: max-new-tokens was reached before \
-                 the model ended the speech, after {frames} frames ({secs:.1} s of audio) in \
+                 the model ended the speech, after {} ({secs:.1} s of audio) in \
                  all, so its end may be cut off; raise max-new-tokens, {split}or send shorter \
-                 text"
+                 text",
+                count_of(frames, "frame")
             )),
             FinishReason::Guard => Some(format!(
                 "{what} {id} ('{text}') ended by guard: the runaway guard stopped it after \
-                 {frames} frames ({secs:.1} s of audio), more than its text should take, which \
+                 {} ({secs:.1} s of audio), more than its text should take, which \
                  usually means babble or noise; {split}send shorter or plainer text, or change \
-                 runaway_guard in the stage-config"
+                 runaway_guard in the stage-config",
+                count_of(frames, "frame")
             )),
             _ => None,
         }

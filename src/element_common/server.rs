@@ -28,8 +28,7 @@ pub(crate) enum ServerProtocolSetting {
     /// Server-sent events (the default: a failure mid-stream keeps the server's reason).
     #[default]
     #[enum_value(
-        name = "Server-sent events: speech.audio.delta with base64 PCM, then speech.audio.done \
-                (stream_format \"sse\")",
+        name = "Server-sent events: speech.audio.delta with base64 PCM (stream_format \"sse\")",
         nick = "sse"
     )]
     Sse = 1,
@@ -129,6 +128,27 @@ impl ServerSettings {
             .as_deref()
             .map(str::trim)
             .filter(|s| !s.is_empty())
+    }
+
+    /// The server properties set to something other than their defaults while `server` is
+    /// unset: they do nothing (synthesis is local). Empty with `server` set.
+    pub fn set_without_server(&self) -> Vec<&'static str> {
+        if self.url().is_some() {
+            return Vec::new();
+        }
+        let d = ServerSettings::default();
+        let set = |s: &Option<String>| s.as_deref().is_some_and(|v| !v.trim().is_empty());
+        [
+            ("server-model", set(&self.model)),
+            ("server-api-key", self.api_key.is_some()),
+            ("server-protocol", self.protocol != d.protocol),
+            ("server-task-type", self.task_type != d.task_type),
+            ("server-retries", self.retries != d.retries),
+            ("server-timeout", self.timeout_s != d.timeout_s),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
     }
 
     /// The client options, the API key taken from `OMNITTS_SERVER_API_KEY` when
@@ -299,6 +319,30 @@ mod tests {
             }
         }
         assert!(!s.set_property("model", &"x".to_value()));
+    }
+
+    #[test]
+    fn server_properties_set_without_server_are_named() {
+        let mut s = ServerSettings::default();
+        assert!(s.set_without_server().is_empty(), "defaults");
+        s.model = Some("foo".into());
+        s.api_key = ApiKey::new("secret");
+        s.task_type = ServerTaskTypeSetting::Base;
+        s.timeout_s += 1;
+        assert_eq!(
+            s.set_without_server(),
+            [
+                "server-model",
+                "server-api-key",
+                "server-task-type",
+                "server-timeout"
+            ]
+        );
+        s.server = Some("http://gpu-host:8091".into());
+        assert!(
+            s.set_without_server().is_empty(),
+            "with server they are used"
+        );
     }
 
     #[test]

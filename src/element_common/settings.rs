@@ -68,9 +68,7 @@ pub(crate) enum QuantizationSetting {
     /// The stage config's `engine_args.quantization`.
     #[default]
     #[enum_value(
-        name = "The stage config's engine_args.quantization; in the built-in one auto: int8 on the \
-                CPU for the layers its fast int8 kernels take (the released checkpoints), dense \
-                elsewhere and on CUDA",
+        name = "The stage config's engine_args.quantization (built in: int8 on the CPU, else dense)",
         nick = "auto"
     )]
     Auto = 0,

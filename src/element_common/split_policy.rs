@@ -40,9 +40,7 @@ pub(crate) enum SplitSentences {
     /// speaker-turn tags, which the model batches itself).
     #[default]
     #[enum_value(
-        name = "Auto: split texts longer than the checkpoint handles well as one request \
-                (omnitts.json split_sentences_above_chars, else max-new-tokens / 4 characters), \
-                except a text with the model's speaker-turn tags (such as <|speaker:0|>)",
+        name = "Auto: split texts longer than the checkpoint speaks well as one utterance",
         nick = "auto"
     )]
     Auto = 2,

@@ -629,7 +629,9 @@ impl ObjectImpl for OmniTtsSrc {
                 s.text = t.clone();
                 drop(s);
                 let running = lock(&self.state).runtime.is_some();
-                if running && let Some(t) = t {
+                // Running, each value is another utterance; clearing the property (NULL, empty
+                // or blank) queues nothing.
+                if running && let Some(t) = t.filter(|t| !t.trim().is_empty()) {
                     self.push_text(&t);
                 }
             }
@@ -758,6 +760,16 @@ impl ElementImpl for OmniTtsSrc {
 
     fn send_event(&self, event: gst::Event) -> bool {
         match event.view() {
+            // Not seekable: BaseSrc would flush downstream and start no new segment for a seek
+            // sent to the element itself (a pipeline seek is refused by the pad).
+            gst::EventView::Seek(_) => {
+                gst::debug!(
+                    CAT,
+                    imp = self,
+                    "refusing a seek: the stream is not seekable"
+                );
+                return false;
+            }
             gst::EventView::FlushStart(_) => {
                 self.discard("flush-start");
             }
@@ -790,23 +802,33 @@ impl OmniTtsSrc {
             Some(id) if live && inner.unfinished(id) => (inner.drain_then_end(id), true),
             _ => (inner.end_stream(), false),
         };
-        // Live, the EOS ends the stream at once: what is queued is never spoken.
-        let dropped = if live && !drain { inner.queued() } else { None };
+        // Unless it drains, the EOS ends the stream at once: what is queued is never spoken.
+        let dropped = if drain { None } else { inner.dropped() };
         drop(inner);
         shared.notify();
         let src = self.element();
         for r in refusals {
             let _ = src.post_message(r.message(&src));
         }
-        if let Some((n, first)) = dropped {
+        if let Some(d) = dropped {
+            let mut what = Vec::new();
+            if let Some(cut) = &d.cut {
+                what.push(format!("'{}' is cut where it is", quoted(cut)));
+            }
+            if let Some(first) = &d.first {
+                what.push(format!(
+                    "{} not spoken (the first: '{}')",
+                    count_of(d.not_begun, "queued utterance"),
+                    quoted(first)
+                ));
+            }
             gst::element_imp_warning!(
                 self,
                 gst::StreamError::Failed,
                 (
-                    "EOS: {} not spoken, dropped with the stream's end (the first: '{}'); wait \
-                     for the last utterance-done before sending EOS to have everything spoken",
-                    count_of(n, "queued utterance"),
-                    quoted(&first)
+                    "EOS: the stream ends now: {}; wait for the last utterance-done before \
+                     sending EOS to have everything spoken",
+                    what.join(" and ")
                 )
             );
         }
@@ -827,6 +849,15 @@ impl OmniTtsSrc {
         let has_text =
             initial.as_deref().is_some_and(|t| !nothing_to_speak(t)) || !early.is_empty();
         if !live && !has_text && initial.as_deref().is_none_or(str::is_empty) {
+            // Set, but only markup (SSML such as <speak></speak>): name the value as it was set.
+            if let Some(raw) = settings.text.as_deref().filter(|t| !t.trim().is_empty()) {
+                return Err(input_error(
+                    "text",
+                    raw,
+                    "nothing to speak once its markup is removed",
+                )
+                .to_error_msg());
+            }
             return Err(gst::error_msg!(
                 gst::ResourceError::Settings,
                 ("text '': nothing to speak; set text, push-text before start, or use \
@@ -913,26 +944,30 @@ impl OmniTtsSrc {
                     ("could not start the worker thread: {}", e)
                 )
             })?;
+        // The latency the element reports is a live one: non-live, none is said.
+        let live_note = if live {
+            format!("; live latency {} ms", latency.mseconds())
+        } else {
+            String::new()
+        };
         let ready = match &*requests {
             Requests::Remote { target, .. } => format!(
-                "omnittssrc: server '{}' ready (model '{}'; {}; checked in {:.0} ms; live \
-                 latency {} ms)",
+                "omnittssrc: server '{}' ready (model '{}'; {}; checked in {:.0} ms{})",
                 target.url,
                 info.model,
                 count_of(info.description.speakers.len(), "voice"),
                 load_ms,
-                latency.mseconds()
+                live_note
             ),
             Requests::Local { engine, .. } => format!(
-                "omnittssrc: model '{}' ready ({}; {}; {}; {}; ready in {:.0} ms; live \
-                 latency {} ms)",
+                "omnittssrc: model '{}' ready ({}; {}; {}; {}; ready in {:.0} ms{})",
                 model,
                 info.dir.display(),
                 info.description.name,
                 count_of(info.description.speakers.len(), "preset speaker"),
                 sharing(engine, settings.synthesis.shared_engine),
                 load_ms,
-                latency.mseconds()
+                live_note
             ),
         };
         gst::info!(CAT, imp = self, "{ready}");

@@ -242,6 +242,24 @@ impl Output {
             })
     }
 
+    /// The text of the utterance being output, if any.
+    pub fn in_progress(&self) -> Option<&str> {
+        self.current.as_ref().map(|c| c.text.as_str())
+    }
+
+    /// Whether utterance `id` is the one being output.
+    pub fn in_progress_is(&self, id: u64) -> bool {
+        self.current.as_ref().is_some_and(|c| c.id == id)
+    }
+
+    /// The utterances whose audio is queued here but not begun, in stream order: `(id, text)`.
+    pub fn not_begun(&self) -> impl Iterator<Item = (u64, &str)> {
+        self.items.iter().filter_map(|i| match i {
+            Item::Started { id, text, .. } => Some((*id, text.as_str())),
+            _ => None,
+        })
+    }
+
     /// Whether anything is queued or being output.
     pub fn busy(&self) -> bool {
         self.current.is_some() || !self.items.is_empty()

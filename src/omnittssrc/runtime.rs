@@ -49,6 +49,17 @@ pub(super) struct Utterance {
     pub start_pos: u64,
 }
 
+/// What an EOS event that ends the stream at once drops.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Dropped {
+    /// The text of the utterance being output, cut where it is.
+    pub cut: Option<String>,
+    /// Utterances not begun (queued, being synthesised, or synthesised and waiting).
+    pub not_begun: usize,
+    /// The first of them's text.
+    pub first: Option<String>,
+}
+
 /// Everything guarded by the one mutex: the text waiting for the worker, the worker's state, and
 /// the [`Output`] it feeds.
 pub(super) struct Inner {
@@ -56,8 +67,9 @@ pub(super) struct Inner {
     pending: VecDeque<Utterance>,
     /// The worker has taken an utterance and not yet queued its Done/Refused item.
     worker_busy: bool,
-    /// The id of the utterance the worker has taken.
+    /// The id and text of the utterance the worker has taken.
     busy_id: Option<u64>,
+    busy_text: Option<String>,
     /// Live: an EOS event came while a streamed utterance was unfinished; the stream ends
     /// (`create()` returns EOS) once everything queued up to it has been spoken.
     drain_to_eos: bool,
@@ -114,6 +126,7 @@ impl Shared {
                 pending: VecDeque::new(),
                 worker_busy: false,
                 busy_id: None,
+                busy_text: None,
                 drain_to_eos: false,
                 busy_start: None,
                 canceller: None,
@@ -177,10 +190,10 @@ impl Inner {
         &self.pending[self.pending.len() - 1]
     }
 
-    /// The stream has ended (non-live), or ends once what is queued is spoken (live, EOS
-    /// with a streamed utterance unfinished): no more text is accepted.
+    /// The stream has ended (non-live), or an EOS event ends it (at once, or live once what is
+    /// queued before an unfinished streamed utterance is spoken): no more text is accepted.
     pub fn ended(&self) -> bool {
-        self.output.ended() || self.drain_to_eos
+        self.output.ended() || self.ending
     }
 
     /// Whether utterance `id` is queued, being synthesised or being output.
@@ -255,12 +268,37 @@ impl Inner {
         out
     }
 
-    /// How many utterances are queued and not yet submitted, and the first one's text (an EOS
-    /// event that ends a live stream at once drops them); `None` when there are none.
-    pub fn queued(&self) -> Option<(usize, String)> {
-        let mut queued = self.pending.iter().filter(|u| u.request.is_ok());
-        let first = queued.next()?.text.clone();
-        Some((1 + queued.count(), first))
+    /// What an EOS event that ends the stream at once drops ([`Dropped`]); `None` when nothing.
+    pub fn dropped(&self) -> Option<Dropped> {
+        let cut = self.output.in_progress().map(str::to_owned);
+        // Not begun, in stream order: synthesised and waiting in the output, being synthesised,
+        // then queued for the worker (refusals are posted on their own).
+        let mut ids = Vec::new();
+        let mut first = None;
+        let mut note = |id: u64, text: &str| {
+            if !ids.contains(&id) {
+                ids.push(id);
+                first.get_or_insert_with(|| text.to_owned());
+            }
+        };
+        for (id, text) in self.output.not_begun() {
+            note(id, text);
+        }
+        if self.worker_busy
+            && let (Some(id), Some(text)) = (self.busy_id, self.busy_text.as_deref())
+            && !self.output.in_progress_is(id)
+        {
+            note(id, text);
+        }
+        for u in self.pending.iter().filter(|u| u.request.is_ok()) {
+            note(u.id, &u.text);
+        }
+        let not_begun = ids.len();
+        (cut.is_some() || first.is_some()).then_some(Dropped {
+            cut,
+            not_begun,
+            first,
+        })
     }
 
     /// Live: the stream pauses (PLAYING → PAUSED) at running time `now`; see [`Output::pause`].
@@ -318,6 +356,7 @@ impl Inner {
         let u = self.pending.pop_front()?;
         self.worker_busy = true;
         self.busy_id = Some(u.id);
+        self.busy_text = Some(u.text.clone());
         self.busy_start = Some(u.start_pos);
         Some((u, self.epoch))
     }
@@ -364,6 +403,7 @@ impl Inner {
     fn worker_done(&mut self) {
         self.canceller = None;
         self.busy_id = None;
+        self.busy_text = None;
         self.worker_busy = false;
     }
 }

@@ -50,9 +50,7 @@ pub enum InputMode {
     Cues = 0,
     /// Buffers are fragments of a running utterance.
     #[enum_value(
-        name = "Fragments: text buffers join into one utterance until an end (MARKER flag, \
-                omnitts/end-text event, a sentence end followed by fragment-pause, EOS), spoken \
-                from the first fragment's PTS",
+        name = "Fragments: text buffers join into one utterance, spoken from the first's PTS",
         nick = "fragments"
     )]
     Fragments = 1,

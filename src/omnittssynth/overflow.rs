@@ -18,23 +18,20 @@ pub enum Overflow {
     Clip = 0,
     /// Let the speech run on; later cues still start at their PTS, mixed with it.
     #[enum_value(
-        name = "Overlap: let the speech run past its slot; later cues still start at their PTS \
-                and the element mixes them",
+        name = "Overlap: the speech runs past its slot, mixed with later cues at their PTS",
         nick = "overlap"
     )]
     Overlap = 1,
     /// Let the speech run on; later cues start after it (never earlier than their PTS).
     #[enum_value(
-        name = "Shift: let the speech run past its slot; later cues start when it ends, never \
-                earlier than their own PTS",
+        name = "Shift: the speech runs past its slot; later cues start when it ends",
         nick = "shift"
     )]
     Shift = 2,
     /// Time-compress the speech into its slot (pitch kept), by at most `max-compression`; what is
     /// still too long is then cut at its slot's end as `clip` does.
     #[enum_value(
-        name = "Compress: speed the speech up into its slot, pitch kept, by at most \
-                max-compression; then clip what is still too long",
+        name = "Compress: sped up into its slot (pitch kept, max-compression), then clipped",
         nick = "compress"
     )]
     Compress = 3,
