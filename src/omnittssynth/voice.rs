@@ -167,7 +167,8 @@ impl SpeakerMap {
         };
         for (label, value) in map.iter() {
             let label = label.as_str();
-            let bad = |why: String| input_error("speaker-map", &map.to_string(), why);
+            // Named by its label: the whole map, serialized, is escaped past reading.
+            let bad = |why: String| input_error("speaker-map", label, why);
             let change = if let Ok(s) = value.get::<String>() {
                 let mut v = VoiceChange::default();
                 if !d.speakers.is_empty() {
@@ -181,7 +182,7 @@ impl SpeakerMap {
                     v.x_vector_only = Some(true);
                 } else {
                     return Err(bad(format!(
-                        "label '{label}': model {} has no voice a string could name; give a \
+                        "model {} has no voice a string could name for this label; give a \
                          structure ({})",
                         d.name,
                         fields_for(d)
@@ -189,10 +190,10 @@ impl SpeakerMap {
                 }
                 v
             } else if let Ok(s) = value.get::<gst::Structure>() {
-                VoiceChange::from_structure(&s).map_err(|e| bad(format!("label '{label}': {e}")))?
+                VoiceChange::from_structure(&s).map_err(bad)?
             } else {
                 return Err(bad(format!(
-                    "label '{label}': the voice must be a string or a structure ({FIELDS}), \
+                    "the label's voice must be a string or a structure ({FIELDS}), \
                      not {value:?}"
                 )));
             };
@@ -286,7 +287,12 @@ mod tests {
         let bad = gst::Structure::from_str("map, spk_0=(int)1").unwrap();
         let e = SpeakerMap::parse(Some(&bad), &cv).unwrap_err();
         assert_eq!(e.property, "speaker-map");
-        assert!(e.why.contains("label 'spk_0'"), "{e}");
+        assert_eq!(e.value, "spk_0", "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("speaker-map 'spk_0': the label's voice"),
+            "{e}"
+        );
         // A checkpoint with no voice a string names (one that clones optionally, without
         // presets, instruct or languages): the error lists the fields it takes.
         let mut own_voice = base_d(&cv);
