@@ -242,14 +242,9 @@ impl Output {
             })
     }
 
-    /// The text of the utterance being output, if any.
-    pub fn in_progress(&self) -> Option<&str> {
-        self.current.as_ref().map(|c| c.text.as_str())
-    }
-
-    /// Whether utterance `id` is the one being output.
-    pub fn in_progress_is(&self, id: u64) -> bool {
-        self.current.as_ref().is_some_and(|c| c.id == id)
+    /// The utterance being output, if any: `(id, text)`.
+    pub fn in_progress(&self) -> Option<(u64, &str)> {
+        self.current.as_ref().map(|c| (c.id, c.text.as_str()))
     }
 
     /// The utterances whose audio is queued here but not begun, in stream order: `(id, text)`.

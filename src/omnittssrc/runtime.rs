@@ -68,8 +68,7 @@ pub(super) struct Inner {
     /// The worker has taken an utterance and not yet queued its Done/Refused item.
     worker_busy: bool,
     /// The id and text of the utterance the worker has taken.
-    busy_id: Option<u64>,
-    busy_text: Option<String>,
+    busy: Option<(u64, String)>,
     /// Live: an EOS event came while a streamed utterance was unfinished; the stream ends
     /// (`create()` returns EOS) once everything queued up to it has been spoken.
     drain_to_eos: bool,
@@ -125,8 +124,7 @@ impl Shared {
             inner: Mutex::new(Inner {
                 pending: VecDeque::new(),
                 worker_busy: false,
-                busy_id: None,
-                busy_text: None,
+                busy: None,
                 drain_to_eos: false,
                 busy_start: None,
                 canceller: None,
@@ -199,7 +197,7 @@ impl Inner {
     /// Whether utterance `id` is queued, being synthesised or being output.
     pub fn unfinished(&self, id: u64) -> bool {
         self.pending.iter().any(|u| u.id == id)
-            || (self.worker_busy && self.busy_id == Some(id))
+            || (self.worker_busy && self.busy.as_ref().is_some_and(|b| b.0 == id))
             || self.output.holds(id)
     }
 
@@ -270,7 +268,8 @@ impl Inner {
 
     /// What an EOS event that ends the stream at once drops ([`Dropped`]); `None` when nothing.
     pub fn dropped(&self) -> Option<Dropped> {
-        let cut = self.output.in_progress().map(str::to_owned);
+        let current = self.output.in_progress();
+        let cut = current.map(|(_, text)| text.to_owned());
         // Not begun, in stream order: synthesised and waiting in the output, being synthesised,
         // then queued for the worker (refusals are posted on their own).
         let mut ids = Vec::new();
@@ -285,10 +284,10 @@ impl Inner {
             note(id, text);
         }
         if self.worker_busy
-            && let (Some(id), Some(text)) = (self.busy_id, self.busy_text.as_deref())
-            && !self.output.in_progress_is(id)
+            && let Some((id, text)) = &self.busy
+            && current.is_none_or(|(c, _)| c != *id)
         {
-            note(id, text);
+            note(*id, text);
         }
         for u in self.pending.iter().filter(|u| u.request.is_ok()) {
             note(u.id, &u.text);
@@ -355,8 +354,7 @@ impl Inner {
     fn take_utterance(&mut self) -> Option<(Utterance, u64)> {
         let u = self.pending.pop_front()?;
         self.worker_busy = true;
-        self.busy_id = Some(u.id);
-        self.busy_text = Some(u.text.clone());
+        self.busy = Some((u.id, u.text.clone()));
         self.busy_start = Some(u.start_pos);
         Some((u, self.epoch))
     }
@@ -402,8 +400,7 @@ impl Inner {
     /// The worker is done with its utterance.
     fn worker_done(&mut self) {
         self.canceller = None;
-        self.busy_id = None;
-        self.busy_text = None;
+        self.busy = None;
         self.worker_busy = false;
     }
 }
