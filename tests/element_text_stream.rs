@@ -212,27 +212,44 @@ fn a_live_eos_names_the_queued_utterances_it_drops() {
     for t in ["The first one.", "The second one.", "The third one."] {
         assert!(e.emit_by_name::<bool>("push-text", &[&t]));
     }
+    // The first is cut; the other two are not begun, whether still queued, being synthesised or
+    // synthesised and waiting (the tiny fixture makes them faster than real time).
+    eos_after_one_buffer_drops(
+        &mut h,
+        &bus,
+        &e,
+        "'The first one.' is cut",
+        "2 queued utterances not spoken (the first: 'The second one.')",
+    );
+}
+
+/// Sends EOS to `e` after one buffer of `h`; asserts that text pushed after it is refused, and
+/// that one warning, naming `cut` and `not_begun`, says what the EOS dropped.
+fn eos_after_one_buffer_drops(
+    h: &mut Harness,
+    bus: &gst::Bus,
+    e: &gst::Element,
+    cut: &str,
+    not_begun: &str,
+) {
     let _ = h.pull().expect("a buffer");
     e.send_event(gst::event::Eos::new());
-    pull_samples(&mut h);
-    let msgs = drain(&bus);
+    assert!(
+        !e.emit_by_name::<bool>("push-text", &[&"Too late."]),
+        "text after EOS is refused"
+    );
+    pull_samples(h);
+    let msgs = drain(bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
     let dropped: Vec<String> = warnings(&msgs)
         .into_iter()
         .filter(|w| w.starts_with("EOS:"))
         .collect();
     assert_eq!(dropped.len(), 1, "{:?}", warnings(&msgs));
-    // The first is cut; the other two are not begun, whether still queued, being synthesised or
-    // synthesised and waiting (the tiny fixture makes them faster than real time).
     assert!(
-        dropped[0].contains("'The first one.' is cut")
-            && dropped[0].contains("2 queued utterances not spoken (the first: 'The second one.')"),
+        dropped[0].contains(cut) && dropped[0].contains(not_begun),
         "{}",
         dropped[0]
-    );
-    assert!(
-        !e.emit_by_name::<bool>("push-text", &[&"Too late."]),
-        "text after EOS is refused"
     );
 }
 
@@ -248,25 +265,12 @@ fn a_non_live_eos_names_what_it_drops_and_refuses_later_text() {
         assert!(e.emit_by_name::<bool>("push-text", &[&t]));
     }
     h.play();
-    let _ = h.pull().expect("a buffer");
-    e.send_event(gst::event::Eos::new());
-    assert!(
-        !e.emit_by_name::<bool>("push-text", &[&"Too late."]),
-        "text after EOS is refused"
-    );
-    pull_samples(&mut h);
-    let msgs = drain(&bus);
-    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
-    let dropped: Vec<String> = warnings(&msgs)
-        .into_iter()
-        .filter(|w| w.starts_with("EOS:"))
-        .collect();
-    assert_eq!(dropped.len(), 1, "{:?}", warnings(&msgs));
-    assert!(
-        dropped[0].contains("'One is spoken.' is cut")
-            && dropped[0].contains("2 queued utterances not spoken (the first: 'Two is dropped.')"),
-        "{}",
-        dropped[0]
+    eos_after_one_buffer_drops(
+        &mut h,
+        &bus,
+        &e,
+        "'One is spoken.' is cut",
+        "2 queued utterances not spoken (the first: 'Two is dropped.')",
     );
 }
 
