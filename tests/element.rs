@@ -806,6 +806,7 @@ fn ready_only_properties_keep_their_value_while_running() {
     e.set_property("model", "/nonexistent/model");
     e.set_property("samples-per-buffer", 7u32);
     e.set_property("is-live", true);
+    e.set_property_from_str("quantization", "q8-0");
     // A voice property still applies to text queued after it.
     e.set_property("speaker", "vivian");
     assert_eq!(e.property::<String>("model"), model);
@@ -824,10 +825,18 @@ fn ready_only_properties_keep_their_value_while_running() {
         .into_iter()
         .partition(|w| !w.contains("ended by length"));
     assert!(limits.len() <= 1, "{limits:?}");
-    assert_eq!(warns.len(), 3, "{warns:?}");
-    for (w, name) in warns.iter().zip(["model", "samples-per-buffer", "is-live"]) {
+    assert_eq!(warns.len(), 4, "{warns:?}");
+    // Each names the property and the refused value as it was set: a string quoted, an enum by
+    // its nick.
+    let refused = [
+        ("model", "'/nonexistent/model'"),
+        ("samples-per-buffer", "7"),
+        ("is-live", "true"),
+        ("quantization", "'q8-0' ignored"),
+    ];
+    for (w, (name, value)) in warns.iter().zip(refused) {
         assert!(
-            w.contains(&format!("'{name}'")) && w.contains("NULL or READY"),
+            w.contains(&format!("'{name}'")) && w.contains("NULL or READY") && w.contains(value),
             "{w}"
         );
     }

@@ -541,6 +541,36 @@ fn harness_flush_mid_cue_drops_it_and_restarts_the_timeline() {
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
 }
 
+/// A cue wholly before the segment's start is dropped (as GStreamer clips buffers to their
+/// segment); one that straddles the start is spoken from it. Before, the first was moved to the
+/// segment's start and mixed with the second.
+#[test]
+fn a_cue_wholly_outside_the_segment_is_dropped() {
+    let (e, bus) = synth(&[]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    let mut seg = gst::FormattedSegment::<gst::ClockTime>::new();
+    seg.set_start(gst::ClockTime::from_seconds(5));
+    assert!(h.push_event(gst::event::Segment::new(&seg)));
+    h.push(text_buffer(b"Before segment.", Some(1_000), Some(1_000)))
+        .unwrap();
+    h.push(text_buffer(b"Straddles.", Some(4_000), Some(2_000)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    // The output's timeline starts at the segment's start (pull_to_eos checks one from 0).
+    let mut first_pts = None;
+    while let Ok(Some(b)) = h.pull_until_eos() {
+        first_pts.get_or_insert(b.pts());
+    }
+    assert_eq!(first_pts, Some(Some(gst::ClockTime::from_seconds(5))));
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let texts: Vec<String> = element_messages(&msgs, CUE)
+        .iter()
+        .map(|c| c.get::<String>("text").unwrap())
+        .collect();
+    assert_eq!(texts, ["Straddles."]);
+}
+
 #[test]
 fn empty_whitespace_and_unspeakable_cues_are_silence_without_error() {
     let (e, bus) = synth(&[]);
@@ -584,6 +614,35 @@ fn empty_whitespace_and_unspeakable_cues_are_silence_without_error() {
         );
     }
     assert_eq!(element_messages(&msgs, "omnitts/utterance-done").len(), 1);
+}
+
+/// A NUL character in a cue (valid UTF-8; here as pango's `&#0;` too) panicked the streaming
+/// thread when the cue's messages were built; it is left out of the messages, and the cues are
+/// spoken.
+#[test]
+fn a_nul_in_a_cue_does_not_stop_the_stream() {
+    let (e, bus) = synth(&[]);
+    let mut h = harness(&e, "text/x-raw,format=pango-markup");
+    h.push(text_buffer(b"Nul\0byte inside.", Some(0), Some(1_000)))
+        .unwrap();
+    h.push(text_buffer(
+        b"Entity &#0; inside.",
+        Some(1_000),
+        Some(1_000),
+    ))
+    .unwrap();
+    h.push(text_buffer(b"After.", Some(2_000), Some(1_000)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let (got, _) = pull_to_eos(&mut h, Duration::from_secs(60));
+    assert!(got.len() >= at_ms(3_000), "{} samples", got.len());
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let texts: Vec<String> = element_messages(&msgs, CUE)
+        .iter()
+        .map(|c| c.get::<String>("text").unwrap())
+        .collect();
+    assert_eq!(texts, ["Nulbyte inside.", "Entity  inside.", "After."]);
 }
 
 /// A cue of zero duration (an SRT cue `00:00:01,500 --> 00:00:01,500`, which subparse gives a

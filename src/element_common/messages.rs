@@ -37,6 +37,17 @@ fn element_message(src: &gst::Element, s: gst::Structure) -> gst::Message {
     gst::message::Element::builder(s).src(src).build()
 }
 
+/// `text` as a message field. GStreamer strings are C strings, which end at a NUL: a NUL
+/// character (valid UTF-8, which a text buffer or a Rust caller may carry) is left out instead
+/// of panicking the thread that builds the message.
+pub(crate) fn field_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        text.replace('\0', "").into()
+    } else {
+        text.into()
+    }
+}
+
 /// The [`STARTED`] message.
 pub(crate) fn started(
     src: &gst::Element,
@@ -48,7 +59,7 @@ pub(crate) fn started(
         src,
         gst::Structure::builder(STARTED)
             .field("id", id)
-            .field("text", text)
+            .field("text", field_text(text).as_ref())
             .field("pts", pts.nseconds())
             .build(),
     )
@@ -125,9 +136,9 @@ impl UtteranceDone {
             src,
             gst::Structure::builder(DONE)
                 .field("id", self.id)
-                .field("text", self.text.as_str())
+                .field("text", field_text(&self.text).as_ref())
                 .field("reason", self.reason.as_str())
-                .field("error", error)
+                .field("error", field_text(error).as_ref())
                 .field("frames", m.frames as u64)
                 .field("samples", self.samples)
                 .field("audio-ms", m.audio_ms)
@@ -315,7 +326,22 @@ pub(crate) fn count_of(n: usize, noun: &str) -> String {
 
 #[cfg(test)]
 mod count_tests {
-    use super::count_of;
+    use super::{count_of, field_text};
+
+    #[test]
+    fn a_nul_is_left_out_of_a_message_field() {
+        assert_eq!(field_text("Nul\0byte inside."), "Nulbyte inside.");
+        assert!(matches!(
+            field_text("plain"),
+            std::borrow::Cow::Borrowed("plain")
+        ));
+        // A structure takes the result (a NUL in a string field panics glib).
+        gst::init().unwrap();
+        let s = gst::Structure::builder("t")
+            .field("text", field_text("a\0b").as_ref())
+            .build();
+        assert_eq!(s.get::<String>("text").unwrap(), "ab");
+    }
 
     #[test]
     fn counts_read_as_english() {

@@ -314,10 +314,21 @@ pub(crate) fn refuse_ready_only(
         return false;
     }
     let name = pspec.name();
-    // A write-only value (the API key) is not shown.
-    let shown = match pspec.flags().contains(glib::ParamFlags::READABLE) {
-        true => format!("{value:?}"),
-        false => "the new value".to_string(),
+    // A write-only value (the API key) is not shown; an enum by its nick, a string quoted.
+    let shown = if !pspec.flags().contains(glib::ParamFlags::READABLE) {
+        "the new value".to_string()
+    } else if let Some((_, v)) = glib::EnumValue::from_value(value) {
+        format!("'{}'", v.nick())
+    } else if let Ok(s) = value.get::<Option<String>>() {
+        format!(
+            "'{}'",
+            super::input_error::quoted(s.as_deref().unwrap_or_default())
+        )
+    } else {
+        // Numbers and booleans as gst-launch writes them.
+        value
+            .serialize()
+            .map_or_else(|_| format!("{value:?}"), |v| v.to_string())
     };
     gst::element_warning!(
         element,

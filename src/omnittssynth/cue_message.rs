@@ -2,6 +2,7 @@
 //! overflow policy did with it.
 
 use crate::element_common::audio::pts_of;
+use crate::element_common::messages;
 use crate::engine::FinishReason;
 
 use super::overflow::{Action, Overflow};
@@ -53,7 +54,7 @@ pub(super) fn cue_message(
         );
     let s = gst::Structure::builder(CUE)
         .field("id", report.id)
-        .field("text", info.text.as_str())
+        .field("text", messages::field_text(&info.text).as_ref())
         .field("pts", info.pts)
         .field("slot-duration", info.duration)
         .field("start", report.first.map(at))

@@ -528,7 +528,8 @@ impl OmniTtsSynth {
         };
         let Some(seg) = segment.downcast_ref::<gst::ClockTime>() else {
             return refuse(format!(
-                "segment format {:?}: omnittssynth needs timed text (a TIME segment)",
+                "segment format {:?}: omnittssynth needs timed text (a TIME segment); a \
+                 subtitle file goes through subparse first (filesrc ! subparse ! omnittssynth)",
                 segment.format()
             ));
         };
@@ -719,6 +720,10 @@ impl OmniTtsSynth {
             }
             return Ok(gst::FlowSuccess::Ok);
         }
+        if let Some(outside) = self.outside_segment(buffer.pts(), buffer.duration()) {
+            gst::debug!(CAT, imp = self, "cue dropped: {outside}");
+            return Ok(gst::FlowSuccess::Ok);
+        }
         self.push_cue(
             |format| match buffer.map_readable() {
                 Ok(map) => cue_text(map.as_slice(), format),
@@ -727,6 +732,35 @@ impl OmniTtsSynth {
             buffer.pts(),
             buffer.duration(),
         )
+    }
+
+    /// Why a cue at `pts` lasting `duration` is wholly outside the segment (it ends at or before
+    /// its start, or starts at or after its stop): such a cue is dropped, as GStreamer clips
+    /// buffers to their segment. `None` for a cue that is in it, straddles an edge (it is spoken
+    /// from the segment's start), or has no PTS; a cue without duration is outside only past the
+    /// stop.
+    fn outside_segment(
+        &self,
+        pts: Option<gst::ClockTime>,
+        duration: Option<gst::ClockTime>,
+    ) -> Option<String> {
+        let pts = pts?;
+        let inner = self.shared.lock();
+        let seg = &inner.segment;
+        if let (Some(d), Some(start)) = (duration, seg.start())
+            && pts.saturating_add(d) <= start
+            && d > gst::ClockTime::ZERO
+        {
+            return Some(format!(
+                "PTS {pts} + {d} ends before the segment start {start}"
+            ));
+        }
+        match seg.stop() {
+            Some(stop) if pts >= stop => {
+                Some(format!("PTS {pts} is at or past the segment stop {stop}"))
+            }
+            _ => None,
+        }
     }
 
     /// The sink caps' text format; without caps, an error (not negotiated).
@@ -1274,8 +1308,8 @@ impl ObjectImpl for OmniTtsSynth {
                 glib::ParamSpecUInt::builder("fragment-pause")
                     .nick("Fragment pause")
                     .blurb(
-                        "input-mode=fragments: milliseconds of stream time (PTS) without a new \
-                         fragment after a sentence end that end the utterance",
+                        "input-mode=fragments: the utterance ends when no new fragment comes \
+                         for this many milliseconds of stream time (PTS) after a sentence end",
                     )
                     .minimum(1)
                     .maximum(600_000)
