@@ -541,6 +541,42 @@ fn harness_flush_mid_cue_drops_it_and_restarts_the_timeline() {
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
 }
 
+/// A cue hours after the input before it, or with a slot of hours, is most likely a timestamp
+/// error: a warning says so (the element outputs silence until then, which went on for hours
+/// without a word). A cue an hour later is still taken.
+#[test]
+fn a_cue_hours_away_gets_a_warning() {
+    for (pts, duration) in [(3 * 3_600_000, Some(1_000)), (0, Some(2 * 3_600_000))] {
+        let (e, bus) = synth(&[]);
+        let mut h = harness(&e, "text/x-raw,format=utf8");
+        h.push(text_buffer(b"First.", Some(0), Some(1_000)))
+            .unwrap();
+        h.push(text_buffer(b"Far away.", Some(pts), duration))
+            .unwrap();
+        let _ = h.pull().expect("audio of the first cue");
+        let warns = element_util::warnings(&element_util::drain(&bus));
+        assert!(
+            warns
+                .iter()
+                .any(|w| w.starts_with("cue 2 (PTS ") && w.contains("its timestamps may be wrong")),
+            "PTS {pts} ms, duration {duration:?}: {warns:?}"
+        );
+        h.push_event(gst::event::FlushStart::new());
+    }
+    // Within the hour: no warning.
+    let (e, bus) = synth(&[]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    h.push(text_buffer(b"Later.", Some(30 * 60_000), Some(1_000)))
+        .unwrap();
+    let _ = h.pull().expect("silence before the cue");
+    let warns = element_util::warnings(&element_util::drain(&bus));
+    assert!(
+        !warns.iter().any(|w| w.contains("timestamps may be wrong")),
+        "{warns:?}"
+    );
+    h.push_event(gst::event::FlushStart::new());
+}
+
 /// A cue wholly before the segment's start is dropped (as GStreamer clips buffers to their
 /// segment); one that straddles the start is spoken from it. Before, the first was moved to the
 /// segment's start and mixed with the second.

@@ -45,6 +45,10 @@ use super::synthesis::spawn_workers;
 use super::timeline::{CueKind, CueStart};
 use super::voice::{SPEAKER_CHANGE_EVENT, SpeakerMap, VOICE_EVENT, VoiceChange};
 
+/// A cue this many seconds after the input before it (the latest PTS or GAP end), or with a
+/// slot this long, gets a warning (its timestamps are most likely wrong).
+const FAR_AHEAD_S: u64 = 3600;
+
 const DEFAULT_LATENCY_MS: u32 = 1000;
 const DEFAULT_OVERFLOW: Overflow = Overflow::Clip;
 /// Cues queued ahead of the output before the sink pad blocks upstream.
@@ -1050,6 +1054,30 @@ impl OmniTtsSynth {
             imp = self,
             "cue {id}: {start:?}, slot {slot:?}, {kind:?}: {text:?}"
         );
+        // Timestamps an hour or more from the input before them are most likely wrong: the
+        // element would output silence all that time, without a word.
+        let far = u64::from(self.rate()) * FAR_AHEAD_S;
+        let ahead = match start {
+            CueStart::At(at) => at.saturating_sub(inner.timeline.horizon()),
+            CueStart::Asap(_) => 0,
+        };
+        if ahead > far || slot.is_some_and(|s| s > far) {
+            let secs = |samples: u64| pts_of(samples, self.rate());
+            gst::element_imp_warning!(
+                self,
+                gst::StreamError::Format,
+                (
+                    "cue {} (PTS {}, duration {}) is {} after the input before it and its slot \
+                     lasts {}: silence is output until it and to its end; its timestamps may be \
+                     wrong",
+                    id,
+                    pts.display(),
+                    duration.display(),
+                    secs(ahead),
+                    secs(slot.unwrap_or(0))
+                )
+            );
+        }
         inner.timeline.push_cue(id, start, slot, kind);
         inner.infos.insert(
             id,
