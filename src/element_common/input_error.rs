@@ -9,8 +9,8 @@ const WHY_CHARS: usize = 600;
 
 /// A rejected input, reported as "property 'value': why"; the value is escaped (control and
 /// invisible characters as `\u{…}`, so no terminal escape reaches a log) and cut to
-/// [`QUOTED_VALUE_CHARS`] characters; the reason has its other control characters escaped and is cut to
-/// [`WHY_CHARS`].
+/// [`QUOTED_VALUE_CHARS`] characters; the reason has its other control characters escaped and
+/// is cut to [`WHY_CHARS`].
 #[derive(Debug)]
 pub(crate) struct InputError {
     pub property: &'static str,
