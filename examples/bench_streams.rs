@@ -94,6 +94,8 @@ mod llm_reply;
 mod open_loop;
 #[path = "bench_streams/playback.rs"]
 mod playback;
+#[path = "common/rate_arg.rs"]
+mod rate_arg;
 #[path = "bench_streams/text_stream.rs"]
 mod text_stream;
 
@@ -122,8 +124,8 @@ struct Args {
     model_dir: PathBuf,
     /// Closed loop: stream counts to measure, comma separated (default 1,2,4,8,16 unless --rates
     /// is given).
-    #[arg(long, value_delimiter = ',')]
-    streams: Option<Vec<usize>>,
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..))]
+    streams: Option<Vec<u64>>,
     /// Closed loop: frames per stream (80 ms each).
     #[arg(long, default_value_t = 50)]
     frames: usize,
@@ -134,7 +136,7 @@ struct Args {
     #[arg(long)]
     shared_only: bool,
     /// Open loop: arrival rates (requests per second), comma separated; none by default.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = rate_arg::positive_rate)]
     rates: Vec<f64>,
     /// Open loop: seeds, one run per seed and rate.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
@@ -188,7 +190,7 @@ struct Args {
     first_frame_alone: String,
     /// Text streamed into one running request: token rates of the simulated LLM reply, comma
     /// separated; none by default (see `text_stream.rs`).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = rate_arg::positive_rate)]
     text_rates: Vec<f64>,
     /// Text streamed: rounds per rate (after one warm-up reply, not counted).
     #[arg(long, default_value_t = 3)]
@@ -613,7 +615,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
 fn main() -> Result<()> {
     let args = Args::parse();
     let counts = match &args.streams {
-        Some(c) => c.clone(),
+        Some(c) => c.iter().map(|&n| n as usize).collect(),
         None if args.rates.is_empty() && args.text_rates.is_empty() => vec![1, 2, 4, 8, 16],
         None => Vec::new(),
     };

@@ -31,48 +31,30 @@ use gstomnitts::element_common::messages;
 
 #[path = "common/llm_reply.rs"]
 mod llm_reply;
+#[path = "common/rate_arg.rs"]
+mod rate_arg;
 use llm_reply::{REPLY, tokens};
+use rate_arg::positive_rate;
 
+/// Speech while the text is still being written: an LLM reply streamed into a live omnittssrc.
+#[derive(clap::Parser)]
+#[command(about = "Speech while the text is still being written (append-text at a token rate)")]
 struct Args {
+    /// Checkpoint directory (or Hugging Face repo id).
+    #[arg(long, default_value = "models/omnitts-en")]
     model: String,
+    /// Preset speaker (checkpoints that have them).
+    #[arg(long)]
     speaker: Option<String>,
+    /// Token rates of the simulated LLM, tokens per second, comma separated (each > 0).
+    #[arg(long, value_delimiter = ',', default_value = "20,50", value_parser = positive_rate)]
     rates: Vec<f64>,
-    rounds: usize,
+    /// Rounds per rate (at least 1).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// max-new-tokens of the element.
+    #[arg(long)]
     max_new_tokens: Option<u32>,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        model: "models/omnitts-en".into(),
-        speaker: None,
-        rates: vec![20.0, 50.0],
-        rounds: 3,
-        max_new_tokens: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(k) = it.next() {
-        let mut val = || it.next().ok_or(format!("{k} needs a value"));
-        match k.as_str() {
-            "--model" => a.model = val()?,
-            "--speaker" => a.speaker = Some(val()?),
-            "--rates" => {
-                a.rates = val()?
-                    .split(',')
-                    .map(|r| r.parse().map_err(|e| format!("--rates {r}: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
-            "--rounds" => a.rounds = val()?.parse().map_err(|e| format!("--rounds: {e}"))?,
-            "--max-new-tokens" => {
-                a.max_new_tokens = Some(
-                    val()?
-                        .parse()
-                        .map_err(|e| format!("--max-new-tokens: {e}"))?,
-                )
-            }
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    Ok(a)
 }
 
 /// What the sink saw: wall times of the buffers with sound.
@@ -159,9 +141,18 @@ fn round(a: &Args, rate: f64) -> Result<Round, String> {
         .map_err(|e| e.to_string())?;
     src.link(&sink).map_err(|e| e.to_string())?;
     let bus = pipeline.bus().ok_or("no bus")?;
-    pipeline
-        .set_state(gst::State::Playing)
-        .map_err(|e| format!("PLAYING: {e}"))?;
+    if let Err(e) = pipeline.set_state(gst::State::Playing) {
+        // The element's own error (a bad model or speaker) says more than the state change.
+        let why = bus
+            .timed_pop_filtered(gst::ClockTime::from_seconds(1), &[gst::MessageType::Error])
+            .and_then(|m| match m.view() {
+                gst::MessageView::Error(err) => Some(err.error().to_string()),
+                _ => None,
+            })
+            .unwrap_or_else(|| e.to_string());
+        let _ = pipeline.set_state(gst::State::Null);
+        return Err(format!("PLAYING: {why}"));
+    }
     // Warm-up (not counted): utterance 1.
     if !src.emit_by_name::<bool>("push-text", &[&"Hello there."]) {
         return Err("warm-up refused".into());
@@ -210,13 +201,7 @@ fn round(a: &Args, rate: f64) -> Result<Round, String> {
 }
 
 fn main() {
-    let a = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("bench_text_stream: {e}");
-            std::process::exit(2);
-        }
-    };
+    let a = <Args as clap::Parser>::parse();
     if let Err(e) = gst::init() {
         eprintln!("bench_text_stream: gst::init: {e}");
         std::process::exit(1);

@@ -54,6 +54,7 @@ use gstomnitts::models::qwen3_tts::{
     WeightForm,
 };
 use gstomnitts::models::registry;
+use gstomnitts::models::tts::text::unspeakable;
 use gstomnitts::nn::QuantizationSpec;
 
 #[derive(Parser, Debug)]
@@ -246,13 +247,29 @@ fn fish(args: &Args) -> Result<()> {
         ("--instruct", args.instruct.is_some()),
         ("--prompt-mode", args.prompt_mode.is_some()),
         ("--x-vector-only", args.x_vector_only),
-        ("--quantization", args.quantization != "auto"),
+        // Fish S2 Pro loads dense weights: none is what it has.
+        (
+            "--quantization",
+            !matches!(args.quantization.as_str(), "auto" | "none"),
+        ),
     ];
     if let Some((flag, _)) = qwen_only.iter().find(|(_, set)| *set) {
         bail!(
             "{flag}: a Qwen3-TTS option; Fish S2 Pro ({}) has none",
             args.model.display()
         );
+    }
+    // The engine's rules for a request (the reference speaks such text all the same, as noise).
+    if let Some(why) = unspeakable(&args.text) {
+        bail!("invalid request: text = {:?}: {why}", args.text);
+    }
+    if let Some(t) = &args.ref_text
+        && let Some(why) = unspeakable(t)
+    {
+        bail!("invalid request: ref_text = {t:?}: {why}");
+    }
+    if args.max_new_tokens == Some(0) {
+        bail!("--max-new-tokens: must be at least 1");
     }
     let dev = device(&args.device)?;
     let t0 = Instant::now();
