@@ -274,6 +274,36 @@ fn a_non_live_eos_names_what_it_drops_and_refuses_later_text() {
     );
 }
 
+/// Token mode: once the open utterance's speech has ended (here at max-new-tokens) the rest of
+/// its text would never be spoken: `append-text` returns false (it returned true and the text
+/// was dropped without a word), until `end-text`.
+#[test]
+fn append_text_after_the_speech_ended_is_refused() {
+    let (mut h, bus) = harness(&[
+        ("speaker", v("vivian")),
+        ("max-new-tokens", v(3u32)),
+        ("prompt-mode", v("streaming")),
+        ("is-live", v(true)),
+    ]);
+    h.use_systemclock();
+    h.play();
+    let e = h.element().expect("element");
+    // More text tokens than the three frames take.
+    assert!(e.emit_by_name::<bool>("append-text", &[&STREAMED]));
+    let _ = h.pull().expect("a buffer");
+    // Three frames of the tiny checkpoint take milliseconds.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(
+        !e.emit_by_name::<bool>("append-text", &[&" Too late."]),
+        "text after the speech ended was taken"
+    );
+    assert!(e.emit_by_name::<bool>("end-text", &[]));
+    e.send_event(gst::event::Eos::new());
+    pull_samples(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+}
+
 /// omnittssrc is not seekable: a seek sent to the element itself is refused (BaseSrc flushed
 /// downstream and started no new segment, so every element downstream warned of data before a
 /// segment; a seek to 0 returned true and did nothing), and the stream goes on.

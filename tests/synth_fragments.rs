@@ -162,6 +162,36 @@ fn token_mode_speaks_before_the_end_arrives() {
     assert_eq!(got[0].1, gst::ClockTime::from_mseconds(100));
 }
 
+/// Token mode: when the synthesis ends (here at max-new-tokens) before the text does, the
+/// fragments after it are not spoken; one warning names where the unspoken text starts (they
+/// were dropped without a word).
+#[test]
+fn text_after_the_synthesis_ended_is_named_in_a_warning() {
+    let (mut h, bus) = synth(&fixture_model("tiny-customvoice"), 3);
+    // More text tokens than the three frames take (a frame waits for its token in token mode).
+    push(&mut h, LONG.as_bytes(), 100, false);
+    // Three frames of the tiny checkpoint take milliseconds: the synthesis has ended long
+    // before the next fragments arrive.
+    std::thread::sleep(Duration::from_millis(1500));
+    push(&mut h, b", and more words", 600, false);
+    push(&mut h, b" that come too late.", 700, true);
+    h.push_event(gst::event::Eos::new());
+    let mut out = Vec::new();
+    pull_to_eos(&mut h, &mut out);
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let unspoken: Vec<String> = element_util::warnings(&msgs)
+        .into_iter()
+        .filter(|w| w.contains("is not spoken"))
+        .collect();
+    assert_eq!(unspoken.len(), 1, "{unspoken:?}");
+    assert!(
+        unspoken[0].contains("the text from ', and more words' on is not spoken"),
+        "{}",
+        unspoken[0]
+    );
+}
+
 /// xorshift64: the test's seeded randomness.
 fn next(seed: &mut u64) -> u64 {
     *seed ^= *seed << 13;

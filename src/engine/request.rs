@@ -149,6 +149,9 @@ impl RequestShared {
         let cancelled = reason == FinishReason::Cancelled;
         *lock(&self.ar_outcome) = Some(ArOutcome { reason, timing });
         lock(&self.admission).take();
+        if let Some(feed) = &self.text {
+            feed.close();
+        }
         if cancelled {
             self.buffer.cancel();
         } else {

@@ -13,6 +13,9 @@ struct FeedState {
     /// Bytes appended since stage 0 last took them.
     bytes: Vec<u8>,
     ended: bool,
+    /// Stage 0 let go of the request (its end of speech, a limit, an error, a cancel): what is
+    /// appended now is never read.
+    closed: bool,
     /// Bytes appended in all (for messages).
     total: usize,
 }
@@ -37,6 +40,11 @@ impl TextFeed {
         let mut g = lock(&self.state);
         (std::mem::take(&mut g.bytes), g.ended)
     }
+
+    /// Stage 0 has let go of the request: later appends are refused (they would never be read).
+    pub(crate) fn close(&self) {
+        lock(&self.state).closed = true;
+    }
 }
 
 /// The writing end of an open request's text ([`super::Engine::submit_open`]): append fragments
@@ -52,16 +60,28 @@ impl TextSender {
 
     /// Appends a fragment (any cut: mid-word, even mid UTF-8 character, as an LLM's byte-level
     /// tokens give them). Errors: [`EngineError::InvalidRequest`] (field `text`) after
-    /// [`Self::end`]. Text that is not UTF-8 is found when stage 0 tokenizes it: the request then
-    /// finishes with an error that names the byte and its offset.
+    /// [`Self::end`], and once the request has finished (the model's end of speech,
+    /// `max_new_tokens`, an error or a cancel: the fragment would never be spoken). Text that is
+    /// not UTF-8 is found when stage 0 tokenizes it: the request then finishes with an error that
+    /// names the byte and its offset.
     pub fn append_bytes(&self, fragment: &[u8]) -> Result<(), EngineError> {
         {
             let mut g = lock(&self.feed.state);
-            if g.ended {
+            let refused = if g.ended {
+                Some("text appended after the end of the utterance's text")
+            } else if g.closed {
+                Some(
+                    "the utterance's speech has ended (its end of speech, max_new_tokens or an \
+                      error): text appended now is not spoken",
+                )
+            } else {
+                None
+            };
+            if let Some(msg) = refused {
                 return Err(EngineError::InvalidRequest {
                     field: "text".into(),
                     value: String::from_utf8_lossy(fragment).chars().take(40).collect(),
-                    msg: "text appended after the end of the utterance's text".into(),
+                    msg: msg.into(),
                 });
             }
             g.bytes.extend_from_slice(fragment);

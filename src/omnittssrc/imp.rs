@@ -281,12 +281,13 @@ impl OmniTtsSrc {
             if open.append(fragment) {
                 return true;
             }
-            // Its request has failed (the error comes in stream order): the rest of its text is
-            // refused until end-text, instead of each fragment opening an utterance of its own.
+            // Its request has failed (the error comes in stream order) or its speech has ended
+            // (the model's end of speech, max-new-tokens): the rest of its text is refused until
+            // end-text, instead of each fragment opening an utterance of its own.
             gst::debug!(
                 CAT,
                 imp = self,
-                "append-text: the open utterance has failed, refused"
+                "append-text: the open utterance has failed or ended, refused"
             );
             return false;
         }

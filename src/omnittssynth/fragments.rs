@@ -90,6 +90,9 @@ pub(crate) struct Fragments {
     /// Opening the utterance was refused (its error is on the timeline): the rest of its text
     /// is dropped.
     pub refused: bool,
+    /// The open utterance's synthesis ended (the model's end of speech, `max-new-tokens`) before
+    /// its text did: the rest is not spoken, and a warning has said so.
+    pub unspoken: bool,
 }
 
 impl Fragments {

@@ -14,6 +14,7 @@ use gst::subclass::prelude::*;
 use crate::element_common::audio::{self, SampleFormat, pos_of, pts_of};
 use crate::element_common::backend::{Requests, text_stream_mode};
 use crate::element_common::input_error::input_error;
+use crate::element_common::input_error::quoted;
 use crate::element_common::load::{Loaded, load, sharing};
 use crate::element_common::messages::{self, count_of};
 use crate::element_common::progress;
@@ -817,10 +818,27 @@ impl OmniTtsSynth {
         let text = std::mem::take(&mut f.pending);
         match &f.open {
             Some(cue) => {
-                cue.open.append(&text);
-                let mut inner = self.shared.lock();
-                if let Some(info) = inner.infos.get_mut(&cue.id) {
-                    info.text = cue.open.text();
+                let taken = cue.open.append(&text);
+                {
+                    let mut inner = self.shared.lock();
+                    if let Some(info) = inner.infos.get_mut(&cue.id) {
+                        info.text = cue.open.text();
+                    }
+                }
+                if !taken && !f.unspoken {
+                    gst::element_imp_warning!(
+                        self,
+                        gst::StreamError::Format,
+                        (
+                            "cue {} (PTS {}): its synthesis ended (the model's end of speech, \
+                             max-new-tokens or an error) before its text did: the text from '{}' \
+                             on is not spoken",
+                            cue.id,
+                            f.pts.display(),
+                            quoted(text.trim())
+                        )
+                    );
+                    f.unspoken = true;
                 }
             }
             None => match self.open_cue(f.pts, &text)? {
