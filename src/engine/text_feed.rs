@@ -71,8 +71,8 @@ impl TextSender {
                 Some("text appended after the end of the utterance's text")
             } else if g.closed {
                 Some(
-                    "the utterance's speech has ended (its end of speech, max_new_tokens or an \
-                      error): text appended now is not spoken",
+                    "the utterance's speech has ended (its end of speech, max_new_tokens, an \
+                      error or a cancel): text appended now is not spoken",
                 )
             } else {
                 None

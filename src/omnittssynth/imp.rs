@@ -13,8 +13,7 @@ use gst::subclass::prelude::*;
 
 use crate::element_common::audio::{self, SampleFormat, pos_of, pts_of};
 use crate::element_common::backend::{Requests, text_stream_mode};
-use crate::element_common::input_error::input_error;
-use crate::element_common::input_error::quoted;
+use crate::element_common::input_error::{input_error, quoted};
 use crate::element_common::load::{Loaded, load, sharing};
 use crate::element_common::messages::{self, count_of};
 use crate::element_common::progress;
@@ -1079,23 +1078,18 @@ impl OmniTtsSynth {
             CueStart::At(at) => at.saturating_sub(inner.timeline.horizon()),
             CueStart::Asap(_) => 0,
         };
-        if ahead > far || slot.is_some_and(|s| s > far) {
+        let far_warning = (ahead > far || slot.is_some_and(|s| s > far)).then(|| {
             let secs = |samples: u64| pts_of(samples, self.rate());
-            gst::element_imp_warning!(
-                self,
-                gst::StreamError::Format,
-                (
-                    "cue {} (PTS {}, duration {}) is {} after the input before it and its slot \
-                     lasts {}: silence is output until it and to its end; its timestamps may be \
-                     wrong",
-                    id,
-                    pts.display(),
-                    duration.display(),
-                    secs(ahead),
-                    secs(slot.unwrap_or(0))
-                )
-            );
-        }
+            format!(
+                "cue {} (PTS {}, duration {}) is {} after the input before it and its slot lasts \
+                 {}: silence is output until it and to its end; its timestamps may be wrong",
+                id,
+                pts.display(),
+                duration.display(),
+                secs(ahead),
+                secs(slot.unwrap_or(0))
+            )
+        });
         inner.timeline.push_cue(id, start, slot, kind);
         inner.infos.insert(
             id,
@@ -1113,6 +1107,12 @@ impl OmniTtsSynth {
             inner.jobs.push_back(job);
         }
         self.shared.cond.notify_all();
+        if let Some(w) = far_warning {
+            // Posted without the lock: a bus handler may call back into the element.
+            drop(inner);
+            gst::element_imp_warning!(self, gst::StreamError::Format, ("{}", w));
+            inner = self.shared.lock();
+        }
         while inner.timeline.cues() > MAX_QUEUED_CUES && !inner.flushing && inner.flow.is_ok() {
             inner = self.shared.wait(inner, None);
         }
