@@ -88,6 +88,8 @@
 //! `cargo test --example bench_streams` runs the detector's, the player's and the scheduler's
 //! unit tests (also part of `cargo test`).
 
+#[path = "common/cuda_profiler.rs"]
+mod cuda_profiler;
 #[path = "common/llm_reply.rs"]
 mod llm_reply;
 #[path = "bench_streams/open_loop.rs"]
@@ -201,6 +203,11 @@ struct Args {
     /// Write the JSON report here too.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Closed loop: each measured run on the shared engine (not the engine's start or the
+    /// warm-up stream) is the CUDA profiler's range, for `nsys profile
+    /// --capture-range=cudaProfilerApi` (`scripts/nsys_steps.py` reads the trace).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// `on` / `off`.
@@ -404,7 +411,14 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
         // Warm-up: one short stream (first-touch allocations, thread pools).
         run_streams(std::slice::from_ref(&shared), 1, 4)?;
         let before = shared.batch_stats()[0];
-        let streams = run_streams(std::slice::from_ref(&shared), n, args.frames)?;
+        if args.profile {
+            cuda_profiler::profiler_range(true);
+        }
+        let streams = run_streams(std::slice::from_ref(&shared), n, args.frames);
+        if args.profile {
+            cuda_profiler::profiler_range(false);
+        }
+        let streams = streams?;
         let after = shared.batch_stats()[0];
         let mean_batch =
             (after.rows - before.rows) as f64 / (after.steps - before.steps).max(1) as f64;
