@@ -181,7 +181,7 @@ nsys_py=${NSYS_PY:-$(dirname "$0")/nsys_steps.py}
 nsys_trace() { # NAME LIMIT_S -- CMD...: an nsys trace of CMD's profiler ranges, summarised into OUT/nsys-NAME.txt
     local name=$1 limit=$2; shift 3
     limited "nsys-$name" "$limit" -- nsys profile -o "/tmp/nsys-$name" --force-overwrite true \
-        --trace=cuda --cuda-graph-trace=node --sample=none --cpuctxsw=none \
+        --trace=cuda --cuda-graph-trace=${NSYS_GRAPH_TRACE:-graph} --sample=none --cpuctxsw=none \
         --capture-range=cudaProfilerApi --capture-range-end=stop "$@"
     nsys export --type sqlite --force-overwrite true -o "/tmp/nsys-$name.sqlite" "/tmp/nsys-$name.nsys-rep" \
         >/dev/null 2>&1 || echo "nsys export of $name failed"

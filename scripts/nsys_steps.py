@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the GPU's and the host's time goes in an omnitts run, from an Nsight Systems trace.
 
-    nsys profile -o RUN --trace=cuda,osrt --cuda-graph-trace=node --sample=none CMD...
+    nsys profile -o RUN --trace=cuda --cuda-graph-trace=graph --sample=none CMD...
     nsys export --type sqlite -o RUN.sqlite RUN.nsys-rep
     python3 scripts/nsys_steps.py RUN.sqlite [--thread omnitts-stage0] [--top 25] [--skip-s 0]
 
@@ -75,6 +75,12 @@ def main():
         "select start, end, correlationId, shortName from CUPTI_ACTIVITY_KIND_KERNEL"
     ):
         gpu.append((s, e, "kernel", strings.get(n, "?"), corr_tid.get(c), c))
+    if "CUPTI_ACTIVITY_KIND_GRAPH_TRACE" in tables:
+        # --cuda-graph-trace=graph: a graph launch's work as one range (no kernels of its own).
+        for s, e, c in db.execute(
+            "select start, end, correlationId from CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+        ):
+            gpu.append((s, e, "kernel", "graph", corr_tid.get(c), c))
     if "CUPTI_ACTIVITY_KIND_MEMCPY" in tables:
         for s, e, c, k, b in db.execute(
             "select start, end, correlationId, copyKind, bytes from CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -150,7 +156,7 @@ def main():
         for name, cnt in outside.most_common(12):
             print(f"  {name[:60]:60s} {cnt / n:6.1f}")
 
-    print(f"\nkernels by total time (top {a.top}): thread, name, count, total ms, mean us")
+    print(f"\nGPU work by total time (top {a.top}): thread, name, count, total ms, mean us")
     agg = collections.defaultdict(lambda: [0, 0])
     for g in gpu:
         key = (tname[g[4]][:15], g[3])
