@@ -227,6 +227,42 @@ fn customvoice_batched_equals_solo() {
     assert_batched_equals_solo(&m, &cases);
 }
 
+/// Enough sessions for a frame's codebook-0 choices to be spread over threads (8 or more): each
+/// sampled row still draws exactly its solo run's codes, through joins and finishes.
+#[test]
+fn many_sampled_rows_batched_equal_solo() {
+    let dir = "tiny-customvoice";
+    let m = load_f32(&fixtures_dir().join(dir));
+    let speakers = m.speakers();
+    let texts = [
+        "Hello world, this is a test.",
+        "Short.",
+        "A somewhat longer sentence to say.",
+        "Good morning to you all.",
+        "Numbers: one, two, three.",
+        "The quick brown fox jumps.",
+    ];
+    let cases: Vec<Case> = (0..12)
+        .map(|k| {
+            let mode = if k % 2 == 0 {
+                PromptMode::NonStreaming
+            } else {
+                PromptMode::Streaming
+            };
+            let speaker = speakers[k % speakers.len()].as_str();
+            case(
+                "sampled",
+                voice(texts[k % texts.len()], Some(speaker), None, mode),
+                sampling(dir, 14 + k, Some(100 + k as u64)),
+                k % 3,
+            )
+        })
+        .collect();
+    let (_, widest) = batched(&m, &cases);
+    assert!(widest >= 8, "at most {widest} rows made a frame together");
+    assert_batched_equals_solo(&m, &cases);
+}
+
 #[test]
 fn voicedesign_batched_equals_solo() {
     let dir = "tiny-voicedesign";

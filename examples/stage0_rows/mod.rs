@@ -59,6 +59,7 @@ pub fn bench_rows(
         for _ in 0..3 {
             step(ar, &mut sessions)?;
         }
+        let (mut host_ms, mut replay_ms) = (0.0, 0.0);
         let t = Instant::now();
         if profile == Profile::AllSteps {
             profiler_range(true);
@@ -72,18 +73,27 @@ pub fn bench_rows(
             if marked {
                 profiler_range(false);
             }
+            let timing = sessions[0].last_timing();
+            host_ms += timing.host_ms;
+            replay_ms += timing.code_predictor_ms + timing.talker_ms;
         }
         if profile == Profile::AllSteps {
             profiler_range(false);
         }
         let ms_per_step = t.elapsed().as_secs_f64() * 1e3 / frames.max(1) as f64;
         let audio_s_per_s = n as f64 * 0.08 / (ms_per_step / 1e3);
+        let (host_ms, replay_ms) = (
+            host_ms / frames.max(1) as f64,
+            replay_ms / frames.max(1) as f64,
+        );
         eprintln!(
-            "stage 0 alone, {n} rows: {ms_per_step:.2} ms a step, {audio_s_per_s:.1} audio-s/s (prefill of all {prefill_ms:.0} ms)"
+            "stage 0 alone, {n} rows: {ms_per_step:.2} ms a step ({replay_ms:.2} the replay or \
+             device passes to their read-back, {host_ms:.2} the host around a batched replay), \
+             {audio_s_per_s:.1} audio-s/s (prefill of all {prefill_ms:.0} ms)"
         );
         out.push(json!({
             "rows": n, "ms_per_step": ms_per_step, "audio_s_per_s": audio_s_per_s,
-            "prefill_ms": prefill_ms, "frames": frames,
+            "prefill_ms": prefill_ms, "frames": frames, "host_ms": host_ms, "replay_ms": replay_ms,
         }));
     }
     Ok(out)

@@ -19,6 +19,7 @@
 //! | `OMNITTS_FISH_GRAPHS` | `1` Fish S2 Pro's frame (the slow AR's step, the fast AR's positions) replays CUDA graphs per batch bucket (`models/fish_speech/graphs.rs`; on an H100 6 % faster a frame and equal to eager, but one stream's first audio came later: docs/cuda.md, "Fish Audio S2 Pro on CUDA") | eager |
 //! | `OMNITTS_ALONE_ARRIVALS` | `0` after a step of new rows alone, stage 0 goes on to the batched step before it takes the requests that arrived during it (`engine/first_frame.rs`) | arrivals first |
 //! | `OMNITTS_BATCHED_PREFILL` | `0` every prompt through the talker on its own (on the prefill graphs when they hold it) instead of whole prompts of similar lengths that start in one step in one batched pass (`models/qwen3_tts/prefill.rs`) | batched |
+//! | `OMNITTS_PARALLEL_CHOICES` | `0` a batched frame's codebook-0 choices (each row's processors, warpers and draw on the host) one row after another instead of spread over the host's cores (`models/qwen3_tts/batch.rs`) | spread |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams at the device's greatest priority: `none`, or a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread) | `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -125,6 +126,9 @@ pub struct Switches {
     /// `OMNITTS_BATCHED_PREFILL=0`: every prompt through the talker on its own instead of whole
     /// prompts that start in one step in one batched pass.
     pub batched_prefill: bool,
+    /// `OMNITTS_PARALLEL_CHOICES=0`: a batched frame's codebook-0 choices one row after another
+    /// on stage 0's thread instead of spread over the host's cores.
+    pub parallel_choices: bool,
 }
 
 impl Default for Switches {
@@ -172,6 +176,7 @@ impl Switches {
             fish_graphs: is("OMNITTS_FISH_GRAPHS", "1"),
             arrivals_after_alone: !is("OMNITTS_ALONE_ARRIVALS", "0"),
             batched_prefill: !is("OMNITTS_BATCHED_PREFILL", "0"),
+            parallel_choices: !is("OMNITTS_PARALLEL_CHOICES", "0"),
         }
     }
 }
@@ -206,6 +211,7 @@ mod tests {
         assert!(s.decoder_first_graph);
         assert!(s.arrivals_after_alone);
         assert!(s.batched_prefill);
+        assert!(s.parallel_choices);
         assert!(!s.fish_graphs);
     }
 
@@ -227,9 +233,11 @@ mod tests {
             ("OMNITTS_ALONE_ARRIVALS", " 0"),
             ("OMNITTS_FISH_GRAPHS", "1"),
             ("OMNITTS_BATCHED_PREFILL", "0"),
+            ("OMNITTS_PARALLEL_CHOICES", "0"),
         ]);
         assert!(s.fish_graphs);
         assert!(!s.batched_prefill);
+        assert!(!s.parallel_choices);
         assert!(!s.decoder_first_graph);
         assert!(!s.arrivals_after_alone);
         assert_eq!(

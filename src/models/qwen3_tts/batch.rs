@@ -28,8 +28,9 @@ use candle_core::Tensor;
 use super::ar_model::ArModel;
 use super::graphs::CacheGuard;
 use super::session::{ArSession, ArStep, StepTiming};
-use crate::models::tts::ModelError;
+use crate::models::tts::{FinishReason, ModelError};
 use crate::nn::LayerCaches;
+use crate::nn::switches::Switches;
 
 impl ArModel {
     /// One frame for every session, in one batched forward. `results[i]` is what
@@ -46,32 +47,36 @@ impl ArModel {
         &self,
         sessions: &mut [&mut ArSession<'_>],
     ) -> Vec<Result<ArStep, ModelError>> {
+        let t_choices = Instant::now();
         let mut results: Vec<Option<Result<ArStep, ModelError>>> =
             sessions.iter().map(|_| None).collect();
-        // (index in `sessions`, codebook-0 code) of the rows that make a frame, in order.
-        let mut rows: Vec<(usize, u32)> = Vec::with_capacity(sessions.len());
-        for (i, s) in sessions.iter_mut().enumerate() {
+        for (i, s) in sessions.iter().enumerate() {
             if !std::ptr::eq(s.model, self) {
                 results[i] = Some(Err(ModelError::InvalidRequest {
                     field: "sessions".into(),
                     value: format!("row {i}"),
                     msg: "a session of another model".into(),
                 }));
-                continue;
-            }
-            if s.waits_for_text() {
+            } else if s.waits_for_text() {
                 results[i] = Some(Err(ModelError::TextPending));
-                continue;
-            }
-            match s.choose_code0() {
-                Ok(a0) => rows.push((i, a0)),
-                Err(reason) => results[i] = Some(Ok(ArStep::Finished(reason))),
             }
         }
+        let eligible: Vec<bool> = results.iter().map(Option::is_none).collect();
+        let choices = choose_codes0(sessions, &eligible);
+        // (index in `sessions`, codebook-0 code) of the rows that make a frame, in order.
+        let mut rows: Vec<(usize, u32)> = Vec::with_capacity(sessions.len());
+        for (i, choice) in choices.into_iter().enumerate() {
+            match choice {
+                Some(Ok(a0)) => rows.push((i, a0)),
+                Some(Err(reason)) => results[i] = Some(Ok(ArStep::Finished(reason))),
+                None => {}
+            }
+        }
+        let choices_ms = t_choices.elapsed().as_secs_f64() * 1e3;
         match rows.as_slice() {
             [] => {}
             &[(i, a0)] => results[i] = Some(sessions[i].finish_frame(a0).map(ArStep::Frame)),
-            _ => match self.batched_frame(sessions, &rows) {
+            _ => match self.batched_frame(sessions, &rows, choices_ms) {
                 Ok(frames) => {
                     for (&(i, _), codes) in rows.iter().zip(frames) {
                         results[i] = Some(Ok(ArStep::Frame(codes)));
@@ -100,11 +105,12 @@ impl ArModel {
     }
 
     /// The rest of a frame for `rows` (index, codebook-0 code) of `sessions`, at least two, after
-    /// [`ArSession::choose_code0`]. Returns each row's codes.
+    /// [`ArSession::choose_code0`] (which took `choices_ms`). Returns each row's codes.
     fn batched_frame(
         &self,
         sessions: &mut [&mut ArSession<'_>],
         rows: &[(usize, u32)],
+        choices_ms: f64,
     ) -> Result<Vec<Vec<u32>>, ModelError> {
         #[cfg(feature = "cuda")]
         if let Some(graphs) = self.graphs.batch() {
@@ -117,7 +123,7 @@ impl ArModel {
                 ))
             })?;
             if graphs.takes(rows.len(), positions) {
-                return self.graph_frame(&mut graphs, sessions, rows);
+                return self.graph_frame(&mut graphs, sessions, rows, choices_ms);
             }
         }
         let a0: Vec<u32> = rows.iter().map(|&(_, a0)| a0).collect();
@@ -168,6 +174,7 @@ impl ArModel {
         graphs: &mut super::graphs::batch::BatchGraphs,
         sessions: &mut [&mut ArSession<'_>],
         rows: &[(usize, u32)],
+        choices_ms: f64,
     ) -> Result<Vec<Vec<u32>>, ModelError> {
         use super::device_sampler::{frame_params, greedy_row_params};
         use super::graphs::batch::FrameRow;
@@ -209,13 +216,42 @@ impl ArModel {
         }
         drop(guards);
         let timing = StepTiming {
-            code_predictor_ms: t0.elapsed().as_secs_f64() * 1e3,
+            code_predictor_ms: out.replay_ms,
             talker_ms: 0.0,
+            host_ms: choices_ms + t0.elapsed().as_secs_f64() * 1e3 - out.replay_ms,
         };
         for (r, (&(i, _), logits)) in rows.iter().zip(out.logits).enumerate() {
             sessions[i].store_step(out.hidden.narrow(0, r, 1)?, logits, timing);
         }
         Ok(out.codes)
+    }
+}
+
+/// Below this many sessions a frame's codebook-0 choices stay on the calling thread: spreading
+/// them costs more than the few rows take (each ~10-40 µs: processors and warpers over the
+/// codec vocabulary).
+const PARALLEL_CHOICES_FROM: usize = 8;
+
+/// Each session's codebook-0 choice ([`ArSession::choose_code0`]) where `eligible[i]` (`None`
+/// in the result elsewhere), spread over the host's cores from [`PARALLEL_CHOICES_FROM`]
+/// sessions (`OMNITTS_PARALLEL_CHOICES=0`: one after another). A session's choice reads and
+/// changes only that session (its logits, history, processors and RNG), so the codes are the same
+/// either way.
+fn choose_codes0(
+    sessions: &mut [&mut ArSession<'_>],
+    eligible: &[bool],
+) -> Vec<Option<Result<u32, FinishReason>>> {
+    use rayon::prelude::*;
+    let choose =
+        |(s, &ok): (&mut &mut ArSession<'_>, &bool)| ok.then(|| s.choose_code0());
+    if sessions.len() >= PARALLEL_CHOICES_FROM && Switches::get().parallel_choices {
+        sessions
+            .par_iter_mut()
+            .zip(eligible.par_iter())
+            .map(choose)
+            .collect()
+    } else {
+        sessions.iter_mut().zip(eligible).map(choose).collect()
     }
 }
 

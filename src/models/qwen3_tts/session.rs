@@ -105,14 +105,21 @@ pub(super) struct Prefilled<'a> {
     pub(super) logits: Vec<f32>,
 }
 
-/// Wall-clock split of the last [`ArSession::next_frame`] that produced a frame, in ms. Both parts
-/// end with a device-to-host copy of logits, so on a GPU they include the device work.
+/// Wall-clock split of the last [`ArSession::next_frame`] that produced a frame, in ms. Both device
+/// parts end with a device-to-host copy of logits, so on a GPU they include the device work.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepTiming {
-    /// The code predictor's 15 steps (codebooks 1..), sampling included.
+    /// The code predictor's 15 steps (codebooks 1..), sampling included; for a frame of several
+    /// rows on the batched frame graphs, the whole replay (code predictor and talker step) from
+    /// its launch to the codes and logits read back.
     pub code_predictor_ms: f64,
-    /// The talker decode step that follows (input sum, 1 position, codec-head logits).
+    /// The talker decode step that follows (input sum, 1 position, codec-head logits); 0 when
+    /// `code_predictor_ms` holds the whole replay.
     pub talker_ms: f64,
+    /// For a frame of several rows on the batched frame graphs: the host's part of the step around
+    /// the replay (every row's codebook-0 choice, the rows' inputs, parameters, tables and their
+    /// uploads before it, the copies after it); 0 otherwise.
+    pub host_ms: f64,
 }
 
 impl StepTiming {
@@ -122,6 +129,7 @@ impl StepTiming {
         Self {
             code_predictor_ms: (t_talker - t_cp).as_secs_f64() * 1e3,
             talker_ms: t_talker.elapsed().as_secs_f64() * 1e3,
+            host_ms: 0.0,
         }
     }
 }

@@ -31,6 +31,8 @@ use crate::models::qwen3_tts::device_sampler::{PARAM_HEADER, greedy_row_params};
 #[cfg(feature = "cuda")]
 use crate::nn::LayerCaches;
 #[cfg(feature = "cuda")]
+use crate::nn::cuda_kernels::gather_rows::gather_rows;
+#[cfg(feature = "cuda")]
 use crate::nn::cuda_kernels::{embed_sum, pick_rows};
 #[cfg(feature = "cuda")]
 use crate::nn::readback;
@@ -56,6 +58,30 @@ pub fn buckets_for(max_rows: usize) -> Vec<usize> {
         n *= 2;
     }
     b
+}
+
+/// Writes `rows` (each `[1, 1, hidden]`) into the first rows of the static buffer `dst` `[rows',
+/// 1, hidden]` and zeroes the rows after them up to `written` (what the frame before wrote), so
+/// padding rows stay zero inputs. Rows of `dst`'s dtype go in one gather launch per 32 rows
+/// ([`gather_rows`]) and one copy, instead of one copy each; others are converted and
+/// concatenated.
+#[cfg(feature = "cuda")]
+fn write_rows(dst: &Tensor, rows: &[Tensor], written: usize) -> Result<()> {
+    let n = rows.len();
+    let stacked = if rows
+        .iter()
+        .all(|r| r.dtype() == dst.dtype() && r.is_contiguous())
+    {
+        gather_rows(&rows.iter().collect::<Vec<_>>())?
+    } else {
+        Tensor::cat(rows, 0)?.to_dtype(dst.dtype())?
+    };
+    dst.slice_set(&stacked, 0, 0)?;
+    if written > n {
+        let (_, t, d) = dst.dims3()?;
+        dst.slice_set(&Tensor::zeros((written - n, t, d), dst.dtype(), dst.device())?, 0, n)?;
+    }
+    Ok(())
 }
 
 /// One row of a batched frame: a stream's inputs for the frame.
@@ -84,6 +110,9 @@ pub struct FrameOut {
     pub hidden: Tensor,
     /// Codec-head logits per row (f32, `vocab_size` values).
     pub logits: Vec<Vec<f32>>,
+    /// Wall-clock ms from the replay's launch to the codes and logits read back: the frame's
+    /// device work (and whatever of the device's queue ran before it) as the host waits for it.
+    pub replay_ms: f64,
 }
 
 /// The static buffers, code-predictor cache and graph of one batch size.
@@ -100,6 +129,8 @@ struct Bucket {
     logits: Tensor,
     cp_cache: LayerCaches,
     graph: Option<crate::nn::cuda_graph::Graph>,
+    /// Rows of `hidden` and `text` the last frame wrote (the rest are zero).
+    written: usize,
 }
 
 /// The batched frame graphs of an [`ArModel`] (see the module documentation).
@@ -187,6 +218,7 @@ impl BatchGraphs {
                 logits: Tensor::zeros((rows, 1, vocab), DType::F32, &dev)?,
                 cp_cache: cp.new_cache(),
                 graph: None,
+                written: 0,
             };
             b.tables.fill(&[], &graphs.pad)?;
             // Eager run: allocates the code predictor's cache, uploads the kernel parameters.
@@ -232,29 +264,22 @@ impl BatchGraphs {
             candle_core::bail!("a batched frame needs at least 2 rows, got {n}");
         }
         let cp = &model.code_predictor;
-        let (dtype, dev) = (model.dtype, model.talker.device().clone());
+        let dev = model.talker.device().clone();
         let d = model.talker.config().transformer.hidden_size;
         let vocab = model.talker.config().vocab_size;
         let stride = PARAM_HEADER + cp.steps();
         let b = &mut self.buckets[bi];
-        let pad = b.rows - n;
-        let stack = |parts: Vec<Tensor>| -> Result<Tensor> {
-            let mut parts = parts;
-            if pad > 0 {
-                parts.push(Tensor::zeros((pad, 1, d), dtype, &dev)?);
-            }
-            Tensor::cat(&parts, 0)?.to_dtype(dtype)
-        };
-        b.hidden.slice_set(
-            &stack(rows.iter().map(|r| r.hidden.clone()).collect())?,
-            0,
-            0,
-        )?;
+        let hidden = rows
+            .iter()
+            .map(|r| r.hidden.reshape((1, 1, d)))
+            .collect::<Result<Vec<_>>>()?;
         let text = rows
             .iter()
-            .map(|r| r.text.unsqueeze(0))
+            .map(|r| r.text.reshape((1, 1, d)))
             .collect::<Result<Vec<_>>>()?;
-        b.text.slice_set(&stack(text)?, 0, 0)?;
+        write_rows(&b.hidden, &hidden, b.written)?;
+        write_rows(&b.text, &text, b.written)?;
+        b.written = n;
         let mut code0: Vec<u32> = rows.iter().map(|r| r.code0).collect();
         code0.resize(b.rows, 0);
         b.code0
@@ -276,6 +301,7 @@ impl BatchGraphs {
         if let Some(p) = positions.iter().find(|&&p| p as usize >= self.positions) {
             candle_core::bail!("batched frame: position {p} past {}", self.positions);
         }
+        let t_launch = std::time::Instant::now();
         match &b.graph {
             Some(g) => g.launch()?,
             None => candle_core::bail!("batched frame graph of {} rows not captured", b.rows),
@@ -294,12 +320,14 @@ impl BatchGraphs {
             candle_core::bail!("batched frame graph: code {c} >= {}", cp.vocab_size());
         }
         let logits = readback::to_vec::<f32>(&b.logits)?;
+        let replay_ms = t_launch.elapsed().as_secs_f64() * 1e3;
         let logits = logits.chunks(vocab).take(n).map(<[f32]>::to_vec).collect();
         let hidden = b.hidden_out.narrow(0, 0, n)?.copy()?;
         Ok(FrameOut {
             codes,
             hidden,
             logits,
+            replay_ms,
         })
     }
 
