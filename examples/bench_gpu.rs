@@ -123,9 +123,6 @@ struct Args {
     /// With `--rows`: one step in the middle of each run is the CUDA profiler's range.
     #[arg(long)]
     profile: bool,
-    /// With `--rows`: every timed step is the CUDA profiler's range (for nsys).
-    #[arg(long, conflicts_with = "profile")]
-    profile_all: bool,
 }
 
 /// `cpu`, `cuda:N` or `auto`, opened as the engine opens a stage's device
@@ -500,12 +497,7 @@ fn bench_rows(args: &Args, size: &str, ar: &mut ArModel, ckpt: &Checkpoint) -> R
         );
     }
     let (req, sampling) = request(args, ckpt);
-    let profile = match (args.profile, args.profile_all) {
-        (_, true) => stage0_rows::Profile::AllSteps,
-        (true, false) => stage0_rows::Profile::MiddleStep,
-        (false, false) => stage0_rows::Profile::Off,
-    };
-    let rows = stage0_rows::bench_rows(ar, &req, &sampling, &args.rows, args.frames, profile)?;
+    let rows = stage0_rows::bench_rows(ar, &req, &sampling, &args.rows, args.frames, args.profile)?;
     Ok(json!({ "size": size, "dtype": args.dtype, "sample": args.sample, "rows": rows }))
 }
 

@@ -204,8 +204,8 @@ struct Args {
     #[arg(long)]
     json: Option<PathBuf>,
     /// Closed loop: each measured run on the shared engine (not the engine's start or the
-    /// warm-up stream) is the CUDA profiler's range, for `nsys profile
-    /// --capture-range=cudaProfilerApi` (`scripts/nsys_steps.py` reads the trace).
+    /// warm-up stream) is the CUDA profiler's range (`ncu --profile-from-start off`, `nsys
+    /// profile --capture-range=cudaProfilerApi`).
     #[arg(long)]
     profile: bool,
 }

@@ -35,11 +35,6 @@
 #  ab-closed  the closed loop at STREAMS (100 frames) for each variant of AB;
 #  c2w-first  bench_code2wav --first-frame (BIN_DIR needs it): a fresh stream's one-frame first chunk
 #           eager and on its CUDA graph, f32 and bf16, 1.7B codec shapes;
-#  nsys     Nsight Systems traces read on the machine by scripts/nsys_steps.py (next to this script, or
-#           NSYS_PY): stage 0 alone at NSYS_ROWS (64) rows, sampled (bench_gpu --rows --profile-all, 40
-#           steps), and the closed loop at NSYS_STREAMS (64) streams x NSYS_FRAMES (100) frames
-#           (bench_streams --profile): how much of a step is the graph on the GPU and how much the host,
-#           and how stage 0's and stage 1's work overlap (OUT/nsys-*.txt; the traces stay in /tmp);
 #  protocol the issue's measurement as the serving benchmark runs it: for each rate of RATES, seeds
 #           1, 2 and 3, each with a 30 s warm-up at that rate and 60 s measured (~5 min a rate, so
 #           one or two rates a call; SIZE=0.6b for the small model, GREEDY=1 for greedy); PROTO
@@ -176,24 +171,6 @@ if has ab-closed; then
         # shellcheck disable=SC2046
         streams "closed-ab-${v%%:*}" 90 $(ab_env "$v") -- --streams "$STREAMS" --frames 100
     done
-fi
-nsys_py=${NSYS_PY:-$(dirname "$0")/nsys_steps.py}
-nsys_trace() { # NAME LIMIT_S -- CMD...: an nsys trace of CMD's profiler ranges, summarised into OUT/nsys-NAME.txt
-    local name=$1 limit=$2; shift 3
-    limited "nsys-$name" "$limit" -- nsys profile -o "/tmp/nsys-$name" --force-overwrite true \
-        --trace=cuda --cuda-graph-trace=${NSYS_GRAPH_TRACE:-graph} --sample=none --cpuctxsw=none \
-        --capture-range=cudaProfilerApi --capture-range-end=stop "$@"
-    nsys export --type sqlite --force-overwrite true -o "/tmp/nsys-$name.sqlite" "/tmp/nsys-$name.nsys-rep" \
-        >/dev/null 2>&1 || echo "nsys export of $name failed"
-    python3 "$nsys_py" "/tmp/nsys-$name.sqlite" >"$out/nsys-$name.txt" 2>&1
-    cat "$out/nsys-$name.txt"
-}
-if has nsys; then
-    nsys_trace "rows-${NSYS_ROWS:-64}" 150 -- "$bin/bench_gpu" --template "$template" --sizes 1.7b --sample \
-        --rows "${NSYS_ROWS:-64}" --frames 40 --profile-all --workdir /tmp
-    nsys_trace "closed-${NSYS_STREAMS:-64}" 200 -- "$bin/bench_streams" --model-dir /tmp/ckpt/1.7b \
-        --device cuda:0 --shared-only --decoder-dtype bfloat16 --streams "${NSYS_STREAMS:-64}" \
-        --frames "${NSYS_FRAMES:-100}" --profile
 fi
 if has protocol; then
     [ "${SIZE:-1.7b}" = 1.7b ] || ckpt "$SIZE"

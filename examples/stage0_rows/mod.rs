@@ -2,9 +2,9 @@
 //! (the batched frame graphs on CUDA), no Code2Wav beside it: ms per step of the whole batch and
 //! the stage-0 capacity it gives (N × 80 ms of audio per step). With `--profile`, one step in the
 //! middle of each timed run is the CUDA profiler's range (`ncu --profile-from-start off`), so the
-//! kernels of exactly one batched frame can be summed against its wall time; with `--profile-all`
-//! every timed step is (`nsys profile --capture-range=cudaProfilerApi`: the host's part of a step
-//! beside its graph, `scripts/nsys_steps.py`).
+//! kernels of exactly one batched frame can be summed against its wall time. Each N also reports
+//! how a step splits between the replay (launch to read-back) and the host's work around it
+//! (`StepTiming::host_ms`).
 
 use std::time::Instant;
 
@@ -26,26 +26,16 @@ fn step(ar: &ArModel, sessions: &mut [ArSession<'_>]) -> Result<()> {
     Ok(())
 }
 
-/// Which timed steps are the CUDA profiler's range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Profile {
-    /// None.
-    Off,
-    /// The one in the middle of each run.
-    MiddleStep,
-    /// All of them.
-    AllSteps,
-}
-
 /// For each N in `rows`: N sessions of `req` started, 3 warm-up steps, then `frames` timed steps.
-/// Returns one JSON object per N (`rows`, `ms_per_step`, `audio_s_per_s`, `prefill_ms`).
+/// Returns one JSON object per N (`rows`, `ms_per_step`, `audio_s_per_s`, `prefill_ms`, and the
+/// step's mean `replay_ms` and `host_ms`).
 pub fn bench_rows(
     ar: &ArModel,
     req: &VoiceRequest,
     sampling: &SamplingParams,
     rows: &[usize],
     frames: usize,
-    profile: Profile,
+    profile: bool,
 ) -> Result<Vec<Value>> {
     let mut sp = sampling.clone();
     sp.max_new_tokens = frames + 8;
@@ -61,11 +51,8 @@ pub fn bench_rows(
         }
         let (mut host_ms, mut replay_ms) = (0.0, 0.0);
         let t = Instant::now();
-        if profile == Profile::AllSteps {
-            profiler_range(true);
-        }
         for i in 0..frames {
-            let marked = profile == Profile::MiddleStep && i == frames / 2;
+            let marked = profile && i == frames / 2;
             if marked {
                 profiler_range(true);
             }
@@ -73,12 +60,11 @@ pub fn bench_rows(
             if marked {
                 profiler_range(false);
             }
-            let timing = sessions[0].last_timing();
-            host_ms += timing.host_ms;
-            replay_ms += timing.code_predictor_ms + timing.talker_ms;
-        }
-        if profile == Profile::AllSteps {
-            profiler_range(false);
+            if let Some(s) = sessions.first() {
+                let timing = s.last_timing();
+                host_ms += timing.host_ms;
+                replay_ms += timing.code_predictor_ms + timing.talker_ms;
+            }
         }
         let ms_per_step = t.elapsed().as_secs_f64() * 1e3 / frames.max(1) as f64;
         let audio_s_per_s = n as f64 * 0.08 / (ms_per_step / 1e3);

@@ -242,8 +242,7 @@ fn choose_codes0(
     eligible: &[bool],
 ) -> Vec<Option<Result<u32, FinishReason>>> {
     use rayon::prelude::*;
-    let choose =
-        |(s, &ok): (&mut &mut ArSession<'_>, &bool)| ok.then(|| s.choose_code0());
+    let choose = |(s, &ok): (&mut &mut ArSession<'_>, &bool)| ok.then(|| s.choose_code0());
     if sessions.len() >= PARALLEL_CHOICES_FROM && Switches::get().parallel_choices {
         sessions
             .par_iter_mut()

@@ -79,7 +79,11 @@ fn write_rows(dst: &Tensor, rows: &[Tensor], written: usize) -> Result<()> {
     dst.slice_set(&stacked, 0, 0)?;
     if written > n {
         let (_, t, d) = dst.dims3()?;
-        dst.slice_set(&Tensor::zeros((written - n, t, d), dst.dtype(), dst.device())?, 0, n)?;
+        dst.slice_set(
+            &Tensor::zeros((written - n, t, d), dst.dtype(), dst.device())?,
+            0,
+            n,
+        )?;
     }
     Ok(())
 }
