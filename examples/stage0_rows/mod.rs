@@ -74,7 +74,7 @@ pub fn bench_rows(
         );
         eprintln!(
             "stage 0 alone, {n} rows: {ms_per_step:.2} ms a step ({replay_ms:.2} the replay or \
-             device passes to their read-back, {host_ms:.2} the host around a batched replay), \
+             device passes to their read-back, {host_ms:.2} the host's part of a batched step), \
              {audio_s_per_s:.1} audio-s/s (prefill of all {prefill_ms:.0} ms)"
         );
         out.push(json!({

@@ -158,7 +158,10 @@ impl ArModel {
             let mut caches: Vec<&mut LayerCaches> = guards.iter_mut().map(|g| &mut **g).collect();
             self.talker.decode_rows(&input, &mut caches)?
         };
-        let timing = StepTiming::between(t_cp, t_talker);
+        let timing = StepTiming {
+            host_ms: choices_ms,
+            ..StepTiming::between(t_cp, t_talker)
+        };
         for (r, (&(i, _), logits)) in rows.iter().zip(logits).enumerate() {
             sessions[i].store_step(hidden.narrow(0, r, 1)?, logits, timing);
         }
@@ -227,9 +230,10 @@ impl ArModel {
     }
 }
 
-/// Below this many sessions a frame's codebook-0 choices stay on the calling thread: spreading
-/// them costs more than the few rows take (each ~10-40 µs: processors and warpers over the
-/// codec vocabulary).
+/// Below this many sessions a frame's codebook-0 choices stay on the calling thread: spreading a
+/// few costs about what they take (a sampled choice, the processors and warpers over the codec
+/// vocabulary, took ~20 µs on an H100 machine's host: docs/cuda.md, "The host's part of a
+/// batched frame").
 const PARALLEL_CHOICES_FROM: usize = 8;
 
 /// Each session's codebook-0 choice ([`ArSession::choose_code0`]) where `eligible[i]` (`None`

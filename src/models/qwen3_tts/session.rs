@@ -116,9 +116,9 @@ pub struct StepTiming {
     /// The talker decode step that follows (input sum, 1 position, codec-head logits); 0 when
     /// `code_predictor_ms` holds the whole replay.
     pub talker_ms: f64,
-    /// For a frame of several rows on the batched frame graphs: the host's part of the step around
-    /// the replay (every row's codebook-0 choice, the rows' inputs, parameters, tables and their
-    /// uploads before it, the copies after it); 0 otherwise.
+    /// For a frame of several rows: the host's part of the step, every row's codebook-0 choice, and
+    /// on the batched frame graphs also the work around the replay (the rows' inputs, parameters,
+    /// tables and their uploads before it, the copies after it); 0 for a frame made alone.
     pub host_ms: f64,
 }
 
