@@ -2,7 +2,8 @@
 //! of continuous batching.
 //!
 //! A frame is the same work for every row: codebook 0 is chosen on the host per row (each
-//! session's own processors, settings and RNG), the code predictor's 15 steps run over all rows at
+//! session's own processors, settings and RNG; the rows' choices in parallel from
+//! [`PARALLEL_CHOICES_FROM`] rows), the code predictor's 15 steps run over all rows at
 //! once (every row is at the same code-predictor positions, so the rows are its batch dimension),
 //! then the talker's decode step runs over all rows with their own positions and KV caches
 //! ([`Talker::decode_rows`](super::talker::Talker::decode_rows): the norms, projections, MLP and
