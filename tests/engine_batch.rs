@@ -85,8 +85,9 @@ fn mode(mut v: VoiceRequest, m: PromptMode) -> VoiceRequest {
 }
 
 /// Runs `reqs` on one engine whose stage 0 batches up to 8: the first half at once, the rest
-/// once the first request has produced audio (they join a running batch); request `cancel` (if
-/// any) is cancelled after its first audio. Returns the outcomes in order and the largest batch.
+/// once stage 0 has made the first request's first frame (they join a running batch); request
+/// `cancel` (if any) is cancelled after its first audio. Returns the outcomes in order and the
+/// largest batch.
 fn batched(name: &str, reqs: &[EngineRequest], cancel: Option<usize>) -> (Vec<Outcome>, u64) {
     let engine = load(
         name,
@@ -100,19 +101,13 @@ fn batched(name: &str, reqs: &[EngineRequest], cancel: Option<usize>) -> (Vec<Ou
         .iter()
         .map(|r| engine.submit_tapped(r.clone()).expect("submit"))
         .collect();
-    // Wait for the first request's first audio, keeping its events.
-    let mut first_events = Vec::new();
-    loop {
-        let ev = handles[0]
-            .0
-            .recv_timeout(Duration::from_secs(60))
-            .expect("first audio of the first request");
-        let audio = matches!(ev, EngineEvent::Audio(_));
-        first_events.push(ev);
-        if audio {
-            break;
-        }
-    }
+    // Wait for the first request's first frame (kept). Not its first audio: stage 0 runs ahead of
+    // stage 1, and on a busy machine it could finish the whole first half before the first chunk
+    // was decoded, so that the rest never joined a running batch.
+    let first_frame = handles[0]
+        .1
+        .recv_timeout(Duration::from_secs(60))
+        .expect("first frame of the first request");
     handles.extend(
         reqs[half..]
             .iter()
@@ -139,15 +134,9 @@ fn batched(name: &str, reqs: &[EngineRequest], cancel: Option<usize>) -> (Vec<Ou
     let mut out = Vec::new();
     for (i, (h, codes)) in handles.into_iter().enumerate() {
         if i == 0 {
-            while let Some(ev) = h.recv() {
-                first_events.push(ev);
-            }
-            let run = check_protocol(&first_events);
-            out.push(Outcome {
-                codes: codes.try_iter().collect(),
-                audio: run.audio,
-                reason: run.reason,
-            });
+            let mut o = drain(h, codes);
+            o.codes.insert(0, first_frame.clone());
+            out.push(o);
         } else if Some(i) == cancel {
             let mut reason = None;
             while let Some(ev) = h.recv() {
