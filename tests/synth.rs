@@ -159,6 +159,16 @@ fn place(out: &mut Vec<f32>, at: usize, s: &[f32]) {
     }
 }
 
+/// The texts of the cue messages on `bus`, in order, after checking it holds no error.
+fn cue_texts_without_errors(bus: &gst::Bus) -> Vec<String> {
+    let msgs = element_util::drain(bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    element_messages(&msgs, CUE)
+        .iter()
+        .map(|c| c.get::<String>("text").unwrap())
+        .collect()
+}
+
 fn u64_field(s: &gst::Structure, f: &str) -> u64 {
     s.get::<u64>(f)
         .unwrap_or_else(|e| panic!("{f} in {s}: {e}"))
@@ -598,12 +608,7 @@ fn a_cue_wholly_outside_the_segment_is_dropped() {
         first_pts.get_or_insert(b.pts());
     }
     assert_eq!(first_pts, Some(Some(gst::ClockTime::from_seconds(5))));
-    let msgs = element_util::drain(&bus);
-    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
-    let texts: Vec<String> = element_messages(&msgs, CUE)
-        .iter()
-        .map(|c| c.get::<String>("text").unwrap())
-        .collect();
+    let texts = cue_texts_without_errors(&bus);
     assert_eq!(texts, ["Straddles."]);
 }
 
@@ -672,12 +677,7 @@ fn a_nul_in_a_cue_does_not_stop_the_stream() {
     h.push_event(gst::event::Eos::new());
     let (got, _) = pull_to_eos(&mut h, Duration::from_secs(60));
     assert!(got.len() >= at_ms(3_000), "{} samples", got.len());
-    let msgs = element_util::drain(&bus);
-    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
-    let texts: Vec<String> = element_messages(&msgs, CUE)
-        .iter()
-        .map(|c| c.get::<String>("text").unwrap())
-        .collect();
+    let texts = cue_texts_without_errors(&bus);
     assert_eq!(texts, ["Nulbyte inside.", "Entity  inside.", "After."]);
 }
 
