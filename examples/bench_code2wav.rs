@@ -6,7 +6,7 @@
 //! each in one `decode_chunks` call (a warm-up round, then `--rounds` timed rounds continuing the
 //! streams); the best round gives ms a frame and audio-s/s. Accuracy, per precision: 4 streams of
 //! `--accuracy-frames` pseudo-random frames decoded whole in f32 are the reference; each precision
-//! decodes them whole (SNR against f32) and streamed in ramped chunks 1, 2, 4, 8, 16, 25, …, batched
+//! decodes them whole (SNR against f32) and streamed in ramped chunks 1, 1, 2, 4, 8, 16, 25, …, batched
 //! with the other streams (SNR of streamed against its own whole decode: are chunk boundaries
 //! inaudible?).
 //!
@@ -29,7 +29,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use candle_core::DType;
 use clap::Parser;
-use gstomnitts::engine::DeviceSpec;
+use gstomnitts::engine::{ChunkPolicy, ChunkRamp, DeviceSpec};
 use gstomnitts::models::qwen3_tts::code2wav::Code2Wav;
 use serde_json::json;
 
@@ -107,15 +107,20 @@ fn snr_db(reference: &[f32], x: &[f32]) -> f64 {
     10.0 * (signal / noise.max(1e-30)).log10()
 }
 
-/// The ramped chunk sizes of the engine (1, 2, 4, 8, 16, then 25) covering `frames`.
+/// The ramped chunk sizes of the engine's default schedule (1, 1, 2, 4, 8, 16, then 25) covering
+/// `frames`.
 fn ramp(frames: usize) -> Vec<usize> {
+    let policy = ChunkPolicy::Streaming {
+        initial: 1,
+        chunk: 25,
+        ramp: ChunkRamp::Total,
+    };
     let mut out = Vec::new();
-    let (mut done, mut next) = (0, 1);
+    let mut done = 0;
     while done < frames {
-        let n = next.min(frames - done);
-        out.push(n);
-        done += n;
-        next = if next >= 16 { 25 } else { next * 2 };
+        let end = policy.next_boundary(done).map_or(frames, |b| b.min(frames));
+        out.push(end - done);
+        done = end;
     }
     out
 }

@@ -587,6 +587,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
             let s = open_loop::summarize(std::slice::from_ref(&run));
             println!("{}", open_loop::table_row(&s, &seed.to_string()));
             println!("{}", s.first_audio_parts.line());
+            println!("{}", open_loop::second_chunk_line(&s));
             let underruns = open_loop::underrun_line(&s);
             if !underruns.is_empty() {
                 println!("{underruns}");

@@ -197,7 +197,7 @@ fn sixteen_shared_elements_take_less_than_1_75x_the_memory_of_one() {
             .min()
             .unwrap_or(usize::MAX)
     };
-    // The bound is 1.75×: with the shipped ramped chunks (1, 2, 4, … frames) one element's peak
+    // The bound is 1.75×: with the shipped ramped chunks (1, 1, 2, 4, … frames) one element's peak
     // is lower than with 25-frame chunks (about 123,000 against 147,000 KiB over the baseline), while
     // sixteen peak at about 179,000-212,000 KiB either way; a model loaded per element would be 16×.
     let one = least(1);

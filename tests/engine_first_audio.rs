@@ -96,7 +96,7 @@ fn a_new_request_starts_within_a_step_and_its_first_chunk_goes_first() {
 }
 
 #[test]
-fn the_chunk_ramp_doubles_the_chunks_up_to_the_chunk_size() {
+fn the_chunk_ramp_grows_the_chunks_with_the_audio_out_up_to_the_chunk_size() {
     let ramped_engine = engine(true);
     let spf = ramped_engine.samples_per_frame();
     let mut r = greedy(&ramped_engine, voice(TEXT, Some("ryan")), 70);
@@ -113,10 +113,11 @@ fn the_chunk_ramp_doubles_the_chunks_up_to_the_chunk_size() {
         frames >= 8,
         "only {frames} frames: the ramp is not exercised"
     );
-    // 1, 2, 4, 8, 16, then 25 frames, the last chunk cut at the utterance's end.
+    // 1, 1, 2, 4, 8, 16 (each as long as the audio before it), then 25 frames, the last chunk
+    // cut at the utterance's end.
     let mut want = Vec::new();
     let mut left = frames;
-    for n in [1, 2, 4, 8, 16, 25, 25, 25] {
+    for n in [1, 1, 2, 4, 8, 16, 25, 25, 25] {
         if left > 0 {
             want.push(n.min(left));
             left -= n.min(left);

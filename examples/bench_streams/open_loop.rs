@@ -272,9 +272,52 @@ pub struct Outcome {
     pub prefill_s: Option<f64>,
     /// Frames of the stage-1 pass that decoded the first chunk.
     pub first_pass_frames: Option<usize>,
+    /// The chunks whose frames the engine timed (its first [`gstomnitts::engine::TIMED_FRAMES`] frames), in order.
+    pub chunk_times: Vec<ChunkTimes>,
     /// Why it ended (`eos`, `length`, `guard`, `error`, …; `timeout` when cancelled at the drain
     /// deadline, `refused`).
     pub finish: &'static str,
+}
+
+/// When one chunk's frames were ready on stage 0, when its audio arrived and when the player
+/// needed it, seconds since the request's scheduled arrival.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChunkTimes {
+    pub frames_ready_s: f64,
+    pub arrival_s: f64,
+    pub needed_s: f64,
+}
+
+impl ChunkTimes {
+    /// The chunks of `chunks` (played as `play`) whose last frame is among those `frames_ready_ms`
+    /// times (ms after submit, which came `lag_s` after the scheduled arrival), with `spf`
+    /// samples a frame; the first chunk that is not ends the list.
+    fn of(
+        chunks: &[Chunk],
+        play: &playback::Playback,
+        frames_ready_ms: &[f64],
+        lag_s: f64,
+        spf: usize,
+    ) -> Vec<ChunkTimes> {
+        chunks
+            .iter()
+            .zip(&play.needed_s)
+            .map_while(|(c, &needed_s)| {
+                let end = (c.offset + c.len as u64).div_ceil(spf.max(1) as u64) as usize;
+                let ready_ms = *frames_ready_ms.get(end.checked_sub(1)?)?;
+                Some(ChunkTimes {
+                    frames_ready_s: lag_s + ready_ms / 1e3,
+                    arrival_s: c.arrival_s,
+                    needed_s,
+                })
+            })
+            .collect()
+    }
+
+    /// The chunk came late while its frames were ready in time: stage 1 made it late.
+    fn late_on_stage1(&self) -> bool {
+        self.arrival_s > self.needed_s && self.frames_ready_s <= self.needed_s
+    }
 }
 
 impl Outcome {
@@ -295,12 +338,13 @@ impl Outcome {
             first_frame_s: None,
             prefill_s: None,
             first_pass_frames: None,
+            chunk_times: Vec::new(),
             finish: "refused",
         }
     }
 
-    /// The figures of what `r` received.
-    fn of(p: &Planned, lag_s: f64, r: &Received, sample_rate: u32) -> Outcome {
+    /// The figures of what `r` received (`spf` samples a frame).
+    fn of(p: &Planned, lag_s: f64, r: &Received, sample_rate: u32, spf: usize) -> Outcome {
         let onset = playback::audible_onset(&r.audio, sample_rate);
         let play = playback::play(&r.chunks, sample_rate);
         let m = r.metrics.as_ref();
@@ -318,12 +362,15 @@ impl Outcome {
             end_s: (!r.timed_out).then_some(r.end_s),
             audio_s: r.audio.len() as f64 / sample_rate as f64,
             stalled_s: play.stalled_s,
-            late_chunks: play.late_chunks,
+            late_chunks: play.late_chunks.clone(),
             started_s: m.map(|m| after_lag(m.queue_ms)),
             prefilled_s: m.map(|m| after_lag(m.queue_ms + m.ar_prefill_ms)),
             first_frame_s: m.and_then(|m| m.first_frame_ms).map(after_lag),
             prefill_s: m.map(|m| m.ar_prefill_ms / 1e3),
             first_pass_frames: m.and_then(|m| m.first_pass_frames),
+            chunk_times: m.map_or_else(Vec::new, |m| {
+                ChunkTimes::of(&r.chunks, &play, &m.frames_ready_ms, lag_s, spf)
+            }),
             finish: if r.timed_out {
                 "timeout"
             } else {
@@ -420,6 +467,7 @@ pub struct RunResult {
 pub fn run(engine: &SharedEngine, spec: &RunSpec, gpu: Option<usize>) -> Result<RunResult> {
     let plan = schedule(spec.rate, spec.seed, spec.warmup_s, spec.duration_s);
     let sample_rate = engine.sample_rate();
+    let spf = engine.samples_per_frame();
     let counters = Counters::default();
     let stop = AtomicBool::new(false);
     // A moment to start the helper threads before the first arrival.
@@ -447,7 +495,7 @@ pub fn run(engine: &SharedEngine, spec: &RunSpec, gpu: Option<usize>) -> Result<
                     let counters = &counters;
                     followers.push(s.spawn(move || {
                         let r = follow(h, at, deadline, counters);
-                        Outcome::of(p, lag_s, &r, sample_rate)
+                        Outcome::of(p, lag_s, &r, sample_rate, spf)
                     }));
                 }
                 Err(EngineError::Busy { .. }) => refused.push(Outcome::refused(p)),
@@ -622,6 +670,34 @@ impl Parts {
     }
 }
 
+/// A request's second chunk, ms (p50 / p95 / p99 over the requests): the chunk with the least
+/// slack (with the ramp two frames, needed one frame after the first audio). `frames_ready`: its
+/// frames ready on stage 0 after the first chunk arrived; `stage1`: its audio after its frames;
+/// `late_by`: its arrival after the player needed it (negative: in time by that much).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SecondChunk {
+    pub frames_ready: Pcts,
+    pub stage1: Pcts,
+    pub late_by: Pcts,
+}
+
+impl SecondChunk {
+    fn of(m: &[&Outcome]) -> SecondChunk {
+        let of = |f: &dyn Fn(&ChunkTimes, f64) -> f64| {
+            Pcts::of(
+                &m.iter()
+                    .filter_map(|o| Some(f(o.chunk_times.get(1)?, o.first_chunk_s?)))
+                    .collect::<Vec<f64>>(),
+            )
+        };
+        SecondChunk {
+            frames_ready: of(&|c, first| c.frames_ready_s - first),
+            stage1: of(&|c, _| c.arrival_s - c.frames_ready_s),
+            late_by: of(&|c, _| c.arrival_s - c.needed_s),
+        }
+    }
+}
+
 /// The figures of one rate: one run (a seed) or several together.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
@@ -656,6 +732,12 @@ pub struct Summary {
     /// Underruns by the late chunk's place: the second chunk, the third, the fourth, the fifth,
     /// and any later one (with the chunk ramp, 2, 4, 8 and 16 frames, then 25 or more).
     pub underruns_by_chunk: [usize; 5],
+    /// Of the late chunks whose frames the engine timed: those whose frames were ready before
+    /// the player needed them (stage 1 made them late), and the others (stage 0 did).
+    pub late_on_stage1: usize,
+    pub late_on_stage0: usize,
+    /// The second chunks' timing.
+    pub second_chunk: SecondChunk,
     pub stalled_ms_max: f64,
     pub audio_s_mean: f64,
     /// Submit returned − scheduled arrival (the load generator's own delay), ms.
@@ -711,6 +793,9 @@ pub fn summarize(runs: &[RunResult]) -> Summary {
         underruns: m.iter().map(|o| o.late_chunks.len()).sum(),
         requests_with_underruns: count(|o| !o.late_chunks.is_empty()),
         underruns_by_chunk: by_chunk(&m),
+        late_on_stage1: late_where(&m, true),
+        late_on_stage0: late_where(&m, false),
+        second_chunk: SecondChunk::of(&admitted),
         stalled_ms_max: m.iter().map(|o| o.stalled_s * 1e3).fold(0.0, f64::max),
         audio_s_mean: admitted.iter().map(|o| o.audio_s).sum::<f64>()
             / admitted.len().max(1) as f64,
@@ -732,6 +817,16 @@ fn by_chunk(outcomes: &[&Outcome]) -> [usize; 5] {
     n
 }
 
+/// The late chunks of `outcomes` whose frames were timed and were ready in time (`on_stage1`),
+/// or not.
+fn late_where(outcomes: &[&Outcome], on_stage1: bool) -> usize {
+    outcomes
+        .iter()
+        .flat_map(|o| o.late_chunks.iter().filter_map(|&k| o.chunk_times.get(k)))
+        .filter(|c| c.late_on_stage1() == on_stage1)
+        .count()
+}
+
 /// Where the underruns of `s` fell, one line (empty when none did).
 pub fn underrun_line(s: &Summary) -> String {
     if s.underruns == 0 {
@@ -739,8 +834,25 @@ pub fn underrun_line(s: &Summary) -> String {
     }
     let [second, third, fourth, fifth, later] = s.underruns_by_chunk;
     format!(
-        "  underruns by chunk: 2nd {second} | 3rd {third} | 4th {fourth} | 5th {fifth} | later {later}; longest stall {:.0} ms",
-        s.stalled_ms_max
+        "  underruns by chunk: 2nd {second} | 3rd {third} | 4th {fourth} | 5th {fifth} | later {later}; longest stall {:.0} ms; frames ready in time {} of {}",
+        s.stalled_ms_max,
+        s.late_on_stage1,
+        s.late_on_stage1 + s.late_on_stage0
+    )
+}
+
+/// The second chunks' timing, one line.
+pub fn second_chunk_line(s: &Summary) -> String {
+    let c = &s.second_chunk;
+    let p = |x: &Pcts| {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+        format!("{} / {} / {}", f(x.p50), f(x.p95), f(x.p99))
+    };
+    format!(
+        "  2nd chunk, p50 / p95 / p99 ms: frames ready after the first audio {} | stage 1 after its frames {} | arrival after needed {}",
+        p(&c.frames_ready),
+        p(&c.stage1),
+        p(&c.late_by)
     )
 }
 
@@ -878,6 +990,7 @@ mod tests {
             first_frame_s: None,
             prefill_s: None,
             first_pass_frames: None,
+            chunk_times: Vec::new(),
             finish,
         }
     }
@@ -902,6 +1015,52 @@ mod tests {
         // A request without the engine's timing adds nothing.
         let b = outcome("refused", None, &[]);
         assert_eq!(Parts::of(&[&b]).queue.p50, None);
+    }
+
+    /// A chunk's frames are ready when its last frame is; a late chunk whose frames were ready
+    /// before the player needed it was late on stage 1.
+    #[test]
+    fn chunk_times_tell_which_stage_made_a_chunk_late() {
+        let spf = 1920;
+        // Chunks of 1, 2 and 4 frames; the second needed at 0.18 s and arriving at 0.20 s.
+        let lens = [spf, 2 * spf, 4 * spf];
+        let arrivals = [0.1, 0.2, 0.25];
+        let mut offset = 0;
+        let chunks: Vec<Chunk> = lens
+            .iter()
+            .zip(arrivals)
+            .map(|(&len, arrival_s)| {
+                let c = Chunk {
+                    arrival_s,
+                    offset,
+                    len,
+                };
+                offset += len as u64;
+                c
+            })
+            .collect();
+        let play = playback::play(&chunks, 24_000);
+        // Five frames timed (ms after submit, 10 ms after the scheduled arrival): the third
+        // chunk's last frame (the seventh) is not among them.
+        let ready = [40.0, 60.0, 140.0, 150.0, 160.0];
+        let t = ChunkTimes::of(&chunks, &play, &ready, 0.010, spf);
+        assert_eq!(t.len(), 2, "{t:?}");
+        assert!((t[0].frames_ready_s - 0.05).abs() < 1e-9);
+        assert!((t[1].frames_ready_s - 0.15).abs() < 1e-9, "the third frame");
+        assert!((t[1].needed_s - 0.18).abs() < 1e-9);
+        assert!(t[1].late_on_stage1());
+        let mut o = outcome("length", Some(0.1), &play.late_chunks);
+        o.chunk_times = t;
+        let c = SecondChunk::of(&[&o]);
+        let near = |v: Option<f64>, want: f64| v.is_some_and(|v| (v - want).abs() < 1e-6);
+        assert!(near(c.frames_ready.p50, 50.0), "{c:?}");
+        assert!(near(c.stage1.p50, 50.0), "{c:?}");
+        assert!(near(c.late_by.p50, 20.0), "{c:?}");
+        assert_eq!((late_where(&[&o], true), late_where(&[&o], false)), (1, 0));
+        // Frames ready only after the chunk was needed: stage 0 made it late.
+        let slow = [40.0, 60.0, 185.0];
+        o.chunk_times = ChunkTimes::of(&chunks, &play, &slow, 0.010, spf);
+        assert_eq!((late_where(&[&o], true), late_where(&[&o], false)), (0, 1));
     }
 
     #[test]

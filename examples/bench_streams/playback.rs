@@ -83,6 +83,9 @@ pub struct Playback {
     /// When each chunk started to play, seconds since the scheduled arrival (same order as the
     /// chunks).
     pub play_start_s: Vec<f64>,
+    /// When the player needed each chunk (the end of the audio before it on the timeline),
+    /// seconds since the scheduled arrival: a chunk arriving later was late.
+    pub needed_s: Vec<f64>,
 }
 
 /// Plays `chunks` (in order, contiguous) on the timeline of [`Playback`]: chunk k is needed at
@@ -93,6 +96,7 @@ pub fn play(chunks: &[Chunk], sample_rate: u32) -> Playback {
         late_chunks: Vec::new(),
         stalled_s: 0.0,
         play_start_s: Vec::with_capacity(chunks.len()),
+        needed_s: Vec::with_capacity(chunks.len()),
     };
     let Some(first) = chunks.first() else {
         return out;
@@ -105,6 +109,7 @@ pub fn play(chunks: &[Chunk], sample_rate: u32) -> Playback {
             out.stalled_s += c.arrival_s - needed;
         }
         out.play_start_s.push(needed.max(c.arrival_s));
+        out.needed_s.push(needed);
     }
     out
 }
@@ -265,6 +270,14 @@ mod tests {
         assert!((p.stalled_s - 0.05).abs() < 1e-9, "stalled {}", p.stalled_s);
         assert!((p.play_start_s[1] - 0.33).abs() < 1e-9);
         assert!((p.play_start_s[2] - 0.41).abs() < 1e-9);
+        // Needed: the first at its arrival, the second at 0.28 s, the third after the stall.
+        let needed = [0.2, 0.28, 0.41];
+        assert!(
+            p.needed_s
+                .iter()
+                .zip(needed)
+                .all(|(a, b)| (a - b).abs() < 1e-9)
+        );
         // Two late chunks in a row are two underruns.
         let p = play(&chunks_of(&[1920; 3], &[0.2, 0.33, 0.45]), SR);
         assert_eq!(p.underruns(), 2);

@@ -6,11 +6,12 @@
 //!   variant — it gets the frame back;
 //! - the consumer is woken when the next chunk boundary is reached: `initial` frames, then every
 //!   `chunk` frames after that (boundaries at `initial`, `initial + chunk`, `initial + 2·chunk`, …;
-//!   `initial == 0` means boundaries at multiples of `chunk`); with `ramp`, the chunks after the
-//!   first double in size until they reach `chunk` (1, 2, 4, 8, 16, 25, 25, … for `initial` 1 and
-//!   `chunk` 25), so that the first audio is one frame and a player that starts on it never runs
-//!   dry while the chunks grow to their efficient size. It takes exactly one scheduled chunk per
-//!   call, so the windows it decodes do not depend on timing;
+//!   `initial == 0` means boundaries at multiples of `chunk`); with a [`ChunkRamp`], the chunks
+//!   after the first grow until they reach `chunk` (by default each as long as all the audio
+//!   before it: 1, 1, 2, 4, 8, 16, 25, 25, … for `initial` 1 and `chunk` 25), so that the first
+//!   audio is one frame and a player that starts on it does not run dry while the chunks grow to
+//!   their efficient size. It takes exactly one scheduled chunk per call, so the windows it
+//!   decodes do not depend on timing;
 //! - once the producer calls [`ChunkBuffer::finish`], the consumer takes the remainder (a short
 //!   final chunk) and then sees [`Take::Done`];
 //! - in batch mode ([`ChunkPolicy::Whole`]) the buffer is unbounded and the consumer gets every frame
@@ -76,6 +77,28 @@ impl Signal {
     }
 }
 
+/// How the chunks after the first grow to the chunk size (`codec_chunk_ramp`).
+///
+/// A player that starts on the first chunk needs chunk k+1 by the time the audio before it has
+/// played. With chunk k+1 as long as all that audio ([`ChunkRamp::Total`]), the frames of the second
+/// chunk have one frame's playing time to come, those of the third two frames' time for two
+/// frames, and so on: stage 0 must run 1× real time for the second chunk, 1.5× for the third,
+/// approaching 2× only as the chunks near their size. With each chunk twice the one before
+/// ([`ChunkRamp::Twice`]), the second chunk's two frames have one frame's time: 2× real time from
+/// the first audio on, which is where a loaded GPU ran late (docs/cuda.md, "The second chunk").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkRamp {
+    /// Chunks of `initial`, then of `chunk` (vLLM-Omni's schedule).
+    Off,
+    /// Each chunk after the first as long as all the audio before it (boundaries at `initial`,
+    /// 2·`initial`, 4·`initial`, …: chunks 1, 1, 2, 4, 8, 16 for `initial` 1) while that is below
+    /// `chunk`, then chunks of `chunk`.
+    Total,
+    /// Each chunk twice the one before (1, 2, 4, 8, 16 for `initial` 1) while that is below
+    /// `chunk`, then chunks of `chunk` (`OMNITTS_CHUNK_RAMP=twice`).
+    Twice,
+}
+
 /// When the consumer may take frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChunkPolicy {
@@ -86,8 +109,8 @@ pub enum ChunkPolicy {
         initial: usize,
         /// `codec_chunk_frames`.
         chunk: usize,
-        /// `codec_chunk_ramp`: the chunks after the first double from `initial` up to `chunk`.
-        ramp: bool,
+        /// `codec_chunk_ramp`: how the chunks after the first grow from `initial` to `chunk`.
+        ramp: ChunkRamp,
     },
     /// Batch: everything in one chunk once the producer has finished.
     Whole,
@@ -108,13 +131,18 @@ impl ChunkPolicy {
                 if initial > 0 && taken < initial {
                     return Some(initial);
                 }
-                // Past the first chunk: with the ramp, chunks of 2·initial, 4·initial, … below
-                // `chunk`, then chunks of `chunk` from where the ramp ends.
+                // Past the first chunk: the ramp's chunks below `chunk`, then chunks of `chunk`
+                // from where the ramp ends. `base`: the frames before the next chunk.
                 let mut base = initial;
                 let mut size = initial;
-                if ramp && initial > 0 {
-                    while size.saturating_mul(2) < chunk {
-                        size *= 2;
+                if initial > 0 {
+                    loop {
+                        size = match ramp {
+                            ChunkRamp::Off => break,
+                            ChunkRamp::Total if base < chunk => base,
+                            ChunkRamp::Twice if size.saturating_mul(2) < chunk => size * 2,
+                            _ => break,
+                        };
                         if taken < base.saturating_add(size) {
                             return Some(base.saturating_add(size));
                         }
@@ -392,7 +420,7 @@ mod tests {
         let s = |initial, chunk| ChunkPolicy::Streaming {
             initial,
             chunk,
-            ramp: false,
+            ramp: ChunkRamp::Off,
         };
         assert_eq!(chunk_sizes(s(1, 25), 60), vec![1, 25, 25, 9]);
         assert_eq!(chunk_sizes(s(2, 10), 22), vec![2, 10, 10]);
@@ -405,20 +433,56 @@ mod tests {
         // overflow, with and without the ramp.
         assert_eq!(chunk_sizes(s(1, usize::MAX), 7), vec![1, 6]);
         assert_eq!(s(1, usize::MAX).next_boundary(1), Some(usize::MAX));
-        let ramped = ChunkPolicy::Streaming {
+        let ramped = |ramp| ChunkPolicy::Streaming {
             initial: 1,
             chunk: usize::MAX,
-            ramp: true,
+            ramp,
         };
-        assert_eq!(chunk_sizes(ramped, 20), vec![1, 2, 4, 8, 5]);
+        assert_eq!(
+            chunk_sizes(ramped(ChunkRamp::Twice), 20),
+            vec![1, 2, 4, 8, 5]
+        );
+        assert_eq!(
+            chunk_sizes(ramped(ChunkRamp::Total), 20),
+            vec![1, 1, 2, 4, 8, 4]
+        );
     }
 
     #[test]
-    fn ramp_doubles_up_to_the_chunk() {
+    fn total_ramp_makes_each_chunk_as_long_as_the_audio_before_it() {
         let r = |initial, chunk| ChunkPolicy::Streaming {
             initial,
             chunk,
-            ramp: true,
+            ramp: ChunkRamp::Total,
+        };
+        assert_eq!(
+            chunk_sizes(r(1, 25), 120),
+            vec![1, 1, 2, 4, 8, 16, 25, 25, 25, 13]
+        );
+        assert_eq!(chunk_sizes(r(1, 25), 10), vec![1, 1, 2, 4, 2]);
+        assert_eq!(chunk_sizes(r(2, 25), 60), vec![2, 2, 4, 8, 16, 25, 3]);
+        assert_eq!(chunk_sizes(r(3, 8), 30), vec![3, 3, 6, 8, 8, 2]);
+        // No ramp where there is nothing to grow: chunk ≤ initial, or no first chunk.
+        assert_eq!(chunk_sizes(r(1, 1), 4), vec![1, 1, 1, 1]);
+        assert_eq!(chunk_sizes(r(1, 2), 7), vec![1, 1, 2, 2, 1]);
+        assert_eq!(chunk_sizes(r(0, 10), 25), vec![10, 10, 5]);
+        assert_eq!(chunk_sizes(r(30, 25), 40), vec![30, 10]);
+        // Each chunk is complete by the time the audio before it has played whenever frames come
+        // at least as fast as its length needs: the boundaries double.
+        let p = r(1, 25);
+        let b: Vec<usize> = std::iter::successors(p.next_boundary(0), |&b| p.next_boundary(b))
+            .take(8)
+            .collect();
+        assert_eq!(b, vec![1, 2, 4, 8, 16, 32, 57, 82]);
+        assert_eq!(p.next_boundary(33), Some(57));
+    }
+
+    #[test]
+    fn twice_ramp_doubles_up_to_the_chunk() {
+        let r = |initial, chunk| ChunkPolicy::Streaming {
+            initial,
+            chunk,
+            ramp: ChunkRamp::Twice,
         };
         assert_eq!(
             chunk_sizes(r(1, 25), 120),
@@ -448,7 +512,7 @@ mod tests {
         let p = ChunkPolicy::Streaming {
             initial: 2,
             chunk: 10,
-            ramp: false,
+            ramp: ChunkRamp::Off,
         };
         assert_eq!(p.next_boundary(0), Some(2));
         assert_eq!(p.next_boundary(1), Some(2));
@@ -463,7 +527,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 2,
                 chunk: 3,
-                ramp: false,
+                ramp: ChunkRamp::Off,
             },
             8,
         );
@@ -500,7 +564,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 1,
                 chunk: 25,
-                ramp: false,
+                ramp: ChunkRamp::Off,
             },
             4,
         );
@@ -515,7 +579,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 0,
                 chunk: 2,
-                ramp: false,
+                ramp: ChunkRamp::Off,
             },
             4,
         ));
@@ -556,7 +620,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 0,
                 chunk: 3,
-                ramp: false,
+                ramp: ChunkRamp::Off,
             },
             3,
         ));
@@ -569,7 +633,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 0,
                 chunk: 3,
-                ramp: false,
+                ramp: ChunkRamp::Off,
             },
             3,
         ));
@@ -598,7 +662,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 1,
                 chunk: 1,
-                ramp: false,
+                ramp: ChunkRamp::Off,
             },
             2,
             Signal::new(),
@@ -608,7 +672,7 @@ mod tests {
             ChunkPolicy::Streaming {
                 initial: 1,
                 chunk: 1,
-                ramp: false,
+                ramp: ChunkRamp::Off,
             },
             2,
             Signal::new(),

@@ -43,7 +43,7 @@
 //!       allow_tf32: false            # CUDA: f32 matrix products on TF32 tensor cores (process-wide)
 //!       codec_chunk_frames: 25
 //!       initial_codec_chunk_frames: 1
-//!       codec_chunk_ramp: true          # omnitts: chunks 1, 2, 4, … up to codec_chunk_frames
+//!       codec_chunk_ramp: true          # omnitts: chunks 1, 1, 2, 4, … up to codec_chunk_frames
 //!       codec_left_context_frames: 72   # windowed mode only
 //!       decoder_streaming_mode: exact   # exact (stateful) | windowed (stateless, approximate)
 //!       codec_buffer_frames: 50         # async-chunk buffer bound (raised to the largest chunk)
@@ -360,8 +360,9 @@ pub struct DecoderStageConfig {
     )]
     pub initial_codec_chunk_frames: usize,
     /// `engine_args.codec_chunk_ramp` (an omnitts key; default true): the chunks after the first
-    /// double in size until they reach `codec_chunk_frames` (1, 2, 4, 8, 16, 25, …), so the first
-    /// audio is small and a player that starts on it is not starved while the chunks grow.
+    /// grow until they reach `codec_chunk_frames`, each as long as all the audio before it (1, 1,
+    /// 2, 4, 8, 16, 25, …; [`super::ChunkRamp`]), so the first audio is small and a player that
+    /// starts on it is not starved while the chunks grow.
     #[serde(default = "default_true", deserialize_with = "checked::<Bool, _>")]
     pub codec_chunk_ramp: bool,
     /// `engine_args.codec_left_context_frames` (windowed mode).
@@ -571,14 +572,21 @@ impl StageConfig {
         initial: Option<usize>,
         chunk: Option<usize>,
     ) -> super::chunk_buffer::ChunkPolicy {
-        use super::chunk_buffer::ChunkPolicy;
+        use super::chunk_buffer::{ChunkPolicy, ChunkRamp};
+        use crate::nn::switches::Switches;
         if !self.async_chunk {
             return ChunkPolicy::Whole;
         }
         ChunkPolicy::Streaming {
             initial: initial.unwrap_or(self.decoder.initial_codec_chunk_frames),
             chunk: chunk.unwrap_or(self.decoder.codec_chunk_frames),
-            ramp: self.decoder.codec_chunk_ramp,
+            ramp: if !self.decoder.codec_chunk_ramp {
+                ChunkRamp::Off
+            } else if Switches::get().twice_ramp {
+                ChunkRamp::Twice
+            } else {
+                ChunkRamp::Total
+            },
         }
     }
 }

@@ -13,7 +13,7 @@
 //! the request's chunks from its buffer as they become ready, decodes them on a stream of its own
 //! (the chunks of all its requests that are ready together in one batched pass) and sends their
 //! audio (`FirstAudio`, `Audio`), until the request has [`LANE_AUDIO`] of audio out: with the
-//! chunk ramp (1, 2, 4 frames) its first three chunks. Only handing over after the first chunk
+//! chunk ramp (1, 1, 2, 4 frames) its first four chunks. Only handing over after the first chunk
 //! would bring the first audio forward but not the second chunk, which would then be due sooner
 //! and still wait for stage 1's pass in flight: on an H200 at 40 requests a second that made more
 //! requests underrun, not fewer (docs/cuda.md, "The first-chunk lane").
@@ -411,7 +411,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::engine::chunk_buffer::Signal;
+    use crate::engine::chunk_buffer::{ChunkRamp, Signal};
     use crate::engine::config::StageConfig;
     use crate::engine::metrics::ArTiming;
     use crate::engine::request::AdmissionControl;
@@ -593,7 +593,7 @@ mod tests {
                 ChunkPolicy::Streaming {
                     initial: 1,
                     chunk: 4,
-                    ramp: false,
+                    ramp: ChunkRamp::Off,
                 },
                 16,
                 Signal::new(),

@@ -38,7 +38,15 @@ pub struct Metrics {
     /// Frames (all requests' chunks together) of the stage-1 pass that decoded this request's first
     /// chunk; `None` without audio. Small when first chunks go first (`engine/pass_plan.rs`).
     pub first_pass_frames: Option<usize>,
+    /// Submit → stage 0 pushed each of the request's first frames (at most [`TIMED_FRAMES`]),
+    /// ms, in frame order: with the audio's arrival times, whether a late chunk waited for its
+    /// frames or for its decode.
+    pub frames_ready_ms: Vec<f64>,
 }
+
+/// How many of a request's first frames [`Metrics::frames_ready_ms`] times: with the chunk ramp
+/// (1, 1, 2, 4, 8 frames), its first five chunks.
+pub const TIMED_FRAMES: usize = 16;
 
 /// Milliseconds in a duration.
 pub(crate) fn ms(d: Duration) -> f64 {
@@ -56,6 +64,18 @@ pub(crate) struct ArTiming {
     pub arrival_step: u64,
     /// When the first frame was pushed.
     pub first_frame: Option<FirstFrame>,
+    /// When each of the first [`TIMED_FRAMES`] frames was pushed.
+    pub frames_at: Vec<Instant>,
+}
+
+impl ArTiming {
+    /// Counts a frame pushed at `at`.
+    pub fn pushed(&mut self, at: Instant) {
+        self.frames += 1;
+        if self.frames_at.len() < TIMED_FRAMES {
+            self.frames_at.push(at);
+        }
+    }
 }
 
 /// When and in which stage-0 step a request's first frame came.
@@ -148,6 +168,11 @@ impl Metrics {
             first_frame_steps: ar.first_frame.map(|f| f.steps),
             first_frame_rows: ar.first_frame.map(|f| f.rows),
             first_pass_frames: dec.first_pass_frames,
+            frames_ready_ms: ar
+                .frames_at
+                .iter()
+                .map(|t| ms(t.saturating_duration_since(submitted)))
+                .collect(),
         }
     }
 }
@@ -170,6 +195,10 @@ mod tests {
                 steps: 2,
                 rows: 3,
             }),
+            frames_at: vec![
+                t0 + Duration::from_millis(20),
+                t0 + Duration::from_millis(32),
+            ],
         };
         let dec = DecoderTiming {
             decode: Duration::from_millis(20),
@@ -191,6 +220,7 @@ mod tests {
             (m.first_frame_steps, m.first_frame_rows, m.first_pass_frames),
             (Some(2), Some(3), Some(4))
         );
+        assert_eq!(m.frames_ready_ms, vec![20.0, 32.0]);
         let empty = Metrics::build(
             t0,
             t0,

@@ -47,14 +47,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use std::{fmt, path::PathBuf};
 
-pub use chunk_buffer::{ChunkBuffer, ChunkPolicy, PushError, Signal, Take};
+pub use chunk_buffer::{ChunkBuffer, ChunkPolicy, ChunkRamp, PushError, Signal, Take};
 pub use config::{
     ArStageConfig, DEFAULT_ASYNC_YAML, DEFAULT_BATCH_YAML, DecoderStageConfig,
     DecoderStreamingMode, GuardConfig, SamplingOverrides, StageConfig,
 };
 pub use device::{DTypeSpec, DeviceSpec};
 pub use error::EngineError;
-pub use metrics::{BatchStats, Metrics};
+pub use metrics::{BatchStats, Metrics, TIMED_FRAMES};
 pub use text_feed::TextSender;
 pub use voice_clone::{VOICE_CLONE_CACHE_ENTRIES, VoiceCloneStats};
 

@@ -845,6 +845,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                             // A listener that went away only stops listening.
                             let _ = tap.send(codes);
                         }
+                        let now = Instant::now();
                         if a.frames == 0 {
                             let steps = self
                                 .batches
@@ -852,13 +853,13 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                                 .steps
                                 .saturating_sub(a.timing.arrival_step);
                             a.timing.first_frame = Some(FirstFrame {
-                                at: Instant::now(),
+                                at: now,
                                 steps,
                                 rows,
                             });
                         }
                         a.frames += 1;
-                        a.timing.frames += 1;
+                        a.timing.pushed(now);
                         None
                     }
                     Err(PushError::Cancelled(_)) => Some(FinishReason::Cancelled),
@@ -917,7 +918,7 @@ mod tests {
     use std::sync::{Condvar, LazyLock, Mutex, MutexGuard, PoisonError};
 
     use super::*;
-    use crate::engine::chunk_buffer::{ChunkPolicy, Signal};
+    use crate::engine::chunk_buffer::{ChunkPolicy, ChunkRamp, Signal};
     use crate::engine::config::StageConfig;
     use crate::engine::request::AdmissionControl;
     use crate::models::tts::{
@@ -1187,7 +1188,7 @@ mod tests {
                 ChunkPolicy::Streaming {
                     initial: 1,
                     chunk: 4,
-                    ramp: false,
+                    ramp: ChunkRamp::Off,
                 },
                 100_000,
                 self.queue.signal.clone(),

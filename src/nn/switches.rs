@@ -1,7 +1,7 @@
 //! The `OMNITTS_*` environment switches, read once per process, in one place. Each selects one of
 //! several equivalent execution paths, for A/B runs against the default (docs/cuda.md has the
 //! measurements). Every build reads them; without the `cuda` feature only `OMNITTS_ALONE_ARRIVALS`
-//! has an effect (while stage 0's `first_frame_alone` is on).
+//! (while stage 0's `first_frame_alone` is on) and `OMNITTS_CHUNK_RAMP` have an effect.
 //!
 //! | variable | values | default |
 //! |---|---|---|
@@ -20,6 +20,7 @@
 //! | `OMNITTS_ALONE_ARRIVALS` | `0` after a step of new rows alone, stage 0 goes on to the batched step before it takes the requests that arrived during it (`engine/first_frame.rs`) | arrivals first |
 //! | `OMNITTS_BATCHED_PREFILL` | `0` every prompt through the talker on its own (on the prefill graphs when they hold it) instead of whole prompts of similar lengths that start in one step in one batched pass (`models/qwen3_tts/prefill.rs`) | batched |
 //! | `OMNITTS_PARALLEL_CHOICES` | `0` a batched frame's codebook-0 choices (each row's processors, warpers and draw on the host) one row after another instead of spread over the host's cores (`models/qwen3_tts/batch.rs`) | spread |
+//! | `OMNITTS_CHUNK_RAMP` | `twice` with `codec_chunk_ramp` on, each chunk after the first twice the one before (1, 2, 4, 8, …) instead of as long as all the audio before it (1, 1, 2, 4, …; `engine/chunk_buffer.rs`, [`crate::engine::ChunkRamp`]); the audio is the same, only its chunks' times differ | as long as the audio before |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams at the device's greatest priority: `none`, or a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread) | `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -129,6 +130,9 @@ pub struct Switches {
     /// `OMNITTS_PARALLEL_CHOICES=0`: a batched frame's codebook-0 choices one row after another
     /// on stage 0's thread instead of spread over the host's cores.
     pub parallel_choices: bool,
+    /// `OMNITTS_CHUNK_RAMP=twice`: the chunk ramp doubles each chunk instead of making it as long
+    /// as the audio before it.
+    pub twice_ramp: bool,
 }
 
 impl Default for Switches {
@@ -177,6 +181,7 @@ impl Switches {
             arrivals_after_alone: !is("OMNITTS_ALONE_ARRIVALS", "0"),
             batched_prefill: !is("OMNITTS_BATCHED_PREFILL", "0"),
             parallel_choices: !is("OMNITTS_PARALLEL_CHOICES", "0"),
+            twice_ramp: is("OMNITTS_CHUNK_RAMP", "twice"),
         }
     }
 }
@@ -213,6 +218,7 @@ mod tests {
         assert!(s.batched_prefill);
         assert!(s.parallel_choices);
         assert!(!s.fish_graphs);
+        assert!(!s.twice_ramp);
     }
 
     #[test]
@@ -234,10 +240,12 @@ mod tests {
             ("OMNITTS_FISH_GRAPHS", "1"),
             ("OMNITTS_BATCHED_PREFILL", "0"),
             ("OMNITTS_PARALLEL_CHOICES", "0"),
+            ("OMNITTS_CHUNK_RAMP", "twice "),
         ]);
         assert!(s.fish_graphs);
         assert!(!s.batched_prefill);
         assert!(!s.parallel_choices);
+        assert!(s.twice_ramp);
         assert!(!s.decoder_first_graph);
         assert!(!s.arrivals_after_alone);
         assert_eq!(

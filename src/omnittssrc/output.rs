@@ -98,7 +98,7 @@ pub(super) enum Notice {
         ttfa_ms: f64,
         pts: gst::ClockTime,
     },
-    Done(UtteranceDone),
+    Done(Box<UtteranceDone>),
     Refused(Refusal),
     /// Live: the utterance's audio was late at sample `pos`; silence inserted (`count` so far).
     Underrun {
@@ -447,7 +447,7 @@ impl Output {
                 if let Some(text) = text {
                     cur.text = text;
                 }
-                notices.push(Notice::Done(self.done(cur, reason, metrics)));
+                notices.push(Notice::Done(Box::new(self.done(cur, reason, metrics))));
             }
             Item::Refused(r) => notices.push(Notice::Refused(r)),
             // Output by `next()`, never handed here.

@@ -208,7 +208,8 @@ fn synthesise(engine: &Engine, cloner: &Mutex<VoiceCloner>, shared: &Shared, job
 }
 
 /// The figures of two requests spoken one after the other: frames, audio and wall time added,
-/// the first's time to first audio, per-frame times weighted by frames, RTF over the whole.
+/// the first's time to first audio (and its frames' times, those of the second when the first
+/// made none), per-frame times weighted by frames, RTF over the whole.
 fn add_metrics(a: &Metrics, b: &Metrics) -> Metrics {
     let frames = a.frames + b.frames;
     let weighted = |x: f64, y: f64| {
@@ -238,6 +239,11 @@ fn add_metrics(a: &Metrics, b: &Metrics) -> Metrics {
         first_frame_steps: a.first_frame_steps.or(b.first_frame_steps),
         first_frame_rows: a.first_frame_rows.or(b.first_frame_rows),
         first_pass_frames: a.first_pass_frames.or(b.first_pass_frames),
+        frames_ready_ms: if a.frames_ready_ms.is_empty() {
+            b.frames_ready_ms.clone()
+        } else {
+            a.frames_ready_ms.clone()
+        },
     }
 }
 
