@@ -272,7 +272,8 @@ pub struct Outcome {
     pub prefill_s: Option<f64>,
     /// Frames of the stage-1 pass that decoded the first chunk.
     pub first_pass_frames: Option<usize>,
-    /// The chunks whose frames the engine timed (its first [`gstomnitts::engine::TIMED_FRAMES`] frames), in order.
+    /// The chunks whose frames the engine timed (its first [`gstomnitts::engine::TIMED_FRAMES`]
+    /// frames), in order.
     pub chunk_times: Vec<ChunkTimes>,
     /// Why it ended (`eos`, `length`, `guard`, `error`, …; `timeout` when cancelled at the drain
     /// deadline, `refused`).
@@ -670,10 +671,12 @@ impl Parts {
     }
 }
 
-/// A request's second chunk, ms (p50 / p95 / p99 over the requests): the chunk with the least
-/// slack (with the ramp two frames, needed one frame after the first audio). `frames_ready`: its
-/// frames ready on stage 0 after the first chunk arrived; `stage1`: its audio after its frames;
-/// `late_by`: its arrival after the player needed it (negative: in time by that much).
+/// A request's second chunk, ms (p50 / p95 / p99 over the requests): needed as soon as the first
+/// chunk has played, the chunk with the least slack (with the default ramp one frame, needed 80
+/// ms after the first audio; with `OMNITTS_CHUNK_RAMP=twice` two frames in that time).
+/// `frames_ready`: its frames ready on stage 0 after the first chunk arrived; `stage1`: its audio
+/// after its frames; `late_by`: its arrival after the player needed it (negative: in time by that
+/// much).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct SecondChunk {
     pub frames_ready: Pcts,
@@ -730,7 +733,7 @@ pub struct Summary {
     pub underruns: usize,
     pub requests_with_underruns: usize,
     /// Underruns by the late chunk's place: the second chunk, the third, the fourth, the fifth,
-    /// and any later one (with the chunk ramp, 2, 4, 8 and 16 frames, then 25 or more).
+    /// and any later one (with the default chunk ramp 1, 2, 4 and 8 frames, then 16 or more).
     pub underruns_by_chunk: [usize; 5],
     /// Of the late chunks whose frames the engine timed: those whose frames were ready before
     /// the player needed them (stage 1 made them late), and the others (stage 0 did).
