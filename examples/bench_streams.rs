@@ -32,7 +32,8 @@
 //!   by the seeded RNG, with a length drawn uniformly from 30–80 frames (2.4–6.4 s), the
 //!   checkpoint's first speaker, and its sampling (`generation_config.json`; `--greedy` for greedy
 //!   decoding); every request its own sampling seed from the run's seed. Audio comes in the
-//!   stage config's chunks (a first chunk of 1 frame, then chunks doubling up to 25 frames) unless
+//!   stage config's chunks (a first chunk of 1 frame, then each as long as the audio before it
+//!   up to 25 frames: 1, 1, 2, 4, 8, 16, 25, …) unless
 //!   `--initial-chunk-frames` / `--chunk-frames` say otherwise.
 //! - Length (`--fixed-length on|off`): random weights never choose their own end, so with `on`
 //!   each request stops after exactly its drawn length (`max_new_tokens = frames + 1`, the engine
@@ -108,7 +109,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use clap::{Parser, ValueEnum};
 use gstomnitts::engine::{
-    DTypeSpec, DeviceSpec, Engine, EngineOptions, EngineRequest, Metrics, SharedEngine, StageConfig,
+    ChunkPolicy, DTypeSpec, DeviceSpec, Engine, EngineOptions, EngineRequest, Metrics,
+    SharedEngine, StageConfig,
 };
 use gstomnitts::models::qwen3_tts::VoiceRequest;
 use serde_json::{Value, json};
@@ -537,9 +539,13 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
         DeviceSpec::Cuda(i) => Some(i),
         _ => None,
     };
-    let dec = &shared.stage_config().decoder;
+    let chunks = chunk_sizes(
+        shared
+            .stage_config()
+            .chunk_policy(args.initial_chunk_frames, args.chunk_frames),
+    );
     eprintln!(
-        "open loop: {} Hz, speaker {:?}, {} decoding, length {}, chunks {} then {} frames{}, \
+        "open loop: {} Hz, speaker {:?}, {} decoding, length {}, chunks of {chunks} frames, \
          warm-up {} s, measured {} s, drain {} s",
         shared.sample_rate(),
         shared.speakers().first(),
@@ -552,14 +558,6 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
             "fixed (30-80 frames)"
         } else {
             "the checkpoint's"
-        },
-        args.initial_chunk_frames
-            .unwrap_or(dec.initial_codec_chunk_frames),
-        args.chunk_frames.unwrap_or(dec.codec_chunk_frames),
-        if dec.codec_chunk_ramp {
-            " (ramped: 1, 2, 4, …)"
-        } else {
-            ""
         },
         args.warmup_s,
         args.duration,
@@ -615,6 +613,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
         "initial_chunk_frames": args.initial_chunk_frames
             .unwrap_or(shared.stage_config().decoder.initial_codec_chunk_frames),
         "chunk_frames": args.chunk_frames.unwrap_or(shared.stage_config().decoder.codec_chunk_frames),
+        "chunks": chunks,
         "sample_rate": shared.sample_rate(),
         "decoder_dtype": args.decoder_dtype, "allow_tf32": args.allow_tf32,
         "decoder_pass_frames": args.decoder_pass_frames,
@@ -625,6 +624,23 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
         "alone_arrivals": std::env::var("OMNITTS_ALONE_ARRIVALS").unwrap_or_else(|_| "default".into()),
         "rates": per_rate, "highest_rate_without_underruns": highest_clean,
     }))
+}
+
+/// The first chunk sizes of `policy`, as a list ("1, 1, 2, 4, 8, 16, 25, 25, …"), or "whole".
+fn chunk_sizes(policy: ChunkPolicy) -> String {
+    let mut sizes = Vec::new();
+    let mut taken = 0;
+    while sizes.len() < 8 {
+        let Some(next) = policy.next_boundary(taken) else {
+            return "whole".to_string();
+        };
+        if next <= taken {
+            break;
+        }
+        sizes.push((next - taken).to_string());
+        taken = next;
+    }
+    format!("{}, …", sizes.join(", "))
 }
 
 fn main() -> Result<()> {

@@ -674,9 +674,9 @@ impl Parts {
 /// A request's second chunk, ms (p50 / p95 / p99 over the requests): needed as soon as the first
 /// chunk has played, the chunk with the least slack (with the default ramp one frame, needed 80
 /// ms after the first audio; with `OMNITTS_CHUNK_RAMP=twice` two frames in that time).
-/// `frames_ready`: its frames ready on stage 0 after the first chunk arrived; `stage1`: its audio
-/// after its frames; `late_by`: its arrival after the player needed it (negative: in time by that
-/// much).
+/// `frames_ready`: its frames ready on stage 0 after the first chunk arrived (negative: before it);
+/// `stage1`: its audio after its frames; `late_by`: its arrival after the player needed it
+/// (negative: in time by that much).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct SecondChunk {
     pub frames_ready: Pcts,

@@ -80,12 +80,13 @@ impl Signal {
 /// How the chunks after the first grow to the chunk size (`codec_chunk_ramp`).
 ///
 /// A player that starts on the first chunk needs chunk k+1 by the time the audio before it has
-/// played. With chunk k+1 as long as all that audio ([`ChunkRamp::Total`]), the frames of the second
-/// chunk have one frame's playing time to come, those of the third two frames' time for two
-/// frames, and so on: stage 0 must run 1× real time for the second chunk, 1.5× for the third,
-/// approaching 2× only as the chunks near their size. With each chunk twice the one before
-/// ([`ChunkRamp::Twice`]), the second chunk's two frames have one frame's time: 2× real time from
-/// the first audio on, which is where a loaded GPU ran late (docs/cuda.md, "The second chunk").
+/// played. Counting from the first audio, with chunk k+1 as long as all that audio
+/// ([`ChunkRamp::Total`]) stage 0 must make the second chunk's one frame in one frame's playing
+/// time (1× real time), the second to fourth frames in two frames' time (1.5×), the second to
+/// eighth in four (1.75×): 2× only as the chunks near their size. With each chunk twice the one
+/// before ([`ChunkRamp::Twice`]), the second chunk's two frames have one frame's time: 2× real
+/// time from the first audio on, which is where a loaded GPU ran late (docs/cuda.md, "The second
+/// chunk").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChunkRamp {
     /// Chunks of `initial`, then of `chunk` (vLLM-Omni's schedule).
@@ -132,7 +133,8 @@ impl ChunkPolicy {
                     return Some(initial);
                 }
                 // Past the first chunk: the ramp's chunks below `chunk`, then chunks of `chunk`
-                // from where the ramp ends. `base`: the frames before the next chunk.
+                // from where the ramp ends. `base`: the frames before the next chunk; it grows
+                // each turn since `initial > 0` (so the loop ends by `base ≥ chunk`).
                 let mut base = initial;
                 let mut size = initial;
                 if initial > 0 {

@@ -361,8 +361,9 @@ pub struct DecoderStageConfig {
     pub initial_codec_chunk_frames: usize,
     /// `engine_args.codec_chunk_ramp` (an omnitts key; default true): the chunks after the first
     /// grow until they reach `codec_chunk_frames`, each as long as all the audio before it (1, 1,
-    /// 2, 4, 8, 16, 25, …; [`super::ChunkRamp`]), so the first audio is small and a player that
-    /// starts on it is not starved while the chunks grow.
+    /// 2, 4, 8, 16, 25, …; [`super::ChunkRamp`]; `OMNITTS_CHUNK_RAMP=twice` doubles each chunk
+    /// instead), so the first audio is small and a player that starts on it is not starved while
+    /// the chunks grow.
     #[serde(default = "default_true", deserialize_with = "checked::<Bool, _>")]
     pub codec_chunk_ramp: bool,
     /// `engine_args.codec_left_context_frames` (windowed mode).

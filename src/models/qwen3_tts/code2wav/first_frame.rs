@@ -165,15 +165,16 @@ mod tests {
             .fold(0.0, f32::max)
     }
 
-    /// The chunk ramp's schedule: 1, 2, 4, 8, then 8s, over `frames`.
+    /// The chunks after a one-frame first chunk as the default ramp cuts them (each as long as
+    /// the frames before it: 1, 2, 4, then 8s), over the `frames` after the first: the second
+    /// chunk is one frame, decoded right after the replayed first frame.
     fn ramp(frames: usize) -> Vec<usize> {
         let mut out = Vec::new();
-        let (mut done, mut next) = (0, 1);
+        let mut done = 0;
         while done < frames {
-            let n = next.min(frames - done);
+            let n = (1 + done).min(8).min(frames - done);
             out.push(n);
             done += n;
-            next = (next * 2).min(8);
         }
         out
     }
