@@ -610,6 +610,17 @@ impl Pcts {
         Self::of_values(&seconds.iter().map(|s| s * 1e3).collect::<Vec<f64>>())
     }
 
+    /// "p50 / p95" (with `p99`, "p50 / p95 / p99") with `decimals` decimals, "-" where there is no
+    /// value.
+    fn text(&self, decimals: usize, p99: bool) -> String {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.decimals$}"));
+        let mut t = format!("{} / {}", f(self.p50), f(self.p95));
+        if p99 {
+            t.push_str(&format!(" / {}", f(self.p99)));
+        }
+        t
+    }
+
     /// The percentiles of `values` as they are (not seconds).
     fn of_values(values: &[f64]) -> Pcts {
         let at = |p| Some(percentile(values, p)).filter(|v| v.is_finite());
@@ -656,10 +667,7 @@ impl Parts {
 
     /// One line: p50 / p95 of each part.
     pub fn line(&self) -> String {
-        let p = |x: &Pcts| {
-            let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
-            format!("{} / {}", f(x.p50), f(x.p95))
-        };
+        let p = |x: &Pcts| x.text(1, false);
         format!(
             "  first audio, p50 / p95 ms: queue {} | prefill {} | to first frame {} | stage 1 {} | first pass frames {}",
             p(&self.queue),
@@ -847,10 +855,7 @@ pub fn underrun_line(s: &Summary) -> String {
 /// The second chunks' timing, one line.
 pub fn second_chunk_line(s: &Summary) -> String {
     let c = &s.second_chunk;
-    let p = |x: &Pcts| {
-        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
-        format!("{} / {} / {}", f(x.p50), f(x.p95), f(x.p99))
-    };
+    let p = |x: &Pcts| x.text(0, true);
     format!(
         "  2nd chunk, p50 / p95 / p99 ms: frames ready after the first audio {} | stage 1 after its frames {} | arrival after needed {}",
         p(&c.frames_ready),

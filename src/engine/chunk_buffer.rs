@@ -450,6 +450,13 @@ mod tests {
         );
     }
 
+    /// The first `n` chunk boundaries of `p`, from the start.
+    fn first_boundaries(p: ChunkPolicy, n: usize) -> Vec<usize> {
+        std::iter::successors(p.next_boundary(0), |&b| p.next_boundary(b))
+            .take(n)
+            .collect()
+    }
+
     #[test]
     fn total_ramp_makes_each_chunk_as_long_as_the_audio_before_it() {
         let r = |initial, chunk| ChunkPolicy::Streaming {
@@ -472,10 +479,7 @@ mod tests {
         // Each chunk is complete by the time the audio before it has played whenever frames come
         // at least as fast as its length needs: the boundaries double.
         let p = r(1, 25);
-        let b: Vec<usize> = std::iter::successors(p.next_boundary(0), |&b| p.next_boundary(b))
-            .take(8)
-            .collect();
-        assert_eq!(b, vec![1, 2, 4, 8, 16, 32, 57, 82]);
+        assert_eq!(first_boundaries(p, 8), vec![1, 2, 4, 8, 16, 32, 57, 82]);
         assert_eq!(p.next_boundary(33), Some(57));
     }
 
@@ -501,10 +505,7 @@ mod tests {
         // The boundaries as a player sees them: audio of chunk k+1 is complete by the time chunk k
         // plays out whenever frames come at least 2× faster than real time.
         let p = r(1, 25);
-        let b: Vec<usize> = std::iter::successors(p.next_boundary(0), |&b| p.next_boundary(b))
-            .take(7)
-            .collect();
-        assert_eq!(b, vec![1, 3, 7, 15, 31, 56, 81]);
+        assert_eq!(first_boundaries(p, 7), vec![1, 3, 7, 15, 31, 56, 81]);
         assert_eq!(p.next_boundary(32), Some(56));
         assert_eq!(p.next_boundary(56), Some(81));
     }
