@@ -28,7 +28,7 @@ use gstomnitts::nn::cuda_kernels::{
     DecodeAt, Pos,
     add_rms_norm::add_rms_norm,
     argmax_embed::argmax_embed,
-    decode_attention::decode_attention,
+    decode_attention::{decode_attention, decode_attention_in_blocks},
     decode_stack::{Barrier, StackAttention, StackLayer, decode_stack, time_grid_barrier},
     embed_sum::{embed_sum, embed_sum_rows},
     gather_rows::gather_rows,
@@ -395,6 +395,18 @@ fn qk_and_attention(
         dtype,
         rel_err(&got, &want)?,
         tolerance(dtype, true),
+    );
+    // Every block size gives the same bits (the sums follow one layout of 256 threads).
+    let mut by_size = 0f32;
+    for threads in [32, 64, 128, 256] {
+        let other = decode_attention_in_blocks(&q_out, &kc, &vc, pos, cap, scale, threads)?;
+        by_size = by_size.max(rel_err(&other, &got)?);
+    }
+    r.check(
+        &format!("decode_attention in blocks of 32 … 256 = its own size [{tag}]"),
+        dtype,
+        by_size,
+        0.0,
     );
     // One launch for both: bit-identical output and caches.
     let merged = rope_attention(

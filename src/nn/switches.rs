@@ -21,6 +21,7 @@
 //! | `OMNITTS_BATCHED_PREFILL` | `0` every prompt through the talker on its own (on the prefill graphs when they hold it) instead of whole prompts of similar lengths that start in one step in one batched pass (`models/qwen3_tts/prefill.rs`) | batched |
 //! | `OMNITTS_PARALLEL_CHOICES` | `0` a batched frame's codebook-0 choices (each row's processors, warpers and draw on the host) one row after another instead of spread over the host's cores (`models/qwen3_tts/batch.rs`) | spread |
 //! | `OMNITTS_CHUNK_RAMP` | `twice` with `codec_chunk_ramp` on, each chunk after the first twice the one before (1, 2, 4, 8, …) instead of as long as all the audio before it (1, 1, 2, 4, …; `engine/chunk_buffer.rs`, [`crate::engine::ChunkRamp`]); the audio is the same, only its chunks' times differ | as long as the audio before |
+//! | `OMNITTS_ATTN_THREADS` | `64`, `128` or `256`: every attention block of the fused decode kernels at that size (at least half the head width), for A/B runs; the output is the same (`nn/cuda_kernels/decode_attention.rs`) | 256 while the grid fits one wave, else the fewest threads that give each key of a full context and each NeoX pair one (a 64-row code-predictor step 64, the talker 256) |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams at the device's greatest priority: `none`, or a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread) | `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -133,6 +134,9 @@ pub struct Switches {
     /// `OMNITTS_CHUNK_RAMP=twice`: the chunk ramp doubles each chunk instead of making it as long
     /// as the audio before it.
     pub twice_ramp: bool,
+    /// `OMNITTS_ATTN_THREADS`: the threads of every attention block (64, 128 or 256) instead of
+    /// the size the grid and the context ask for.
+    pub attn_threads: Option<usize>,
 }
 
 impl Default for Switches {
@@ -182,6 +186,9 @@ impl Switches {
             batched_prefill: !is("OMNITTS_BATCHED_PREFILL", "0"),
             parallel_choices: !is("OMNITTS_PARALLEL_CHOICES", "0"),
             twice_ramp: is("OMNITTS_CHUNK_RAMP", "twice"),
+            attn_threads: value("OMNITTS_ATTN_THREADS")
+                .and_then(|v| v.parse().ok())
+                .filter(|n| [64, 128, 256].contains(n)),
         }
     }
 }
@@ -219,6 +226,7 @@ mod tests {
         assert!(s.parallel_choices);
         assert!(!s.fish_graphs);
         assert!(!s.twice_ramp);
+        assert_eq!(s.attn_threads, None);
     }
 
     #[test]
@@ -241,7 +249,9 @@ mod tests {
             ("OMNITTS_BATCHED_PREFILL", "0"),
             ("OMNITTS_PARALLEL_CHOICES", "0"),
             ("OMNITTS_CHUNK_RAMP", "twice "),
+            ("OMNITTS_ATTN_THREADS", "128"),
         ]);
+        assert_eq!(s.attn_threads, Some(128));
         assert!(s.fish_graphs);
         assert!(!s.batched_prefill);
         assert!(!s.parallel_choices);

@@ -12,9 +12,9 @@
 //   max_keys keys a row may see at most (the dynamic shared memory holds this many scores)
 // Output: out [batch, t, nh * hd] (the layout o_proj takes), rounded once to T.
 // Query i sees keys 0 ..= base + i (capped at max_keys and cap).
-// Launch: grid (nh, t, batch), block ATTN_THREADS threads, dynamic shared memory
-//   (max_keys + hd + ATTN_THREADS * 8 + 32) * 4 bytes. Needs hd % 8 == 0, hd <= 8 * ATTN_THREADS,
-//   ATTN_THREADS % (hd / 8) == 0, and 16-byte aligned rows.
+// Launch: grid (nh, t, batch), block 32, 64, 128 or ATTN_THREADS (256) threads (the same output at
+//   each), dynamic shared memory (max_keys + hd + ATTN_THREADS * 8 + 32) * 4 bytes. Needs
+//   hd % 8 == 0, hd <= 8 * ATTN_THREADS, ATTN_THREADS % (hd / 8) == 0, and 16-byte aligned rows.
 #include "decode_attention.cuh"
 
 using namespace omnitts;

@@ -3,14 +3,20 @@
 //! the causal / bucket mask, `src/nn/attention.rs`).
 
 use candle_core::cuda_backend::cudarc::driver::LaunchConfig;
+use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{Result, Tensor};
 
 use super::{Args, Pos, cuda_device, dev_ptr, empty, expect, kernel_name};
+use crate::nn::switches::Switches;
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/decode_attention.ptx"));
 const MODULE: &str = "omnitts_decode_attention";
-/// Threads per block (`ATTN_THREADS` in the kernel).
+/// The threads whose layout the kernels' sums follow (`ATTN_THREADS`): a block of fewer threads
+/// does their work in turn and gives the same bits ([`block_threads`]).
 const THREADS: usize = 256;
+/// The block sizes the attention kernels take: multiples of a warp that divide [`THREADS`].
+const BLOCK_SIZES: [usize; 4] = [32, 64, 128, 256];
 /// Most keys one query may attend to (the scores live in shared memory: 32 KiB at this bound).
 pub const MAX_KEYS: usize = 8192;
 
@@ -22,6 +28,52 @@ pub fn supports_head_dim(hd: usize) -> bool {
         && hd <= 8 * THREADS
         && THREADS.is_multiple_of(hd / 8)
         && shared_bytes(MAX_KEYS, hd) <= 48 * 1024
+}
+
+/// Threads of one block of an attention kernel (this one, [`super::rope_attention`],
+/// [`super::rows_attention`]): kernel `name` of PTX module `module`, launched as `blocks` blocks
+/// with `shared` bytes of dynamic shared memory, attending to at most `max_keys` keys of heads of
+/// width `hd` (≤ 512). 256 while the grid fits the GPU in one wave of 256-thread blocks (a block's
+/// latency is then the step's: one stream's 16 heads); past that, the fewest of 32, 64, 128, 256
+/// that give every key of a full context and every NeoX pair of a head (`hd / 2`: the q/k norms
+/// and RoPE) a thread of their own, so a 64-row batch of the code predictor (≤ 17 keys, 1,024
+/// blocks) runs 64-thread blocks in one wave, and the talker's long contexts keep 256.
+/// `OMNITTS_ATTN_THREADS` (64, 128 or 256) sets the size instead, where `hd / 2` allows. The
+/// output is the same at every size: the kernel's sums follow the layout of 256 threads. Errors
+/// when the kernel cannot be loaded or the device not queried.
+pub(super) fn block_threads(
+    dev: &CudaDevice,
+    (module, ptx, name): (&str, &'static str, &str),
+    blocks: usize,
+    shared: usize,
+    max_keys: usize,
+    hd: usize,
+) -> Result<usize> {
+    let pairs = hd.div_ceil(2);
+    let fewest = |want: usize| {
+        BLOCK_SIZES
+            .into_iter()
+            .find(|&n| n >= want.max(pairs))
+            .unwrap_or(THREADS)
+    };
+    if let Some(forced) = Switches::get().attn_threads {
+        return Ok(fewest(forced));
+    }
+    let func = dev.get_or_load_custom_func(name, module, ptx)?;
+    let per_sm = func
+        .occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, shared, None)
+        .w()?;
+    let sms = dev
+        .cuda_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .w()?;
+    let one_wave = per_sm as usize * sms.max(0) as usize;
+    Ok(if blocks <= one_wave {
+        THREADS
+    } else {
+        fewest(max_keys)
+    })
 }
 
 /// Dynamic shared memory of one block: the scores, the query, the partial sums, the scratch.
@@ -86,6 +138,34 @@ pub fn decode_attention(
     max_keys: usize,
     scale: f64,
 ) -> Result<Tensor> {
+    let (b, nh, t, hd) = q.dims4()?;
+    let name = kernel_name("decode_attention", q.dtype())?;
+    let threads = block_threads(
+        &cuda_device(q)?,
+        (MODULE, PTX, &name),
+        b * nh * t,
+        shared_bytes(max_keys, hd),
+        max_keys,
+        hd,
+    )?;
+    decode_attention_in_blocks(q, k_cache, v_cache, pos, max_keys, scale, threads)
+}
+
+/// [`decode_attention`] in blocks of `threads` (32, 64, 128 or 256) instead of the size
+/// [`block_threads`] picks: the same output, bit for bit, at every size (`gpu_parity
+/// --check-kernels` checks it). Errors as [`decode_attention`], and on another block size.
+pub fn decode_attention_in_blocks(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    pos: Pos<'_>,
+    max_keys: usize,
+    scale: f64,
+    threads: usize,
+) -> Result<Tensor> {
+    if !BLOCK_SIZES.contains(&threads) {
+        candle_core::bail!("decode_attention: blocks of {threads} threads unsupported");
+    }
     let dtype = q.dtype();
     let (b, nh, t, hd, nkv, cap) = check(q, k_cache, v_cache, pos, max_keys)?;
     let dev = cuda_device(q)?;
@@ -117,7 +197,7 @@ pub fn decode_attention(
     }
     let cfg = LaunchConfig {
         grid_dim: (nh as u32, t as u32, b as u32),
-        block_dim: (THREADS as u32, 1, 1),
+        block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: shared as u32,
     };
     args.launch(

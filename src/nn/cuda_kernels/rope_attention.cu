@@ -12,8 +12,8 @@
 // [positions, hd / 2]; the position
 // (pos_dev, else pos_host). Outputs: q_rot [batch, nh, t, hd] (scratch), k_cache / v_cache
 // [batch, nkv, cap, hd] slots base..base + t, out [batch, t, nh * hd].
-// Launch: grid (nh, t, batch), block ROPE_ATTN_THREADS (>= hd / 2), dynamic shared memory as
-// decode_attention takes.
+// Launch: grid (nh, t, batch), block 32, 64, 128 or ROPE_ATTN_THREADS (256) threads, at least
+// hd / 2 (the same output at each), dynamic shared memory as decode_attention takes.
 #include "rope_attention.cuh"
 
 using namespace omnitts;

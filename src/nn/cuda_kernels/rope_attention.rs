@@ -12,7 +12,8 @@ use super::{decode_attention, qk_norm_rope};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rope_attention.ptx"));
 const MODULE: &str = "omnitts_rope_attention";
-/// Threads per block (`ROPE_ATTN_THREADS` = `ATTN_THREADS` in the kernels).
+/// Most threads of a block (`ROPE_ATTN_THREADS` = `ATTN_THREADS` in the kernels); a launch takes
+/// [`decode_attention::block_threads`].
 const THREADS: usize = 256;
 
 /// Whether the kernel takes heads of width `hd`: both kernels it chains do, and a block holds a
@@ -88,18 +89,22 @@ pub fn rope_attention(
         .i32(max_keys)?
         .f32(eps)
         .f32(scale as f32);
+    let name = kernel_name("rope_attention", dtype)?;
+    let shared = decode_attention::shared_bytes(max_keys, hd);
+    let threads = decode_attention::block_threads(
+        &dev,
+        (MODULE, PTX, &name),
+        nh * t * b,
+        shared,
+        max_keys,
+        hd,
+    )?;
     let cfg = LaunchConfig {
         grid_dim: (nh as u32, t as u32, b as u32),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: decode_attention::shared_bytes(max_keys, hd) as u32,
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: shared as u32,
     };
-    args.launch(
-        &dev,
-        MODULE,
-        PTX,
-        &kernel_name("rope_attention", dtype)?,
-        cfg,
-    )?;
+    args.launch(&dev, MODULE, PTX, &name, cfg)?;
     drop((pq, pk, pv, norm_guards, pcos, psin, prot, pkc, pvc, pout));
     Ok(out)
 }

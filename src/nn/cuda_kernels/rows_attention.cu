@@ -13,8 +13,8 @@
 // caches [2, rows] u64: the device addresses of row r's key and value buffers
 // [nkv, caps[r], hd] (one stream's `[1, nkv, cap, hd]` KV cache of this layer); caps [rows] u32.
 // Outputs: q_rot [rows, nh, hd] (scratch), the caches' slot positions[r], out [rows, nh * hd].
-// Launch: grid (nh, 1, rows), block ATTN_THREADS, dynamic shared memory as decode_attention takes
-// for max_keys.
+// Launch: grid (nh, 1, rows), block 32, 64, 128 or ATTN_THREADS (256) threads, at least hd / 2,
+// dynamic shared memory as decode_attention takes for max_keys.
 #include "rope_attention.cuh"
 
 using namespace omnitts;

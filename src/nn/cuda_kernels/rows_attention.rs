@@ -12,8 +12,6 @@ use super::{decode_attention, rope_attention};
 
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/rows_attention.ptx"));
 const MODULE: &str = "omnitts_rows_attention";
-/// Threads per block (`ATTN_THREADS` in the kernel).
-const THREADS: usize = 256;
 
 /// The device tables of one layer's KV caches for a batch of `rows` streams: `caches` i64
 /// `[2, rows]` (row r's key buffer address, then its value buffer address; each buffer one
@@ -137,18 +135,22 @@ pub fn rows_attention(
         .i32(max_keys)?
         .f32(eps)
         .f32(scale as f32);
+    let name = kernel_name("rows_attention", dtype)?;
+    let shared = decode_attention::shared_bytes(max_keys, hd);
+    let threads = decode_attention::block_threads(
+        &dev,
+        (MODULE, PTX, &name),
+        nh * rows,
+        shared,
+        max_keys,
+        hd,
+    )?;
     let cfg = LaunchConfig {
         grid_dim: (nh as u32, 1, rows as u32),
-        block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: decode_attention::shared_bytes(max_keys, hd) as u32,
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: shared as u32,
     };
-    args.launch(
-        &dev,
-        MODULE,
-        PTX,
-        &kernel_name("rows_attention", dtype)?,
-        cfg,
-    )?;
+    args.launch(&dev, MODULE, PTX, &name, cfg)?;
     drop((
         pq,
         pk,
