@@ -2,7 +2,7 @@
 // with the whole-stack kernel `decode_stack.cu`. `smem`: the dynamic shared memory; `h`, `i`,
 // `b`: the block's query head, row and batch (blockIdx.x/y/z of a plain launch).
 //
-// The block may have 64, 128 or 256 threads (any divisor of ATTN_THREADS that is a multiple of
+// The block may have 32, 64, 128 or 256 threads (any divisor of ATTN_THREADS that is a multiple of
 // 32): its sums follow the layout of ATTN_THREADS "virtual" threads whatever the block's size, each
 // real thread doing the work of virtual threads tid, tid + blockDim.x, ..., so the output is bit
 // for bit the same at every block size. A grid too large for one wave of 256-thread blocks with
