@@ -33,7 +33,7 @@ pub fn supports_head_dim(hd: usize) -> bool {
 /// Threads of one block of an attention kernel (this one, [`super::rope_attention`],
 /// [`super::rows_attention`]): kernel `name` of PTX module `module`, launched as `blocks` blocks
 /// with `shared` bytes of dynamic shared memory, attending to at most `max_keys` keys of heads of
-/// width `hd` (≤ 512). 256 while the grid fits the GPU in one wave of 256-thread blocks (a block's
+/// width `hd` (a head wider than 512 gets 256 threads). 256 while the grid fits the GPU in one wave of 256-thread blocks (a block's
 /// latency is then the step's: one stream's 16 heads); past that, the fewest of 32, 64, 128, 256
 /// that give every key of a full context and every NeoX pair of a head (`hd / 2`: the q/k norms
 /// and RoPE) a thread of their own, so a 64-row batch of the code predictor (≤ 17 keys, 1,024
