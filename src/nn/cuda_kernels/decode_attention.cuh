@@ -58,10 +58,12 @@ __device__ void decode_attention(const T* __restrict__ q, const T* __restrict__ 
     }
     const float m = block_max(local_max, scratch);  // a maximum: the same in any order
 
-    // Softmax weights; their sum as ATTN_THREADS threads would make it: virtual thread vt adds
-    // keys vt, vt + ATTN_THREADS, ... in order, then a warp sum per 32 virtual threads, then a
-    // warp sum of those (block_sum's order), every warp of the block computing it alike.
+    // Softmax weights and their sum as ATTN_THREADS threads make it: virtual thread vt adds keys
+    // vt, vt + ATTN_THREADS, ... in order; a block of ATTN_THREADS threads then sums those with
+    // block_sum, and a smaller one rebuilds block_sum's order from them (a warp sum per 32 virtual
+    // threads, then a warp sum of those), every warp of the block computing it alike.
     float* vsum = partial;  // [ATTN_THREADS], free until the values below
+    float own = 0.f;        // with ATTN_THREADS threads, this thread's (its only) virtual sum
     for (int vt = tid; vt < ATTN_THREADS; vt += threads) {
         float local_sum = 0.f;
         for (int j = vt; j < n; j += ATTN_THREADS) {
@@ -70,18 +72,24 @@ __device__ void decode_attention(const T* __restrict__ q, const T* __restrict__ 
             local_sum += e;
         }
         vsum[vt] = local_sum;
+        own = local_sum;
     }
-    __syncthreads();
-    const int lane = tid & 31;
-    float mine = 0.f;
+    float total;
+    if (threads == ATTN_THREADS) {
+        total = block_sum(own, scratch);  // also orders the score writes
+    } else {
+        __syncthreads();
+        const int lane = tid & 31;
+        float mine = 0.f;
 #pragma unroll
-    for (int w = 0; w < ATTN_THREADS / 32; ++w) {
-        const float v = warp_sum(vsum[w * 32 + lane]);
-        if (lane == w) mine = v;
+        for (int w = 0; w < ATTN_THREADS / 32; ++w) {
+            const float v = warp_sum(vsum[w * 32 + lane]);
+            if (lane == w) mine = v;
+        }
+        total = warp_sum(mine);
+        __syncthreads();  // every warp has read vsum before the values overwrite it
     }
-    const float total = warp_sum(mine);
     const float inv = total > 0.f ? 1.f / total : 0.f;
-    __syncthreads();  // every warp has read vsum before the values overwrite it
 
     // Values: `lanes` virtual threads cover one row (8 elements each); `groups` rows at a time.
     const int lanes = hd / 8;
