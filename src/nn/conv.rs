@@ -13,8 +13,12 @@
 //!
 //! On CUDA (bf16 or f32) a convolution runs as one GEMM over its input written tap-major from the
 //! history and the chunk in place ([`crate::nn::cuda_kernels::shift_cols`]), whose output is
-//! already `[batch, channels, time]`; `OMNITTS_DECODER_CONV=candle` keeps candle's `conv1d`
-//! (docs/cuda.md, "Code2Wav convolutions as products over the history").
+//! already `[batch, channels, time]` (docs/cuda.md, "Code2Wav convolutions as products over the
+//! history"); on the CPU (f32) as the same product, its input stacked from the taps' views of the
+//! padded chunk a stream at a time (1.25-1.3× faster Code2Wav than candle's `conv1d`, which zeroes
+//! and fills an im2col buffer and copies its output back to channels-first;
+//! docs/cpu-results/2026-12-06-code2wav-products/). `OMNITTS_DECODER_CONV=candle` keeps candle's
+//! `conv1d` on both.
 //!
 //! Several streams run through a layer together by stacking their states along the batch
 //! dimension ([`CausalConvState::stack`], [`ConvTransposeState::stack`]) for one pass over a
@@ -91,23 +95,28 @@ enum ConvKernel {
     /// Depthwise (groups = channels): one `[1, C, 1]` weight per tap, applied as shifted
     /// multiply-adds (candle's grouped conv would run one conv per channel).
     Depthwise(Vec<Tensor>),
-    /// On CUDA: the `[c_out, k · c_in]` weight (taps outermost) of the product over the history and
-    /// the chunk read in place ([`StreamingCausalConv1d::forward_product`]).
-    #[cfg(feature = "cuda")]
+    /// The `[1, c_out, k · c_in]` weight (taps outermost) of one product over the history and the
+    /// chunk: on CUDA with the product input written in place
+    /// ([`StreamingCausalConv1d::forward_product`]), on the CPU row by row from the taps' views.
     Product(Tensor),
 }
 
-/// Whether a layer whose weight is `weight` runs its product over the history read in place
-/// (`OMNITTS_DECODER_CONV` `cols`, the default, with `OMNITTS_DECODER_KERNELS` on): on CUDA, in
-/// bf16 or f32.
-#[cfg(feature = "cuda")]
+/// Whether a layer whose weight is `weight` runs as one product over the history and the chunk
+/// (`OMNITTS_DECODER_CONV` `cols`, the default): on CUDA in bf16 or f32 with
+/// `OMNITTS_DECODER_KERNELS` on; on the CPU in f32 (candle's `conv1d` there writes an im2col
+/// buffer it zeroes first and copies its output back to channels-first: 1.3× the time of a
+/// Code2Wav pass, docs/cpu-results/2026-12-06-code2wav-products/).
 fn product_kernel(weight: &Tensor) -> bool {
     use candle_core::DType;
     let switches = crate::nn::switches::Switches::get();
-    weight.device().is_cuda()
-        && switches.decoder_kernels
-        && switches.decoder_conv == crate::nn::switches::DecoderConv::Cols
-        && matches!(weight.dtype(), DType::BF16 | DType::F32)
+    if switches.decoder_conv != crate::nn::switches::DecoderConv::Cols {
+        return false;
+    }
+    if weight.device().is_cuda() {
+        switches.decoder_kernels && matches!(weight.dtype(), DType::BF16 | DType::F32)
+    } else {
+        weight.dtype() == DType::F32
+    }
 }
 
 /// The history a causal layer needs before a chunk of `x` `[b, c, n]`: `slot`'s, or zeros before
@@ -292,16 +301,13 @@ impl StreamingCausalConv1d {
             if kernel_size == 1 {
                 ConvKernel::Pointwise(weight.squeeze(2)?.contiguous()?)
             } else {
-                #[cfg(feature = "cuda")]
                 if product_kernel(&weight) {
-                    // [c_out, c_in, k] -> [c_out, k, c_in] -> [c_out, k · c_in]
+                    // [c_out, c_in, k] -> [c_out, k, c_in] -> [1, c_out, k · c_in]
                     let w = weight.transpose(1, 2)?.contiguous()?;
-                    ConvKernel::Product(w.reshape((out_channels, kernel_size * in_per_group))?)
+                    ConvKernel::Product(w.reshape((1, out_channels, kernel_size * in_per_group))?)
                 } else {
                     ConvKernel::Dense(weight.contiguous()?)
                 }
-                #[cfg(not(feature = "cuda"))]
-                ConvKernel::Dense(weight.contiguous()?)
             }
         } else if in_per_group == 1 && groups == out_channels {
             let taps = (0..kernel_size)
@@ -370,7 +376,9 @@ impl StreamingCausalConv1d {
         }
         let ctx = self.context();
         #[cfg(feature = "cuda")]
-        if let ConvKernel::Product(w) = &self.kernel {
+        if let ConvKernel::Product(w) = &self.kernel
+            && x.device().is_cuda()
+        {
             return self.forward_product(w, x, state, then);
         }
         let padded = if ctx == 0 {
@@ -393,14 +401,21 @@ impl StreamingCausalConv1d {
                 }
                 acc
             }
-            #[cfg(feature = "cuda")]
-            ConvKernel::Product(_) => bail!("causal conv: the product runs in forward_product"),
+            // On the CPU: per stream, the product input `[1, k · c_in, n]` stacked from the taps'
+            // views of the padded chunk (tap j at offset j · dilation), then one matmul whose
+            // output is already `[1, c_out, n]`. A stream at a time keeps that input in cache.
+            ConvKernel::Product(w) => row_by_row(&padded, |p| {
+                let taps = (0..self.kernel_size)
+                    .map(|j| p.narrow(2, j * self.dilation, n))
+                    .collect::<Result<Vec<_>>>()?;
+                w.matmul(&Tensor::cat(&taps, 1)?)
+            })?,
         };
         bias_then(y, self.bias.as_ref(), then)
     }
 
     /// [`Self::forward_then`] as one product over the history and the chunk read in place (`w`
-    /// `[c_out, k · c_in]`, on CUDA): the product input written tap-major
+    /// `[1, c_out, k · c_in]`, on CUDA): the product input written tap-major
     /// ([`shift_cols`](crate::nn::cuda_kernels::shift_cols::shift_cols)), one batched GEMM whose
     /// output is already `[b, c_out, n]`, then the bias epilogue. No concatenation with the
     /// history and no transposing copy (candle's `conv1d` makes both).
@@ -422,7 +437,8 @@ impl StreamingCausalConv1d {
             phases: 1,
         };
         let cols = shift_cols(Some(&history), &x, shape)?; // [b, k · c_in, n]
-        let y = w.broadcast_left(x.dim(0)?)?.matmul(&cols)?; // [b, c_out, n]
+        let (_, c_out, k_cin) = w.dims3()?;
+        let y = w.broadcast_as((x.dim(0)?, c_out, k_cin))?.matmul(&cols)?; // [b, c_out, n]
         state.history = Some(next_history(&history, &x, ctx)?);
         bias_then(y, self.bias.as_ref(), then)
     }
@@ -882,6 +898,41 @@ mod tests {
                 let got = streamed(&x, chunk, |c, s| conv.forward(c, s));
                 let d = max_diff(&got, &whole);
                 assert!(d < TOL, "{label}, chunk {chunk}: streamed differs by {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_cpu_product_matches_candles_conv1d_and_keeps_rows_apart() {
+        use crate::nn::switches::{DecoderConv, Switches};
+        let (c_in, c_out, len) = (6, 5, 29);
+        for (kernel, dilation) in [(2, 1), (3, 2), (7, 1), (7, 3), (7, 9)] {
+            let seed = (kernel * 10 + dilation) as u64 + 500;
+            let w = tensor(&[c_out, c_in, kernel], seed);
+            let b = tensor(&[c_out], seed + 1);
+            let product = StreamingCausalConv1d::new(w.clone(), Some(b), dilation, 1).unwrap();
+            if Switches::get().decoder_conv == DecoderConv::Cols {
+                assert!(matches!(product.kernel, ConvKernel::Product(_)));
+            }
+            let mut dense = product.clone();
+            dense.kernel = ConvKernel::Dense(w.contiguous().unwrap());
+            let x = tensor(&[3, c_in, len], seed + 2);
+            let label = format!("kernel {kernel}, dilation {dilation}");
+            for chunk in [1, 4, len] {
+                let got = streamed(&x, chunk, |c, s| product.forward(c, s));
+                let want = streamed(&x, chunk, |c, s| dense.forward(c, s));
+                let d = max_diff(&got, &want);
+                assert!(d < TOL, "{label}, chunk {chunk}: product vs conv1d {d}");
+                // Each row of a pass is its stream alone, to the bit.
+                for r in 0..3 {
+                    let row = x.narrow(0, r, 1).unwrap();
+                    let alone = streamed(&row, chunk, |c, s| product.forward(c, s));
+                    assert_eq!(
+                        rows(&got.narrow(0, r, 1).unwrap()),
+                        rows(&alone),
+                        "{label}, chunk {chunk}, row {r}"
+                    );
+                }
             }
         }
     }

@@ -1,7 +1,8 @@
 //! The `OMNITTS_*` environment switches, read once per process, in one place. Each selects one of
 //! several equivalent execution paths, for A/B runs against the default (docs/cuda.md has the
 //! measurements). Every build reads them; without the `cuda` feature only `OMNITTS_ALONE_ARRIVALS`
-//! (while stage 0's `first_frame_alone` is on) and `OMNITTS_CHUNK_RAMP` have an effect.
+//! (while stage 0's `first_frame_alone` is on), `OMNITTS_CHUNK_RAMP` and `OMNITTS_DECODER_CONV`
+//! have an effect.
 //!
 //! | variable | values | default |
 //! |---|---|---|
@@ -12,7 +13,7 @@
 //! | `OMNITTS_CP_FRAME_GRAPH` | `0` one code-predictor CUDA graph per step instead of one per frame | one per frame |
 //! | `OMNITTS_BATCH_GRAPHS` | `0` batched frames of several streams eager instead of on the batched frame graphs | graphs |
 //! | `OMNITTS_DECODER_KERNELS` | `0` Code2Wav's SnakeBeta as five tensor operations and its transposed convolutions as candle's, row by row | one kernel; one product for all rows |
-//! | `OMNITTS_DECODER_CONV` | `candle` Code2Wav's convolutions as candle's `conv1d` (im2col, GEMM, transposing copy) and transposed convolutions as one product and an overlap-add| `cols`: tap-major product input read in place, one GEMM writing `[batch, channels, time]`, the bias epilogue after it |
+//! | `OMNITTS_DECODER_CONV` | `candle` Code2Wav's convolutions as candle's `conv1d` (im2col, GEMM, transposing copy) and, on CUDA, transposed convolutions as one product and an overlap-add | `cols`: one product per convolution over a tap-major input (on CUDA written in place, the bias epilogue after it; on the CPU, f32, stacked from the taps' views a stream at a time), writing `[batch, channels, time]` |
 //! | `OMNITTS_PINNED_READBACK` | `0` device → host reads through pageable memory instead of a pinned buffer | pinned |
 //! | `OMNITTS_PREFILL_GRAPHS` | `0` prompts through the talker eagerly instead of on the prefill graphs | graphs |
 //! | `OMNITTS_DECODER_FIRST_GRAPH` | `0` a fresh stream's one-frame first chunk through Code2Wav eagerly instead of on its CUDA graph (docs/cuda.md, "The first chunk on a graph, and arrivals after a step alone") | graph |
@@ -40,15 +41,16 @@ pub enum FusedKernels {
     All,
 }
 
-/// How Code2Wav's convolutions run on CUDA (`OMNITTS_DECODER_CONV`; with `OMNITTS_DECODER_KERNELS`
-/// on); see [`crate::nn::conv`].
+/// How Code2Wav's convolutions run (`OMNITTS_DECODER_CONV`; on CUDA with `OMNITTS_DECODER_KERNELS`
+/// on, on the CPU in f32); see [`crate::nn::conv`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecoderConv {
     /// candle's `conv1d` (a concatenation with the history, im2col, GEMM, transposing copy); the
     /// transposed convolutions as one product and an overlap-add.
     Candle,
-    /// The product input written tap-major from the history and the chunk in place
-    /// ([`crate::nn::cuda_kernels::shift_cols`]), one GEMM, the bias epilogue.
+    /// One product over a tap-major input: on CUDA written from the history and the chunk in place
+    /// (`nn::cuda_kernels::shift_cols`), the bias epilogue after the GEMM; on the CPU stacked from
+    /// the taps' views of the padded chunk, one stream at a time.
     Cols,
 }
 
@@ -109,7 +111,7 @@ pub struct Switches {
     /// `OMNITTS_DECODER_KERNELS`: Code2Wav's SnakeBeta as one kernel and its transposed
     /// convolutions as one product for all rows ([`crate::nn::conv`]).
     pub decoder_kernels: bool,
-    /// `OMNITTS_DECODER_CONV`: how Code2Wav's convolutions run (needs `decoder_kernels`).
+    /// `OMNITTS_DECODER_CONV`: how Code2Wav's convolutions run (on CUDA, needs `decoder_kernels`).
     pub decoder_conv: DecoderConv,
     /// `OMNITTS_PREFILL_GRAPHS=0`: prompts run through the talker eagerly instead of replaying the
     /// prefill graphs (`models/qwen3_tts/graphs/prefill.rs`).
