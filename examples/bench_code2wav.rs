@@ -115,14 +115,16 @@ fn ramp(frames: usize) -> Vec<usize> {
         chunk: 25,
         ramp: ChunkRamp::Total,
     };
-    let mut out = Vec::new();
     let mut done = 0;
-    while done < frames {
-        let end = policy.next_boundary(done).map_or(frames, |b| b.min(frames));
-        out.push(end - done);
-        done = end;
-    }
-    out
+    policy
+        .boundaries()
+        .map_while(|b| {
+            let end = b.min(frames);
+            let n = end.checked_sub(done).filter(|&n| n > 0)?;
+            done = end;
+            Some(n)
+        })
+        .collect()
 }
 
 /// Timed batched passes: for each row count, (rows, best ms, ms a frame, audio-s/s).

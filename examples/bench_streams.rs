@@ -628,18 +628,15 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
 
 /// The first chunk sizes of `policy`, as a list ("1, 1, 2, 4, 8, 16, 25, 25, …"), or "whole".
 fn chunk_sizes(policy: ChunkPolicy) -> String {
-    let mut sizes = Vec::new();
-    let mut taken = 0;
-    while sizes.len() < 8 {
-        let Some(next) = policy.next_boundary(taken) else {
-            return "whole".to_string();
-        };
-        if next <= taken {
-            break;
-        }
-        sizes.push((next - taken).to_string());
-        taken = next;
+    if policy == ChunkPolicy::Whole {
+        return "whole".to_string();
     }
+    let mut taken = 0;
+    let sizes: Vec<String> = policy
+        .boundaries()
+        .take(8)
+        .map(|b| (b - std::mem::replace(&mut taken, b)).to_string())
+        .collect();
     format!("{}, …", sizes.join(", "))
 }
 

@@ -157,6 +157,15 @@ impl ChunkPolicy {
         }
     }
 
+    /// The chunk boundaries from the start (the frame counts at which successive chunks are
+    /// complete), increasing, without end; none in batch mode. E.g. 1, 2, 4, 8, 16, 32, 57, …
+    /// for a first chunk of 1, chunks of 25 and [`ChunkRamp::Total`].
+    pub fn boundaries(self) -> impl Iterator<Item = usize> {
+        std::iter::successors(self.next_boundary(0), move |&b| {
+            self.next_boundary(b).filter(|&next| next > b)
+        })
+    }
+
     /// The largest chunk the consumer ever waits for (the minimum useful capacity).
     pub fn largest_chunk(&self) -> usize {
         match *self {
@@ -417,13 +426,18 @@ mod tests {
         sizes
     }
 
-    #[test]
-    fn wake_thresholds_and_remainder() {
-        let s = |initial, chunk| ChunkPolicy::Streaming {
+    /// A streaming policy (tests).
+    fn streaming(initial: usize, chunk: usize, ramp: ChunkRamp) -> ChunkPolicy {
+        ChunkPolicy::Streaming {
             initial,
             chunk,
-            ramp: ChunkRamp::Off,
-        };
+            ramp,
+        }
+    }
+
+    #[test]
+    fn wake_thresholds_and_remainder() {
+        let s = |initial, chunk| streaming(initial, chunk, ChunkRamp::Off);
         assert_eq!(chunk_sizes(s(1, 25), 60), vec![1, 25, 25, 9]);
         assert_eq!(chunk_sizes(s(2, 10), 22), vec![2, 10, 10]);
         assert_eq!(chunk_sizes(s(0, 10), 25), vec![10, 10, 5]);
@@ -435,11 +449,7 @@ mod tests {
         // overflow, with and without the ramp.
         assert_eq!(chunk_sizes(s(1, usize::MAX), 7), vec![1, 6]);
         assert_eq!(s(1, usize::MAX).next_boundary(1), Some(usize::MAX));
-        let ramped = |ramp| ChunkPolicy::Streaming {
-            initial: 1,
-            chunk: usize::MAX,
-            ramp,
-        };
+        let ramped = |ramp| streaming(1, usize::MAX, ramp);
         assert_eq!(
             chunk_sizes(ramped(ChunkRamp::Twice), 20),
             vec![1, 2, 4, 8, 5]
@@ -450,20 +460,9 @@ mod tests {
         );
     }
 
-    /// The first `n` chunk boundaries of `p`, from the start.
-    fn first_boundaries(p: ChunkPolicy, n: usize) -> Vec<usize> {
-        std::iter::successors(p.next_boundary(0), |&b| p.next_boundary(b))
-            .take(n)
-            .collect()
-    }
-
     #[test]
     fn total_ramp_makes_each_chunk_as_long_as_the_audio_before_it() {
-        let r = |initial, chunk| ChunkPolicy::Streaming {
-            initial,
-            chunk,
-            ramp: ChunkRamp::Total,
-        };
+        let r = |initial, chunk| streaming(initial, chunk, ChunkRamp::Total);
         assert_eq!(
             chunk_sizes(r(1, 25), 120),
             vec![1, 1, 2, 4, 8, 16, 25, 25, 25, 13]
@@ -479,17 +478,14 @@ mod tests {
         // Each chunk is complete by the time the audio before it has played whenever frames come
         // at least as fast as its length needs: the boundaries double.
         let p = r(1, 25);
-        assert_eq!(first_boundaries(p, 8), vec![1, 2, 4, 8, 16, 32, 57, 82]);
+        let first = |n| p.boundaries().take(n).collect::<Vec<_>>();
+        assert_eq!(first(8), vec![1, 2, 4, 8, 16, 32, 57, 82]);
         assert_eq!(p.next_boundary(33), Some(57));
     }
 
     #[test]
     fn twice_ramp_doubles_up_to_the_chunk() {
-        let r = |initial, chunk| ChunkPolicy::Streaming {
-            initial,
-            chunk,
-            ramp: ChunkRamp::Twice,
-        };
+        let r = |initial, chunk| streaming(initial, chunk, ChunkRamp::Twice);
         assert_eq!(
             chunk_sizes(r(1, 25), 120),
             vec![1, 2, 4, 8, 16, 25, 25, 25, 14]
@@ -505,18 +501,17 @@ mod tests {
         // The boundaries as a player sees them: audio of chunk k+1 is complete by the time chunk k
         // plays out whenever frames come at least 2× faster than real time.
         let p = r(1, 25);
-        assert_eq!(first_boundaries(p, 7), vec![1, 3, 7, 15, 31, 56, 81]);
+        assert_eq!(
+            p.boundaries().take(7).collect::<Vec<_>>(),
+            vec![1, 3, 7, 15, 31, 56, 81]
+        );
         assert_eq!(p.next_boundary(32), Some(56));
         assert_eq!(p.next_boundary(56), Some(81));
     }
 
     #[test]
     fn boundaries() {
-        let p = ChunkPolicy::Streaming {
-            initial: 2,
-            chunk: 10,
-            ramp: ChunkRamp::Off,
-        };
+        let p = streaming(2, 10, ChunkRamp::Off);
         assert_eq!(p.next_boundary(0), Some(2));
         assert_eq!(p.next_boundary(1), Some(2));
         assert_eq!(p.next_boundary(2), Some(12));
@@ -526,14 +521,7 @@ mod tests {
 
     #[test]
     fn not_ready_until_boundary_then_last_flag() {
-        let buf = ChunkBuffer::new(
-            ChunkPolicy::Streaming {
-                initial: 2,
-                chunk: 3,
-                ramp: ChunkRamp::Off,
-            },
-            8,
-        );
+        let buf = ChunkBuffer::new(streaming(2, 3, ChunkRamp::Off), 8);
         buf.try_push(0).unwrap();
         assert_eq!(buf.try_take(), Take::NotReady);
         buf.try_push(1).unwrap();
@@ -563,14 +551,7 @@ mod tests {
 
     #[test]
     fn capacity_is_raised_to_largest_chunk() {
-        let b: ChunkBuffer<u8> = ChunkBuffer::new(
-            ChunkPolicy::Streaming {
-                initial: 1,
-                chunk: 25,
-                ramp: ChunkRamp::Off,
-            },
-            4,
-        );
+        let b: ChunkBuffer<u8> = ChunkBuffer::new(streaming(1, 25, ChunkRamp::Off), 4);
         assert_eq!(b.capacity(), 25);
         let b: ChunkBuffer<u8> = ChunkBuffer::new(ChunkPolicy::Whole, 4);
         assert_eq!(b.capacity(), usize::MAX);
@@ -578,14 +559,7 @@ mod tests {
 
     #[test]
     fn producer_blocks_at_capacity_and_never_drops() {
-        let buf = Arc::new(ChunkBuffer::new(
-            ChunkPolicy::Streaming {
-                initial: 0,
-                chunk: 2,
-                ramp: ChunkRamp::Off,
-            },
-            4,
-        ));
+        let buf = Arc::new(ChunkBuffer::new(streaming(0, 2, ChunkRamp::Off), 4));
         for i in 0..4 {
             buf.try_push(i).unwrap();
         }
@@ -619,27 +593,13 @@ mod tests {
 
     #[test]
     fn cancel_wakes_a_blocked_producer_and_consumer() {
-        let buf = Arc::new(ChunkBuffer::new(
-            ChunkPolicy::Streaming {
-                initial: 0,
-                chunk: 3,
-                ramp: ChunkRamp::Off,
-            },
-            3,
-        ));
+        let buf = Arc::new(ChunkBuffer::new(streaming(0, 3, ChunkRamp::Off), 3));
         for i in 0..3 {
             buf.try_push(vec![i; 1000]).unwrap();
         }
         let b = buf.clone();
         let producer = thread::spawn(move || b.push(vec![99; 10]));
-        let consumer_buf = Arc::new(ChunkBuffer::<u32>::new(
-            ChunkPolicy::Streaming {
-                initial: 0,
-                chunk: 3,
-                ramp: ChunkRamp::Off,
-            },
-            3,
-        ));
+        let consumer_buf = Arc::new(ChunkBuffer::<u32>::new(streaming(0, 3, ChunkRamp::Off), 3));
         let cb = consumer_buf.clone();
         let consumer = thread::spawn(move || cb.take());
         thread::sleep(Duration::from_millis(30));
@@ -662,21 +622,13 @@ mod tests {
     fn shared_signal_wakes_a_stage_waiting_on_several_buffers() {
         let sig = Signal::new();
         let a = Arc::new(ChunkBuffer::<u8>::with_signals(
-            ChunkPolicy::Streaming {
-                initial: 1,
-                chunk: 1,
-                ramp: ChunkRamp::Off,
-            },
+            streaming(1, 1, ChunkRamp::Off),
             2,
             Signal::new(),
             sig.clone(),
         ));
         let b = Arc::new(ChunkBuffer::with_signals(
-            ChunkPolicy::Streaming {
-                initial: 1,
-                chunk: 1,
-                ramp: ChunkRamp::Off,
-            },
+            streaming(1, 1, ChunkRamp::Off),
             2,
             Signal::new(),
             sig.clone(),
