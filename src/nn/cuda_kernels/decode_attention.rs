@@ -59,6 +59,10 @@ pub(super) fn block_threads(
     if let Some(forced) = Switches::get().attn_threads {
         return Ok(fewest(forced));
     }
+    let smaller = fewest(max_keys);
+    if smaller == THREADS {
+        return Ok(THREADS); // a long context (the talker's): no device query
+    }
     let func = dev.get_or_load_custom_func(name, module, ptx)?;
     let per_sm = func
         .occupancy_max_active_blocks_per_multiprocessor(THREADS as u32, shared, None)
@@ -69,11 +73,7 @@ pub(super) fn block_threads(
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         .w()?;
     let one_wave = per_sm as usize * sms.max(0) as usize;
-    Ok(if blocks <= one_wave {
-        THREADS
-    } else {
-        fewest(max_keys)
-    })
+    Ok(if blocks <= one_wave { THREADS } else { smaller })
 }
 
 /// Dynamic shared memory of one block: the scores, the query, the partial sums, the scratch.
