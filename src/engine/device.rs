@@ -103,14 +103,14 @@ impl DeviceSpec {
     /// stages on one GPU queue their kernels independently and can overlap; cudarc's cross-stream
     /// event tracking is turned off for it (nothing device-side crosses stages).
     pub fn open(&self) -> Result<Device, EngineError> {
-        self.open_with_priority(false)
+        self.open_with_priority(None)
     }
 
-    /// As [`DeviceSpec::open`], for a stage thread of `role`: on CUDA its stream runs at the
-    /// device's greatest priority when `OMNITTS_STREAM_PRIORITY` names the role (none by default:
-    /// measured without gain, docs/cuda.md "The first frame alone, and stream priorities"), so that
-    /// its kernels start before the queued blocks of the other stages' streams. Errors as `open`,
-    /// and an [`EngineError::Device`] naming the driver call if the priority cannot be set.
+    /// As [`DeviceSpec::open`], for a stage thread of `role`: on CUDA its stream runs at the rank
+    /// `OMNITTS_STREAM_PRIORITY` gives the role (rank 0 the device's greatest priority, each rank
+    /// after it one level lower; none by default: docs/cuda.md "Stage 0 above Code2Wav"), so that
+    /// its kernels start before the queued blocks of lower streams. Errors as `open`, and an
+    /// [`EngineError::Device`] naming the driver call if the priority cannot be set.
     pub(crate) fn open_as(&self, role: StreamRole) -> Result<Device, EngineError> {
         let p = crate::nn::switches::Switches::get().stream_priority;
         self.open_with_priority(match role {
@@ -120,7 +120,7 @@ impl DeviceSpec {
         })
     }
 
-    fn open_with_priority(&self, high: bool) -> Result<Device, EngineError> {
+    fn open_with_priority(&self, rank: Option<u8>) -> Result<Device, EngineError> {
         self.check_supported()?;
         match self.resolve() {
             DeviceSpec::Cpu => {
@@ -142,15 +142,15 @@ impl DeviceSpec {
                     // then recorded as the context's error for every later call).
                     // SAFETY: all of this handle's buffers are used and freed on its one stream.
                     unsafe { cuda.cuda_stream().context().disable_event_tracking() };
-                    if high {
-                        greatest_priority(cuda).map_err(|msg| EngineError::Device {
+                    if let Some(rank) = rank {
+                        set_priority(cuda, rank).map_err(|msg| EngineError::Device {
                             spec: self.to_string(),
                             msg,
                         })?;
                     }
                 }
                 #[cfg(not(feature = "cuda"))]
-                let _ = high;
+                let _ = rank;
                 Ok(dev)
             }
             DeviceSpec::Auto => unreachable!("resolve() never returns Auto"),
@@ -158,10 +158,11 @@ impl DeviceSpec {
     }
 }
 
-/// Sets `cuda`'s stream to the device's greatest priority (`cuStreamSetAttribute`). CUDA graphs
+/// Sets `cuda`'s stream to the priority `rank` levels below the device's greatest, at most the
+/// least (`cuStreamSetAttribute`; numerically lower values are greater priorities). CUDA graphs
 /// launched on the stream run at its priority. Errors name the driver call that failed.
 #[cfg(feature = "cuda")]
-fn greatest_priority(cuda: &candle_core::CudaDevice) -> Result<(), String> {
+fn set_priority(cuda: &candle_core::CudaDevice, rank: u8) -> Result<(), String> {
     use candle_core::cuda_backend::cudarc::driver::sys;
     let check = |what: &str, r: sys::CUresult| {
         if r == sys::CUresult::CUDA_SUCCESS {
@@ -183,8 +184,9 @@ fn greatest_priority(cuda: &candle_core::CudaDevice) -> Result<(), String> {
             "cuCtxGetStreamPriorityRange",
             sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest),
         )?;
+        let asked = (greatest + i32::from(rank)).min(least);
         let mut value: sys::CUstreamAttrValue = std::mem::zeroed();
-        value.priority = greatest;
+        value.priority = asked;
         check(
             "cuStreamSetAttribute",
             sys::cuStreamSetAttribute(
@@ -198,9 +200,9 @@ fn greatest_priority(cuda: &candle_core::CudaDevice) -> Result<(), String> {
             "cuStreamGetPriority",
             sys::cuStreamGetPriority(stream.cu_stream(), &mut now),
         )?;
-        if now != greatest {
+        if now != asked {
             return Err(format!(
-                "setting the stream priority: the stream kept priority {now} (asked {greatest})"
+                "setting the stream priority: the stream kept priority {now} (asked {asked})"
             ));
         }
         Ok(())

@@ -23,7 +23,7 @@
 //! | `OMNITTS_PARALLEL_CHOICES` | `0` a batched frame's codebook-0 choices (each row's processors, warpers and draw on the host) one row after another instead of spread over the host's cores (`models/qwen3_tts/batch.rs`) | spread |
 //! | `OMNITTS_CHUNK_RAMP` | `twice` with `codec_chunk_ramp` on, each chunk after the first twice the one before (1, 2, 4, 8, …) instead of as long as all the audio before it (1, 1, 2, 4, …; `engine/chunk_buffer.rs`, [`crate::engine::ChunkRamp`]); the audio is the same, only its chunks' times differ | as long as the audio before |
 //! | `OMNITTS_ATTN_THREADS` | `64`, `128` or `256`: every launch of `decode_attention`, `rope_attention` and `rows_attention` in blocks of that size (at least half the head width; the whole-stack kernel keeps 256), for A/B runs; the output is the same (`nn/cuda_kernels/decode_attention.rs`) | 256 while the grid fits one wave, else the fewest threads that give each key of a full context and each NeoX pair one (a 64-row code-predictor step 64, the talker 256) |
-//! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams at the device's greatest priority: `none`, or a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread) | `none` |
+//! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams above the default priority: `none`, or ranks from the device's greatest priority down separated by `>`, each a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread): `ar,lane` both at the greatest, `lane>ar` the lane at the greatest and stage 0 one level below | `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
 
@@ -54,36 +54,44 @@ pub enum DecoderConv {
     Cols,
 }
 
-/// Which stage threads' CUDA streams run at the device's greatest priority
-/// (`OMNITTS_STREAM_PRIORITY`); the others keep the default (least) priority. The block scheduler
-/// starts a higher-priority stream's pending blocks first, so a latency-bound stream's small
-/// kernels do not queue behind a throughput stream's large ones on a shared GPU. The default is
-/// none: on the H200 (docs/cuda.md, "The first frame alone, and stream priorities") stage 0 and the
-/// lane above stage 1 gave no gain at 10-20 requests a second and more underruns at 40 (stage 1's
-/// later chunks then wait).
+/// Which stage threads' CUDA streams run above the default priority (`OMNITTS_STREAM_PRIORITY`),
+/// as ranks: rank 0 is the device's greatest priority, rank 1 the level below it, and so on; a
+/// role without a rank keeps the default (least) priority. The block scheduler starts a
+/// higher-priority stream's pending blocks first, so a latency-bound stream's small kernels do
+/// not queue behind a throughput stream's large ones on a shared GPU. The default is none (see
+/// docs/cuda.md, "The first frame alone, and stream priorities" and "Stage 0 above Code2Wav").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StreamPriority {
     /// Stage 0 (the talker and code predictor steps).
-    pub ar: bool,
+    pub ar: Option<u8>,
     /// The first-chunk lane (stage 1's first chunks).
-    pub lane: bool,
+    pub lane: Option<u8>,
     /// Stage 1's thread (Code2Wav passes).
-    pub decoder: bool,
+    pub decoder: Option<u8>,
 }
 
 impl StreamPriority {
-    /// Parses `none` or a comma list of `ar`, `lane`, `decoder`; `None` for anything else.
+    /// Parses `none`, or ranks from the greatest down separated by `>`, each a comma list of
+    /// `ar`, `lane`, `decoder` (`ar,lane`: both at the greatest priority; `lane>ar`: the lane at
+    /// the greatest, stage 0 one level below); `None` for anything else, a role named twice
+    /// included.
     fn parse(v: &str) -> Option<StreamPriority> {
         let mut p = StreamPriority::default();
         if v == "none" {
             return Some(p);
         }
-        for role in v.split(',').map(str::trim) {
-            match role {
-                "ar" => p.ar = true,
-                "lane" => p.lane = true,
-                "decoder" => p.decoder = true,
-                _ => return None,
+        for (rank, roles) in v.split('>').enumerate() {
+            let rank = u8::try_from(rank).ok()?;
+            for role in roles.split(',').map(str::trim) {
+                let slot = match role {
+                    "ar" => &mut p.ar,
+                    "lane" => &mut p.lane,
+                    "decoder" => &mut p.decoder,
+                    _ => return None,
+                };
+                if slot.replace(rank).is_some() {
+                    return None;
+                }
             }
         }
         Some(p)
@@ -116,7 +124,7 @@ pub struct Switches {
     /// `OMNITTS_PREFILL_GRAPHS=0`: prompts run through the talker eagerly instead of replaying the
     /// prefill graphs (`models/qwen3_tts/graphs/prefill.rs`).
     pub prefill_graphs: bool,
-    /// `OMNITTS_STREAM_PRIORITY`: which stages' CUDA streams run at the greatest priority.
+    /// `OMNITTS_STREAM_PRIORITY`: which stages' CUDA streams run above the default priority.
     pub stream_priority: StreamPriority,
     /// `OMNITTS_DECODER_FIRST_GRAPH=0`: Code2Wav decodes a fresh stream's one-frame first chunk
     /// eagerly instead of on its CUDA graph (`models/qwen3_tts/code2wav/first_frame.rs`).
@@ -263,13 +271,22 @@ mod tests {
         assert_eq!(
             s.stream_priority,
             StreamPriority {
-                ar: false,
-                lane: true,
-                decoder: true
+                ar: None,
+                lane: Some(0),
+                decoder: Some(0)
             }
         );
         let none = with(&[("OMNITTS_STREAM_PRIORITY", "none")]).stream_priority;
-        assert!(!none.ar && !none.lane && !none.decoder);
+        assert_eq!(none, StreamPriority::default());
+        let ranked = with(&[("OMNITTS_STREAM_PRIORITY", "lane > ar")]).stream_priority;
+        assert_eq!(
+            ranked,
+            StreamPriority {
+                ar: Some(1),
+                lane: Some(0),
+                decoder: None
+            }
+        );
         assert_eq!(s.decoder_conv, DecoderConv::Candle);
         assert!(!s.pinned_readback);
         assert!(!s.prefill_graphs);
@@ -307,5 +324,9 @@ mod tests {
         assert_eq!(s, Switches::default());
         let s = with(&[("OMNITTS_STACK_BLOCKS_PER_SM", "many")]);
         assert_eq!(s.stack_blocks_per_sm, 2);
+        for twice in ["ar>ar", "lane,lane", "ar>"] {
+            let s = with(&[("OMNITTS_STREAM_PRIORITY", twice)]);
+            assert_eq!(s.stream_priority, StreamPriority::default(), "{twice}");
+        }
     }
 }
