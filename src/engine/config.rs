@@ -28,6 +28,7 @@
 //!       quantization: auto           # auto (int8 where it is faster, CPU) | none | q8_0 | q4_k
 //!       first_frame_alone: true      # omnitts: a new request's first frame in a step of its own
 //!                                    # (left out: on for a CUDA stage, off on the CPU; async only)
+//!       priority_over_decoder: false # omnitts: CUDA, stage 0's stream above Code2Wav's passes
 //!     default_sampling_params: {temperature, top_k, top_p, repetition_penalty, max_tokens, seed}
 //!     subtalker_sampling_params: {do_sample, temperature, top_k, top_p}
 //!     runaway_guard: {enabled: true, floor_frames: 75, frames_per_text_token: 6.0}
@@ -77,6 +78,7 @@ use crate::config_path::{self, join};
 use crate::models::registry::{self, Family};
 use crate::models::tts::SamplingParams;
 use crate::nn::QuantizationSpec;
+use crate::nn::switches::{StreamPriority, Switches};
 
 /// The default family's ([`registry::FAMILIES`]' first) shipped stage configuration (async
 /// chunk, exact streaming).
@@ -316,6 +318,16 @@ pub struct ArStageConfig {
     /// 0's recent stepping time (`engine/first_frame.rs`).
     #[serde(default, deserialize_with = "some::<Bool, _>")]
     pub first_frame_alone: Option<bool>,
+    /// `engine_args.priority_over_decoder` (an omnitts key; left out: off): on a CUDA device
+    /// shared with stage 1, stage 0's stream one priority level below the device's greatest, the
+    /// first-chunk lane's at the greatest and stage 1's own passes at the default, so that stage
+    /// 0's chain of small kernels takes the SMs a Code2Wav pass frees before the pass's next
+    /// blocks do. More audio a second with many streams (64 streams started together on an
+    /// H100: 1.06-1.09×), later chunks of stage 1 decoded later (at 40 requests a second more
+    /// of them late; docs/cuda.md, "Stage 0 above Code2Wav"). `OMNITTS_STREAM_PRIORITY`, when
+    /// set, decides instead.
+    #[serde(default, deserialize_with = "some::<Bool, _>")]
+    pub priority_over_decoder: Option<bool>,
 }
 
 /// A stage's `engine_args.model_stage` and `model_arch`, as given (the engine checks them
@@ -466,6 +478,19 @@ impl StageConfig {
                 .ar
                 .first_frame_alone
                 .unwrap_or(matches!(ar_device.resolve(), DeviceSpec::Cuda(_)))
+    }
+
+    /// The CUDA stream priority of each stage thread: `OMNITTS_STREAM_PRIORITY` when set, else
+    /// [`StreamPriority::OVER_DECODER`] with [`ArStageConfig::priority_over_decoder`], else
+    /// none above the default.
+    pub fn stream_priority(&self) -> StreamPriority {
+        Switches::get()
+            .stream_priority
+            .unwrap_or(if self.ar.priority_over_decoder == Some(true) {
+                StreamPriority::OVER_DECODER
+            } else {
+                StreamPriority::default()
+            })
     }
 
     /// The built-in stage config of a model family: its async-chunk one
@@ -984,6 +1009,37 @@ mod tests {
         );
         let e = StageConfig::from_yaml_str(&bad).unwrap_err().to_string();
         assert!(e.contains("engine_args.first_frame_alone"), "{e}");
+    }
+
+    #[test]
+    fn priority_over_decoder_is_read_and_ranks_the_streams() {
+        let d = StageConfig::default_async();
+        assert_eq!(d.ar.priority_over_decoder, None);
+        let yaml = DEFAULT_ASYNC_YAML.replace(
+            "max_waiting: 64\n",
+            "max_waiting: 64\n      priority_over_decoder: true\n",
+        );
+        let (on, w) = StageConfig::from_yaml_str(&yaml).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(on.ar.priority_over_decoder, Some(true));
+        // OMNITTS_STREAM_PRIORITY, when set, decides instead of the config.
+        if Switches::get().stream_priority.is_none() {
+            assert_eq!(d.stream_priority(), StreamPriority::default());
+            assert_eq!(
+                on.stream_priority(),
+                StreamPriority {
+                    ar: Some(1),
+                    lane: Some(0),
+                    decoder: None
+                }
+            );
+        }
+        let bad = DEFAULT_ASYNC_YAML.replace(
+            "max_waiting: 64\n",
+            "max_waiting: 64\n      priority_over_decoder: 2\n",
+        );
+        let e = StageConfig::from_yaml_str(&bad).unwrap_err().to_string();
+        assert!(e.contains("engine_args.priority_over_decoder"), "{e}");
     }
 
     #[test]

@@ -6,9 +6,10 @@ use std::str::FromStr;
 use candle_core::{DType, Device};
 
 use super::EngineError;
+use crate::nn::switches::StreamPriority;
 
 /// Which stage thread a device handle is for ([`DeviceSpec::open_as`]): it decides the priority
-/// of the handle's CUDA stream (`OMNITTS_STREAM_PRIORITY`, [`crate::nn::switches`]).
+/// of the handle's CUDA stream ([`StreamPriority`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StreamRole {
     /// Stage 0's thread: latency-bound steps every stream waits for.
@@ -107,16 +108,19 @@ impl DeviceSpec {
     }
 
     /// As [`DeviceSpec::open`], for a stage thread of `role`: on CUDA its stream runs at the rank
-    /// `OMNITTS_STREAM_PRIORITY` gives the role (rank 0 the device's greatest priority, each rank
-    /// after it one level lower; none by default: docs/cuda.md "Stage 0 above Code2Wav"), so that
-    /// its kernels start before the queued blocks of lower streams. Errors as `open`, and an
-    /// [`EngineError::Device`] naming the driver call if the priority cannot be set.
-    pub(crate) fn open_as(&self, role: StreamRole) -> Result<Device, EngineError> {
-        let p = crate::nn::switches::Switches::get().stream_priority;
+    /// `priority` gives the role (rank 0 the device's greatest priority, each rank after it one
+    /// level lower; [`super::StageConfig::stream_priority`]), so that its kernels start before
+    /// the queued blocks of lower streams. Errors as `open`, and an [`EngineError::Device`]
+    /// naming the driver call if the priority cannot be set.
+    pub(crate) fn open_as(
+        &self,
+        role: StreamRole,
+        priority: StreamPriority,
+    ) -> Result<Device, EngineError> {
         self.open_with_priority(match role {
-            StreamRole::Ar => p.ar,
-            StreamRole::Decoder => p.decoder,
-            StreamRole::Lane => p.lane,
+            StreamRole::Ar => priority.ar,
+            StreamRole::Decoder => priority.decoder,
+            StreamRole::Lane => priority.lane,
         })
     }
 

@@ -46,6 +46,7 @@ use super::stages::CudaGraphs;
 use super::stages::{guarded, lock};
 use super::{DeviceSpec, FinishReason};
 use crate::models::tts::{Stage1Model, Stage1Options};
+use crate::nn::switches::StreamPriority;
 
 /// The audio the lane delivers for a request before it hands the request back to stage 1 (0.5 s):
 /// twice [`URGENT_SLACK`], so that the request's next chunk can wait for a pass in
@@ -170,6 +171,7 @@ pub(crate) fn start<'scope, C: Stage1Model>(
     scope: &'scope Scope<'scope, '_>,
     dir: &'scope Path,
     device: DeviceSpec,
+    priority: StreamPriority,
     opts: Stage1Options,
     max_batch_frames: usize,
     queue: Arc<StageQueue>,
@@ -188,7 +190,7 @@ pub(crate) fn start<'scope, C: Stage1Model>(
                 held: Vec::new(),
             };
             let loaded = device
-                .open_as(StreamRole::Lane)
+                .open_as(StreamRole::Lane, priority)
                 .and_then(|dev| load_decoder::<C>(dir, &dev, &opts))
                 .map_err(|e| format!("the first-chunk lane's decoder: {e}"));
             let c2w = match loaded {
@@ -563,7 +565,15 @@ mod tests {
             let thread = std::thread::Builder::new()
                 .name("omnitts-stage1-code2wav".to_string())
                 .spawn(move || {
-                    dec_thread::<StandIn>(d, DeviceSpec::Cpu, cfg, q, tx, Arc::default())
+                    dec_thread::<StandIn>(
+                        d,
+                        DeviceSpec::Cpu,
+                        cfg,
+                        StreamPriority::default(),
+                        q,
+                        tx,
+                        Arc::default(),
+                    )
                 })
                 .expect("spawn stage 1");
             let info = rx.recv().expect("stage 1 reports").expect("stage 1 loads");

@@ -24,6 +24,7 @@ use crate::models::tts::{
     Stage0Session,
 };
 use crate::nn::WeightForm;
+use crate::nn::switches::StreamPriority;
 use crate::nn::transformer::PREFILL_CHUNK;
 
 /// Positions of each step's prefill budget ([`PREFILL_CHUNK`]) kept for running requests' later
@@ -49,20 +50,23 @@ pub(crate) struct ArInfo {
     pub device: DeviceSpec,
 }
 
-/// Stage 0's thread: loads the model on `device`, reports on `ready`, then runs the batching loop
-/// on `queue` until shutdown; `first_frame`: how new requests get their first frame.
+/// Stage 0's thread: loads the model on `device` (its CUDA stream at `priority`'s rank for stage
+/// 0), reports on `ready`, then runs the batching loop on `queue` until shutdown; `first_frame`:
+/// how new requests get their first frame.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn ar_thread<A: Stage0Model>(
     dir: PathBuf,
     device: DeviceSpec,
     cfg: ArStageConfig,
     first_frame: FirstFrameRules,
+    priority: StreamPriority,
     queue: Arc<StageQueue>,
     ready: mpsc::SyncSender<Result<ArInfo, EngineError>>,
     batches: Arc<BatchCounters>,
 ) {
     let _dead_on_exit = DeadOnExit(queue.clone());
     let loaded = (|| {
-        let dev = device.open_as(StreamRole::Ar)?;
+        let dev = device.open_as(StreamRole::Ar, priority)?;
         let dtype = cfg.dtype.for_device(&dev);
         let opts = Stage0Options {
             dtype,
@@ -1164,7 +1168,16 @@ mod tests {
                     alone_share: 1.0,
                     arrivals_first,
                 };
-                ar_thread::<StandIn>(d, DeviceSpec::Cpu, cfg, rules, q, tx, Arc::default())
+                ar_thread::<StandIn>(
+                    d,
+                    DeviceSpec::Cpu,
+                    cfg,
+                    rules,
+                    StreamPriority::default(),
+                    q,
+                    tx,
+                    Arc::default(),
+                )
             });
             rx.recv().expect("stage 0 reports").expect("stage 0 loads");
             Stage0 {

@@ -21,6 +21,7 @@ use super::request::RequestShared;
 use super::stages::{CudaGraphs, guarded, panic_message};
 use super::{AudioChunk, DTypeSpec, DeviceSpec, EngineError, EngineEvent, FinishReason, Metrics};
 use crate::models::tts::{Stage1Model, Stage1Options, Stage1Stream};
+use crate::nn::switches::StreamPriority;
 use candle_core::DType;
 
 /// A chunk's decode result: its samples or the error text, and the decode time charged to it.
@@ -40,13 +41,14 @@ pub(crate) fn dec_thread<C: Stage1Model>(
     dir: PathBuf,
     device: DeviceSpec,
     cfg: DecoderStageConfig,
+    priority: StreamPriority,
     queue: Arc<StageQueue>,
     ready: mpsc::SyncSender<Result<DecInfo, EngineError>>,
     batches: Arc<BatchCounters>,
 ) {
     let _dead_on_exit = DeadOnExit(queue.clone());
     let loaded = (|| {
-        let dev = device.open_as(StreamRole::Decoder)?;
+        let dev = device.open_as(StreamRole::Decoder, priority)?;
         let opts = Stage1Options {
             dtype: decoder_dtype(&cfg, &dev)?,
         };
@@ -70,6 +72,7 @@ pub(crate) fn dec_thread<C: Stage1Model>(
                 scope,
                 &dir,
                 device,
+                priority,
                 opts,
                 max_batch_frames,
                 queue.clone(),

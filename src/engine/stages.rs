@@ -137,12 +137,24 @@ pub(crate) fn spawn<A: Stage0Model, C: Stage1Model>(
         alone_share: super::first_frame::ALONE_SHARE,
         arrivals_first: crate::nn::switches::Switches::get().arrivals_after_alone,
     };
+    let priority = opts.stage_config.stream_priority();
     let q = ar_queue.clone();
     let counters = ar_batches.clone();
     let dir = opts.model_dir.clone();
     let stage0 = thread::Builder::new()
         .name("omnitts-stage0-ar".to_string())
-        .spawn(move || ar_thread::<A>(dir, ar_device, ar_cfg, first_frame, q, ar_tx, counters));
+        .spawn(move || {
+            ar_thread::<A>(
+                dir,
+                ar_device,
+                ar_cfg,
+                first_frame,
+                priority,
+                q,
+                ar_tx,
+                counters,
+            )
+        });
 
     let (dec_tx, dec_rx) = mpsc::sync_channel::<Result<DecInfo, EngineError>>(1);
     let dec_cfg = opts.stage_config.decoder.clone();
@@ -152,7 +164,7 @@ pub(crate) fn spawn<A: Stage0Model, C: Stage1Model>(
     let q = dec_queue.clone();
     let stage1 = thread::Builder::new()
         .name("omnitts-stage1-code2wav".to_string())
-        .spawn(move || dec_thread::<C>(dir, dec_device, dec_cfg, q, dec_tx, counters));
+        .spawn(move || dec_thread::<C>(dir, dec_device, dec_cfg, priority, q, dec_tx, counters));
 
     let spawn_err = |stage, e: std::io::Error| EngineError::Stage {
         stage,

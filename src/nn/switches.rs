@@ -23,7 +23,7 @@
 //! | `OMNITTS_PARALLEL_CHOICES` | `0` a batched frame's codebook-0 choices (each row's processors, warpers and draw on the host) one row after another instead of spread over the host's cores (`models/qwen3_tts/batch.rs`) | spread |
 //! | `OMNITTS_CHUNK_RAMP` | `twice` with `codec_chunk_ramp` on, each chunk after the first twice the one before (1, 2, 4, 8, …) instead of as long as all the audio before it (1, 1, 2, 4, …; `engine/chunk_buffer.rs`, [`crate::engine::ChunkRamp`]); the audio is the same, only its chunks' times differ | as long as the audio before |
 //! | `OMNITTS_ATTN_THREADS` | `64`, `128` or `256`: every launch of `decode_attention`, `rope_attention` and `rows_attention` in blocks of that size (at least half the head width; the whole-stack kernel keeps 256), for A/B runs; the output is the same (`nn/cuda_kernels/decode_attention.rs`) | 256 while the grid fits one wave, else the fewest threads that give each key of a full context and each NeoX pair one (a 64-row code-predictor step 64, the talker 256) |
-//! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams above the default priority: `none`, or ranks from the device's greatest priority down separated by `>`, each a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread): `ar,lane` both at the greatest, `lane>ar` the lane at the greatest and stage 0 one level below | `none` |
+//! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams above the default priority: `none`, or ranks from the device's greatest priority down separated by `>`, each a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread): `ar,lane` both at the greatest, `lane>ar` the lane at the greatest and stage 0 one level below | as stage 0's `priority_over_decoder` says: `lane>ar` when on, else `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
 
@@ -58,8 +58,9 @@ pub enum DecoderConv {
 /// as ranks: rank 0 is the device's greatest priority, rank 1 the level below it, and so on; a
 /// role without a rank keeps the default (least) priority. The block scheduler starts a
 /// higher-priority stream's pending blocks first, so a latency-bound stream's small kernels do
-/// not queue behind a throughput stream's large ones on a shared GPU. The default is none (see
-/// docs/cuda.md, "The first frame alone, and stream priorities" and "Stage 0 above Code2Wav").
+/// not queue behind a throughput stream's large ones on a shared GPU. Without the variable the
+/// stage config decides ([`crate::engine::StageConfig::stream_priority`]: none, or
+/// [`StreamPriority::OVER_DECODER`]; docs/cuda.md, "Stage 0 above Code2Wav").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct StreamPriority {
     /// Stage 0 (the talker and code predictor steps).
@@ -71,6 +72,14 @@ pub struct StreamPriority {
 }
 
 impl StreamPriority {
+    /// Stage 0 above stage 1's passes, the first-chunk lane above both (`lane>ar`; the stage
+    /// config's `priority_over_decoder`).
+    pub const OVER_DECODER: StreamPriority = StreamPriority {
+        ar: Some(1),
+        lane: Some(0),
+        decoder: None,
+    };
+
     /// Parses `none`, or ranks from the greatest down separated by `>`, each a comma list of
     /// `ar`, `lane`, `decoder` (`ar,lane`: both at the greatest priority; `lane>ar`: the lane at
     /// the greatest, stage 0 one level below); `None` for anything else, a role named twice
@@ -124,8 +133,9 @@ pub struct Switches {
     /// `OMNITTS_PREFILL_GRAPHS=0`: prompts run through the talker eagerly instead of replaying the
     /// prefill graphs (`models/qwen3_tts/graphs/prefill.rs`).
     pub prefill_graphs: bool,
-    /// `OMNITTS_STREAM_PRIORITY`: which stages' CUDA streams run above the default priority.
-    pub stream_priority: StreamPriority,
+    /// `OMNITTS_STREAM_PRIORITY`: which stages' CUDA streams run above the default priority
+    /// (`None`: unset, the stage config decides).
+    pub stream_priority: Option<StreamPriority>,
     /// `OMNITTS_DECODER_FIRST_GRAPH=0`: Code2Wav decodes a fresh stream's one-frame first chunk
     /// eagerly instead of on its CUDA graph (`models/qwen3_tts/code2wav/first_frame.rs`).
     pub decoder_first_graph: bool,
@@ -188,8 +198,7 @@ impl Switches {
             },
             prefill_graphs: !is("OMNITTS_PREFILL_GRAPHS", "0"),
             stream_priority: value("OMNITTS_STREAM_PRIORITY")
-                .and_then(|v| StreamPriority::parse(&v))
-                .unwrap_or_default(),
+                .and_then(|v| StreamPriority::parse(&v)),
             decoder_first_graph: !is("OMNITTS_DECODER_FIRST_GRAPH", "0"),
             fish_graphs: is("OMNITTS_FISH_GRAPHS", "1"),
             arrivals_after_alone: !is("OMNITTS_ALONE_ARRIVALS", "0"),
@@ -229,7 +238,7 @@ mod tests {
         assert!(s.decoder_kernels);
         assert_eq!(s.decoder_conv, DecoderConv::Cols);
         assert!(s.prefill_graphs);
-        assert_eq!(s.stream_priority, StreamPriority::default());
+        assert_eq!(s.stream_priority, None);
         assert!(s.decoder_first_graph);
         assert!(s.arrivals_after_alone);
         assert!(s.batched_prefill);
@@ -270,23 +279,16 @@ mod tests {
         assert!(!s.arrivals_after_alone);
         assert_eq!(
             s.stream_priority,
-            StreamPriority {
+            Some(StreamPriority {
                 ar: None,
                 lane: Some(0),
                 decoder: Some(0)
-            }
+            })
         );
         let none = with(&[("OMNITTS_STREAM_PRIORITY", "none")]).stream_priority;
-        assert_eq!(none, StreamPriority::default());
+        assert_eq!(none, Some(StreamPriority::default()));
         let ranked = with(&[("OMNITTS_STREAM_PRIORITY", "lane > ar")]).stream_priority;
-        assert_eq!(
-            ranked,
-            StreamPriority {
-                ar: Some(1),
-                lane: Some(0),
-                decoder: None
-            }
-        );
+        assert_eq!(ranked, Some(StreamPriority::OVER_DECODER));
         assert_eq!(s.decoder_conv, DecoderConv::Candle);
         assert!(!s.pinned_readback);
         assert!(!s.prefill_graphs);
@@ -326,7 +328,7 @@ mod tests {
         assert_eq!(s.stack_blocks_per_sm, 2);
         for twice in ["ar>ar", "lane,lane", "ar>"] {
             let s = with(&[("OMNITTS_STREAM_PRIORITY", twice)]);
-            assert_eq!(s.stream_priority, StreamPriority::default(), "{twice}");
+            assert_eq!(s.stream_priority, None, "{twice}");
         }
     }
 }
