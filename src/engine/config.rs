@@ -323,9 +323,9 @@ pub struct ArStageConfig {
     /// first-chunk lane's at the greatest and stage 1's own passes at the default, so that stage
     /// 0's chain of small kernels takes the SMs a Code2Wav pass frees before the pass's next
     /// blocks do. More audio a second with many streams (64 streams started together on an
-    /// H100: 1.06-1.09×), later chunks of stage 1 decoded later (at 40 requests a second more
-    /// of them late; docs/cuda.md, "Stage 0 above Code2Wav"). `OMNITTS_STREAM_PRIORITY`, when
-    /// set, decides instead.
+    /// H100: 1.08×), more underruns under load (at 40 requests a second: 17 against 6 of 4,797
+    /// requests; docs/cuda.md, "Stage 0 above Code2Wav"). `OMNITTS_STREAM_PRIORITY`, when set,
+    /// decides instead.
     #[serde(default, deserialize_with = "some::<Bool, _>")]
     pub priority_over_decoder: Option<bool>,
 }
