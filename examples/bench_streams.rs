@@ -619,7 +619,7 @@ fn open_loop_runs(args: &Args) -> Result<Value> {
         "decoder_pass_frames": args.decoder_pass_frames,
         "first_chunk_lane": format!("{:?}", shared.first_chunk_lane()),
         "first_frame_alone": shared.stage_config().first_frame_alone_on(shared.devices().0),
-        "stream_priority": std::env::var("OMNITTS_STREAM_PRIORITY").unwrap_or_else(|_| "default".into()),
+        "stream_priority": format!("{:?}", shared.stage_config().stream_priority()),
         "decoder_graphs": format!("{:?}", shared.decoder_graphs()),
         "alone_arrivals": std::env::var("OMNITTS_ALONE_ARRIVALS").unwrap_or_else(|_| "default".into()),
         "rates": per_rate, "highest_rate_without_underruns": highest_clean,

@@ -25,8 +25,8 @@
 #  lane     the first-chunk lane off and on (bench_streams --first-chunk-lane): the open loop at
 #           RATES, then the closed loop at STREAMS (100 frames), each pair in one call;
 #  prio     the open loop at RATES for each seed of SEEDS and each of VARIANTS (taking turns within a
-#           seed), `PRIORITY:ALONE` pairs: PRIORITY the CUDA streams at the greatest priority
-#           (OMNITTS_STREAM_PRIORITY: none, or a list of ar, lane, decoder), ALONE stage 0's first
+#           seed), `PRIORITY:ALONE` pairs: PRIORITY the CUDA streams' ranks (OMNITTS_STREAM_PRIORITY:
+#           none, or ranks separated by '>' of comma lists of ar, lane, decoder), ALONE stage 0's first
 #           frame in a step of its own (--first-frame-alone on|off);
 #  prio-closed  the closed loop at STREAMS (100 frames) for each of VARIANTS;
 #  ab       the open loop at RATES for each seed of SEEDS and each variant of AB (taking turns within a
@@ -136,8 +136,8 @@ if has prio; then
     # call falls on all of them alike.
     for seed in ${SEEDS//,/ }; do
         for v in ${VARIANTS:-none:off ar,lane:off ar,lane:on none:on}; do
-            p=${v%%:*} a=${v##*:}
-            streams "open-prio-${p//,/+}-alone-$a-seed$seed" "${PRIO_LIMIT_S:-150}" \
+            p=${v%%:*} a=${v##*:} n=${v%%:*}; n=${n//,/+}; n=${n//>/-over-}
+            streams "open-prio-$n-alone-$a-seed$seed" "${PRIO_LIMIT_S:-150}" \
                 OMNITTS_STREAM_PRIORITY="$p" -- --rates "$RATES" --first-frame-alone "$a" \
                 --seeds "$seed" --warmup-s "$WARMUP_S" --duration "$DURATION_S" --drain-s 10
         done
@@ -145,8 +145,8 @@ if has prio; then
 fi
 if has prio-closed; then
     for v in ${VARIANTS:-none:off ar,lane:on}; do
-        p=${v%%:*} a=${v##*:}
-        streams "closed-prio-${p//,/+}-alone-$a" 90 OMNITTS_STREAM_PRIORITY="$p" -- \
+        p=${v%%:*} a=${v##*:} n=${v%%:*}; n=${n//,/+}; n=${n//>/-over-}
+        streams "closed-prio-$n-alone-$a" 90 OMNITTS_STREAM_PRIORITY="$p" -- \
             --streams "$STREAMS" --frames 100 --first-frame-alone "$a"
     done
 fi

@@ -318,14 +318,14 @@ pub struct ArStageConfig {
     /// 0's recent stepping time (`engine/first_frame.rs`).
     #[serde(default, deserialize_with = "some::<Bool, _>")]
     pub first_frame_alone: Option<bool>,
-    /// `engine_args.priority_over_decoder` (an omnitts key; left out: off): on a CUDA device
-    /// shared with stage 1, stage 0's stream one priority level below the device's greatest, the
-    /// first-chunk lane's at the greatest and stage 1's own passes at the default, so that stage
-    /// 0's chain of small kernels takes the SMs a Code2Wav pass frees before the pass's next
-    /// blocks do. More audio a second with many streams (64 streams started together on an
-    /// H100: 1.08×), more underruns under load (at 40 requests a second: 17 against 6 of 4,797
-    /// requests; docs/cuda.md, "Stage 0 above Code2Wav"). `OMNITTS_STREAM_PRIORITY`, when set,
-    /// decides instead.
+    /// `engine_args.priority_over_decoder` (an omnitts key; left out: off): on CUDA, the CUDA
+    /// streams ranked first-chunk lane > stage 0 > stage 1's own passes (the lane at the
+    /// device's greatest priority, stage 0 one level below, the passes at the default; it
+    /// matters where the stages share a GPU), so that stage 0's chain of small kernels takes the
+    /// SMs a Code2Wav pass frees before the pass's next blocks do. More audio a second with many
+    /// streams (64 streams started together on an H100: 1.08×), more underruns under load (at 40
+    /// requests a second, two seeds: 14 against 6 of 4,797 requests; docs/cuda.md, "Stage 0
+    /// above Code2Wav"). `OMNITTS_STREAM_PRIORITY`, when set, decides instead.
     #[serde(default, deserialize_with = "some::<Bool, _>")]
     pub priority_over_decoder: Option<bool>,
 }
@@ -484,13 +484,10 @@ impl StageConfig {
     /// [`StreamPriority::OVER_DECODER`] with [`ArStageConfig::priority_over_decoder`], else
     /// none above the default.
     pub fn stream_priority(&self) -> StreamPriority {
-        Switches::get()
-            .stream_priority
-            .unwrap_or(if self.ar.priority_over_decoder == Some(true) {
-                StreamPriority::OVER_DECODER
-            } else {
-                StreamPriority::default()
-            })
+        StreamPriority::resolve(
+            Switches::get().stream_priority,
+            self.ar.priority_over_decoder,
+        )
     }
 
     /// The built-in stage config of a model family: its async-chunk one
@@ -1022,18 +1019,17 @@ mod tests {
         let (on, w) = StageConfig::from_yaml_str(&yaml).unwrap();
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(on.ar.priority_over_decoder, Some(true));
-        // OMNITTS_STREAM_PRIORITY, when set, decides instead of the config.
-        if Switches::get().stream_priority.is_none() {
-            assert_eq!(d.stream_priority(), StreamPriority::default());
-            assert_eq!(
-                on.stream_priority(),
-                StreamPriority {
-                    ar: Some(1),
-                    lane: Some(0),
-                    decoder: None
-                }
-            );
-        }
+        // Without OMNITTS_STREAM_PRIORITY (which decides when set: switches' tests).
+        let ranks = |c: &StageConfig| StreamPriority::resolve(None, c.ar.priority_over_decoder);
+        assert_eq!(ranks(&d), StreamPriority::default());
+        assert_eq!(
+            ranks(&on),
+            StreamPriority {
+                ar: Some(1),
+                lane: Some(0),
+                decoder: None
+            }
+        );
         let bad = DEFAULT_ASYNC_YAML.replace(
             "max_waiting: 64\n",
             "max_waiting: 64\n      priority_over_decoder: 2\n",

@@ -20,6 +20,24 @@ pub(crate) enum StreamRole {
     Lane,
 }
 
+impl StreamRole {
+    /// This role's rank in `priority` (`None`: the default priority).
+    pub(crate) fn rank(self, priority: StreamPriority) -> Option<u8> {
+        match self {
+            StreamRole::Ar => priority.ar,
+            StreamRole::Decoder => priority.decoder,
+            StreamRole::Lane => priority.lane,
+        }
+    }
+}
+
+/// The CUDA priority value `rank` levels below `greatest`, held at `least` (numerically lower
+/// values are greater priorities: `greatest` ≤ `least`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn priority_level(rank: u8, greatest: i32, least: i32) -> i32 {
+    (greatest + i32::from(rank)).min(least)
+}
+
 /// Where a stage runs. Parsed from `"cpu"`, `"cuda:N"` (or a bare GPU index `"N"`, as vLLM-Omni's
 /// `runtime.devices` writes it) and `"auto"` (CUDA device 0 when the crate was built with the `cuda`
 /// feature and a GPU is present, otherwise the CPU).
@@ -117,11 +135,7 @@ impl DeviceSpec {
         role: StreamRole,
         priority: StreamPriority,
     ) -> Result<Device, EngineError> {
-        self.open_with_priority(match role {
-            StreamRole::Ar => priority.ar,
-            StreamRole::Decoder => priority.decoder,
-            StreamRole::Lane => priority.lane,
-        })
+        self.open_with_priority(role.rank(priority))
     }
 
     fn open_with_priority(&self, rank: Option<u8>) -> Result<Device, EngineError> {
@@ -188,7 +202,7 @@ fn set_priority(cuda: &candle_core::CudaDevice, rank: u8) -> Result<(), String> 
             "cuCtxGetStreamPriorityRange",
             sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest),
         )?;
-        let asked = (greatest + i32::from(rank)).min(least);
+        let asked = priority_level(rank, greatest, least);
         let mut value: sys::CUstreamAttrValue = std::mem::zeroed();
         value.priority = asked;
         check(
@@ -304,6 +318,20 @@ impl DTypeSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_ranks_become_priority_levels() {
+        // A range of six levels (greatest −5, least 0).
+        assert_eq!(priority_level(0, -5, 0), -5);
+        assert_eq!(priority_level(1, -5, 0), -4);
+        assert_eq!(priority_level(9, -5, 0), 0);
+        // A device with one level.
+        assert_eq!(priority_level(1, 0, 0), 0);
+        let p = StreamPriority::OVER_DECODER;
+        assert_eq!(StreamRole::Lane.rank(p), Some(0));
+        assert_eq!(StreamRole::Ar.rank(p), Some(1));
+        assert_eq!(StreamRole::Decoder.rank(p), None);
+    }
 
     #[test]
     fn parses_device_strings() {

@@ -80,10 +80,21 @@ impl StreamPriority {
         decoder: None,
     };
 
+    /// The ranks in force: `env` (`OMNITTS_STREAM_PRIORITY`) when set, else
+    /// [`StreamPriority::OVER_DECODER`] when the stage config's `priority_over_decoder` is on,
+    /// else none above the default.
+    pub fn resolve(env: Option<StreamPriority>, over_decoder: Option<bool>) -> StreamPriority {
+        env.unwrap_or(if over_decoder == Some(true) {
+            StreamPriority::OVER_DECODER
+        } else {
+            StreamPriority::default()
+        })
+    }
+
     /// Parses `none`, or ranks from the greatest down separated by `>`, each a comma list of
     /// `ar`, `lane`, `decoder` (`ar,lane`: both at the greatest priority; `lane>ar`: the lane at
-    /// the greatest, stage 0 one level below); `None` for anything else, a role named twice
-    /// included.
+    /// the greatest, stage 0 one level below); `None` for anything else: an empty rank (`ar>`)
+    /// or a role named twice included.
     fn parse(v: &str) -> Option<StreamPriority> {
         let mut p = StreamPriority::default();
         if v == "none" {
@@ -310,6 +321,44 @@ mod tests {
     }
 
     #[test]
+    fn stream_priority_ranks_and_their_resolution() {
+        let three = with(&[("OMNITTS_STREAM_PRIORITY", "ar > lane,decoder")]).stream_priority;
+        let mixed = with(&[("OMNITTS_STREAM_PRIORITY", "decoder>lane>ar")]).stream_priority;
+        assert_eq!(
+            three,
+            Some(StreamPriority {
+                ar: Some(0),
+                lane: Some(1),
+                decoder: Some(1)
+            })
+        );
+        assert_eq!(
+            mixed,
+            Some(StreamPriority {
+                ar: Some(2),
+                lane: Some(1),
+                decoder: Some(0)
+            })
+        );
+        let none = StreamPriority::default();
+        // The variable, when set, wins over the stage config; without it the config decides.
+        assert_eq!(StreamPriority::resolve(Some(none), Some(true)), none);
+        assert_eq!(StreamPriority::resolve(three, None), three.unwrap());
+        assert_eq!(
+            StreamPriority::resolve(None, Some(true)),
+            StreamPriority::OVER_DECODER
+        );
+        assert_eq!(StreamPriority::resolve(None, Some(false)), none);
+        assert_eq!(StreamPriority::resolve(None, None), none);
+        assert_eq!(
+            StreamPriority::OVER_DECODER,
+            with(&[("OMNITTS_STREAM_PRIORITY", "lane>ar")])
+                .stream_priority
+                .unwrap()
+        );
+    }
+
+    #[test]
     fn other_values_keep_the_defaults() {
         let s = with(&[
             ("OMNITTS_FUSED_KERNELS", "2"),
@@ -326,9 +375,9 @@ mod tests {
         assert_eq!(s, Switches::default());
         let s = with(&[("OMNITTS_STACK_BLOCKS_PER_SM", "many")]);
         assert_eq!(s.stack_blocks_per_sm, 2);
-        for twice in ["ar>ar", "lane,lane", "ar>"] {
-            let s = with(&[("OMNITTS_STREAM_PRIORITY", twice)]);
-            assert_eq!(s.stream_priority, None, "{twice}");
+        for bad in ["ar>ar", "lane,lane", "ar>", ">ar", "ar;lane", "None"] {
+            let s = with(&[("OMNITTS_STREAM_PRIORITY", bad)]);
+            assert_eq!(s.stream_priority, None, "{bad}");
         }
     }
 }
