@@ -11,8 +11,10 @@
 //! 0's first frame (p50, from the codes tap) and to first audio (p50 / p95 / p99), the mean batch
 //! of stage 0, where the time goes (median over the streams of stage 0's ms per frame, which in
 //! a batch is the time of a step of the whole batch, and of stage 1's decode ms per frame), and
-//! the shared / separate ratio of the aggregate. On a GPU use `--shared-only` (N separate copies
-//! of a large model do not fit).
+//! the shared / separate ratio of the aggregate; under each row, the first audio in parts (p50 /
+//! p95): the queue, the prefill, from the prefill's end to the first frame (a prefill budget
+//! waited for, the steps before its own; with stage 0's steps from arrival to first frame), and
+//! stage 1's part. On a GPU use `--shared-only` (N separate copies of a large model do not fit).
 //!
 //! **Open loop** (`--rates`), measured as the serving engines' public benchmark
 //! (nari-labs/benchmarks, `tts_bench`) measures them, so that the figures can stand beside
@@ -373,6 +375,26 @@ fn summary(label: &str, n: usize, streams: &[Stream], mean_batch: f64) -> Value 
         .iter()
         .map(|s| s.metrics.decoder_ms_per_frame)
         .collect();
+    // The first audio in parts: from the prefill's end (queue + prefill) to the first frame
+    // (waiting for a prefill budget, the steps before its own), and from the first frame to the
+    // first audio (stage 1).
+    let to_first_frame: Vec<f64> = streams
+        .iter()
+        .map(|s| (s.first_frame_ms - s.metrics.queue_ms - s.metrics.ar_prefill_ms).max(0.0))
+        .collect();
+    let first_frame_steps: Vec<f64> = streams
+        .iter()
+        .map(|s| s.metrics.first_frame_steps.map_or(f64::NAN, |n| n as f64))
+        .collect();
+    let stage1_first: Vec<f64> = streams
+        .iter()
+        .map(|s| {
+            s.metrics
+                .ttfa_ms
+                .map_or(f64::NAN, |t| (t - s.first_frame_ms).max(0.0))
+        })
+        .collect();
+    let p = |v: &[f64], q: f64| percentile(v, q);
     json!({
         "engines": label, "streams": n,
         "aggregate_audio_s_per_s": audio_s / wall_s,
@@ -383,6 +405,13 @@ fn summary(label: &str, n: usize, streams: &[Stream], mean_batch: f64) -> Value 
         "frames_min": percentile(&frames, 0.0),
         "queue_ms_p50": percentile(&queue, 50.0), "prefill_ms_p50": percentile(&prefill, 50.0),
         "first_frame_ms_p50": percentile(&first_frame, 50.0),
+        "queue_ms_p95": p(&queue, 95.0), "prefill_ms_p95": p(&prefill, 95.0),
+        "to_first_frame_ms_p50": p(&to_first_frame, 50.0),
+        "to_first_frame_ms_p95": p(&to_first_frame, 95.0),
+        "first_frame_steps_p50": p(&first_frame_steps, 50.0),
+        "first_frame_steps_p95": p(&first_frame_steps, 95.0),
+        "stage1_first_ms_p50": p(&stage1_first, 50.0),
+        "stage1_first_ms_p95": p(&stage1_first, 95.0),
         "mean_batch_stage0": mean_batch,
         "ar_ms_per_step_p50": percentile(&ar, 50.0),
         "decoder_ms_per_frame_p50": percentile(&dec, 50.0),
@@ -459,6 +488,21 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
                 f("ar_ms_per_step_p50"),
                 f("decoder_ms_per_frame_p50"),
                 r.map(|r| format!("{r:.2}x")).unwrap_or_default()
+            );
+            let pair = |k: &str| {
+                format!(
+                    "{:.1} / {:.1}",
+                    f(&format!("{k}_p50")),
+                    f(&format!("{k}_p95"))
+                )
+            };
+            println!(
+                "           first audio, p50 / p95 ms: queue {} | prefill {} | to first frame {} ({} steps) | stage 1 {}",
+                pair("queue_ms"),
+                pair("prefill_ms"),
+                pair("to_first_frame_ms"),
+                pair("first_frame_steps"),
+                pair("stage1_first_ms")
             );
         }
         rows.push(json!({ "n": n, "shared": s, "separate": sep, "shared_over_separate": ratio }));
