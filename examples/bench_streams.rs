@@ -394,7 +394,6 @@ fn summary(label: &str, n: usize, streams: &[Stream], mean_batch: f64) -> Value 
                 .map_or(f64::NAN, |t| (t - s.first_frame_ms).max(0.0))
         })
         .collect();
-    let p = |v: &[f64], q: f64| percentile(v, q);
     json!({
         "engines": label, "streams": n,
         "aggregate_audio_s_per_s": audio_s / wall_s,
@@ -405,13 +404,13 @@ fn summary(label: &str, n: usize, streams: &[Stream], mean_batch: f64) -> Value 
         "frames_min": percentile(&frames, 0.0),
         "queue_ms_p50": percentile(&queue, 50.0), "prefill_ms_p50": percentile(&prefill, 50.0),
         "first_frame_ms_p50": percentile(&first_frame, 50.0),
-        "queue_ms_p95": p(&queue, 95.0), "prefill_ms_p95": p(&prefill, 95.0),
-        "to_first_frame_ms_p50": p(&to_first_frame, 50.0),
-        "to_first_frame_ms_p95": p(&to_first_frame, 95.0),
-        "first_frame_steps_p50": p(&first_frame_steps, 50.0),
-        "first_frame_steps_p95": p(&first_frame_steps, 95.0),
-        "stage1_first_ms_p50": p(&stage1_first, 50.0),
-        "stage1_first_ms_p95": p(&stage1_first, 95.0),
+        "queue_ms_p95": percentile(&queue, 95.0), "prefill_ms_p95": percentile(&prefill, 95.0),
+        "to_first_frame_ms_p50": percentile(&to_first_frame, 50.0),
+        "to_first_frame_ms_p95": percentile(&to_first_frame, 95.0),
+        "first_frame_steps_p50": percentile(&first_frame_steps, 50.0),
+        "first_frame_steps_p95": percentile(&first_frame_steps, 95.0),
+        "stage1_first_ms_p50": percentile(&stage1_first, 50.0),
+        "stage1_first_ms_p95": percentile(&stage1_first, 95.0),
         "mean_batch_stage0": mean_batch,
         "ar_ms_per_step_p50": percentile(&ar, 50.0),
         "decoder_ms_per_frame_p50": percentile(&dec, 50.0),

@@ -986,36 +986,32 @@ mod tests {
             ..batch
         };
         assert!(!forced.first_frame_alone_on(DeviceSpec::Cuda(0)));
-        let yaml = DEFAULT_ASYNC_YAML.replace(
-            "max_waiting: 64\n",
-            "max_waiting: 64\n      first_frame_alone: false\n",
-        );
+        let yaml = with_ar_key("first_frame_alone: false");
         let (c, w) = StageConfig::from_yaml_str(&yaml).unwrap();
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(c.ar.first_frame_alone, Some(false));
         assert!(!c.first_frame_alone_on(DeviceSpec::Cuda(0)));
-        let yaml = DEFAULT_ASYNC_YAML.replace(
-            "max_waiting: 64\n",
-            "max_waiting: 64\n      first_frame_alone: true\n",
-        );
+        let yaml = with_ar_key("first_frame_alone: true");
         let (c, _) = StageConfig::from_yaml_str(&yaml).unwrap();
         assert!(c.first_frame_alone_on(DeviceSpec::Cpu));
-        let bad = DEFAULT_ASYNC_YAML.replace(
-            "max_waiting: 64\n",
-            "max_waiting: 64\n      first_frame_alone: often\n",
-        );
+        let bad = with_ar_key("first_frame_alone: often");
         let e = StageConfig::from_yaml_str(&bad).unwrap_err().to_string();
         assert!(e.contains("engine_args.first_frame_alone"), "{e}");
+    }
+
+    /// The built-in async config with `line` (`key: value`) added to stage 0's `engine_args`.
+    fn with_ar_key(line: &str) -> String {
+        DEFAULT_ASYNC_YAML.replace(
+            "max_waiting: 64\n",
+            &format!("max_waiting: 64\n      {line}\n"),
+        )
     }
 
     #[test]
     fn priority_over_decoder_is_read_and_ranks_the_streams() {
         let d = StageConfig::default_async();
         assert_eq!(d.ar.priority_over_decoder, None);
-        let yaml = DEFAULT_ASYNC_YAML.replace(
-            "max_waiting: 64\n",
-            "max_waiting: 64\n      priority_over_decoder: true\n",
-        );
+        let yaml = with_ar_key("priority_over_decoder: true");
         let (on, w) = StageConfig::from_yaml_str(&yaml).unwrap();
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(on.ar.priority_over_decoder, Some(true));
@@ -1030,10 +1026,7 @@ mod tests {
                 decoder: None
             }
         );
-        let bad = DEFAULT_ASYNC_YAML.replace(
-            "max_waiting: 64\n",
-            "max_waiting: 64\n      priority_over_decoder: 2\n",
-        );
+        let bad = with_ar_key("priority_over_decoder: 2");
         let e = StageConfig::from_yaml_str(&bad).unwrap_err().to_string();
         assert!(e.contains("engine_args.priority_over_decoder"), "{e}");
     }
