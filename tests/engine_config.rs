@@ -363,7 +363,21 @@ fn more_errors_name_key_path_and_value() {
                 "{model_stage: qwen3_tts}",
                 "{model_stage: qwen3_tts}\n    default_sampling_params: {max_tokens: 0}",
             ),
-            "stage_args[0].default_sampling_params.max_tokens: expected a positive integer, got 0",
+            "stage_args[0].default_sampling_params.max_tokens: expected an integer from 2 to 65536 (at most N - 1 codec frames, as max-new-tokens), got 0",
+        ),
+        (
+            edit(
+                "{model_stage: qwen3_tts}",
+                "{model_stage: qwen3_tts}\n    default_sampling_params: {max_tokens: 1}",
+            ),
+            "stage_args[0].default_sampling_params.max_tokens: expected an integer from 2 to 65536 (at most N - 1 codec frames, as max-new-tokens), got 1",
+        ),
+        (
+            edit(
+                "{model_stage: qwen3_tts}",
+                "{model_stage: qwen3_tts}\n    default_sampling_params: {max_tokens: 100000}",
+            ),
+            "stage_args[0].default_sampling_params.max_tokens: expected an integer from 2 to 65536 (at most N - 1 codec frames, as max-new-tokens), got 100000",
         ),
         (
             edit(

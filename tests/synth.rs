@@ -549,6 +549,38 @@ fn harness_flush_mid_cue_drops_it_and_restarts_the_timeline() {
     assert!(got == want, "nothing of the flushed cue after the flush");
     let msgs = element_util::drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    // The flushed cue had started: it is announced as over, cancelled, before the next cue.
+    let done = element_messages(&msgs, "omnitts/utterance-done");
+    let reasons: Vec<(u64, String)> = done
+        .iter()
+        .map(|d| {
+            (
+                d.get::<u64>("id").unwrap(),
+                d.get::<String>("reason").unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert_eq!(reasons[0], (1, "cancelled".to_string()), "{reasons:?}");
+    assert_eq!(reasons[1].0, 2, "{reasons:?}");
+    assert_ne!(reasons[1].1, "cancelled", "{reasons:?}");
+    let cues = element_messages(&msgs, CUE);
+    assert_eq!(cues.len(), 2, "{cues:?}");
+    assert_eq!(cues[0].get::<u64>("id").unwrap(), 1);
+    assert_eq!(
+        cues[0].get::<String>("action").unwrap(),
+        "flushed",
+        "{}",
+        cues[0]
+    );
+    assert!(u64_field(&cues[0], "output-duration") > 0, "{}", cues[0]);
+    assert_eq!(cues[1].get::<u64>("id").unwrap(), 2);
+    assert_ne!(
+        cues[1].get::<String>("action").unwrap(),
+        "flushed",
+        "{}",
+        cues[1]
+    );
 }
 
 /// A cue hours after the input before it, or with a slot of hours, is most likely a timestamp
@@ -720,6 +752,56 @@ fn a_zero_duration_cue_is_spoken_whole_with_a_warning() {
         assert_eq!(w.len(), 1, "{policy}: {w:?}");
         assert!(w[0].starts_with("cue 2 (PTS 0:00:01.5"), "{}", w[0]);
     }
+}
+
+/// A cue that ends before it starts (subparse gives such an SRT cue a duration of 2^64 ns less
+/// the difference, which ends past any timestamp) is spoken whole from its PTS, as a cue without
+/// duration, with a warning naming it; the stream ends after it instead of outputting silence
+/// for centuries.
+#[test]
+fn a_cue_that_ends_before_it_starts_is_spoken_whole_and_the_stream_ends() {
+    let (back, after) = (reference("Backwards.", &[]), reference("After.", &[]));
+    let (e, bus) = synth(&[]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    let mut b = gst::Buffer::from_slice(b"Backwards.".to_vec());
+    {
+        let b = b.get_mut().unwrap();
+        b.set_pts(gst::ClockTime::from_mseconds(500));
+        // An end 1 s before the start, as subparse computes it: end - start, wrapped.
+        b.set_duration(gst::ClockTime::from_nseconds(
+            0u64.wrapping_sub(1_000_000_000),
+        ));
+    }
+    h.push(b).unwrap();
+    // The next cue half a second after the backwards one's speech ends.
+    let after_ms = 1_000 + back.len() as u64 * 1_000 / RATE;
+    h.push(text_buffer(b"After.", Some(after_ms), Some(1_000)))
+        .unwrap();
+    h.push_event(gst::event::Eos::new());
+    let (got, _) = pull_to_eos(&mut h, Duration::from_secs(60));
+    let mut want = Vec::new();
+    place(&mut want, at_ms(500), &back);
+    place(&mut want, at_ms(after_ms), &after);
+    want.resize(want.len().max(at_ms(after_ms + 1_000)), 0.0);
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "spoken whole at its PTS, then the next cue");
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let w: Vec<_> = warnings(&msgs)
+        .into_iter()
+        .filter(|w| w.contains("ends past the largest timestamp"))
+        .collect();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].starts_with("cue 1 (PTS 0:00:00.5"), "{}", w[0]);
+    let cues = element_messages(&msgs, CUE);
+    assert_eq!(
+        cues[0]
+            .get::<Option<gst::ClockTime>>("slot-duration")
+            .unwrap(),
+        None,
+        "{}",
+        cues[0]
+    );
 }
 
 #[test]

@@ -68,9 +68,9 @@ use serde::de::DeserializeOwned;
 use serde_yaml_ng::{Mapping, Value};
 
 use checks::{
-    AnyValue, ArDType, ArQuantization, Bool, Check, Devices, NonNegative, Positive, PositiveNumber,
-    Seed, StreamingMode, Temperature, TopK, TopP, check_keys, checked, exact, expected, int, show,
-    some, string,
+    AnyValue, ArDType, ArQuantization, Bool, Check, Devices, MaxTokens, NonNegative, Positive,
+    PositiveNumber, Seed, StreamingMode, Temperature, TopK, TopP, check_keys, checked, exact,
+    expected, int, show, some, string,
 };
 
 use super::{DTypeSpec, DeviceSpec, EngineError};
@@ -127,8 +127,8 @@ pub struct SamplingOverrides {
     /// `repetition_penalty` (> 0).
     #[serde(default, deserialize_with = "some::<PositiveNumber, _>")]
     pub repetition_penalty: Option<f64>,
-    /// `max_tokens`: the frame cap (`max_new_tokens`).
-    #[serde(default, deserialize_with = "some::<Positive, _>")]
+    /// `max_tokens`: the frame cap (`max_new_tokens`), 2 to 65536.
+    #[serde(default, deserialize_with = "some::<MaxTokens, _>")]
     pub max_tokens: Option<usize>,
     /// `seed`.
     #[serde(default, deserialize_with = "some::<Seed, _>")]

@@ -365,14 +365,15 @@ impl OmniTtsSynth {
         Ok(())
     }
 
-    fn start_task(&self) -> bool {
+    /// The source pad task's fixed parameters, from the settings and the loaded model.
+    fn output(&self) -> Output {
         let (latency, samples_per_frame) = {
             let s = lock(&self.settings);
             let rt = lock(&self.runtime);
             let spf = rt.as_ref().map_or(1920, |rt| rt.info.samples_per_frame);
             (gst::ClockTime::from_mseconds(s.latency_ms as u64), spf)
         };
-        let output = Output {
+        Output {
             shared: self.shared.clone(),
             srcpad: self.srcpad.clone(),
             element: self.obj().upcast_ref::<gst::Element>().downgrade(),
@@ -380,7 +381,11 @@ impl OmniTtsSynth {
             policy: self.policy(),
             samples_per_frame,
             rate: self.rate(),
-        };
+        }
+    }
+
+    fn start_task(&self) -> bool {
+        let output = self.output();
         match self.srcpad.start_task(move || output.step()) {
             Ok(()) => true,
             Err(e) => {
@@ -1015,6 +1020,28 @@ impl OmniTtsSynth {
             }
             _ => t,
         });
+        // A duration that ends past the largest signed timestamp is a negative one read as
+        // unsigned (subparse gives an SRT cue that ends before it starts 2^64 ns less the
+        // difference): honoured, its slot would be centuries of silence and no EOS.
+        let duration = match duration {
+            Some(d) if ends_past_time(pts, d) => {
+                gst::element_imp_warning!(
+                    self,
+                    gst::StreamError::Format,
+                    (
+                        "cue {} (PTS {}) has a duration ({}) that ends past the largest \
+                         timestamp, most likely an end before its start: it is spoken whole \
+                         from its PTS (overflow=shift: once the speech before it is over), as a \
+                         cue without duration",
+                        id,
+                        pts.display(),
+                        d
+                    )
+                );
+                None
+            }
+            d => d,
+        };
         let slot = self.slot(duration);
         let (kind, job) = self.cue_kind(id, &text, pts, slot, &voice, live)?;
         if let Some(d) = duration
@@ -1027,8 +1054,9 @@ impl OmniTtsSynth {
                 self,
                 gst::StreamError::Format,
                 (
-                    "cue {} (PTS {}) has a zero duration ({}): it is spoken whole from its PTS, \
-                     as a cue without duration (no slot end, never clipped)",
+                    "cue {} (PTS {}) has a zero duration ({}): it is spoken whole from its PTS \
+                     (overflow=shift: once the speech before it is over), as a cue without \
+                     duration (no slot end, never clipped)",
                     id,
                     pts.display(),
                     d
@@ -1247,12 +1275,20 @@ impl OmniTtsSynth {
             }
             EventView::FlushStop(_) => {
                 let policy = self.policy();
+                let output = self.output();
+                let element = self.obj().upcast_ref::<gst::Element>().clone();
+                let mut msgs = Vec::new();
                 {
                     let mut inner = self.shared.lock();
+                    // The cues that were playing are over: their utterance-done (cancelled)
+                    // and cue messages, as for any cue cut short.
+                    inner.timeline.flush();
+                    output.notices(&element, &mut inner, &mut msgs);
                     inner.reset(policy);
                     inner.flushing = false;
                     self.shared.cond.notify_all();
                 }
+                Output::post(&element, &mut msgs);
                 self.srcpad.push_event(event)
             }
             EventView::CustomDownstream(c) => {
@@ -1282,6 +1318,14 @@ impl OmniTtsSynth {
         inner.events.push_back((at, event));
         self.shared.cond.notify_all();
     }
+}
+
+/// Whether a cue at `pts` (none: 0) lasting `duration` ends past `i64::MAX` ns (292 years), the
+/// largest signed timestamp: a negative duration read as unsigned, not a slot.
+fn ends_past_time(pts: Option<gst::ClockTime>, duration: gst::ClockTime) -> bool {
+    pts.map_or(0, gst::ClockTime::nseconds)
+        .checked_add(duration.nseconds())
+        .is_none_or(|end| end > i64::MAX as u64)
 }
 
 impl ObjectImpl for OmniTtsSynth {

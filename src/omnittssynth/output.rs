@@ -22,7 +22,7 @@ use crate::engine::{FinishReason, Metrics};
 
 use super::CAT;
 use super::cue_message::cue_message;
-use super::overflow::Overflow;
+use super::overflow::{Action, Overflow};
 use super::shared::{Inner, Shared};
 use super::timeline::{Notice, Pace, Step, Timeline};
 
@@ -93,7 +93,7 @@ impl Output {
         let _ = self.srcpad.pause_task();
     }
 
-    fn post(element: &gst::Element, msgs: &mut Vec<gst::Message>) {
+    pub(super) fn post(element: &gst::Element, msgs: &mut Vec<gst::Message>) {
         for m in msgs.drain(..) {
             let _ = element.post_message(m);
         }
@@ -243,7 +243,12 @@ impl Output {
 
     /// Turns the timeline's notices into bus messages (posted by the caller, unlocked) and
     /// cancels the requests of clipped cues.
-    fn notices(&self, element: &gst::Element, inner: &mut Inner, msgs: &mut Vec<gst::Message>) {
+    pub(super) fn notices(
+        &self,
+        element: &gst::Element,
+        inner: &mut Inner,
+        msgs: &mut Vec<gst::Message>,
+    ) {
         let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
         for notice in inner.timeline.take_notices() {
             match notice {
@@ -292,17 +297,25 @@ impl Output {
                     };
                     let first = report.first.unwrap_or(report.end);
                     if report.speech > 0 || info.finish.is_some() {
-                        let (reason, metrics) = info.finish.clone().unwrap_or_else(|| {
-                            // Cut while its synthesis ran: what the element saw of it.
-                            let metrics = Metrics::seen(
-                                report.speech,
-                                self.samples_per_frame,
-                                self.rate,
-                                info.ttfa_ms,
-                                info.since,
-                            );
-                            (FinishReason::Cancelled, metrics)
-                        });
+                        let (reason, metrics) = match info.finish.clone() {
+                            // Dropped by a flush while it played: cancelled, whatever its
+                            // synthesis had come to.
+                            Some((_, metrics)) if report.action == Action::Flushed => {
+                                (FinishReason::Cancelled, metrics)
+                            }
+                            Some(finish) => finish,
+                            None => {
+                                // Cut while its synthesis ran: what the element saw of it.
+                                let metrics = Metrics::seen(
+                                    report.speech,
+                                    self.samples_per_frame,
+                                    self.rate,
+                                    info.ttfa_ms,
+                                    info.since,
+                                );
+                                (FinishReason::Cancelled, metrics)
+                            }
+                        };
                         let done = UtteranceDone {
                             id: report.id,
                             text: info.text.clone(),

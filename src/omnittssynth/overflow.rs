@@ -72,11 +72,13 @@ pub enum Action {
     Shifted,
     /// Sped up into its slot, pitch kept (`compress`).
     Compressed,
+    /// Playing when a flush (a flushing seek) dropped it: its output ends where the flush came.
+    Flushed,
 }
 
 impl Action {
     /// The name in the cue message: `silent`, `fit`, `clipped`, `overlapped`, `overran`,
-    /// `shifted`, `compressed`.
+    /// `shifted`, `compressed`, `flushed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Silent => "silent",
@@ -86,6 +88,7 @@ impl Action {
             Action::Overran => "overran",
             Action::Shifted => "shifted",
             Action::Compressed => "compressed",
+            Action::Flushed => "flushed",
         }
     }
 }

@@ -387,6 +387,21 @@ impl Timeline {
         }
     }
 
+    /// A flush: every cue is dropped. Those that were playing are over where the output is,
+    /// reported as [`Action::Flushed`] ([`Notice::Done`]), so that each cue whose start was
+    /// announced is also announced as over; cues not yet due go without a notice.
+    pub fn flush(&mut self) {
+        let n = self.n;
+        for c in std::mem::take(&mut self.cues) {
+            if c.state == State::Playing {
+                let mut report = self.report(&c, n);
+                report.end = n;
+                report.action = Action::Flushed;
+                self.notices.push(Notice::Done(report));
+            }
+        }
+    }
+
     /// The notices collected since the last call.
     pub fn take_notices(&mut self) -> Vec<Notice> {
         std::mem::take(&mut self.notices)

@@ -112,6 +112,24 @@ impl Check for Positive {
     }
 }
 
+/// A frame cap (`max_tokens`), as the elements' `max-new-tokens` takes it: an integer from 2 (a cap
+/// of N allows at most N - 1 codec frames) to 65536.
+pub(super) struct MaxTokens;
+impl Check for MaxTokens {
+    type Out = usize;
+    fn check(v: &Value) -> Result<usize, String> {
+        int(v)
+            .filter(|n| (2..=65536).contains(n))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| {
+                expected(
+                    "an integer from 2 to 65536 (at most N - 1 codec frames, as max-new-tokens)",
+                    v,
+                )
+            })
+    }
+}
+
 /// An integer ≥ 0.
 pub(super) struct NonNegative;
 impl Check for NonNegative {
