@@ -183,11 +183,23 @@ impl AutoSplit {
     /// The warning for a `text` that `mode` splits (or would, `auto`) where a piece is still
     /// longer than [`AutoSplit::above_chars`]: a sentence with no boundary to split it at (a
     /// long text without sentence punctuation), which the checkpoint speaks as one utterance past
-    /// what it speaks well (babble, or a cut at `max-new-tokens`). `None` with
-    /// `split-sentences=false`, which keeps texts whole by choice.
+    /// what it speaks well (babble, or a cut at `max-new-tokens`). With `split-sentences=false`,
+    /// which keeps texts whole by choice, the warning is for a whole text longer than that
+    /// (the checkpoint may babble, stop early or be cut off; the text is still spoken whole).
     pub fn long_sentence_warning(self, mode: SplitSentences, text: &str) -> Option<String> {
         if mode == SplitSentences::False {
-            return None;
+            let whole = text.trim();
+            return whole.chars().nth(self.above_chars).is_some().then(|| {
+                format!(
+                    "a text of {} characters ('{}') is longer than the {} characters this \
+                     checkpoint speaks well as one utterance, and split-sentences=false speaks \
+                     it whole: it may be spoken as babble, end early or be cut off at \
+                     max-new-tokens; split-sentences=auto speaks it sentence by sentence",
+                    whole.chars().count(),
+                    super::input_error::quoted(whole),
+                    self.above_chars
+                )
+            });
         }
         let whole = matches!(mode, SplitSentences::Auto) && !self.splits(mode, text);
         if whole {
@@ -337,11 +349,28 @@ mod tests {
             let fine = "This sentence is short. So is this one. And this one as well.";
             assert_eq!(auto.long_sentence_warning(mode, fine), None);
         }
-        // Kept whole by choice, or short enough for auto to keep whole.
+        // Kept whole by choice: said for a whole text past the threshold, however it is cut
+        // into sentences; not for a short one.
+        let sentences = "This sentence is short. So is this one. And this one as well.";
+        for text in [run_on, sentences] {
+            let w = auto
+                .long_sentence_warning(SplitSentences::False, text)
+                .expect("a warning");
+            let n = format!("a text of {} characters", text.chars().count());
+            for word in [
+                n.as_str(),
+                "40 characters",
+                "split-sentences=false",
+                "babble",
+            ] {
+                assert!(w.contains(word), "{word}: {w}");
+            }
+        }
         assert_eq!(
-            auto.long_sentence_warning(SplitSentences::False, run_on),
+            auto.long_sentence_warning(SplitSentences::False, "A short text."),
             None
         );
+        // Short enough for auto to keep whole.
         assert_eq!(
             auto.long_sentence_warning(SplitSentences::Auto, "short, no stop"),
             None

@@ -588,14 +588,17 @@ impl Engine {
         self.rules
             .check(&req.voice)
             .map_err(|e| voice_error(e, &req.voice))?;
-        req.sampling.validate().map_err(|e| match e {
-            ModelError::InvalidRequest { field, value, msg } => EngineError::InvalidRequest {
-                field: format!("sampling.{field}"),
-                value,
-                msg,
-            },
-            other => bad("sampling", String::new(), &other.to_string()),
-        })?;
+        req.sampling
+            .validate()
+            .and_then(|()| self.rules.check_sampling(&req.sampling))
+            .map_err(|e| match e {
+                ModelError::InvalidRequest { field, value, msg } => EngineError::InvalidRequest {
+                    field: format!("sampling.{field}"),
+                    value,
+                    msg,
+                },
+                other => bad("sampling", String::new(), &other.to_string()),
+            })?;
         if req.chunk_frames == Some(0) {
             return Err(bad("chunk_frames", "0".to_string(), "must be ≥ 1"));
         }

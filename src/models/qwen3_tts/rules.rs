@@ -115,6 +115,26 @@ impl VoiceRules for Qwen3Rules {
         prompt::resolve(&self.ckpt.config, voice).map(|_| ())
     }
 
+    /// The prompt and the frames share the talker's positions (`max_position_embeddings`), and a
+    /// prompt takes at least one: a frame cap of that many or more fits no request. (Whether a
+    /// given prompt fits beside the cap is checked when it starts.)
+    fn check_sampling(&self, sampling: &SamplingParams) -> Result<(), ModelError> {
+        let budget = prompt::position_budget(&self.ckpt.config);
+        if sampling.max_new_tokens < budget {
+            return Ok(());
+        }
+        Err(ModelError::InvalidRequest {
+            field: "max_new_tokens".into(),
+            value: sampling.max_new_tokens.to_string(),
+            msg: format!(
+                "the talker's {budget} positions (max_position_embeddings) hold the prompt and \
+                 the frames together: the cap must be below {budget}, less the prompt's \
+                 positions (set by max-new-tokens, or the stage config's \
+                 default_sampling_params.max_tokens when the property is not set)"
+            ),
+        })
+    }
+
     /// Open text needs the streaming prompt mode (one text token per codec frame) and no ICL
     /// clone (its reference transcript comes before the text).
     fn check_open(&self, voice: &VoiceRequest) -> Result<(), ModelError> {

@@ -23,4 +23,13 @@ pub trait VoiceRules: Send + Sync + fmt::Debug {
     /// Errors as [`VoiceRules::check`]; a model without open text refuses every request
     /// (`field` `model`).
     fn check_open(&self, voice: &VoiceRequest) -> Result<(), ModelError>;
+
+    /// Checks what `sampling` asks of the checkpoint beyond its own ranges (those are
+    /// [`SamplingParams::validate`]'s): a frame cap (`max_new_tokens`) that no request could
+    /// reach, the AR stage's positions holding fewer. Errors: [`ModelError::InvalidRequest`]
+    /// naming the field without a `sampling.` prefix. The default accepts any.
+    fn check_sampling(&self, sampling: &SamplingParams) -> Result<(), ModelError> {
+        let _ = sampling;
+        Ok(())
+    }
 }
