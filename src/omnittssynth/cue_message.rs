@@ -17,8 +17,8 @@ use super::timeline::CueReport;
 /// ns, past its last output sample or where it was cut; a silent cue: its slot's end), `speech-duration` (u64 ns synthesised; for a clipped cue, up to the cut),
 /// `output-duration` (u64 ns of it output), `overflow` (string, the policy: `clip`, `overlap`,
 /// `shift`, `compress`), `action` (string: `fit`, `clipped`, `overlapped`, `overran`, `shifted`,
-/// `compressed`, `silent`, `flushed`: playing when a flush dropped it), `compression` (f64, `compress`: how many times faster its speech was
-/// made, 1.0 when not),
+/// `compressed`, `silent`, `flushed`: playing when a flush dropped it), `compression` (f64,
+/// `compress`: how many times faster its speech was made, 1.0 when not),
 /// `shifted-ms` (f64, how much later than its PTS it became due because the speech before it
 /// ran long), `overrun-ms` (f64, how much longer than its slot its speech is), `clipped-ms`
 /// (f64, speech cut off), `late` (u32, live: how many times its audio missed its deadline),
