@@ -804,6 +804,45 @@ fn a_cue_that_ends_before_it_starts_is_spoken_whole_and_the_stream_ends() {
     );
 }
 
+/// More cues at one PTS than the element queues ahead of its output (64): upstream is held back
+/// only while the output has not reached that PTS, and the output does not pass it while cues are
+/// held, so every cue starts at its PTS, none late, and the stream ends (it once waited forever,
+/// or spoke the cues past the 64th late, that is not at all).
+#[test]
+fn more_cues_at_one_pts_than_the_queue_holds_all_start_there() {
+    for policy in ["clip", "overlap", "shift"] {
+        let (e, bus) = synth(&[("overflow", policy), ("max-new-tokens", "6")]);
+        let mut h = harness(&e, "text/x-raw,format=utf8");
+        let n = 80;
+        for i in 0..n {
+            h.push(text_buffer(
+                format!("Word {i}.").as_bytes(),
+                Some(1_000),
+                Some(1_000),
+            ))
+            .unwrap();
+        }
+        h.push_event(gst::event::Eos::new());
+        let (got, _) = pull_to_eos(&mut h, Duration::from_secs(120));
+        assert!(got.len() >= at_ms(2_000), "{policy}: {} samples", got.len());
+        let msgs = element_util::drain(&bus);
+        assert!(errors(&msgs).is_empty(), "{policy}: {:?}", errors(&msgs));
+        let cues = element_messages(&msgs, CUE);
+        assert_eq!(cues.len(), n, "{policy}");
+        for c in &cues {
+            assert_eq!(c.get::<u32>("late").unwrap(), 0, "{policy}: {c}");
+            if policy != "shift" {
+                assert_eq!(u64_field(c, "start"), 1_000_000_000, "{policy}: {c}");
+            }
+        }
+        let late: Vec<_> = warnings(&msgs)
+            .into_iter()
+            .filter(|w| w.contains("not synthesised by its deadline"))
+            .collect();
+        assert!(late.is_empty(), "{policy}: {late:?}");
+    }
+}
+
 #[test]
 fn a_cue_without_pts_is_spoken_right_after_the_cue_before_it() {
     let (e, bus) = synth(&[("overflow", "overlap")]);

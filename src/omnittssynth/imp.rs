@@ -42,7 +42,7 @@ use super::output::Output;
 use super::overflow::Overflow;
 use super::shared::{CueInfo, Inner, Job, Shared};
 use super::synthesis::spawn_workers;
-use super::timeline::{CueKind, CueStart};
+use super::timeline::{CueKind, CueStart, MAX_QUEUED_CUES};
 use super::voice::{SPEAKER_CHANGE_EVENT, SpeakerMap, VOICE_EVENT, VoiceChange};
 
 /// A cue this many seconds after the input before it (the latest PTS or GAP end), or with a
@@ -51,8 +51,6 @@ const FAR_AHEAD_S: u64 = 3600;
 
 const DEFAULT_LATENCY_MS: u32 = 1000;
 const DEFAULT_OVERFLOW: Overflow = Overflow::Clip;
-/// Cues queued ahead of the output before the sink pad blocks upstream.
-const MAX_QUEUED_CUES: usize = 64;
 
 /// Property values.
 #[derive(Debug, Clone)]
@@ -1141,7 +1139,14 @@ impl OmniTtsSynth {
             gst::element_imp_warning!(self, gst::StreamError::Format, ("{}", w));
             inner = self.shared.lock();
         }
-        while inner.timeline.cues() > MAX_QUEUED_CUES && !inner.flushing && inner.flow.is_ok() {
+        // Upstream waits while many cues are queued, unless the output has reached what the
+        // input has told: then the next cues may be due there (any number of cues may share a
+        // PTS), and the output waits for them.
+        while inner.timeline.cues() > MAX_QUEUED_CUES
+            && inner.timeline.position() < inner.timeline.horizon()
+            && !inner.flushing
+            && inner.flow.is_ok()
+        {
             inner = self.shared.wait(inner, None);
         }
         if inner.flushing {

@@ -24,7 +24,7 @@ use super::CAT;
 use super::cue_message::cue_message;
 use super::overflow::{Action, Overflow};
 use super::shared::{Inner, Shared};
-use super::timeline::{Notice, Pace, Step, Timeline};
+use super::timeline::{Need, Notice, Pace, Step, Timeline};
 
 /// Largest output buffer: 20 ms.
 pub(super) const MAX_BUFFER_SAMPLES: usize = 480;
@@ -108,7 +108,13 @@ impl Output {
             }
             let pacing = self.pacing(element, &inner);
             let at = inner.timeline.position();
+            let queued = inner.timeline.cues();
             let step = inner.timeline.next(MAX_BUFFER_SAMPLES, pacing.pace);
+            if inner.timeline.cues() < queued || step == Step::Wait(Need::Input) {
+                // Cues are over, or the output waits for input: the sink pad may be holding
+                // upstream back (imp.rs, queue_cue).
+                self.shared.cond.notify_all();
+            }
             self.notices(element, &mut inner, &mut msgs);
             let samples = match step {
                 Step::Audio(s) => Samples::Audio(s),

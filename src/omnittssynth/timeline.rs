@@ -27,6 +27,9 @@
 //!
 //! Pacing ([`Pace`]): not live, silence is output only up to what the input has told (a later cue's
 //! PTS, a GAP's end) and audio is waited for however long synthesis takes, so the timeline is exact.
+//! With more than [`MAX_QUEUED_CUES`] cues not yet over (the element then holds its input back until
+//! the output reaches what the input has told), not even speech passes that point before EOS: a
+//! cue still held upstream may start there (many cues at one PTS).
 //! Live, silence may also run up to the running time all input has arrived by, and a cue whose audio
 //! is not there when its output is due gets silence instead (it starts or continues later: the
 //! overflow policy then treats the delay as speech running long), counted as late.
@@ -247,6 +250,10 @@ impl Cue {
         }
     }
 }
+
+/// Cues not yet over beyond which the element's sink pad holds its input back (while the output has
+/// not reached what the input has told), and the output, not live, does not pass that point.
+pub const MAX_QUEUED_CUES: usize = 64;
 
 /// The timeline of one segment; see the module docs.
 #[derive(Debug)]
@@ -573,6 +580,13 @@ impl Timeline {
         let mut len = max as u64;
         if let Some(p) = next_start {
             len = len.min(p - n);
+        }
+        if pace == Pace::Exact && !self.ended && self.cues.len() > MAX_QUEUED_CUES {
+            // The input is held back with cues that may start at what it has told: not past it.
+            len = len.min(self.horizon.saturating_sub(n));
+            if len == 0 {
+                return Step::Wait(Need::Input);
+            }
         }
         let mut contributing = Vec::new();
         let mut starving = Vec::new();
