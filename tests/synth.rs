@@ -843,6 +843,81 @@ fn more_cues_at_one_pts_than_the_queue_holds_all_start_there() {
     }
 }
 
+/// `input-mode=fragments`: a new segment without a flush while an utterance is still open ends
+/// that utterance (as EOS would) and starts after it; the element once waited forever for the
+/// open utterance to end.
+#[test]
+fn a_new_segment_ends_an_open_fragment_utterance() {
+    let (e, bus) = synth(&[("input-mode", "fragments")]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    h.push(text_buffer(b"Hello there", Some(500), None))
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pad = h.srcpad().expect("the harness's source pad");
+    std::thread::spawn(move || {
+        let mut seg = gst::FormattedSegment::<gst::ClockTime>::new();
+        seg.set_start(gst::ClockTime::from_seconds(10));
+        let _ = tx.send(pad.push_event(gst::event::Segment::new(&seg)));
+    });
+    let accepted = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the new segment was not taken within 60 s");
+    assert!(accepted);
+    let mut b = text_buffer(b"Second one.", Some(10_500), None);
+    b.get_mut().unwrap().set_flags(gst::BufferFlags::MARKER);
+    h.push(b).unwrap();
+    h.push_event(gst::event::Eos::new());
+    let t0 = Instant::now();
+    loop {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no EOS");
+        if h.try_pull_event()
+            .is_some_and(|ev| ev.type_() == gst::EventType::Eos)
+        {
+            break;
+        }
+        while h.try_pull().is_some() {}
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let texts: Vec<String> = element_messages(&msgs, "omnitts/utterance-done")
+        .iter()
+        .map(|d| d.get::<String>("text").unwrap())
+        .collect();
+    assert_eq!(texts, ["Hello there", "Second one."]);
+}
+
+/// After an error has stopped the output (a cue that is not UTF-8), an EOS from upstream still
+/// goes downstream: an application that answers the error with EOS and waits for it gets it.
+#[test]
+fn eos_after_an_error_reaches_downstream() {
+    let (e, bus) = synth(&[]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    h.push(text_buffer(b"Good.", Some(0), Some(1_000))).unwrap();
+    let _ = h.push(text_buffer(b"caf\xe9", Some(1_500), Some(1_000)));
+    let t0 = Instant::now();
+    while errors(&element_util::drain(&bus)).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no error");
+        while h.try_pull().is_some() {}
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    h.push_event(gst::event::Eos::new());
+    let t0 = Instant::now();
+    loop {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no EOS after the error"
+        );
+        if h.try_pull_event()
+            .is_some_and(|ev| ev.type_() == gst::EventType::Eos)
+        {
+            break;
+        }
+        while h.try_pull().is_some() {}
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn a_cue_without_pts_is_spoken_right_after_the_cue_before_it() {
     let (e, bus) = synth(&[("overflow", "overlap")]);

@@ -552,6 +552,13 @@ impl OmniTtsSynth {
         if self.shared.lock().upstream_latency.is_none() {
             self.upstream_latency();
         }
+        // Fragments: an utterance still open ends with its segment, as at EOS (the new segment
+        // waits for the current one's cues to be over).
+        {
+            let mut f = lock(&self.fragments);
+            let done = std::mem::take(&mut *f);
+            let _ = self.end_fragments(done, "a new segment");
+        }
         let mut inner = self.shared.lock();
         if !inner.have_segment {
             inner.have_segment = true;
@@ -1254,7 +1261,14 @@ impl OmniTtsSynth {
                     let _ = self.end_fragments(done, "EOS");
                 }
                 let mut inner = self.shared.lock();
-                if !inner.have_segment {
+                // Without a segment, or after an error stopped the output (a refused cue,
+                // downstream's error), EOS goes straight on: an application that answers an
+                // error with EOS gets its EOS.
+                let stopped = matches!(
+                    inner.flow,
+                    Err(e) if e != gst::FlowError::Flushing && e != gst::FlowError::Eos
+                );
+                if !inner.have_segment || stopped {
                     drop(inner);
                     return self.srcpad.push_event(event);
                 }
