@@ -619,8 +619,8 @@ fn a_cue_hours_away_gets_a_warning() {
     h.push_event(gst::event::FlushStart::new());
 }
 
-/// A cue wholly before the segment's start is dropped (as GStreamer clips buffers to their
-/// segment); one that straddles the start is spoken from it. Before, the first was moved to the
+/// A cue wholly before the segment's start, or at or past its stop, is dropped (as GStreamer
+/// clips buffers to their segment); one that straddles the start is spoken from it. Before, the first was moved to the
 /// segment's start and mixed with the second.
 #[test]
 fn a_cue_wholly_outside_the_segment_is_dropped() {
@@ -628,10 +628,16 @@ fn a_cue_wholly_outside_the_segment_is_dropped() {
     let mut h = harness(&e, "text/x-raw,format=utf8");
     let mut seg = gst::FormattedSegment::<gst::ClockTime>::new();
     seg.set_start(gst::ClockTime::from_seconds(5));
+    seg.set_stop(gst::ClockTime::from_seconds(10));
     assert!(h.push_event(gst::event::Segment::new(&seg)));
     h.push(text_buffer(b"Before segment.", Some(1_000), Some(1_000)))
         .unwrap();
     h.push(text_buffer(b"Straddles.", Some(4_000), Some(2_000)))
+        .unwrap();
+    // At and past the stop.
+    h.push(text_buffer(b"At the stop.", Some(10_000), Some(1_000)))
+        .unwrap();
+    h.push(text_buffer(b"After it.", Some(12_000), None))
         .unwrap();
     h.push_event(gst::event::Eos::new());
     // The output's timeline starts at the segment's start (pull_to_eos checks one from 0).

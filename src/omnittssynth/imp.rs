@@ -563,6 +563,7 @@ impl OmniTtsSynth {
         if !inner.have_segment {
             inner.have_segment = true;
             inner.segment = out.clone();
+            inner.segment_stop = seg.stop();
             drop(inner);
             let seqnum = event.seqnum();
             self.srcpad
@@ -580,6 +581,8 @@ impl OmniTtsSynth {
         while inner.next_segment.is_some() && !inner.flushing && inner.flow.is_ok() {
             inner = self.shared.wait(inner, None);
         }
+        // The cues after this event are the new segment's.
+        inner.segment_stop = seg.stop();
         true
     }
 
@@ -769,7 +772,7 @@ impl OmniTtsSynth {
                 "PTS {pts} + {d} ends before the segment start {start}"
             ));
         }
-        match seg.stop() {
+        match inner.segment_stop {
             Some(stop) if pts >= stop => {
                 Some(format!("PTS {pts} is at or past the segment stop {stop}"))
             }

@@ -61,6 +61,8 @@ pub(super) struct Inner {
     pub timeline: Timeline,
     /// The input segment, which the output carries (without its stop).
     pub segment: gst::FormattedSegment<gst::ClockTime>,
+    /// The input segment's stop: cues at or past it are dropped.
+    pub segment_stop: Option<gst::ClockTime>,
     /// A SEGMENT event has been received (the output task runs from then on).
     pub have_segment: bool,
     /// A new segment waiting for the output of the current one to end (the task swaps it in).
@@ -99,6 +101,7 @@ impl Inner {
         Inner {
             timeline: Timeline::new(policy),
             segment: gst::FormattedSegment::new(),
+            segment_stop: None,
             have_segment: false,
             next_segment: None,
             text_format: None,
@@ -130,6 +133,7 @@ impl Inner {
         self.infos.clear();
         self.events.clear();
         self.next_segment = None;
+        self.segment_stop = None;
         self.have_segment = false;
         self.timeline = Timeline::new(policy);
         self.flow = Ok(gst::FlowSuccess::Ok);
