@@ -924,6 +924,29 @@ fn eos_after_an_error_reaches_downstream() {
     }
 }
 
+/// A seek at a rate other than 1.0 is refused at the seek (the element speaks at rate 1.0 only),
+/// with no error on the bus; before, it went upstream and its segment then stopped the stream
+/// with an error.
+#[test]
+fn a_seek_at_another_rate_is_refused_without_an_error() {
+    let (e, bus) = synth(&[]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    h.push(text_buffer(b"Hello.", Some(0), Some(1_000)))
+        .unwrap();
+    let seek = gst::event::Seek::new(
+        2.0,
+        gst::SeekFlags::FLUSH,
+        gst::SeekType::Set,
+        gst::ClockTime::ZERO,
+        gst::SeekType::None,
+        gst::ClockTime::NONE,
+    );
+    assert!(!h.push_upstream_event(seek), "a rate 2 seek was taken");
+    h.push_event(gst::event::Eos::new());
+    pull_to_eos(&mut h, Duration::from_secs(60));
+    assert!(errors(&element_util::drain(&bus)).is_empty());
+}
+
 #[test]
 fn a_cue_without_pts_is_spoken_right_after_the_cue_before_it() {
     let (e, bus) = synth(&[("overflow", "overlap")]);

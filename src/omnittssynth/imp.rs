@@ -179,6 +179,13 @@ impl ObjectSubclass for OmniTtsSynth {
                     |imp| imp.src_query(pad, query),
                 )
             })
+            .event_function(|pad, parent, event| {
+                OmniTtsSynth::catch_panic_pad_function(
+                    parent,
+                    || false,
+                    |imp| imp.src_event(pad, event),
+                )
+            })
             .activatemode_function(|pad, parent, mode, active| {
                 OmniTtsSynth::catch_panic_pad_function(
                     parent,
@@ -418,6 +425,24 @@ impl OmniTtsSynth {
             return true;
         }
         gst::Pad::query_default(pad, Some(&*self.obj()), query)
+    }
+
+    /// Upstream events from downstream: a seek at a rate other than 1.0 is refused here (the
+    /// element speaks at rate 1.0 only; passed on, it would come back as a segment the element
+    /// must refuse with an error); the rest go upstream.
+    fn src_event(&self, pad: &gst::Pad, event: gst::Event) -> bool {
+        if let gst::EventView::Seek(seek) = event.view() {
+            let (rate, ..) = seek.get();
+            if rate != 1.0 {
+                gst::warning!(
+                    CAT,
+                    imp = self,
+                    "seek at rate {rate} refused: omnittssynth speaks at rate 1.0 only"
+                );
+                return false;
+            }
+        }
+        gst::Pad::event_default(pad, Some(&*self.obj()), event)
     }
 
     fn src_query(&self, pad: &gst::Pad, query: &mut gst::QueryRef) -> bool {
