@@ -184,6 +184,14 @@ fn cue_texts_without_errors(bus: &gst::Bus) -> Vec<String> {
         .collect()
 }
 
+/// The warnings among `msgs` that contain `what`.
+fn warnings_containing(msgs: &[gst::Message], what: &str) -> Vec<String> {
+    warnings(msgs)
+        .into_iter()
+        .filter(|w| w.contains(what))
+        .collect()
+}
+
 fn u64_field(s: &gst::Structure, f: &str) -> u64 {
     s.get::<u64>(f)
         .unwrap_or_else(|e| panic!("{f} in {s}: {e}"))
@@ -564,38 +572,26 @@ fn harness_flush_mid_cue_drops_it_and_restarts_the_timeline() {
     assert!(got == want, "nothing of the flushed cue after the flush");
     let msgs = element_util::drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
-    // The flushed cue had started: it is announced as over, cancelled, before the next cue.
-    let done = element_messages(&msgs, "omnitts/utterance-done");
-    let reasons: Vec<(u64, String)> = done
-        .iter()
-        .map(|d| {
-            (
-                d.get::<u64>("id").unwrap(),
-                d.get::<String>("reason").unwrap(),
-            )
-        })
-        .collect();
+    // The flushed cue had started: it is announced as over, cancelled, before the next cue;
+    // each message as (id, its field `f`).
+    let by_id = |name: &str, f: &str| -> Vec<(u64, String)> {
+        element_messages(&msgs, name)
+            .iter()
+            .map(|m| (m.get::<u64>("id").unwrap(), m.get::<String>(f).unwrap()))
+            .collect()
+    };
+    let reasons = by_id("omnitts/utterance-done", "reason");
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert_eq!(reasons[0], (1, "cancelled".to_string()), "{reasons:?}");
     assert_eq!(reasons[1].0, 2, "{reasons:?}");
     assert_ne!(reasons[1].1, "cancelled", "{reasons:?}");
-    let cues = element_messages(&msgs, CUE);
-    assert_eq!(cues.len(), 2, "{cues:?}");
-    assert_eq!(cues[0].get::<u64>("id").unwrap(), 1);
-    assert_eq!(
-        cues[0].get::<String>("action").unwrap(),
-        "flushed",
-        "{}",
-        cues[0]
-    );
-    assert!(u64_field(&cues[0], "output-duration") > 0, "{}", cues[0]);
-    assert_eq!(cues[1].get::<u64>("id").unwrap(), 2);
-    assert_ne!(
-        cues[1].get::<String>("action").unwrap(),
-        "flushed",
-        "{}",
-        cues[1]
-    );
+    let actions = by_id(CUE, "action");
+    assert_eq!(actions.len(), 2, "{actions:?}");
+    assert_eq!(actions[0], (1, "flushed".to_string()), "{actions:?}");
+    assert_eq!(actions[1].0, 2, "{actions:?}");
+    assert_ne!(actions[1].1, "flushed", "{actions:?}");
+    let flushed = &element_messages(&msgs, CUE)[0];
+    assert!(u64_field(flushed, "output-duration") > 0, "{flushed}");
 }
 
 /// A cue hours after the input before it, or with a slot of hours, is most likely a timestamp
@@ -766,10 +762,7 @@ fn a_zero_duration_cue_is_spoken_whole_with_a_warning() {
             zero.len() as u64 * 1_000_000_000 / RATE,
             "{c}"
         );
-        let w: Vec<_> = warnings(&msgs)
-            .into_iter()
-            .filter(|w| w.contains("zero duration"))
-            .collect();
+        let w = warnings_containing(&msgs, "zero duration");
         assert_eq!(w.len(), 1, "{policy}: {w:?}");
         assert!(w[0].starts_with("cue 2 (PTS 0:00:01.5"), "{}", w[0]);
     }
@@ -808,10 +801,7 @@ fn a_cue_that_ends_before_it_starts_is_spoken_whole_and_the_stream_ends() {
     assert!(got == want, "spoken whole at its PTS, then the next cue");
     let msgs = element_util::drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
-    let w: Vec<_> = warnings(&msgs)
-        .into_iter()
-        .filter(|w| w.contains("ends past the largest timestamp"))
-        .collect();
+    let w = warnings_containing(&msgs, "ends past the largest timestamp");
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(w[0].starts_with("cue 1 (PTS 0:00:00.5"), "{}", w[0]);
     let cues = element_messages(&msgs, CUE);

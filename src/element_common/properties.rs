@@ -17,7 +17,7 @@ use super::settings::{
     DEFAULT_CHUNK_FRAMES, DEFAULT_INITIAL_CHUNK_FRAMES, DEFAULT_LANGUAGE, PromptModeSetting,
     QuantizationSetting, SAMPLING_DEFAULTS, SamplingDefaults, SynthesisSettings,
 };
-use crate::models::tts::SamplingParams;
+use crate::models::tts::{MAX_NEW_TOKENS_RANGE, SamplingParams};
 
 /// Param specs of the model, stage config, device, voice, sampling and chunk properties, in the
 /// order gst-inspect lists them.
@@ -213,8 +213,8 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
                  audio (12.5 a second for Qwen3-TTS, ~21.5 for Fish S2 Pro); the stage \
                  config's runaway guard may end it earlier",
             )
-            .minimum(2)
-            .maximum(65536)
+            .minimum(*MAX_NEW_TOKENS_RANGE.start())
+            .maximum(*MAX_NEW_TOKENS_RANGE.end())
             .default_value(SAMPLING_DEFAULTS.max_new_tokens)
             .mutable_playing()
             .build(),

@@ -184,12 +184,14 @@ impl AutoSplit {
     /// longer than [`AutoSplit::above_chars`]: a sentence with no boundary to split it at (a
     /// long text without sentence punctuation), which the checkpoint speaks as one utterance past
     /// what it speaks well (babble, or a cut at `max-new-tokens`). With `split-sentences=false`,
-    /// which keeps texts whole by choice, the warning is for a whole text longer than that
-    /// (the checkpoint may babble, stop early or be cut off; the text is still spoken whole).
+    /// which keeps texts whole by choice, the warning is for a whole text that `auto` would
+    /// split (the checkpoint may babble, stop early or be cut off; the text is still spoken
+    /// whole; a dialogue with the model's speaker-turn tags is not warned about, as `auto` keeps
+    /// it whole too).
     pub fn long_sentence_warning(self, mode: SplitSentences, text: &str) -> Option<String> {
         if mode == SplitSentences::False {
             let whole = text.trim();
-            return whole.chars().nth(self.above_chars).is_some().then(|| {
+            return self.splits(SplitSentences::Auto, text).then(|| {
                 format!(
                     "a text of {} characters ('{}') is longer than the {} characters this \
                      checkpoint speaks well as one utterance, and split-sentences=false speaks \
@@ -368,6 +370,13 @@ mod tests {
         }
         assert_eq!(
             auto.long_sentence_warning(SplitSentences::False, "A short text."),
+            None
+        );
+        // A dialogue in the model's speaker-turn tags, which auto keeps whole too: no warning.
+        let turns = auto.keeping_turns(Some("<|speaker:"));
+        let dialogue = format!("<|speaker:0|>{run_on}");
+        assert_eq!(
+            turns.long_sentence_warning(SplitSentences::False, &dialogue),
             None
         );
         // Short enough for auto to keep whole.

@@ -127,7 +127,7 @@ pub struct SamplingOverrides {
     /// `repetition_penalty` (> 0).
     #[serde(default, deserialize_with = "some::<PositiveNumber, _>")]
     pub repetition_penalty: Option<f64>,
-    /// `max_tokens`: the frame cap (`max_new_tokens`), 2 to 65536.
+    /// `max_tokens`: the frame cap (`max_new_tokens`), within [`MAX_NEW_TOKENS_RANGE`](crate::models::tts::MAX_NEW_TOKENS_RANGE).
     #[serde(default, deserialize_with = "some::<MaxTokens, _>")]
     pub max_tokens: Option<usize>,
     /// `seed`.

@@ -11,6 +11,7 @@ use serde_yaml_ng::Value;
 
 use super::{DTypeSpec, DecoderStreamingMode, DeviceSpec, EngineError};
 use crate::config_path::join;
+use crate::models::tts::MAX_NEW_TOKENS_RANGE;
 use crate::nn::QuantizationSpec;
 
 /// Compact rendering of a YAML value for messages.
@@ -112,18 +113,24 @@ impl Check for Positive {
     }
 }
 
-/// A frame cap (`max_tokens`), as the elements' `max-new-tokens` takes it: an integer from 2 (a cap
-/// of N allows at most N - 1 codec frames) to 65536.
+/// A frame cap (`max_tokens`), as the elements' `max-new-tokens` takes it
+/// ([`MAX_NEW_TOKENS_RANGE`]).
 pub(super) struct MaxTokens;
 impl Check for MaxTokens {
     type Out = usize;
     fn check(v: &Value) -> Result<usize, String> {
+        let range = MAX_NEW_TOKENS_RANGE;
         int(v)
-            .filter(|n| (2..=65536).contains(n))
-            .and_then(|n| usize::try_from(n).ok())
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| range.contains(n))
+            .map(|n| n as usize)
             .ok_or_else(|| {
                 expected(
-                    "an integer from 2 to 65536 (at most N - 1 codec frames, as max-new-tokens)",
+                    &format!(
+                        "an integer from {} to {} (at most N - 1 codec frames, as max-new-tokens)",
+                        range.start(),
+                        range.end()
+                    ),
                     v,
                 )
             })

@@ -2,6 +2,10 @@
 
 use super::error::ModelError;
 
+/// The frame caps (`max_new_tokens`) the elements' `max-new-tokens` and the stage config's
+/// `max_tokens` take: a cap of N allows at most N - 1 codec frames.
+pub const MAX_NEW_TOKENS_RANGE: std::ops::RangeInclusive<u32> = 2..=65536;
+
 /// Decoding parameters (Qwen3-TTS's `generate` kwargs; a model maps them onto its sampler:
 /// Fish S2 Pro uses `temperature`, `top_k`, `top_p` for both its ARs, greedy when `do_sample` is
 /// false, and ignores the `subtalker_*` and `repetition_penalty` values).
