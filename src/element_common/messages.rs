@@ -162,12 +162,13 @@ impl UtteranceDone {
     /// Why the utterance was cut short and what to change, when it ended at a limit instead of
     /// the model's end of speech: `max-new-tokens` (`length`) or the runaway guard (`guard`).
     /// Posted as a bus warning; `what` names the utterance as the element does (`utterance`,
-    /// omnittssynth's `cue`).
-    pub fn limit_warning(&self, what: &str) -> Option<String> {
+    /// omnittssynth's `cue`); `can_split`: `split-sentences` applies to it (not to
+    /// omnittssynth's fragments).
+    pub fn limit_warning(&self, what: &str, can_split: bool) -> Option<String> {
         let (id, frames) = (self.id, self.metrics.frames);
         let (text, secs) = (quoted(&self.text), self.metrics.audio_ms / 1000.0);
         // Splitting helps only a text of several sentences (one already split is one sentence).
-        let split = if split_sentences(&self.text).len() > 1 {
+        let split = if can_split && split_sentences(&self.text).len() > 1 {
             "set split-sentences=true, "
         } else {
             ""
@@ -267,7 +268,7 @@ mod tests {
     #[test]
     fn limits_warn_with_the_reason_frames_and_remedy() {
         let w = done(FinishReason::Length)
-            .limit_warning("utterance")
+            .limit_warning("utterance", true)
             .unwrap();
         for word in [
             "utterance 3",
@@ -282,7 +283,7 @@ mod tests {
             assert!(w.contains(remedy), "{remedy}: {w}");
         }
         let w = done(FinishReason::Guard)
-            .limit_warning("utterance")
+            .limit_warning("utterance", true)
             .unwrap();
         for word in ["guard", "29 frames", "shorter", "runaway_guard"] {
             assert!(w.contains(word), "{word}: {w}");
@@ -293,12 +294,17 @@ mod tests {
     fn splitting_is_suggested_only_for_a_text_of_several_sentences() {
         for reason in [FinishReason::Length, FinishReason::Guard] {
             // One sentence (as every piece of a split text is): splitting cannot help.
-            let w = done(reason.clone()).limit_warning("utterance").unwrap();
+            let w = done(reason.clone())
+                .limit_warning("utterance", true)
+                .unwrap();
             assert!(!w.contains("split-sentences"), "{w}");
             let mut two = done(reason);
             two.text = "A long one. And another one after it.".into();
-            let w = two.limit_warning("utterance").unwrap();
+            let w = two.limit_warning("utterance", true).unwrap();
             assert!(w.contains("set split-sentences=true"), "{w}");
+            // Where split-sentences does not apply (omnittssynth's fragments), never.
+            let w = two.limit_warning("cue", false).unwrap();
+            assert!(!w.contains("split-sentences"), "{w}");
         }
     }
 
@@ -309,7 +315,7 @@ mod tests {
             FinishReason::Cancelled,
             FinishReason::Error("x".into()),
         ] {
-            assert_eq!(done(quiet).limit_warning("utterance"), None);
+            assert_eq!(done(quiet).limit_warning("utterance", true), None);
         }
     }
 }

@@ -478,7 +478,7 @@ impl OmniTtsSrc {
                     if let Some(failure) = done.failure_message(&src) {
                         let _ = src.post_message(failure);
                     }
-                    if let Some(w) = done.limit_warning("utterance") {
+                    if let Some(w) = done.limit_warning("utterance", true) {
                         gst::element_imp_warning!(self, gst::StreamError::Failed, ("{}", w));
                     }
                 }

@@ -372,11 +372,15 @@ impl OmniTtsSynth {
 
     /// The source pad task's fixed parameters, from the settings and the loaded model.
     fn output(&self) -> Output {
-        let (latency, samples_per_frame) = {
+        let (latency, samples_per_frame, fragments) = {
             let s = lock(&self.settings);
             let rt = lock(&self.runtime);
             let spf = rt.as_ref().map_or(1920, |rt| rt.info.samples_per_frame);
-            (gst::ClockTime::from_mseconds(s.latency_ms as u64), spf)
+            (
+                gst::ClockTime::from_mseconds(s.latency_ms as u64),
+                spf,
+                s.input_mode == InputMode::Fragments,
+            )
         };
         Output {
             shared: self.shared.clone(),
@@ -386,6 +390,7 @@ impl OmniTtsSynth {
             policy: self.policy(),
             samples_per_frame,
             rate: self.rate(),
+            fragments,
         }
     }
 
@@ -1445,8 +1450,10 @@ impl ObjectImpl for OmniTtsSynth {
                 glib::ParamSpecUInt::builder("fragment-pause")
                     .nick("Fragment pause")
                     .blurb(
-                        "input-mode=fragments: the utterance ends when no new fragment comes \
-                         for this many milliseconds of stream time (PTS) after a sentence end",
+                        "input-mode=fragments: a gap of at least this many milliseconds of \
+                         stream time after a sentence end ends the utterance; the gap is read \
+                         from the next fragment's PTS or a GAP event's end, not from the clock \
+                         (a stream that just stops sending needs MARKER, end-text or EOS)",
                     )
                     .minimum(1)
                     .maximum(600_000)

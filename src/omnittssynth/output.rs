@@ -43,6 +43,9 @@ pub(super) struct Output {
     pub samples_per_frame: usize,
     /// The model's sample rate, Hz: every PTS, duration and message is counted in it.
     pub rate: u32,
+    /// `input-mode=fragments`: a cue is a running utterance's fragments, which
+    /// `split-sentences` does not split (its limit warnings do not suggest it).
+    pub fragments: bool,
 }
 
 /// How the next step is paced, and how long to wait at most when it cannot be taken.
@@ -341,7 +344,7 @@ impl Output {
                         }
                         // Cut at max-new-tokens or by the runaway guard: said as omnittssrc
                         // says it.
-                        if let Some(w) = done.limit_warning("cue") {
+                        if let Some(w) = done.limit_warning("cue", !self.fragments) {
                             gst::warning!(CAT, obj = element, "{w}");
                             msgs.push(
                                 gst::message::Warning::builder(gst::StreamError::Failed, &w)
