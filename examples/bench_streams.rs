@@ -15,6 +15,8 @@
 //! p95): the queue, the prefill, from the prefill's end to the first frame (a prefill budget
 //! waited for, the steps before its own; with stage 0's steps from arrival to first frame), and
 //! stage 1's part. On a GPU use `--shared-only` (N separate copies of a large model do not fit).
+//! `--rounds R` starts the N streams R times on the same engine, each start measured: the first
+//! comes after only a one-stream warm-up, the later ones show an engine that has served a burst.
 //!
 //! **Open loop** (`--rates`), measured as the serving engines' public benchmark
 //! (nari-labs/benchmarks, `tts_bench`) measures them, so that the figures can stand beside
@@ -135,6 +137,10 @@ struct Args {
     /// Closed loop: frames per stream (80 ms each).
     #[arg(long, default_value_t = 50)]
     frames: usize,
+    /// Closed loop: starts of N streams on the same engine, one after another, each measured
+    /// (the first comes after only a one-stream warm-up; the later ones show a warm engine).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
     /// Device of both stages: cpu | cuda:N | auto.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -440,23 +446,28 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
         let shared = SharedEngine::unshared(load(args, config(args, n, false, None)?)?);
         // Warm-up: one short stream (first-touch allocations, thread pools).
         run_streams(std::slice::from_ref(&shared), 1, 4)?;
-        let before = shared.batch_stats()[0];
-        if args.profile {
-            cuda_profiler::profiler_range(true);
+        for round in 1..=args.rounds {
+            let before = shared.batch_stats()[0];
+            if args.profile {
+                cuda_profiler::profiler_range(true);
+            }
+            let streams = run_streams(std::slice::from_ref(&shared), n, args.frames);
+            if args.profile {
+                cuda_profiler::profiler_range(false);
+            }
+            let streams = streams?;
+            let after = shared.batch_stats()[0];
+            let mean_batch =
+                (after.rows - before.rows) as f64 / (after.steps - before.steps).max(1) as f64;
+            let s = summary("shared", n, &streams, mean_batch);
+            if args.rounds > 1 {
+                println!("round {round} of {}", args.rounds);
+            }
+            print_closed_row(&s, n, None);
+            rows.push(json!({ "n": n, "round": round, "shared": s }));
         }
-        let streams = run_streams(std::slice::from_ref(&shared), n, args.frames);
-        if args.profile {
-            cuda_profiler::profiler_range(false);
-        }
-        let streams = streams?;
-        let after = shared.batch_stats()[0];
-        let mean_batch =
-            (after.rows - before.rows) as f64 / (after.steps - before.steps).max(1) as f64;
-        let s = summary("shared", n, &streams, mean_batch);
         drop(shared);
-        let sep = if args.shared_only {
-            None
-        } else {
+        if !args.shared_only {
             let engines: Vec<SharedEngine> = (0..n)
                 .map(|_| {
                     config(args, 1, false, None)
@@ -466,47 +477,51 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
                 .collect::<Result<_>>()?;
             run_streams(&engines[..1], 1, 4)?;
             let streams = run_streams(&engines, n, args.frames)?;
-            Some(summary("separate", n, &streams, 1.0))
-        };
-        let agg = |v: &Value| v["aggregate_audio_s_per_s"].as_f64().unwrap_or(f64::NAN);
-        let ratio = sep.as_ref().map(|p| agg(&s) / agg(p));
-        for (row, r) in [(Some(&s), ratio), (sep.as_ref(), None)] {
-            let Some(row) = row else { continue };
-            let f = |k: &str| row[k].as_f64().unwrap_or(f64::NAN);
-            println!(
-                "{:>8} {:>3} {:>10.2} {:>8.3} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>6.2} {:>8.2} {:>8.2} {:>7}",
-                row["engines"].as_str().unwrap_or("?"),
-                n,
-                f("aggregate_audio_s_per_s"),
-                f("rtf_p50"),
-                f("rtf_max"),
-                f("first_frame_ms_p50"),
-                f("ttfa_ms_p50"),
-                f("ttfa_ms_p95"),
-                f("mean_batch_stage0"),
-                f("ar_ms_per_step_p50"),
-                f("decoder_ms_per_frame_p50"),
-                r.map(|r| format!("{r:.2}x")).unwrap_or_default()
-            );
-            let pair = |k: &str| {
-                format!(
-                    "{:.1} / {:.1}",
-                    f(&format!("{k}_p50")),
-                    f(&format!("{k}_p95"))
-                )
-            };
-            println!(
-                "           first audio, p50 / p95 ms: queue {} | prefill {} | to first frame {} ({} steps) | stage 1 {}",
-                pair("queue_ms"),
-                pair("prefill_ms"),
-                pair("to_first_frame_ms"),
-                pair("first_frame_steps"),
-                pair("stage1_first_ms")
-            );
+            let sep = summary("separate", n, &streams, 1.0);
+            let agg = |v: &Value| v["aggregate_audio_s_per_s"].as_f64().unwrap_or(f64::NAN);
+            let last = &rows[rows.len() - 1]["shared"];
+            let ratio = agg(last) / agg(&sep);
+            print_closed_row(&sep, n, Some(ratio));
+            rows.push(json!({ "n": n, "separate": sep, "shared_over_separate": ratio }));
         }
-        rows.push(json!({ "n": n, "shared": s, "separate": sep, "shared_over_separate": ratio }));
     }
     Ok(rows)
+}
+
+/// Prints one closed-loop row of [`summary`] and the first audio in parts under it; `ratio`: the
+/// shared engine's aggregate over this row's (separate engines).
+fn print_closed_row(row: &Value, n: usize, ratio: Option<f64>) {
+    let f = |k: &str| row[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "{:>8} {:>3} {:>10.2} {:>8.3} {:>8.3} {:>9.1} {:>9.1} {:>9.1} {:>6.2} {:>8.2} {:>8.2} {:>7}",
+        row["engines"].as_str().unwrap_or("?"),
+        n,
+        f("aggregate_audio_s_per_s"),
+        f("rtf_p50"),
+        f("rtf_max"),
+        f("first_frame_ms_p50"),
+        f("ttfa_ms_p50"),
+        f("ttfa_ms_p95"),
+        f("mean_batch_stage0"),
+        f("ar_ms_per_step_p50"),
+        f("decoder_ms_per_frame_p50"),
+        ratio.map(|r| format!("{r:.2}x")).unwrap_or_default()
+    );
+    let pair = |k: &str| {
+        format!(
+            "{:.1} / {:.1}",
+            f(&format!("{k}_p50")),
+            f(&format!("{k}_p95"))
+        )
+    };
+    println!(
+        "           first audio, p50 / p95 ms: queue {} | prefill {} | to first frame {} ({} steps) | stage 1 {}",
+        pair("queue_ms"),
+        pair("prefill_ms"),
+        pair("to_first_frame_ms"),
+        pair("first_frame_steps"),
+        pair("stage1_first_ms")
+    );
 }
 
 /// The streamed-text runs (`--text-rates`): one warm-up reply, then `--text-rounds` replies per

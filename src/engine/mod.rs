@@ -39,6 +39,7 @@ mod stage0;
 mod stage1;
 mod stages;
 mod text_feed;
+mod turn_trace;
 mod voice_clone;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

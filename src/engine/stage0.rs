@@ -17,6 +17,7 @@ use super::metrics::{ArTiming, BatchCounters, FirstFrame};
 use super::queue::{DeadOnExit, StageQueue};
 use super::request::RequestShared;
 use super::stages::{BatchGraphs, CudaGraphs, guarded, panic_message};
+use super::turn_trace::{Turn, TurnTrace};
 use super::{DeviceSpec, EngineError, EngineEvent, EngineRequest, FinishReason};
 use crate::models::tts::text::{no_words_to_speak, unspeakable};
 use crate::models::tts::{
@@ -24,8 +25,17 @@ use crate::models::tts::{
     Stage0Session,
 };
 use crate::nn::WeightForm;
-use crate::nn::switches::StreamPriority;
+use crate::nn::switches::{StreamPriority, Switches};
 use crate::nn::transformer::PREFILL_CHUNK;
+
+/// Writes a turn's line to the trace, if one is open; a failed write closes it.
+fn trace_turn(trace: &mut Option<TurnTrace>, start: Instant, turn: &Turn) {
+    if let Some(t) = trace
+        && !t.record(start, Instant::now(), turn)
+    {
+        *trace = None;
+    }
+}
 
 /// Positions of each step's prefill budget ([`PREFILL_CHUNK`]) kept for running requests' later
 /// prompts while any has one: new prompts take the rest first.
@@ -245,7 +255,8 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
     /// 2. admission: waiting requests (FIFO) start while fewer than `max_num_seqs` are prefilling
     ///    or decoding (`Started` is sent; the prompt is planned and embedded);
     /// 3. prefilling requests, oldest first, run prompt positions up to a budget of
-    ///    [`PREFILL_CHUNK`] positions a step (a long prompt takes a chunk of it, short ones share
+    ///    [`PREFILL_CHUNK`] positions a step (`OMNITTS_PREFILL_BUDGET` sets another for A/B
+    ///    runs; a long prompt takes a chunk of it, short ones share
     ///    it: a burst of arrivals starts together instead of one request a step), so a prompt
     ///    joining the batch delays the running streams by at most one chunk's work a step; the
     ///    step's prompts go to the model in one [`Stage0Model::prefill_steps`] call (a model
@@ -264,7 +275,9 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
     ///    step 3, after the new requests' prompts, within the same budget, of which it keeps
     ///    [`LATER_PROMPT_SHARE`] positions.
     ///
-    /// Sleeps on the stage signal only when no step could do anything.
+    /// Sleeps on the stage signal only when no step could do anything. With
+    /// `OMNITTS_STAGE0_TRACE` set, each turn that did something is a line of the trace
+    /// (`turn_trace.rs`).
     fn run(&self, queue: &StageQueue) {
         // Waiting requests with stage 0's step count at their arrival.
         let mut waiting: VecDeque<(Arc<RequestShared>, u64)> = VecDeque::new();
@@ -273,20 +286,28 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         // Open requests waiting for their first text id (they hold a slot).
         let mut opening: Vec<Opening<'m, A>> = Vec::new();
         let mut alone = AloneBudget::new(self.first_frame.alone_share);
-        let mut budget = PREFILL_CHUNK;
+        let step_budget = Switches::get().prefill_budget.unwrap_or(PREFILL_CHUNK);
+        let mut budget = step_budget;
         // A step alone just ran and the loop went back for arrivals before the batched step.
         let mut after_alone = false;
+        let mut trace = Switches::get()
+            .stage0_trace
+            .as_deref()
+            .and_then(TurnTrace::open);
         loop {
             let seen = queue.signal.epoch();
+            let turn_start = Instant::now();
+            let mut turn = Turn::default();
             let (new, shutdown) = queue.drain();
             let arrival = self.batches.get().steps;
+            turn.arrived = new.len();
             waiting.extend(new.into_iter().map(|r| (r, arrival)));
             // The pass back after a step alone is for arrivals only: no encode jobs, and the
             // prefill budget left from the pass before.
             let jobs = if after_alone {
                 Vec::new()
             } else {
-                budget = PREFILL_CHUNK;
+                budget = step_budget;
                 queue.take_jobs()
             };
             if shutdown {
@@ -323,11 +344,13 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                     true
                 }
             });
+            let admitting = Instant::now();
             while active.len() + prefilling.len() + opening.len() < self.cfg.max_num_seqs {
                 let Some((r, arrival)) = waiting.pop_front() else {
                     break;
                 };
                 progress = true;
+                turn.begun += 1;
                 if r.text.is_some() {
                     let started = Instant::now();
                     r.send(EngineEvent::Started);
@@ -348,6 +371,8 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                     prefilling.push_back(p);
                 }
             }
+            turn.begin = admitting.elapsed();
+            turn.waiting = waiting.len();
             // Open requests: start those whose prefill's text has arrived.
             let mut i = 0;
             while i < opening.len() {
@@ -383,11 +408,14 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                 progress = true;
                 let n = p.pending.remaining().clamp(1, budget - reserve);
                 budget -= n;
+                turn.positions += n;
                 work.push((p, n));
             }
             // One call for the step's prompts (the model may run whole ones in one pass); a
             // prompt with positions still to run goes back to the front, in order.
             let mut more = Vec::new();
+            turn.prefills = work.len();
+            let prefill_start = Instant::now();
             for outcome in self.prefill_chunks(work) {
                 match outcome {
                     Prefill::More(p) => more.push(p),
@@ -398,6 +426,8 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
             for p in more.into_iter().rev() {
                 prefilling.push_front(p);
             }
+            turn.prefill = prefill_start.elapsed();
+            turn.queued = prefilling.len();
             // Running requests' later prompts (a dialogue's next generation batch) take what is
             // left of the budget, at least the reserved share, oldest request first; their rows
             // sit the batched steps out meanwhile. New prompts go first: a new request has no
@@ -445,26 +475,35 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                     waiting.len(),
                 )
             {
+                let rows_before = self.batches.get().rows;
                 let (stepped, took) = self.decode_step(&mut active, Rows::New);
                 progress |= stepped;
                 if let Some(took) = took {
                     alone.record(Instant::now(), took, true);
+                    turn.alone_rows = (self.batches.get().rows - rows_before) as usize;
+                    turn.alone = took;
                     // Requests that arrived during the step alone start (prefill, and their
                     // own step alone if allowed) before the batched step, not after it; once a
                     // batched step, so the running streams wait at most two steps alone.
                     if self.first_frame.arrivals_first && !after_alone && queue.has_requests() {
                         after_alone = true;
+                        trace_turn(&mut trace, turn_start, &turn);
                         continue;
                     }
                 }
             }
             after_alone = false;
+            let rows_before = self.batches.get().rows;
             let (stepped, took) = self.decode_step(&mut active, Rows::All);
             progress |= stepped;
             if let Some(took) = took {
                 alone.record(Instant::now(), took, false);
+                turn.rows = (self.batches.get().rows - rows_before) as usize;
+                turn.step = took;
             }
-            if !progress {
+            if progress {
+                trace_turn(&mut trace, turn_start, &turn);
+            } else {
                 queue.signal.wait_past(seen, None);
             }
         }

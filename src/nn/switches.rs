@@ -1,8 +1,8 @@
 //! The `OMNITTS_*` environment switches, read once per process, in one place. Each selects one of
 //! several equivalent execution paths, for A/B runs against the default (docs/cuda.md has the
 //! measurements). Every build reads them; without the `cuda` feature only `OMNITTS_ALONE_ARRIVALS`
-//! (while stage 0's `first_frame_alone` is on), `OMNITTS_CHUNK_RAMP` and `OMNITTS_DECODER_CONV`
-//! have an effect.
+//! (while stage 0's `first_frame_alone` is on), `OMNITTS_CHUNK_RAMP`, `OMNITTS_DECODER_CONV`,
+//! `OMNITTS_PREFILL_BUDGET` and `OMNITTS_STAGE0_TRACE` have an effect.
 //!
 //! | variable | values | default |
 //! |---|---|---|
@@ -23,6 +23,8 @@
 //! | `OMNITTS_PARALLEL_CHOICES` | `0` a batched frame's codebook-0 choices (each row's processors, warpers and draw on the host) one row after another instead of spread over the host's cores (`models/qwen3_tts/batch.rs`) | spread |
 //! | `OMNITTS_CHUNK_RAMP` | `twice` with `codec_chunk_ramp` on, each chunk after the first twice the one before (1, 2, 4, 8, …) instead of as long as all the audio before it (1, 1, 2, 4, …; `engine/chunk_buffer.rs`, [`crate::engine::ChunkRamp`]); the audio is the same, only its chunks' times differ | as long as the audio before |
 //! | `OMNITTS_ATTN_THREADS` | `64`, `128` or `256`: every launch of `decode_attention`, `rope_attention` and `rows_attention` in blocks of that size (at least half the head width; the whole-stack kernel keeps 256), for A/B runs; the output is the same (`nn/cuda_kernels/decode_attention.rs`) | 256 while the grid fits one wave, else the fewest threads that give each key of a full context and each NeoX pair one (a 64-row code-predictor step 64, the talker 256) |
+//! | `OMNITTS_PREFILL_BUDGET` | prompt positions stage 0 prefills a step, ≥ 64 (`engine/stage0.rs`), for A/B runs | 512 (`PREFILL_CHUNK`) |
+//! | `OMNITTS_STAGE0_TRACE` | a file path: stage 0 writes a line per turn of its loop there (arrivals, prompts built, the prefill, the steps; `engine/turn_trace.rs`) | no trace |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams above the default priority: `none`, or ranks from the device's greatest priority down separated by `>`, each a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread): `ar,lane` both at the greatest, `lane>ar` the lane at the greatest and stage 0 one level below | as stage 0's `priority_over_decoder` says: `lane>ar` when on, else `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -168,6 +170,11 @@ pub struct Switches {
     /// `OMNITTS_ATTN_THREADS`: the threads of every attention block (64, 128 or 256) instead of
     /// the size the grid and the context ask for.
     pub attn_threads: Option<usize>,
+    /// `OMNITTS_PREFILL_BUDGET`: prompt positions stage 0 prefills a step instead of
+    /// `PREFILL_CHUNK`.
+    pub prefill_budget: Option<usize>,
+    /// `OMNITTS_STAGE0_TRACE`: the file of stage 0's turn trace.
+    pub stage0_trace: Option<std::path::PathBuf>,
 }
 
 impl Default for Switches {
@@ -219,6 +226,12 @@ impl Switches {
             attn_threads: value("OMNITTS_ATTN_THREADS")
                 .and_then(|v| v.parse().ok())
                 .filter(|n| [64, 128, 256].contains(n)),
+            prefill_budget: value("OMNITTS_PREFILL_BUDGET")
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n >= 64),
+            stage0_trace: value("OMNITTS_STAGE0_TRACE")
+                .filter(|v| !v.is_empty())
+                .map(std::path::PathBuf::from),
         }
     }
 }
@@ -257,6 +270,8 @@ mod tests {
         assert!(!s.fish_graphs);
         assert!(!s.twice_ramp);
         assert_eq!(s.attn_threads, None);
+        assert_eq!(s.prefill_budget, None);
+        assert_eq!(s.stage0_trace, None);
     }
 
     #[test]
@@ -280,8 +295,15 @@ mod tests {
             ("OMNITTS_PARALLEL_CHOICES", "0"),
             ("OMNITTS_CHUNK_RAMP", "twice "),
             ("OMNITTS_ATTN_THREADS", "128"),
+            ("OMNITTS_PREFILL_BUDGET", "2048"),
+            ("OMNITTS_STAGE0_TRACE", " /tmp/turns.tsv"),
         ]);
         assert_eq!(s.attn_threads, Some(128));
+        assert_eq!(s.prefill_budget, Some(2048));
+        assert_eq!(
+            s.stage0_trace.as_deref(),
+            Some(std::path::Path::new("/tmp/turns.tsv"))
+        );
         assert!(s.fish_graphs);
         assert!(!s.batched_prefill);
         assert!(!s.parallel_choices);
@@ -371,6 +393,8 @@ mod tests {
             ("OMNITTS_DECODER_FIRST_GRAPH", "off"),
             ("OMNITTS_ALONE_ARRIVALS", "no"),
             ("OMNITTS_BATCHED_PREFILL", "off"),
+            ("OMNITTS_PREFILL_BUDGET", "63"),
+            ("OMNITTS_STAGE0_TRACE", " "),
         ]);
         assert_eq!(s, Switches::default());
         let s = with(&[("OMNITTS_STACK_BLOCKS_PER_SM", "many")]);
