@@ -436,13 +436,20 @@ impl Timeline {
         let overrun = c.slot.map_or(0, |s| speech.saturating_sub(s));
         let clipped = c.received - c.pos;
         // A silent cue's audio is the silence of its slot: from where it became due to its
-        // slot's end.
-        let (first, end) = match c.kind {
-            CueKind::Silent => (c.due_at, c.slot_end.map_or(end, |e| e.max(end))),
-            _ => (c.first, end),
+        // slot's end. So is a cue to speak whose synthesis ended without a sample (it failed).
+        let silent = match c.kind {
+            CueKind::Silent => true,
+            CueKind::Speech => c.finished && c.received == 0,
+            CueKind::Refused(_) => false,
+        };
+        let (first, end) = if silent {
+            (c.due_at, c.slot_end.map_or(end, |e| e.max(end)))
+        } else {
+            (c.first, end)
         };
         let action = match (&c.kind, self.policy) {
-            (CueKind::Silent | CueKind::Refused(_), _) => Action::Silent,
+            _ if silent => Action::Silent,
+            (CueKind::Refused(_), _) => Action::Silent,
             (_, p) if p.cuts() && (clipped > 0 || !c.finished) => Action::Clipped,
             (_, Overflow::Compress) if c.original.is_some() => Action::Compressed,
             (_, Overflow::Overlap) if overrun > 0 => Action::Overlapped,
@@ -907,6 +914,50 @@ mod tests {
                 (3, Action::Fit, Some(1_000), 1_100),
             ]
         );
+    }
+
+    /// A cue to speak whose synthesis ended without a sample (it failed, or a full engine
+    /// refused it) output silence in its slot: it is reported `silent`, not as a cue that fit.
+    #[test]
+    fn a_speech_cue_that_ends_without_audio_is_reported_silent() {
+        for policy in [
+            Overflow::Clip,
+            Overflow::Overlap,
+            Overflow::Shift,
+            Overflow::Compress,
+        ] {
+            let mut t = Timeline::new(policy);
+            t.push_cue(1, CueStart::At(0), Some(500), CueKind::Speech);
+            t.push_cue(2, CueStart::At(500), Some(500), CueKind::Speech);
+            t.finish(1);
+            t.add_audio(2, &speech(300, 2.0));
+            t.finish(2);
+            t.end();
+            let mut out = Vec::new();
+            loop {
+                match t.next(MAX, Pace::Exact) {
+                    Step::Audio(s) => out.extend(s),
+                    Step::Silence(len) => out.extend(std::iter::repeat_n(0.0, len)),
+                    Step::End => break,
+                    other => panic!("{policy:?}: {other:?}"),
+                }
+            }
+            assert!(out[..500].iter().all(|&x| x == 0.0), "{policy:?}");
+            assert!(out[500..800].iter().all(|&x| x == 2.0), "{policy:?}");
+            let reports: Vec<_> = t
+                .take_notices()
+                .into_iter()
+                .filter_map(|n| match n {
+                    Notice::Done(r) => Some((r.id, r.action, r.speech, r.output)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(
+                reports,
+                [(1, Action::Silent, 0, 0), (2, Action::Fit, 300, 300)],
+                "{policy:?}"
+            );
+        }
     }
 
     #[test]
