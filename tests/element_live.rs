@@ -4,7 +4,7 @@
 mod element_util;
 mod reference_util;
 
-use element_util::{element_messages, errors, init, serial, wait_element_message};
+use element_util::{drain, element_messages, errors, init, serial, wait_element_message, warnings};
 use gst::prelude::*;
 use gst_check::Harness;
 use gstomnitts::element_common::messages;
@@ -14,12 +14,22 @@ use std::time::{Duration, Instant};
 
 const SPF: u64 = 1920;
 
+/// The latency is the first chunk's (or a buffer's, when longer); one above a second is said in
+/// a warning naming the property that made it.
 #[test]
 fn latency_is_the_first_chunk() {
     init();
-    for (initial, spb, want_ms) in [(3u32, 480u32, 240u64), (1, 480, 80), (1, 24000, 1000)] {
+    for (initial, spb, want_ms) in [
+        (3u32, 480u32, 240u64),
+        (1, 480, 80),
+        (1, 24000, 1000),
+        (13, 480, 1040),
+        (1, 36000, 1500),
+    ] {
         let mut h = Harness::new("omnittssrc");
         let e = h.element().unwrap();
+        let bus = gst::Bus::new();
+        e.set_bus(Some(&bus));
         e.set_property("model", fixture_model("tiny-customvoice"));
         e.set_property("is-live", true);
         e.set_property("initial-chunk-frames", initial);
@@ -38,6 +48,26 @@ fn latency_is_the_first_chunk() {
         assert!(live);
         assert_eq!(min, gst::ClockTime::from_mseconds(want_ms));
         assert_eq!(max, None);
+        let warned = warnings(&drain(&bus))
+            .into_iter()
+            .filter(|w| w.contains("live latency"))
+            .collect::<Vec<_>>();
+        if want_ms <= 1000 {
+            assert!(warned.is_empty(), "{want_ms} ms: {warned:?}");
+        } else {
+            assert_eq!(warned.len(), 1, "{want_ms} ms: {warned:?}");
+            let property = if initial > 1 {
+                format!("initial-chunk-frames={initial}")
+            } else {
+                format!("samples-per-buffer={spb}")
+            };
+            assert!(
+                warned[0].contains(&format!("live latency {want_ms} ms"))
+                    && warned[0].contains(&property),
+                "{}",
+                warned[0]
+            );
+        }
     }
 }
 

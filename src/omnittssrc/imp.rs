@@ -44,6 +44,10 @@ const DEFAULT_IS_LIVE: bool = false;
 /// Back-pressure bound between the engine and `create()`: 10 s of audio.
 const MAX_QUEUED_SECONDS: usize = 10;
 
+/// Live: a latency above this (from a long first chunk or long buffers) is said in a warning at
+/// the start, as it delays every utterance's audio by that much.
+const LIVE_LATENCY_WARNING: gst::ClockTime = gst::ClockTime::SECOND;
+
 /// Property values: the synthesis properties every omnitts element has, the server ones, and
 /// this element's own.
 #[derive(Debug, Clone)]
@@ -914,6 +918,27 @@ impl OmniTtsSrc {
         );
         let latency = first_chunk.max(pts_of(settings.samples_per_buffer as u64, rate));
         let live_latency = live.then_some(latency);
+        let latency_warning = (live && latency > LIVE_LATENCY_WARNING).then(|| {
+            let cause = if first_chunk >= latency {
+                format!(
+                    "initial-chunk-frames={}: the first chunk, {} frames of {} ms, is what each \
+                     utterance's audio waits for; 1-4 frames keep it short",
+                    info.first_chunk_frames,
+                    info.first_chunk_frames,
+                    pts_of(info.samples_per_frame as u64, rate).mseconds()
+                )
+            } else {
+                format!(
+                    "samples-per-buffer={}: each buffer is {} ms of audio",
+                    settings.samples_per_buffer,
+                    latency.mseconds()
+                )
+            };
+            format!(
+                "omnittssrc: live latency {} ms, from {cause}",
+                latency.mseconds()
+            )
+        });
 
         let output = Output::new(
             settings.samples_per_buffer,
@@ -992,6 +1017,9 @@ impl OmniTtsSrc {
         );
         progress::post_complete(&element, "load", &ready);
         if live {
+            if let Some(w) = latency_warning {
+                gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));
+            }
             let _ = element.post_message(gst::message::Latency::builder().src(&element).build());
         }
         Ok(())
