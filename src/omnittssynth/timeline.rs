@@ -307,12 +307,18 @@ impl Timeline {
 
     /// Adds cue `id` (ids are the caller's, unique). `slot`: the text buffer's duration. A cue
     /// whose PTS the output has already passed (live: it arrived after its deadline) is late from
-    /// the start: it counts once, by that much.
+    /// the start: it counts once, by that much. Not under `shift` while a cue to speak is still
+    /// queued before it: it starts after that one's speech, and is late only if its audio is not
+    /// there then.
     pub fn push_cue(&mut self, id: u64, start: CueStart, slot: Option<u64>, kind: CueKind) {
         let mut arrived_late = 0;
         if let CueStart::At(p) = start {
             self.horizon = self.horizon.max(p);
-            arrived_late = self.n.saturating_sub(p);
+            let behind_speech = self.policy == Overflow::Shift
+                && self.cues.iter().any(|c| c.kind == CueKind::Speech);
+            if !behind_speech {
+                arrived_late = self.n.saturating_sub(p);
+            }
         }
         if arrived_late > 0 && kind != CueKind::Silent {
             self.notices.push(Notice::Late { id, at: self.n });
@@ -1007,6 +1013,54 @@ mod tests {
             t.end();
             assert_eq!(run(&mut t).0.len(), 3_000, "{policy:?}");
         }
+    }
+
+    /// Live, `shift`: a cue that arrives after its PTS while the cue before it is still playing
+    /// past that PTS is shifted, not late: it could not have started sooner, and its audio is
+    /// there when its turn comes.
+    #[test]
+    fn live_shift_a_cue_behind_a_long_one_is_shifted_not_late() {
+        let live = |settled, late| Pace::Live { settled, late };
+        let mut t = Timeline::new(Overflow::Shift);
+        t.push_cue(1, CueStart::At(0), Some(500), CueKind::Speech);
+        t.add_audio(1, &speech(1_000, 1.0));
+        t.finish(1);
+        assert_eq!(t.next(800, live(800, false)), Step::Audio(speech(800, 1.0)));
+        // Cue 2 (PTS 600) arrives with the output at 800, inside cue 1's speech.
+        t.push_cue(2, CueStart::At(600), Some(500), CueKind::Speech);
+        t.add_audio(2, &speech(300, 2.0));
+        t.finish(2);
+        assert_eq!(
+            t.next(MAX, live(1_000, false)),
+            Step::Audio(speech(200, 1.0))
+        );
+        assert_eq!(
+            t.next(MAX, live(1_300, false)),
+            Step::Audio(speech(300, 2.0))
+        );
+        t.end();
+        while t.next(MAX, live(5_000, false)) != Step::End {}
+        let notices = t.take_notices();
+        assert!(
+            !notices.iter().any(|n| matches!(n, Notice::Late { .. })),
+            "{notices:?}"
+        );
+        let r2 = notices
+            .iter()
+            .find_map(|n| match n {
+                Notice::Done(r) if r.id == 2 => Some(r.clone()),
+                _ => None,
+            })
+            .expect("cue 2's report");
+        assert_eq!(
+            (r2.late, r2.late_samples, r2.shifted, r2.action),
+            (0, 0, 400, Action::Shifted)
+        );
+        // Arriving after its PTS with nothing before it to play is late, as before.
+        let mut t = Timeline::new(Overflow::Shift);
+        assert_eq!(t.next(700, live(700, false)), Step::Silence(700));
+        t.push_cue(3, CueStart::At(600), Some(500), CueKind::Speech);
+        assert_eq!(t.take_notices(), [Notice::Late { id: 3, at: 700 }]);
     }
 
     #[test]
