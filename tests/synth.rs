@@ -657,8 +657,21 @@ fn a_cue_wholly_outside_the_segment_is_dropped() {
         first_pts.get_or_insert(b.pts());
     }
     assert_eq!(first_pts, Some(Some(gst::ClockTime::from_seconds(5))));
-    let texts = cue_texts_without_errors(&bus);
+    let msgs = element_util::drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let cues = element_messages(&msgs, CUE);
+    let texts: Vec<String> = cues.iter().map(|c| c.get("text").unwrap()).collect();
     assert_eq!(texts, ["Straddles."]);
+    // The straddling cue keeps the part of its slot inside the segment (4-6 s from 5 s: 1 s).
+    assert_eq!(
+        (
+            u64_field(&cues[0], "pts"),
+            u64_field(&cues[0], "slot-duration")
+        ),
+        (5_000_000_000, 1_000_000_000),
+        "{}",
+        cues[0]
+    );
 }
 
 #[test]

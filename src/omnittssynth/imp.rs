@@ -771,21 +771,37 @@ impl OmniTtsSynth {
             gst::debug!(CAT, imp = self, "cue dropped: {outside}");
             return Ok(gst::FlowSuccess::Ok);
         }
+        let (pts, duration) = self.clip_to_segment_start(buffer.pts(), buffer.duration());
         self.push_cue(
             |format| match buffer.map_readable() {
                 Ok(map) => cue_text(map.as_slice(), format),
                 Err(_) => Err("the buffer could not be read".to_string()),
             },
-            buffer.pts(),
-            buffer.duration(),
+            pts,
+            duration,
         )
+    }
+
+    /// A cue that straddles the segment's start keeps the part of its slot inside the segment, as
+    /// GStreamer clips a buffer to its segment: it starts at the segment's start, its duration
+    /// shortened by as much (a cue without duration just starts there).
+    fn clip_to_segment_start(
+        &self,
+        pts: Option<gst::ClockTime>,
+        duration: Option<gst::ClockTime>,
+    ) -> (Option<gst::ClockTime>, Option<gst::ClockTime>) {
+        let start = self.shared.lock().segment.start();
+        match (pts, start) {
+            (Some(p), Some(s)) if p < s => (Some(s), duration.map(|d| d.saturating_sub(s - p))),
+            _ => (pts, duration),
+        }
     }
 
     /// Why a cue at `pts` lasting `duration` is wholly outside the segment (it ends at or before
     /// its start, or starts at or after its stop): such a cue is dropped, as GStreamer clips
     /// buffers to their segment. `None` for a cue that is in it, straddles an edge (it is spoken
-    /// from the segment's start), or has no PTS; a cue without duration is outside only past the
-    /// stop.
+    /// from the segment's start, in the rest of its slot: [`Self::clip_to_segment_start`]), or
+    /// has no PTS; a cue without duration is outside only past the stop.
     fn outside_segment(
         &self,
         pts: Option<gst::ClockTime>,
