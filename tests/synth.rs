@@ -918,32 +918,6 @@ fn a_seek_at_another_rate_is_refused_without_an_error() {
     assert!(errors(&element_util::drain(&bus)).is_empty());
 }
 
-/// The output segment says the audio was not sped up or slowed down: applied-rate 1.0, whatever
-/// the text segment's.
-#[test]
-fn the_output_segment_has_an_applied_rate_of_one() {
-    let (e, bus) = synth(&[]);
-    let mut h = harness(&e, "text/x-raw,format=utf8");
-    let mut seg = gst::FormattedSegment::<gst::ClockTime>::new();
-    seg.set_applied_rate(2.0);
-    assert!(h.push_event(gst::event::Segment::new(&seg)));
-    h.push(text_buffer(b"Hello.", Some(0), Some(1_000)))
-        .unwrap();
-    h.push_event(gst::event::Eos::new());
-    let (_, events) = pull_to_eos(&mut h, Duration::from_secs(60));
-    let rates: Vec<f64> = events
-        .iter()
-        .filter_map(|ev| match ev.view() {
-            gst::EventView::Segment(s) => Some(s.segment().applied_rate()),
-            _ => None,
-        })
-        .collect();
-    // The harness's own segment first, then ours.
-    assert_eq!(rates.len(), 2, "{rates:?}");
-    assert!(rates.iter().all(|&r| r == 1.0), "{rates:?}");
-    assert!(errors(&element_util::drain(&bus)).is_empty());
-}
-
 #[test]
 fn a_cue_without_pts_is_spoken_right_after_the_cue_before_it() {
     let (e, bus) = synth(&[("overflow", "overlap")]);

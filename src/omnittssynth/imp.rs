@@ -579,9 +579,6 @@ impl OmniTtsSynth {
         self.segment_refused.store(false, Ordering::Relaxed);
         let mut out = seg.clone();
         out.set_stop(gst::ClockTime::NONE);
-        // The audio is synthesised at its natural speed, whatever rate the text's timestamps
-        // were given upstream.
-        out.set_applied_rate(1.0);
         if self.shared.lock().upstream_latency.is_none() {
             self.upstream_latency();
         }
