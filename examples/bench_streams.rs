@@ -16,7 +16,8 @@
 //! waited for, the steps before its own; with stage 0's steps from arrival to first frame), and
 //! stage 1's part. On a GPU use `--shared-only` (N separate copies of a large model do not fit).
 //! `--rounds R` starts the N streams R times on the same engine, each start measured: the first
-//! comes after only a one-stream warm-up, the later ones show an engine that has served a burst.
+//! comes after only a one-stream warm-up, the later ones show an engine that has served a burst
+//! (the shared / separate ratio is then the last round's).
 //!
 //! **Open loop** (`--rates`), measured as the serving engines' public benchmark
 //! (nari-labs/benchmarks, `tts_bench`) measures them, so that the figures can stand beside

@@ -38,7 +38,8 @@ fn trace_turn(trace: &mut Option<TurnTrace>, start: Instant, turn: &Turn) {
 }
 
 /// Positions of each step's prefill budget ([`PREFILL_CHUNK`]) kept for running requests' later
-/// prompts while any has one: new prompts take the rest first.
+/// prompts while any has one (a quarter of a smaller budget set by `OMNITTS_PREFILL_BUDGET`): new
+/// prompts take the rest first.
 const LATER_PROMPT_SHARE: usize = PREFILL_CHUNK / 4;
 
 /// A voice-clone reference to encode on stage 0 ([`super::Engine::voice_clone_prompt`]); the
@@ -258,7 +259,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
     ///    [`PREFILL_CHUNK`] positions a step (`OMNITTS_PREFILL_BUDGET` sets another for A/B
     ///    runs; a long prompt takes a chunk of it, short ones share
     ///    it: a burst of arrivals starts together instead of one request a step), so a prompt
-    ///    joining the batch delays the running streams by at most one chunk's work a step; the
+    ///    joining the batch delays the running streams by at most one budget's work a step; the
     ///    step's prompts go to the model in one [`Stage0Model::prefill_steps`] call (a model
     ///    may run several whole prompts as one batched pass); a finished prefill joins the
     ///    decode batch;
@@ -293,7 +294,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
         let mut trace = Switches::get()
             .stage0_trace
             .as_deref()
-            .and_then(TurnTrace::open);
+            .and_then(TurnTrace::open_next);
         loop {
             let seen = queue.signal.epoch();
             let turn_start = Instant::now();
@@ -350,7 +351,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                     break;
                 };
                 progress = true;
-                turn.begun += 1;
+                turn.admitted += 1;
                 if r.text.is_some() {
                     let started = Instant::now();
                     r.send(EngineEvent::Started);
@@ -371,7 +372,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                     prefilling.push_back(p);
                 }
             }
-            turn.begin = admitting.elapsed();
+            turn.admit = admitting.elapsed();
             turn.waiting = waiting.len();
             // Open requests: start those whose prefill's text has arrived.
             let mut i = 0;
@@ -397,7 +398,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
             // that would take all of it step after step (a burst of long ones) do not hold a
             // dialogue's next batch back.
             let reserve = if active.iter().any(|a| a.session.has_pending_prompt()) {
-                LATER_PROMPT_SHARE.min(budget)
+                LATER_PROMPT_SHARE.min(step_budget / 4).min(budget)
             } else {
                 0
             };
@@ -475,13 +476,11 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                     waiting.len(),
                 )
             {
-                let rows_before = self.batches.get().rows;
-                let (stepped, took) = self.decode_step(&mut active, Rows::New);
+                let (stepped, ran) = self.decode_step(&mut active, Rows::New);
                 progress |= stepped;
-                if let Some(took) = took {
+                if let Some((took, rows)) = ran {
                     alone.record(Instant::now(), took, true);
-                    turn.alone_rows = (self.batches.get().rows - rows_before) as usize;
-                    turn.alone = took;
+                    (turn.alone, turn.alone_rows) = (took, rows);
                     // Requests that arrived during the step alone start (prefill, and their
                     // own step alone if allowed) before the batched step, not after it; once a
                     // batched step, so the running streams wait at most two steps alone.
@@ -493,13 +492,11 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
                 }
             }
             after_alone = false;
-            let rows_before = self.batches.get().rows;
-            let (stepped, took) = self.decode_step(&mut active, Rows::All);
+            let (stepped, ran) = self.decode_step(&mut active, Rows::All);
             progress |= stepped;
-            if let Some(took) = took {
+            if let Some((took, rows)) = ran {
                 alone.record(Instant::now(), took, false);
-                turn.rows = (self.batches.get().rows - rows_before) as usize;
-                turn.step = took;
+                (turn.step, turn.rows) = (took, rows);
             }
             if progress {
                 trace_turn(&mut trace, turn_start, &turn);
@@ -763,12 +760,13 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
     /// One frame for every request of `rows` in `active` that can take one, in one batched
     /// forward; ends and removes the requests that are over. [`Rows::New`] steps only when some
     /// of the ready rows have frames already (otherwise the step of all is the same step).
-    /// Returns whether anything happened, and how long the forward took if one ran.
+    /// Returns whether anything happened, and how long the forward took and how many rows it
+    /// ran, if one ran.
     fn decode_step(
         &self,
         active: &mut Vec<ArActive<'m, A>>,
         rows: Rows,
-    ) -> (bool, Option<Duration>) {
+    ) -> (bool, Option<(Duration, usize)>) {
         let mut progress = false;
         // Cancelled requests leave first; blocked ones (chunk buffer full) sit this step out.
         let mut i = 0;
@@ -843,7 +841,7 @@ impl<'m, A: Stage0Model> ArStage<'m, A> {
             let a = active.remove(i);
             self.release(a, reason);
         }
-        (progress, Some(elapsed))
+        (progress, Some((elapsed, ready.len())))
     }
 
     /// Lets go of a request: frees its KV cache before stage 1 can report Finished.

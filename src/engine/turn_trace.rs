@@ -1,5 +1,8 @@
 //! Stage 0's turns, one line each, for finding where new requests wait
-//! (`OMNITTS_STAGE0_TRACE=FILE`; off by default, see `nn/switches.rs`).
+//! (`OMNITTS_STAGE0_TRACE=FILE`; off by default, see `nn/switches.rs`). The first stage-0 thread
+//! of the process writes `FILE`, later ones (another engine, a reloaded one) `FILE.2`, `FILE.3`,
+//! … ([`TurnTrace::open_next`]), so that no engine's turns overwrite or interleave with
+//! another's.
 //!
 //! A turn of stage 0's loop (`stage0.rs`, `run`) takes the requests that arrived, builds their
 //! prompts, runs a step's prefill budget of them, maybe a step of the new rows alone, then the
@@ -10,10 +13,10 @@
 //! |---|---|---|
 //! | `t_ms` | ms | the turn's start, from the trace's opening |
 //! | `arrived` | requests | taken from the queue this turn |
-//! | `begun`, `begin_ms` | requests, ms | prompts built (`Stage0Model::begin`) and their time |
+//! | `admitted`, `admit_ms` | requests, ms | given a place, and the time for it: a whole text's prompt built (`Stage0Model::begin`), an open text's state made |
 //! | `waiting` | requests | still waiting for a place after admission |
-//! | `prefills`, `positions`, `prefill_ms` | prompts, positions, ms | the step's prefill call |
-//! | `queued` | prompts | admitted prompts still waiting for a prefill budget after it |
+//! | `prefills`, `positions`, `prefill_ms` | prompts, positions, ms | the new prompts handed to the step's prefill call, and its time (a running request's later prompt, run after it, counts in `turn_ms` only) |
+//! | `queued` | prompts | admitted prompts with positions still to run after it (not started, or started in pieces) |
 //! | `alone_rows`, `alone_ms` | rows, ms | the step of new rows alone (0 when none ran) |
 //! | `rows`, `step_ms` | rows, ms | the batched step (0 when none ran) |
 //! | `turn_ms` | ms | the whole turn, waiting for work excluded |
@@ -24,15 +27,16 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// What one turn did (see the module doc's columns).
 #[derive(Debug, Default, Clone, PartialEq)]
 pub(crate) struct Turn {
     pub arrived: usize,
-    pub begun: usize,
-    pub begin: Duration,
+    pub admitted: usize,
+    pub admit: Duration,
     pub waiting: usize,
     pub prefills: usize,
     pub positions: usize,
@@ -52,9 +56,17 @@ pub(crate) struct TurnTrace {
 }
 
 /// The header line (the module doc's columns).
-const HEADER: &str = "t_ms\tarrived\tbegun\tbegin_ms\twaiting\tprefills\tpositions\tprefill_ms\tqueued\talone_rows\talone_ms\trows\tstep_ms\tturn_ms";
+const HEADER: &str = "t_ms\tarrived\tadmitted\tadmit_ms\twaiting\tprefills\tpositions\tprefill_ms\tqueued\talone_rows\talone_ms\trows\tstep_ms\tturn_ms";
 
 impl TurnTrace {
+    /// Opens the next trace file of the process for `path`: `path` itself for the first call,
+    /// `path.N` for the N-th (see the module doc); as [`Self::open`].
+    pub fn open_next(path: &Path) -> Option<Self> {
+        static OPENED: AtomicUsize = AtomicUsize::new(0);
+        let n = OPENED.fetch_add(1, Ordering::Relaxed) + 1;
+        Self::open(&numbered(path, n))
+    }
+
     /// Opens (truncates) `path` and writes the header; `None`, with a line on stderr, when it
     /// cannot be written.
     pub fn open(path: &Path) -> Option<Self> {
@@ -85,8 +97,8 @@ impl TurnTrace {
             "{:.3}\t{}\t{}\t{:.3}\t{}\t{}\t{}\t{:.3}\t{}\t{}\t{:.3}\t{}\t{:.3}\t{:.3}",
             ms(start.saturating_duration_since(self.opened)),
             t.arrived,
-            t.begun,
-            ms(t.begin),
+            t.admitted,
+            ms(t.admit),
             t.waiting,
             t.prefills,
             t.positions,
@@ -113,6 +125,16 @@ impl TurnTrace {
     }
 }
 
+/// `path` for the first trace of the process, `path.n` for the n-th.
+fn numbered(path: &Path, n: usize) -> PathBuf {
+    if n <= 1 {
+        return path.to_path_buf();
+    }
+    let mut name = path.as_os_str().to_os_string();
+    name.push(format!(".{n}"));
+    PathBuf::from(name)
+}
+
 impl Drop for TurnTrace {
     fn drop(&mut self) {
         let _ = self.out.flush();
@@ -137,8 +159,8 @@ mod tests {
         let start = trace.opened + Duration::from_millis(5);
         let turn = Turn {
             arrived: 3,
-            begun: 3,
-            begin: Duration::from_micros(1500),
+            admitted: 3,
+            admit: Duration::from_micros(1500),
             prefills: 2,
             positions: 61,
             prefill: Duration::from_millis(4),
@@ -158,6 +180,14 @@ mod tests {
             lines[1],
             "5.000\t3\t3\t1.500\t0\t2\t61\t4.000\t1\t0\t0.000\t7\t9.000\t15.000"
         );
+    }
+
+    #[test]
+    fn later_traces_of_the_process_are_numbered() {
+        let p = Path::new("/tmp/turns.tsv");
+        assert_eq!(numbered(p, 1), p);
+        assert_eq!(numbered(p, 2), Path::new("/tmp/turns.tsv.2"));
+        assert_eq!(numbered(p, 13), Path::new("/tmp/turns.tsv.13"));
     }
 
     #[test]

@@ -920,10 +920,14 @@ impl OmniTtsSrc {
         let live_latency = live.then_some(latency);
         let latency_warning = (live && latency > LIVE_LATENCY_WARNING).then(|| {
             let cause = if first_chunk >= latency {
+                // The property when set, else the stage config's first chunk.
+                let setting = match settings.synthesis.initial_chunk_frames {
+                    0 => format!("stage-config '{}'", settings.synthesis.stage_config_name()),
+                    n => format!("initial-chunk-frames={n}"),
+                };
                 format!(
-                    "initial-chunk-frames={}: the first chunk, {} frames of {} ms, is what each \
-                     utterance's audio waits for; 1-4 frames keep it short",
-                    info.first_chunk_frames,
+                    "{setting}: the first chunk, {} frames of {} ms, is what each utterance's \
+                     audio waits for; 1-4 frames keep it short",
                     info.first_chunk_frames,
                     pts_of(info.samples_per_frame as u64, rate).mseconds()
                 )

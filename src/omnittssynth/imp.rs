@@ -783,8 +783,8 @@ impl OmniTtsSynth {
     }
 
     /// A cue that straddles the segment's start keeps the part of its slot inside the segment, as
-    /// GStreamer clips a buffer to its segment: it starts at the segment's start, its duration
-    /// shortened by as much (a cue without duration just starts there).
+    /// GStreamer clips a buffer's start to its segment: it starts at the segment's start, its
+    /// duration shortened by as much (a cue without duration just starts there).
     fn clip_to_segment_start(
         &self,
         pts: Option<gst::ClockTime>,
@@ -798,10 +798,11 @@ impl OmniTtsSynth {
     }
 
     /// Why a cue at `pts` lasting `duration` is wholly outside the segment (it ends at or before
-    /// its start, or starts at or after its stop): such a cue is dropped, as GStreamer clips
-    /// buffers to their segment. `None` for a cue that is in it, straddles an edge (it is spoken
-    /// from the segment's start, in the rest of its slot: [`Self::clip_to_segment_start`]), or
-    /// has no PTS; a cue without duration is outside only past the stop.
+    /// its start, or starts at or after its stop): such a cue is
+    /// dropped, as GStreamer clips buffers to their segment. `None` for a cue that is in it,
+    /// straddles the start (it is spoken from there, in the rest of its slot:
+    /// [`Self::clip_to_segment_start`]) or the stop (it keeps its slot: the output runs on past
+    /// the stop), or has no PTS; a cue without duration is outside only past the stop.
     fn outside_segment(
         &self,
         pts: Option<gst::ClockTime>,
