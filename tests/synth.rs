@@ -538,6 +538,9 @@ fn harness_flush_mid_cue_drops_it_and_restarts_the_timeline() {
     let mut h = harness(&e, "text/x-raw,format=utf8");
     let long = "This goes on and on and on for a very long time indeed.";
     h.push(text_buffer(long.as_bytes(), Some(0), None)).unwrap();
+    // A cue queued for later, not yet due at the flush.
+    h.push(text_buffer(b"Queued for later.", Some(60_000), Some(1_000)))
+        .unwrap();
     // Wait for the first audio, then flush in the middle of the cue.
     let t0 = Instant::now();
     loop {
@@ -573,7 +576,8 @@ fn harness_flush_mid_cue_drops_it_and_restarts_the_timeline() {
     let msgs = element_util::drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
     // The flushed cue had started: it is announced as over, cancelled, before the next cue;
-    // each message as (id, its field `f`).
+    // the queued one had not: its cue message only (`flushed`, no start); each message as (id,
+    // its field `f`).
     let by_id = |name: &str, f: &str| -> Vec<(u64, String)> {
         element_messages(&msgs, name)
             .iter()
@@ -583,15 +587,32 @@ fn harness_flush_mid_cue_drops_it_and_restarts_the_timeline() {
     let reasons = by_id("omnitts/utterance-done", "reason");
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert_eq!(reasons[0], (1, "cancelled".to_string()), "{reasons:?}");
-    assert_eq!(reasons[1].0, 2, "{reasons:?}");
+    assert_eq!(reasons[1].0, 3, "{reasons:?}");
     assert_ne!(reasons[1].1, "cancelled", "{reasons:?}");
+    assert_eq!(
+        element_messages(&msgs, "omnitts/utterance-started").len(),
+        2
+    );
     let actions = by_id(CUE, "action");
-    assert_eq!(actions.len(), 2, "{actions:?}");
+    assert_eq!(actions.len(), 3, "{actions:?}");
     assert_eq!(actions[0], (1, "flushed".to_string()), "{actions:?}");
-    assert_eq!(actions[1].0, 2, "{actions:?}");
-    assert_ne!(actions[1].1, "flushed", "{actions:?}");
-    let flushed = &element_messages(&msgs, CUE)[0];
+    assert_eq!(actions[1], (2, "flushed".to_string()), "{actions:?}");
+    assert_eq!(actions[2].0, 3, "{actions:?}");
+    assert_ne!(actions[2].1, "flushed", "{actions:?}");
+    let cues = element_messages(&msgs, CUE);
+    let flushed = &cues[0];
     assert!(u64_field(flushed, "output-duration") > 0, "{flushed}");
+    // The flush's cut is not the policy's clip.
+    assert_eq!(flushed.get::<f64>("clipped-ms").unwrap(), 0.0, "{flushed}");
+    let queued = &cues[1];
+    assert_eq!(
+        (
+            u64_field(queued, "start"),
+            u64_field(queued, "output-duration")
+        ),
+        (u64::MAX, 0),
+        "{queued}"
+    );
 }
 
 /// A cue hours after the input before it, or with a slot of hours, is most likely a timestamp
@@ -777,6 +798,8 @@ fn a_zero_duration_cue_is_spoken_whole_with_a_warning() {
         );
         let w = warnings_containing(&msgs, "zero duration");
         assert_eq!(w.len(), 1, "{policy}: {w:?}");
+        // The shift rule is named only under shift.
+        assert_eq!(w[0].contains("overflow=shift"), policy == "shift", "{w:?}");
         assert!(w[0].starts_with("cue 2 (PTS 0:00:01.5"), "{}", w[0]);
     }
 }

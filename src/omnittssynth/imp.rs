@@ -1078,6 +1078,12 @@ impl OmniTtsSynth {
         // A duration that ends past the largest signed timestamp is a negative one read as
         // unsigned (subparse gives an SRT cue that ends before it starts 2^64 ns less the
         // difference): honoured, its slot would be centuries of silence and no EOS.
+        // Where a cue without duration starts: under shift, after the speech before it.
+        let whole_from = if self.policy() == Overflow::Shift {
+            "from its PTS, once the speech before it is over (overflow=shift)"
+        } else {
+            "from its PTS"
+        };
         let duration = match duration {
             Some(d) if ends_past_time(pts, d) => {
                 gst::element_imp_warning!(
@@ -1086,11 +1092,11 @@ impl OmniTtsSynth {
                     (
                         "cue {} (PTS {}) has a duration ({}) that ends past the largest \
                          timestamp, most likely an end before its start: it is spoken whole \
-                         from its PTS (overflow=shift: once the speech before it is over), as a \
-                         cue without duration",
+                         {}, as a cue without duration",
                         id,
                         pts.display(),
-                        d
+                        d,
+                        whole_from
                     )
                 );
                 None
@@ -1109,12 +1115,12 @@ impl OmniTtsSynth {
                 self,
                 gst::StreamError::Format,
                 (
-                    "cue {} (PTS {}) has a zero duration ({}): it is spoken whole from its PTS \
-                     (overflow=shift: once the speech before it is over), as a cue without \
-                     duration (no slot end, never clipped)",
+                    "cue {} (PTS {}) has a zero duration ({}): it is spoken whole {}, as a cue \
+                     without duration (no slot end, never clipped)",
                     id,
                     pts.display(),
-                    d
+                    d,
+                    whole_from
                 )
             );
         }

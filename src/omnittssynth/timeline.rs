@@ -400,18 +400,23 @@ impl Timeline {
         }
     }
 
-    /// A flush: every cue is dropped. Those that were playing are over where the output is,
-    /// reported as [`Action::Flushed`] ([`Notice::Done`]), so that each cue whose start was
-    /// announced is also announced as over; cues not yet due go without a notice.
+    /// A flush: every cue is dropped, reported as [`Action::Flushed`] ([`Notice::Done`]) so
+    /// that each cue is accounted for: one playing is over where the output is; one not yet due
+    /// has no first sample (`first` `None`). The flush's cut is not the policy's: `clipped` is 0.
     pub fn flush(&mut self) {
         let n = self.n;
         for c in std::mem::take(&mut self.cues) {
-            if c.state == State::Playing {
-                let mut report = self.report(&c, n);
-                report.end = n;
-                report.action = Action::Flushed;
-                self.notices.push(Notice::Done(report));
+            if matches!(c.kind, CueKind::Refused(_)) {
+                continue;
             }
+            let mut report = self.report(&c, n);
+            if c.state == State::Pending {
+                report.first = None;
+            }
+            report.end = n;
+            report.action = Action::Flushed;
+            report.clipped = 0;
+            self.notices.push(Notice::Done(report));
         }
     }
 
@@ -451,7 +456,9 @@ impl Timeline {
         let (first, end) = if silent {
             (c.due_at, c.slot_end.map_or(end, |e| e.max(end)))
         } else {
-            (c.first, end)
+            // A cue cut at its slot's end ends there at the latest (one whose whole slot had
+            // passed when it became due, live, is retired later than that).
+            (c.first, c.cut.map_or(end, |cut| end.min(cut)))
         };
         let action = match (&c.kind, self.policy) {
             _ if silent => Action::Silent,
@@ -1013,6 +1020,32 @@ mod tests {
             t.end();
             assert_eq!(run(&mut t).0.len(), 3_000, "{policy:?}");
         }
+    }
+
+    /// Live, `clip`: a cue that arrives after its whole slot has passed outputs nothing; its
+    /// report ends at its slot's end (its lateness counts from its PTS: 1,000 samples).
+    #[test]
+    fn live_clip_a_cue_past_its_whole_slot_ends_at_its_slot() {
+        let live = |settled, late| Pace::Live { settled, late };
+        let mut t = Timeline::new(Overflow::Clip);
+        assert_eq!(t.next(1_500, live(1_500, false)), Step::Silence(1_500));
+        t.push_cue(1, CueStart::At(500), Some(500), CueKind::Speech);
+        t.add_audio(1, &speech(300, 1.0));
+        t.finish(1);
+        t.end();
+        while t.next(MAX, live(5_000, false)) != Step::End {}
+        let r = t
+            .take_notices()
+            .into_iter()
+            .find_map(|n| match n {
+                Notice::Done(r) => Some(r),
+                _ => None,
+            })
+            .expect("its report");
+        assert_eq!(
+            (r.action, r.first, r.output, r.end, r.late_samples),
+            (Action::Clipped, None, 0, 1_000, 1_000)
+        );
     }
 
     /// Live, `shift`: a cue that arrives after its PTS while the cue before it is still playing
