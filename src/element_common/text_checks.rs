@@ -141,7 +141,7 @@ fn entity(name: &str) -> Option<char> {
 }
 
 /// The warning for markup removed from `text` (its tag names `names`).
-pub(crate) fn markup_warning(text: &str, names: &[String]) -> String {
+pub(crate) fn markup_warning(text: &str, names: &[String], plain: &str) -> String {
     let tags = if names.is_empty() {
         // Comments, declarations or processing instructions only: no element names.
         "comments or declarations".to_string()
@@ -153,9 +153,14 @@ pub(crate) fn markup_warning(text: &str, names: &[String]) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let left = if plain.trim().is_empty() {
+        "nothing is left to speak"
+    } else {
+        "the text between them is spoken"
+    };
     format!(
         "text '{}': markup ({tags}) is not interpreted, as omnitts speaks plain text (SSML is \
-         not supported): the tags were removed and the text between them is spoken",
+         not supported): the tags were removed and {left}",
         quoted(text)
     )
 }
@@ -347,15 +352,21 @@ mod tests {
         let (text, names) = strip_markup_tags(ssml).unwrap();
         assert_eq!(text.trim(), "Hello world. Tom & Jerry");
         assert_eq!(names, ["speak", "break", "prosody"]);
-        let w = markup_warning(ssml, &names);
+        let w = markup_warning(ssml, &names, &text);
         assert!(
-            w.contains("<speak>, <break>, <prosody>") && w.contains("SSML is not supported"),
+            w.contains("<speak>, <break>, <prosody>")
+                && w.contains("SSML is not supported")
+                && w.contains("the text between them is spoken"),
             "{w}"
         );
+        // Markup alone: nothing is said to be spoken.
+        let (empty, names) = strip_markup_tags("<speak></speak>").unwrap();
+        let w = markup_warning("<speak></speak>", &names, &empty);
+        assert!(w.contains("nothing is left to speak"), "{w}");
         // A comment alone names no element.
         let (text, names) = strip_markup_tags("<!-- c --> Hello").unwrap();
         assert_eq!((text.trim(), names.len()), ("Hello", 0));
-        let w = markup_warning("<!-- c --> Hello", &names);
+        let w = markup_warning("<!-- c --> Hello", &names, &text);
         assert!(w.contains("markup (comments or declarations)"), "{w}");
         // Namespaced and HTML-like tags too.
         assert_eq!(

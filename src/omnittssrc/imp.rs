@@ -173,7 +173,7 @@ impl OmniTtsSrc {
                 gst::element_imp_warning!(
                     self,
                     gst::StreamError::Format,
-                    ("{}", markup_warning(text, &names))
+                    ("{}", markup_warning(text, &names, &plain))
                 );
                 plain
             }

@@ -1069,7 +1069,7 @@ impl OmniTtsSynth {
                 gst::element_imp_warning!(
                     self,
                     gst::StreamError::Format,
-                    ("cue {}: {}", id, markup_warning(&t, &names))
+                    ("cue {}: {}", id, markup_warning(&t, &names, &plain))
                 );
                 plain.split_whitespace().collect::<Vec<_>>().join(" ")
             }
