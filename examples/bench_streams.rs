@@ -447,6 +447,8 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
         let shared = SharedEngine::unshared(load(args, config(args, n, false, None)?)?);
         // Warm-up: one short stream (first-touch allocations, thread pools).
         run_streams(std::slice::from_ref(&shared), 1, 4)?;
+        // The last round's aggregate, for the shared / separate ratio.
+        let mut shared_agg = f64::NAN;
         for round in 1..=args.rounds {
             let before = shared.batch_stats()[0];
             if args.profile {
@@ -465,6 +467,7 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
                 println!("round {round} of {}", args.rounds);
             }
             print_closed_row(&s, n, None);
+            shared_agg = aggregate(&s);
             rows.push(json!({ "n": n, "round": round, "shared": s }));
         }
         drop(shared);
@@ -479,14 +482,19 @@ fn closed_loop(args: &Args, counts: &[usize]) -> Result<Vec<Value>> {
             run_streams(&engines[..1], 1, 4)?;
             let streams = run_streams(&engines, n, args.frames)?;
             let sep = summary("separate", n, &streams, 1.0);
-            let agg = |v: &Value| v["aggregate_audio_s_per_s"].as_f64().unwrap_or(f64::NAN);
-            let last = &rows[rows.len() - 1]["shared"];
-            let ratio = agg(last) / agg(&sep);
+            let ratio = shared_agg / aggregate(&sep);
             print_closed_row(&sep, n, Some(ratio));
             rows.push(json!({ "n": n, "separate": sep, "shared_over_separate": ratio }));
         }
     }
     Ok(rows)
+}
+
+/// A [`summary`]'s aggregate audio-seconds per second.
+fn aggregate(summary: &Value) -> f64 {
+    summary["aggregate_audio_s_per_s"]
+        .as_f64()
+        .unwrap_or(f64::NAN)
 }
 
 /// Prints one closed-loop row of [`summary`] and the first audio in parts under it; `ratio`: the
