@@ -159,6 +159,8 @@ impl Feed {
 struct OpenTextState {
     buffered: String,
     ended: bool,
+    /// Its utterance is over (failed, or its speech ended): later fragments are refused.
+    over: bool,
     sender: Option<Feed>,
     /// Clause mode: the splitter, and the clauses complete and not yet taken.
     clauses: Option<(ClauseSplitter, VecDeque<String>)>,
@@ -201,7 +203,7 @@ impl OpenText {
     /// Appends a fragment; false once the text has ended.
     pub fn append(&self, fragment: &str) -> bool {
         let mut g = self.lock();
-        if g.ended {
+        if g.ended || g.over {
             return false;
         }
         g.all.push_str(fragment);
@@ -237,6 +239,12 @@ impl OpenText {
         }
         self.cond.notify_all();
         true
+    }
+
+    /// Its utterance is over (its request finished: failed, or its speech ended): from now on
+    /// [`Self::append`] refuses fragments, before the utterance's done message is posted.
+    pub fn utterance_over(&self) {
+        self.lock().over = true;
     }
 
     /// All the text appended so far.

@@ -522,6 +522,9 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     // The engine dropped the request without Finished.
+                    if let Some(o) = &open {
+                        o.utterance_over();
+                    }
                     let reason = FinishReason::Error(
                         "the engine or the server request stopped without finishing the utterance"
                             .into(),
@@ -561,6 +564,11 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
                         "worker: utterance {id} finished: {reason:?}, {} frames",
                         metrics.frames
                     );
+                    // An open text's later fragments are refused from here on, so that none is
+                    // taken after its done message (the application may append on seeing it).
+                    if let Some(o) = &open {
+                        o.utterance_over();
+                    }
                     let mut inner = shared.lock();
                     if inner.epoch != epoch
                         && let FinishReason::Error(e) = &reason
