@@ -366,3 +366,51 @@ fn two_markers_give_two_utterances_in_order() {
     assert_eq!(got.len(), want.len());
     assert!(got == want, "each utterance at its first fragment's PTS");
 }
+
+/// A flush while a fragments utterance is open drops it: whether or not its first sample was
+/// out, every utterance-done has its utterance-started (an utterance that never started gets
+/// neither, only its cue message, `flushed`), and the next utterance after the flush speaks.
+#[test]
+fn a_flush_of_an_open_utterance_keeps_started_and_done_in_pairs() {
+    for wait_for_speech in [false, true] {
+        let (mut h, bus) = synth(&fixture_model("tiny-customvoice"), 30);
+        for (i, word) in LONG.split_inclusive(' ').take(6).enumerate() {
+            push(&mut h, word.as_bytes(), 100 + 10 * i as u64, false);
+        }
+        let mut out = Vec::new();
+        if wait_for_speech {
+            pull_until_speech(&mut h, &mut out);
+        }
+        assert!(h.push_event(gst::event::FlushStart::new()));
+        assert!(h.push_event(gst::event::FlushStop::new(true)));
+        while h.try_pull().is_some() {}
+        let seg = gst::FormattedSegment::<gst::ClockTime>::new();
+        assert!(h.push_event(gst::event::Segment::new(&seg)));
+        push(&mut h, b"After the flush.", 200, true);
+        h.push_event(gst::event::Eos::new());
+        let mut after = Vec::new();
+        pull_to_eos(&mut h, &mut after);
+        assert!(after.iter().any(|&x| x != 0.0), "no speech after the flush");
+        let msgs = no_errors(&bus);
+        let ids = |name: &str| -> Vec<u64> {
+            element_messages(&msgs, name)
+                .iter()
+                .map(|m| m.get::<u64>("id").unwrap())
+                .collect()
+        };
+        let (started, done) = (ids(messages::STARTED), ids(messages::DONE));
+        assert_eq!(started, done, "wait_for_speech={wait_for_speech}");
+        let actions: Vec<String> = element_messages(&msgs, CUE)
+            .iter()
+            .map(|c| c.get::<String>("action").unwrap())
+            .collect();
+        assert_eq!(actions.len(), 2, "{actions:?}");
+        assert_eq!(actions[0], "flushed", "{actions:?}");
+        // The flushed utterance started exactly when its speech was out.
+        assert_eq!(
+            started.len(),
+            1 + usize::from(wait_for_speech),
+            "{started:?}"
+        );
+    }
+}
