@@ -406,11 +406,10 @@ fn a_flush_of_an_open_utterance_keeps_started_and_done_in_pairs() {
             .collect();
         assert_eq!(actions.len(), 2, "{actions:?}");
         assert_eq!(actions[0], "flushed", "{actions:?}");
-        // The flushed utterance started exactly when its speech was out.
-        assert_eq!(
-            started.len(),
-            1 + usize::from(wait_for_speech),
-            "{started:?}"
-        );
+        // With its speech out before the flush, the flushed utterance had started (without
+        // waiting, its first sample may or may not have been out: the pairs above hold either way).
+        if wait_for_speech {
+            assert_eq!(started.len(), 2, "{started:?}");
+        }
     }
 }
