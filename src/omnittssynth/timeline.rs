@@ -409,10 +409,8 @@ impl Timeline {
             if matches!(c.kind, CueKind::Refused(_)) {
                 continue;
             }
+            // A cue not yet due has no first sample (`first` is `None` in its report).
             let mut report = self.report(&c, n);
-            if c.state == State::Pending {
-                report.first = None;
-            }
             report.end = n;
             report.action = Action::Flushed;
             report.clipped = 0;
@@ -461,8 +459,8 @@ impl Timeline {
             (c.first, c.cut.map_or(end, |cut| end.min(cut)))
         };
         let action = match (&c.kind, self.policy) {
-            _ if silent => Action::Silent,
             (CueKind::Refused(_), _) => Action::Silent,
+            _ if silent => Action::Silent,
             (_, p) if p.cuts() && (clipped > 0 || !c.finished) => Action::Clipped,
             (_, Overflow::Compress) if c.original.is_some() => Action::Compressed,
             (_, Overflow::Overlap) if overrun > 0 => Action::Overlapped,
@@ -946,24 +944,12 @@ mod tests {
             t.add_audio(2, &speech(300, 2.0));
             t.finish(2);
             t.end();
-            let mut out = Vec::new();
-            loop {
-                match t.next(MAX, Pace::Exact) {
-                    Step::Audio(s) => out.extend(s),
-                    Step::Silence(len) => out.extend(std::iter::repeat_n(0.0, len)),
-                    Step::End => break,
-                    other => panic!("{policy:?}: {other:?}"),
-                }
-            }
+            let (out, _, reports) = run(&mut t);
             assert!(out[..500].iter().all(|&x| x == 0.0), "{policy:?}");
             assert!(out[500..800].iter().all(|&x| x == 2.0), "{policy:?}");
-            let reports: Vec<_> = t
-                .take_notices()
-                .into_iter()
-                .filter_map(|n| match n {
-                    Notice::Done(r) => Some((r.id, r.action, r.speech, r.output)),
-                    _ => None,
-                })
+            let reports: Vec<_> = reports
+                .iter()
+                .map(|r| (r.id, r.action, r.speech, r.output))
                 .collect();
             assert_eq!(
                 reports,
