@@ -200,7 +200,8 @@ impl OpenText {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Appends a fragment; false once the text has ended.
+    /// Appends a fragment; false once the text has ended or its utterance is over
+    /// ([`Self::utterance_over`]).
     pub fn append(&self, fragment: &str) -> bool {
         let mut g = self.lock();
         if g.ended || g.over {

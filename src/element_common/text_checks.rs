@@ -140,7 +140,8 @@ fn entity(name: &str) -> Option<char> {
     }
 }
 
-/// The warning for markup removed from `text` (its tag names `names`).
+/// The warning for markup removed from `text` (its tag names `names`; `plain`: the text left,
+/// which may be nothing to speak).
 pub(crate) fn markup_warning(text: &str, names: &[String], plain: &str) -> String {
     let tags = if names.is_empty() {
         // Comments, declarations or processing instructions only: no element names.
