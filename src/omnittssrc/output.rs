@@ -182,6 +182,10 @@ pub(super) struct Output {
     /// The next buffer starts the timeline or follows a jump of it: DISCONT.
     discont: bool,
     current: Option<Current>,
+    /// Live: the position of the first silence output while an utterance was due and not yet
+    /// started (its Started item still to come: the worker submitting it, or still busy with a
+    /// cancelled one). That silence is the next utterance's wait: it starts there.
+    due_silence_from: Option<u64>,
     /// Non-live: EOS was returned.
     eos: bool,
 }
@@ -211,6 +215,7 @@ impl Output {
             n: 0,
             discont: true,
             current: None,
+            due_silence_from: None,
             eos: false,
         }
     }
@@ -310,6 +315,7 @@ impl Output {
     pub fn cancel(&mut self, samples_per_frame: usize) -> Option<UtteranceDone> {
         self.items.clear();
         self.queued_samples = 0;
+        self.due_silence_from = None;
         let cur = self.current.take()?;
         let metrics = Metrics::seen(
             cur.samples_out,
@@ -416,13 +422,28 @@ impl Output {
         let n = self.n;
         match item {
             Item::Started { id, text, .. } => {
+                // Live: silence output since the utterance was due is its late start, counted
+                // as its wait (and warned, as that silence came only after the latency).
+                let start = self.due_silence_from.take().unwrap_or(n);
                 notices.push(Notice::Started {
                     id,
                     text: text.clone(),
-                    pos: n,
-                    pts: self.pts(n),
+                    pos: start,
+                    pts: self.pts(start),
                 });
-                self.current = Some(Current::new(id, text, n));
+                let mut cur = Current::new(id, text, start);
+                let waited = n - start;
+                if waited > 0
+                    && let Some(live) = &self.live
+                {
+                    cur.wait_samples = waited;
+                    cur.silence_samples = waited;
+                    notices.push(Notice::LateFirstAudio {
+                        id,
+                        latency: live.latency,
+                    });
+                }
+                self.current = Some(cur);
             }
             Item::FirstAudio { id, ttfa_ms } => {
                 if let Some(cur) = self.current.as_mut().filter(|c| c.id == id) {
@@ -449,7 +470,11 @@ impl Output {
                 }
                 notices.push(Notice::Done(Box::new(self.done(cur, reason, metrics))));
             }
-            Item::Refused(r) => notices.push(Notice::Refused(r)),
+            Item::Refused(r) => {
+                // The silence waited for this text, which will not be spoken.
+                self.due_silence_from = None;
+                notices.push(Notice::Refused(r));
+            }
             // Output by `next()`, never handed here.
             Item::Audio { .. } => {}
         }
@@ -486,8 +511,12 @@ impl Output {
                 until: Some(deadline),
             };
         }
-        // Audio is late: keep the clock going with silence, counted in the utterance.
+        // Audio is late: keep the clock going with silence, counted in the utterance (or in
+        // the next one to start, when its Started item has not come yet).
         let latency = live.latency;
+        if self.current.is_none() {
+            self.due_silence_from.get_or_insert(n);
+        }
         if let Some(cur) = self.current.as_mut() {
             cur.silence_samples += spb;
             if cur.samples_out > 0 {
@@ -823,6 +852,72 @@ mod tests {
         assert_eq!((d.samples, d.underruns), (480, 1));
         assert_eq!((d.wait_samples, d.silence_samples), (480, 960));
         assert_eq!((d.pts, d.duration), (r0, pts_of(1440, 24_000)));
+    }
+
+    #[test]
+    fn live_text_due_while_a_cancelled_utterance_ends_starts_at_its_due_time() {
+        // `cancel` retires utterance 1 at once, but the worker is busy until the engine stops it
+        // (a prefill in flight): the next text, due at sample 900, waits in the queue. The
+        // silence output for it once due is its wait: it starts there, not where its Started
+        // item comes, and the done message counts the wait.
+        let latency = ms(80);
+        let mut out = Output::new(480, Some(latency), 10_000, 24_000);
+        let mut notices = Vec::new();
+        let r0 = ms(10);
+        out.push(started(1, 0));
+        out.push(audio(480));
+        buffer(out.next(&BUSY, r0, &mut notices));
+        assert!(out.cancel(1920).is_some());
+        notices.clear();
+        // Utterance 1's worker is still busy; text 2 is queued, due at 900.
+        let queued = Upstream {
+            next_start: Some(900),
+            ..BUSY
+        };
+        let b = buffer(paced(&mut out, &queued, &mut notices));
+        assert_eq!((b.offset, b.samples), (480, Samples::Silence(420)));
+        // Due from 900: silence only after the latency, three buffers of it.
+        let mut silence_from = None;
+        for _ in 0..3 {
+            let pts = out.pts(out.n);
+            assert_eq!(
+                out.next(&queued, pts, &mut notices),
+                Step::Wait {
+                    until: Some(pts + latency)
+                }
+            );
+            let b = buffer(out.next(&queued, pts + latency, &mut notices));
+            assert_eq!(b.samples, Samples::Silence(480));
+            silence_from.get_or_insert(b.offset);
+        }
+        assert_eq!(silence_from, Some(900));
+        assert!(notices.is_empty(), "{notices:?}");
+        // The worker is free: utterance 2 starts, its audio comes.
+        out.push(started(2, 900));
+        out.push(audio(480));
+        out.push(done(2));
+        let now = out.pts(out.n) + latency;
+        let b = buffer(out.next(&BUSY, now, &mut notices));
+        assert_eq!((b.offset, b.samples.len()), (2340, 480));
+        assert!(
+            matches!(
+                &notices[..],
+                [
+                    Notice::Started { id: 2, pos: 900, pts, .. },
+                    Notice::LateFirstAudio { id: 2, .. },
+                ] if *pts == r0 + pts_of(900, 24_000)
+            ),
+            "{notices:?}"
+        );
+        notices.clear();
+        buffer(out.next(&IDLE, now, &mut notices));
+        let [Notice::Done(d)] = &notices[..] else {
+            panic!("{notices:?}");
+        };
+        assert_eq!((d.samples, d.underruns), (480, 0));
+        assert_eq!((d.wait_samples, d.silence_samples), (1440, 1440));
+        assert_eq!(d.pts, r0 + pts_of(900, 24_000));
+        assert_eq!(d.duration, pts_of(1920, 24_000));
     }
 
     #[test]
