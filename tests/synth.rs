@@ -1080,6 +1080,36 @@ fn audio_caps_downstream_refuses_are_one_error() {
     );
 }
 
+/// `model` set back to NULL, "" or blank is unset again: the bundled voice (the property's
+/// default, as read back), which the element loads (before, the start failed with "no model
+/// given").
+#[test]
+fn a_null_or_empty_model_is_the_bundled_voice() {
+    init();
+    for unset in [None, Some(""), Some("  ")] {
+        let e = gst::ElementFactory::make("omnittssynth")
+            .property("model", fixture_model("tiny-customvoice"))
+            .build()
+            .unwrap();
+        let bus = gst::Bus::new();
+        e.set_bus(Some(&bus));
+        let default = e
+            .find_property("model")
+            .unwrap()
+            .default_value()
+            .get::<String>()
+            .unwrap();
+        e.set_property("model", unset);
+        assert_eq!(e.property::<String>("model"), default, "{unset:?}");
+        let started = e.set_state(gst::State::Paused);
+        let msgs = element_util::drain(&bus);
+        assert!(started.is_ok(), "{unset:?}: {:?}", errors(&msgs));
+        let speakers = e.property::<Option<String>>("available-speakers");
+        assert_eq!(speakers.as_deref(), Some("joe"), "{unset:?}");
+        e.set_state(gst::State::Null).unwrap();
+    }
+}
+
 /// Text caps the element does not speak fail negotiation with one error that names them.
 #[test]
 fn unsupported_text_caps_fail_negotiation_with_a_clear_message() {
