@@ -256,6 +256,39 @@ fn default_model_is_the_bundled_voice() {
     assert!(rms > 1e-3, "silent: rms {rms}");
 }
 
+/// `model` set back to NULL, "" or blank is unset again, as for the other string properties:
+/// it reads back as the property's default (the bundled voice found) and the element speaks with
+/// the bundled voice (before, the start failed with "no model given" and no place searched).
+#[test]
+fn a_null_or_empty_model_is_the_bundled_voice() {
+    init();
+    for unset in [None, Some(""), Some(" \t")] {
+        let mut h = Harness::new("omnittssrc");
+        let e = h.element().expect("element");
+        let bus = gst::Bus::new();
+        e.set_bus(Some(&bus));
+        let default = e
+            .find_property("model")
+            .unwrap()
+            .default_value()
+            .get::<String>()
+            .unwrap();
+        assert!(default.ends_with("models/omnitts-en"), "default {default}");
+        e.set_property("model", fixture_model("tiny-customvoice"));
+        e.set_property("model", unset);
+        assert_eq!(e.property::<String>("model"), default, "{unset:?}");
+        e.set_property("text", "Hi.");
+        e.set_property("do-sample", false);
+        e.set_property("max-new-tokens", 3u32);
+        h.play();
+        let bufs = pull_all(&mut h);
+        drain_ok(&bus);
+        assert!(!bufs.is_empty(), "{unset:?}: no audio");
+        let speakers = e.property::<Option<String>>("available-speakers");
+        assert_eq!(speakers.as_deref(), Some("joe"), "{unset:?}");
+    }
+}
+
 #[test]
 fn s16le_is_negotiated_and_matches_f32() {
     let props = [

@@ -207,33 +207,107 @@ fn a_megabyte_of_text_streams_sentence_by_sentence() {
         t.elapsed()
     );
 
-    // split-sentences=false: one utterance, refused before any prefill.
-    let (mut h, bus) = harness(&[
+    // split-sentences=false: one utterance, refused where it is queued: the start fails, naming
+    // the text (its start only), the limit and the setting.
+    let (h, _) = harness(&[
         ("text", v(text.as_str())),
         ("split-sentences", v("false")),
         ("max-new-tokens", v(3u32)),
     ]);
     let t = Instant::now();
-    h.play();
-    let msgs = loop {
-        let msgs = errors(&drain(&bus));
-        if !msgs.is_empty() {
-            break msgs;
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "no error in 60 s");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let errs = start_must_fail(&h.element().unwrap(), "a megabyte as one utterance");
     eprintln!("as one utterance: refused after {:?}", t.elapsed());
     assert_names(
-        &msgs,
+        &errs,
         &[
-            "text",
+            "text 'The quick brown fox",
             "too long for one utterance",
             "at most",
-            "split-sentences",
+            "split-sentences=false",
         ],
     );
-    h.element().unwrap().set_state(gst::State::Null).unwrap();
+    assert!(errs.iter().all(|e| e.len() < 2000), "{errs:?}");
+}
+
+/// A text too long for one utterance (its prompt and the `max-new-tokens` frames past the
+/// talker's 32,768 positions) is refused where it is queued, with one error that names `text`
+/// (its start quoted), the limit and the `split-sentences` setting: the `text` property's fails
+/// the state change; a `push-text`'s returns false and its error comes in stream order, after the
+/// audio of the text before it, and the stream goes on. (Before, both were accepted and stage 0
+/// failed the utterance after its utterance-started message.)
+#[test]
+fn a_text_too_long_for_one_utterance_is_refused_where_it_is_queued() {
+    let _serial = serial();
+    // 32,000 frames leave about 760 positions for text: a thousand words do not fit.
+    let words = "word ".repeat(1000);
+    let (h, bus) = harness(&[
+        ("text", v(words.as_str())),
+        ("split-sentences", v("false")),
+        ("max-new-tokens", v(32_000u32)),
+    ]);
+    let e = h.element().unwrap();
+    let errs = start_must_fail(&e, "a thousand words as one utterance");
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_names(
+        &errs,
+        &[
+            "text 'word word word",
+            "…'",
+            "too long for one utterance",
+            "at most",
+            "split-sentences=false the whole text is one utterance",
+        ],
+    );
+    let msgs = drain(&bus);
+    assert!(element_messages(&msgs, messages::STARTED).is_empty());
+
+    // push-text while playing: split-sentences=auto splits off the first sentence, and the
+    // rest, with no sentence boundary, is still one utterance too long: the whole text is
+    // refused, none of it spoken.
+    let (mut h, bus) = harness(&[("text", v("First one.")), ("max-new-tokens", v(3u32))]);
+    let e = h.element().unwrap();
+    let (pad, probe) = play_holding_first_buffer(&mut h);
+    e.set_property("max-new-tokens", 32_000u32);
+    let long = format!("A short sentence first. Then {words}");
+    assert!(!e.emit_by_name::<bool>("push-text", &[&long.as_str()]));
+    e.set_property("max-new-tokens", 3u32);
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Then 42."]));
+    pad.remove_probe(probe);
+    let samples = pull_samples(&mut h);
+    assert!(!samples.is_empty());
+    let msgs = drain(&bus);
+    let errs = errors(&msgs);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_names(
+        &errs,
+        &[
+            "refused",
+            "text 'Then word word",
+            "too long for one utterance",
+            "split-sentences=auto this sentence of the text",
+        ],
+    );
+    let started: Vec<String> = element_messages(&msgs, messages::STARTED)
+        .iter()
+        .map(|s| s.get::<String>("text").unwrap())
+        .collect();
+    assert_eq!(started, ["First one.", "Then 42."]);
+    // The error comes after the first utterance's done message, before the next one starts.
+    let error_at = msgs
+        .iter()
+        .position(|m| matches!(m.view(), gst::MessageView::Error(_)))
+        .unwrap();
+    let done_at: Vec<usize> = msgs
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| {
+            matches!(m.view(), gst::MessageView::Element(el)
+                if el.structure().is_some_and(|s| s.name() == messages::DONE))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(done_at.len(), 2, "{msgs:?}");
+    assert!(done_at[0] < error_at && error_at < done_at[1], "{msgs:?}");
 }
 
 /// ISO 639-1 codes name the model's languages, in any case; an unknown one is refused with the

@@ -393,8 +393,8 @@ fn a_dialogue_past_the_length_drops_its_oldest_history() {
     assert_eq!(transpose(&codes), want);
     // The direct calls leave the same history out.
     assert_eq!(m.synthesize_codes(&text, None, &opts).unwrap(), want);
-    // A later batch too long even alone: the request ends when it begins, before any frame,
-    // with an error that says so.
+    // A later batch too long even alone: the request is refused when it is submitted (and by
+    // `validate`), naming the text, with an error that says so.
     let too_long = VoiceRequest {
         text: format!(
             "<|speaker:0|>Hi. <|speaker:1|>{}",
@@ -402,11 +402,18 @@ fn a_dialogue_past_the_length_drops_its_oldest_history() {
         ),
         ..VoiceRequest::default()
     };
-    let (r, codes) = run(&engine, greedy(&engine, too_long, 12));
-    assert!(codes.is_empty() && r.audio.is_empty());
-    match &r.reason {
-        FinishReason::Error(msg) => assert!(msg.contains("too long"), "{msg}"),
-        other => panic!("a batch too long alone: {other:?}"),
+    let req = greedy(&engine, too_long, 12);
+    for err in [
+        engine.validate(&req).unwrap_err(),
+        engine.submit(req).map(|_| ()).unwrap_err(),
+    ] {
+        match err {
+            EngineError::InvalidRequest { field, msg, .. } => {
+                assert_eq!(field, "voice.text");
+                assert!(msg.contains("too long for one utterance"), "{msg}");
+            }
+            other => panic!("a batch too long alone: {other:?}"),
+        }
     }
 }
 

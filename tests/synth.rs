@@ -1009,6 +1009,40 @@ fn non_utf8_text_is_an_error_after_the_audio_before_it() {
     wait_for_eos_event(&mut h, Duration::from_secs(10));
 }
 
+/// A cue too long for one utterance (its prompt and the `max-new-tokens` frames past the
+/// talker's positions) is refused when it arrives, as a bad cue is: one error in stream order
+/// that names the cue, `text` (its start quoted), the limit and the `split-sentences` setting
+/// (before, it was submitted and failed in stage 0 as "synthesis of utterance N failed").
+#[test]
+fn a_cue_too_long_for_one_utterance_is_refused_naming_split_sentences() {
+    // 32,000 frames leave about 760 positions for text: a thousand words do not fit.
+    let (e, bus) = synth(&[("split-sentences", "false"), ("max-new-tokens", "32000")]);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    let words = "word ".repeat(1000);
+    let _ = h.push(text_buffer(words.as_bytes(), Some(0), Some(1_000)));
+    let t0 = Instant::now();
+    let errs = loop {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no error");
+        while h.try_pull().is_some() {}
+        let errs = errors(&element_util::drain(&bus));
+        if !errs.is_empty() {
+            break errs;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    for part in [
+        "cue 1 (PTS 0:00:00.000000000): text 'word word word",
+        "too long for one utterance",
+        "at most",
+        "split-sentences=false the whole text is one utterance",
+    ] {
+        assert!(errs[0].contains(part), "{part}: {}", errs[0]);
+    }
+    assert!(!errs[0].contains("synthesis of"), "{}", errs[0]);
+    e.set_state(gst::State::Null).unwrap();
+}
+
 /// Untimed text (a BYTES segment, as `filesrc` gives) is refused with one error naming what is
 /// needed, however many buffers upstream goes on to push.
 #[test]
@@ -1078,6 +1112,36 @@ fn audio_caps_downstream_refuses_are_one_error() {
         "{}",
         ours[0]
     );
+}
+
+/// `model` set back to NULL, "" or blank is unset again: the bundled voice (the property's
+/// default, as read back), which the element loads (before, the start failed with "no model
+/// given").
+#[test]
+fn a_null_or_empty_model_is_the_bundled_voice() {
+    init();
+    for unset in [None, Some(""), Some("  ")] {
+        let e = gst::ElementFactory::make("omnittssynth")
+            .property("model", fixture_model("tiny-customvoice"))
+            .build()
+            .unwrap();
+        let bus = gst::Bus::new();
+        e.set_bus(Some(&bus));
+        let default = e
+            .find_property("model")
+            .unwrap()
+            .default_value()
+            .get::<String>()
+            .unwrap();
+        e.set_property("model", unset);
+        assert_eq!(e.property::<String>("model"), default, "{unset:?}");
+        let started = e.set_state(gst::State::Paused);
+        let msgs = element_util::drain(&bus);
+        assert!(started.is_ok(), "{unset:?}: {:?}", errors(&msgs));
+        let speakers = e.property::<Option<String>>("available-speakers");
+        assert_eq!(speakers.as_deref(), Some("joe"), "{unset:?}");
+        e.set_state(gst::State::Null).unwrap();
+    }
 }
 
 /// Text caps the element does not speak fail negotiation with one error that names them.

@@ -1,6 +1,8 @@
 //! The element messages posted per utterance, their structure names and fields, and the errors
 //! an utterance can end with.
 
+use gst::prelude::GstObjectExt;
+
 use crate::engine::{FinishReason, Metrics};
 
 use super::input_error::quoted;
@@ -200,19 +202,29 @@ impl UtteranceDone {
     /// as fatal (a bin fails its pending state change on one, so an error before the first buffer
     /// reached the sink would leave the pipeline short of PLAYING for good, every later
     /// utterance's audio held back). Bad input that the engine only finds once the utterance runs
-    /// (the engine's "invalid request", naming the property and value: a text too long for one
-    /// utterance, say) stays a STREAM/FAILED error, as every other refusal of bad input is.
+    /// (the engine's "invalid request", naming the property and value: the text of an open
+    /// utterance that grows too long for one, say) stays a STREAM/FAILED error, as every other
+    /// refusal of bad input is. Both carry a debug part as the element's other errors do: the
+    /// source location and the element, then the text ([`located_debug`]).
     pub fn failure_message(&self, src: &gst::Element) -> Option<gst::Message> {
         let FinishReason::Error(e) = &self.reason else {
             return None;
         };
         let text = format!("synthesis of utterance {} failed: {e}", self.id);
+        let debug = located_debug(
+            src,
+            (file!(), line!()),
+            "UtteranceDone::failure_message",
+            &format!("text: {:?}", self.text),
+        );
         Some(if e.contains("invalid request:") {
             gst::message::Error::builder(gst::StreamError::Failed, &text)
+                .debug(&debug)
                 .src(src)
                 .build()
         } else {
             gst::message::Warning::builder(gst::StreamError::Failed, &text)
+                .debug(&debug)
                 .src(src)
                 .build()
         })
@@ -229,16 +241,38 @@ pub(crate) struct Refusal {
 }
 
 impl Refusal {
-    /// Its error message: RESOURCE/SETTINGS, "utterance N refused: why", the text as debug.
+    /// Its error message: RESOURCE/SETTINGS, "utterance N refused: why", the source location
+    /// and the text as debug ([`located_debug`]).
     pub fn message(&self, src: &gst::Element) -> gst::Message {
         gst::message::Error::builder(
             gst::ResourceError::Settings,
             &format!("utterance {} refused: {}", self.id, self.error),
         )
-        .debug(&format!("text: {:?}", self.text))
+        .debug(&located_debug(
+            src,
+            (file!(), line!()),
+            "Refusal::message",
+            &format!("text: {:?}", self.text),
+        ))
         .src(src)
         .build()
     }
+}
+
+/// The debug part of an error or warning built here for `src` to post later, as GStreamer writes
+/// that of an element's own (GST_ELEMENT_ERROR): `file(line): function (): element path:`, then
+/// `detail` (the utterance's text, whole: the message line quotes only its start).
+fn located_debug(
+    src: &gst::Element,
+    (file, line): (&str, u32),
+    function: &str,
+    detail: &str,
+) -> String {
+    format!(
+        "{file}({line}): {}::{function} (): {}:\n{detail}",
+        module_path!(),
+        src.path_string()
+    )
 }
 
 #[cfg(test)]
@@ -317,6 +351,70 @@ mod tests {
         ] {
             assert_eq!(done(quiet).limit_warning("utterance", true), None);
         }
+    }
+
+    /// A failed utterance's error (bad input stage 0 found) and warning (a failure of the
+    /// engine), and a refused utterance's error, carry a debug part as the element's other
+    /// errors do: the source location and the element, then the text, whole (the message line
+    /// quotes its start).
+    #[test]
+    fn failure_and_refusal_messages_carry_their_location_as_debug() {
+        gst::init().unwrap();
+        use gst::prelude::Cast;
+        let src = gst::Bin::with_name("src").upcast::<gst::Element>();
+        let long = "word ".repeat(10_000);
+        for (e, error) in [
+            (
+                "stage 0 prefill: invalid request: text = \"x\": too long",
+                true,
+            ),
+            ("stage 1 failed", false),
+        ] {
+            let mut d = done(FinishReason::Error(e.into()));
+            d.text = long.clone();
+            let m = d.failure_message(&src).unwrap();
+            let (text, debug) = match m.view() {
+                gst::MessageView::Error(m) if error => (m.error().to_string(), m.debug()),
+                gst::MessageView::Warning(m) if !error => (m.error().to_string(), m.debug()),
+                other => panic!("{e}: {other:?}"),
+            };
+            assert!(
+                text.starts_with("synthesis of utterance 3 failed: "),
+                "{text}"
+            );
+            let debug = debug.expect("a debug part").to_string();
+            assert!(
+                debug.starts_with("src/element_common/messages.rs("),
+                "{debug}"
+            );
+            assert!(
+                debug.contains("::UtteranceDone::failure_message (): /GstBin:src:\n"),
+                "{debug}"
+            );
+            assert!(debug.ends_with(&format!("\ntext: {long:?}")), "{debug}");
+        }
+        let refusal = Refusal {
+            id: 4,
+            text: long.clone(),
+            error: "text 'word…': too long".into(),
+        };
+        let m = refusal.message(&src);
+        let gst::MessageView::Error(m) = m.view() else {
+            panic!("{m:?}")
+        };
+        assert_eq!(
+            m.error().to_string(),
+            "utterance 4 refused: text 'word…': too long"
+        );
+        let debug = m.debug().unwrap().to_string();
+        assert!(
+            debug.starts_with("src/element_common/messages.rs("),
+            "{debug}"
+        );
+        assert!(
+            debug.contains("::Refusal::message (): /GstBin:src:\ntext: \"word word"),
+            "{debug}"
+        );
     }
 }
 

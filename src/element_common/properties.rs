@@ -28,8 +28,8 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .blurb(
                 "Checkpoint (Qwen3-TTS or Fish Audio S2 Pro): a local directory, or a Hugging Face repo id \
                  resolved through the HF cache (HF_HOME / HF_HUB_CACHE) and downloaded \
-                 when online (HF_ENDPOINT, HF_HUB_OFFLINE); default: the bundled small \
-                 English voice (speaker joe), found in OMNITTS_VOICE_DIR, else \
+                 when online (HF_ENDPOINT, HF_HUB_OFFLINE); default (and for NULL or an empty \
+                 value): the bundled small English voice (speaker joe), found in OMNITTS_VOICE_DIR, else \
                  omnitts/voices/omnitts-en under the XDG data directories or the plugin's \
                  prefix (scripts/install.sh), else the source tree's models/omnitts-en",
             )
@@ -348,11 +348,14 @@ impl SynthesisSettings {
     pub fn set_property(&mut self, name: &str, value: &glib::Value) -> bool {
         let s = self;
         match name {
+            // NULL, empty or blank: unset, the bundled voice (the default), as an empty speaker,
+            // device or server is unset; a start without it found lists the places searched.
             "model" => {
                 s.model = value
                     .get::<Option<String>>()
                     .expect("type checked upstream")
-                    .unwrap_or_default()
+                    .filter(|m| !m.trim().is_empty())
+                    .unwrap_or_else(bundled_voice::default_model)
             }
             "stage-config" => s.stage_config = value.get().expect("type checked upstream"),
             "ar-device" => s.ar_device = value.get().expect("type checked upstream"),
@@ -457,6 +460,32 @@ mod tests {
             assert_eq!(v.type_(), spec.value_type(), "{}", spec.name());
         }
         assert!(model_info_property("model", None).is_none());
+    }
+
+    /// `model` set to NULL, "" or blank is unset: the bundled voice, reading back as the
+    /// property's default (the directory found), never "" (which fails the start without
+    /// searching for the voice).
+    #[test]
+    fn an_unset_model_is_the_bundled_voice() {
+        let spec = synthesis_param_specs()
+            .into_iter()
+            .find(|p| p.name() == "model")
+            .unwrap();
+        let default = spec.default_value().get::<String>().unwrap();
+        assert_eq!(default, bundled_voice::default_model());
+        let mut s = SynthesisSettings::default();
+        assert_eq!(s.model, default);
+        for unset in [None, Some(""), Some("  \t\n")] {
+            assert!(s.set_property("model", &"/some/checkpoint".to_value()));
+            assert_eq!(s.model, "/some/checkpoint");
+            assert!(s.set_property("model", &unset.to_value()));
+            assert_eq!(s.model, default, "{unset:?}");
+            assert_eq!(
+                s.property("model", None).unwrap().get::<String>().unwrap(),
+                default,
+                "{unset:?} reads back"
+            );
+        }
     }
 
     #[test]

@@ -157,9 +157,9 @@ pub(crate) fn build_request(
 /// settings against the checkpoint ([`build_request`]), the reference voice (Base: decoded by
 /// `cloner` once per recording and encoded by the engine once per recording, transcript and
 /// mode, so a new reference takes that long here), and the engine's own checks of the request
-/// ([`Engine::validate`]). What is left for the engine to refuse later: a full engine at submit
-/// time (`EngineError::Busy`), a text whose prompt does not fit the talker's positions (found
-/// when stage 0 tokenises it), and failures of the engine itself.
+/// ([`validated`]), a text too long for one utterance among them. What is left for the engine to
+/// refuse later: a full engine at submit time (`EngineError::Busy`) and failures of the engine
+/// itself.
 pub(crate) fn checked_request(
     s: &SynthesisSettings,
     info: &ModelInfo,
@@ -172,13 +172,20 @@ pub(crate) fn checked_request(
         let mut cloner = cloner.lock().unwrap_or_else(|p| p.into_inner());
         request.voice.voice_clone = Some(cloner.prompt(engine, &spec)?);
     }
-    engine.validate(&request).map_err(|e| match e {
+    validated(engine, &request)?;
+    Ok(request)
+}
+
+/// The engine's own checks of `request` ([`Engine::validate`]: the model's rules, the sampling
+/// values and chunk sizes, and that the text is not too long for one utterance, for which a
+/// long text is tokenized here); errors name the property behind the request's field.
+pub(crate) fn validated(engine: &Engine, request: &EngineRequest) -> Result<(), InputError> {
+    engine.validate(request).map_err(|e| match e {
         EngineError::InvalidRequest { field, value, msg } => {
             input_error(property_of(&field), &value, msg)
         }
-        other => input_error("text", text, other.to_string()),
-    })?;
-    Ok(request)
+        other => input_error("text", &request.voice.text, other.to_string()),
+    })
 }
 
 /// The property behind a field of an engine request (`voice.speaker`, `sampling.top_p`, …).

@@ -16,8 +16,10 @@ use std::path::{Path, PathBuf};
 use gst::glib;
 use gst::prelude::*;
 
+use super::input_error::InputError;
 use super::sentences::split_sentences;
 use super::turns::{TurnCarry, turns, untagged_lead};
+use crate::models::tts::TOO_LONG_FOR_ONE_UTTERANCE;
 use crate::models::tts::text::unspeakable;
 
 /// The `split-sentences` property. The values keep the booleans' numbers (`FALSE` = 0,
@@ -44,6 +46,36 @@ pub(crate) enum SplitSentences {
         nick = "auto"
     )]
     Auto = 2,
+}
+
+impl SplitSentences {
+    /// The value as gst-launch writes it.
+    pub fn nick(self) -> &'static str {
+        match self {
+            SplitSentences::False => "false",
+            SplitSentences::True => "true",
+            SplitSentences::Auto => "auto",
+        }
+    }
+}
+
+/// `e` naming the `split-sentences` setting `mode` when it refuses a text too long for one
+/// utterance ([`TOO_LONG_FOR_ONE_UTTERANCE`]): `whole` when `mode` kept the text whole, else
+/// `e`'s text is one sentence of a text `mode` split. Any other error comes back as it is.
+pub(crate) fn naming_the_split(mut e: InputError, mode: SplitSentences, whole: bool) -> InputError {
+    if e.property == "text" && e.why.starts_with(TOO_LONG_FOR_ONE_UTTERANCE) {
+        let what = if whole {
+            "the whole text"
+        } else {
+            "this sentence of the text (it has no sentence boundary to split it at)"
+        };
+        e.why = format!(
+            "{}; with split-sentences={} {what} is one utterance",
+            e.why,
+            mode.nick()
+        );
+    }
+    e
 }
 
 /// The `split-sentences` param spec (`blurb_what`: what one piece becomes in the element, e.g.
@@ -299,6 +331,35 @@ pub(crate) fn streaming_prompt_hint(dir: &Path) -> Result<Option<bool>, HintsErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refusal of a text too long for one utterance names the setting that made it one;
+    /// other refusals are left as they are.
+    #[test]
+    fn a_too_long_text_names_the_split_setting() {
+        use super::super::input_error::input_error;
+        let too_long = || {
+            input_error(
+                "text",
+                "word word",
+                format!("{TOO_LONG_FOR_ONE_UTTERANCE}: 9 text ids, at most 8 here"),
+            )
+        };
+        let e = naming_the_split(too_long(), SplitSentences::False, true);
+        assert!(
+            e.why
+                .ends_with("; with split-sentences=false the whole text is one utterance"),
+            "{e}"
+        );
+        let e = naming_the_split(too_long(), SplitSentences::Auto, false);
+        assert!(
+            e.why
+                .contains("with split-sentences=auto this sentence of the text"),
+            "{e}"
+        );
+        let other = input_error("text", "?!", "has no letter or digit");
+        let e = naming_the_split(other, SplitSentences::False, true);
+        assert_eq!(e.why, "has no letter or digit");
+    }
 
     fn scratch(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("omnitts-split-{name}-{}", std::process::id()));

@@ -576,7 +576,9 @@ impl Engine {
     }
 
     /// Checks `req` as [`Engine::submit`] does, without queueing it: the voice (text, speaker,
-    /// language, voice-clone prompt; the model's rules), the sampling values and chunk sizes.
+    /// language, voice-clone prompt; the model's rules), the sampling values and chunk sizes, and
+    /// that the text is not too long for one utterance (its prompt and the frame cap within the
+    /// AR stage's positions; a long text is tokenized here for it).
     /// Errors: [`EngineError::InvalidRequest`] naming the field (`voice.text`,
     /// `sampling.top_p`, `chunk_frames`, …) and the value.
     pub fn validate(&self, req: &EngineRequest) -> Result<(), EngineError> {
@@ -603,6 +605,19 @@ impl Engine {
         if req.chunk_frames == Some(0) {
             return Err(bad("chunk_frames", "0".to_string(), "must be ≥ 1"));
         }
+        // Last, as it may tokenize a long text: a prompt past the AR stage's positions.
+        self.rules
+            .check_length(&req.voice, req.sampling.max_new_tokens)
+            .map_err(|e| match e {
+                ModelError::InvalidRequest { field, value, msg } if field == "max_new_tokens" => {
+                    EngineError::InvalidRequest {
+                        field: format!("sampling.{field}"),
+                        value,
+                        msg,
+                    }
+                }
+                e => voice_error(e, &req.voice),
+            })?;
         Ok(())
     }
 

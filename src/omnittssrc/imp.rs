@@ -24,7 +24,7 @@ use crate::element_common::request::ModelInfo;
 use crate::element_common::server::{ServerSettings, server_param_specs};
 use crate::element_common::settings::SynthesisSettings;
 use crate::element_common::split_policy::{
-    AutoSplit, SplitSentences, split_sentences_param_spec, streaming_prompt_hint,
+    AutoSplit, SplitSentences, naming_the_split, split_sentences_param_spec, streaming_prompt_hint,
 };
 use crate::element_common::text_checks::{markup_warning, strip_markup_tags, text_warnings};
 use crate::element_common::utf8_join::Utf8Join;
@@ -230,13 +230,15 @@ impl OmniTtsSrc {
         // Live: spoken at the running time it arrives.
         let now = rt.live_latency.map(|_| self.running_time(rt.started));
         drop(state);
-        let built: Result<Vec<_>, InputError> = settings
-            .utterance_texts(text, auto_split)
+        let pieces = settings.utterance_texts(text, auto_split);
+        let whole = pieces.len() == 1;
+        let built: Result<Vec<_>, InputError> = pieces
             .into_iter()
             .map(|piece| {
                 requests
                     .checked(&settings.synthesis, &info, &piece)
                     .map(|request| (piece, Ok(request)))
+                    .map_err(|e| naming_the_split(e, settings.split_sentences, whole))
             })
             .collect();
         // A refused text is queued whole, as one utterance whose error keeps its place in the stream.
@@ -958,9 +960,12 @@ impl OmniTtsSrc {
         texts.extend(early);
         let warned = Arc::new(WarnOnce::default());
         for t in &texts {
-            for text in settings.utterance_texts(t, auto_split) {
+            let pieces = settings.utterance_texts(t, auto_split);
+            let whole = pieces.len() == 1;
+            for text in pieces {
                 let request = requests
                     .checked(&settings.synthesis, &info, &text)
+                    .map_err(|e| naming_the_split(e, settings.split_sentences, whole))
                     .map_err(|e| e.to_error_msg())?;
                 self.warn_voice(&warned, &settings.synthesis, &info);
                 shared.lock().queue(text, Ok(request), 0);

@@ -20,10 +20,10 @@ use crate::element_common::progress;
 use crate::element_common::properties::{
     model_info_param_specs, model_info_property, refuse_ready_only, synthesis_param_specs,
 };
-use crate::element_common::request::{ModelInfo, build_request};
+use crate::element_common::request::{ModelInfo, build_request, validated};
 use crate::element_common::settings::SynthesisSettings;
 use crate::element_common::split_policy::{
-    AutoSplit, SplitSentences, split_sentences_param_spec, streaming_prompt_hint,
+    AutoSplit, SplitSentences, naming_the_split, split_sentences_param_spec, streaming_prompt_hint,
 };
 use crate::element_common::text_checks::{
     language_warning, markup_warning, strip_markup_tags, text_warnings,
@@ -699,8 +699,19 @@ impl OmniTtsSynth {
         // cue's audio.
         let mut requests = Vec::new();
         let mut clone = None;
-        for piece in rt.auto_split.pieces(split, text) {
-            match build_request(&settings, &rt.info, &piece) {
+        let pieces = rt.auto_split.pieces(split, text);
+        let whole = pieces.len() == 1;
+        for piece in pieces {
+            // Without a reference to encode first, the engine's checks too (a text too long for
+            // one utterance among them); a cloned voice's request is checked when it is
+            // submitted, with its reference.
+            let checked = build_request(&settings, &rt.info, &piece).and_then(|(request, c)| {
+                if c.is_none() {
+                    validated(&rt.engine, &request)?;
+                }
+                Ok((request, c))
+            });
+            match checked {
                 Ok((mut request, c)) => {
                     if live && settings.chunk_frames == 0 {
                         // Live: later chunks as small as the first, so audio keeps pace.
@@ -710,6 +721,7 @@ impl OmniTtsSynth {
                     clone = c;
                 }
                 Err(e) => {
+                    let e = naming_the_split(e, split, whole);
                     return Ok((CueKind::Refused(format!("cue {id} (PTS {at}): {e}")), None));
                 }
             }

@@ -7,12 +7,14 @@ use std::path::Path;
 use super::codec::CodecConfig;
 use super::config::FishConfig;
 use super::error::FishError;
-use super::prompt::{CHUNK_LENGTH, PromptBuilder};
+use super::generate::PROMPT_HEADROOM;
+use super::prompt::{CHUNK_LENGTH, PromptBuilder, VoiceReference};
+use super::stage0::transpose;
 use super::tokenizer::{FishTokenizer, SPEAKER_TAG_START};
 use crate::models::tts::text::unspeakable;
 use crate::models::tts::{
     InstructUse, ModelDescription, ModelError, ReferenceRules, ReferenceUse, SamplingParams,
-    VoiceClonePrompt, VoiceRequest, VoiceRules,
+    TOO_LONG_FOR_ONE_UTTERANCE, VoiceClonePrompt, VoiceRequest, VoiceRules,
 };
 
 /// config.json's `model_type` of S2 Pro.
@@ -29,6 +31,8 @@ pub const DEFAULT_MAX_FRAMES: usize = 2048;
 pub struct FishRules {
     prompts: PromptBuilder,
     codebook_size: usize,
+    /// The slow AR's `max_seq_len`: a generation batch's prompt and frames together.
+    max_seq_len: usize,
     description: ModelDescription,
 }
 
@@ -66,9 +70,33 @@ impl FishRules {
                 num_codebooks: config.num_codebooks(),
             },
             codebook_size: config.codebook_size(),
+            max_seq_len: config.text_config.max_seq_len,
             description,
         })
     }
+}
+
+/// Checks that a generation batch's prompt of `t` positions leaves the frames their room in the
+/// slow AR's `max_len` positions ([`PROMPT_HEADROOM`]); `text` is the request's, for the error
+/// ([`ModelError::InvalidRequest`] on `text`: too long for one utterance).
+pub(crate) fn check_prompt_positions(
+    text: &str,
+    t: usize,
+    max_len: usize,
+) -> Result<(), ModelError> {
+    let limit = max_len.saturating_sub(PROMPT_HEADROOM);
+    if t > 0 && t <= limit {
+        return Ok(());
+    }
+    Err(ModelError::invalid(
+        "text",
+        text,
+        format!(
+            "{TOO_LONG_FOR_ONE_UTTERANCE}: its prompt takes {t} positions, at most {limit} here \
+             (max_seq_len {max_len} less {PROMPT_HEADROOM} for the frames); split the text into \
+             sentences (split-sentences) or shorter pieces"
+        ),
+    ))
 }
 
 fn invalid(field: &str, value: &str, msg: impl Into<String>) -> ModelError {
@@ -204,6 +232,21 @@ impl VoiceRules for FishRules {
 
     fn check(&self, voice: &VoiceRequest) -> Result<(), ModelError> {
         check_voice(&self.prompts, self.codebook_size, voice)
+    }
+
+    /// Every generation batch of the text, alone with the reference (as stage 0 begins the
+    /// request: a later batch's history gives way when it does not fit), must leave the frames
+    /// [`PROMPT_HEADROOM`] of the slow AR's positions; the frame cap only shortens a batch.
+    fn check_length(&self, voice: &VoiceRequest, _max_new_tokens: usize) -> Result<(), ModelError> {
+        let reference = voice.voice_clone.as_ref().map(|vc| VoiceReference {
+            codes: transpose(vc.ref_codes.as_deref().unwrap_or(&[])),
+            transcript: vc.ref_text.clone().unwrap_or_default(),
+        });
+        for batch in self.prompts.batches(&voice.text, CHUNK_LENGTH)? {
+            let prompt = self.prompts.build(&batch, reference.as_ref(), &[])?;
+            check_prompt_positions(&voice.text, prompt.len(), self.max_seq_len)?;
+        }
+        Ok(())
     }
 
     fn check_open(&self, _voice: &VoiceRequest) -> Result<(), ModelError> {

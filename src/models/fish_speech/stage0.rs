@@ -27,7 +27,7 @@ use super::generate::{PROMPT_HEADROOM, frame_rows, frames, main_token};
 use super::graphs::{FastArGraphs, buckets};
 use super::model::FishModel;
 use super::prompt::{CHUNK_LENGTH, Codes, VoiceReference};
-use super::rules::{MAX_REF_SAMPLES, MIN_REF_SAMPLES, check_voice};
+use super::rules::{MAX_REF_SAMPLES, MIN_REF_SAMPLES, check_prompt_positions, check_voice};
 use super::sampler::{RAS_WINDOW, SamplingParams as FishSampling, sample};
 use crate::models::tts::text::unspeakable;
 use crate::models::tts::{
@@ -326,18 +326,7 @@ impl FishAr {
     /// an empty prompt, or one past `max_seq_len` less [`PROMPT_HEADROOM`].
     fn batch_cap(&self, text: &str, t: usize, max_new_tokens: usize) -> Result<usize, ModelError> {
         let max_len = self.model.slow.max_seq_len();
-        if t == 0 || t > max_len.saturating_sub(PROMPT_HEADROOM) {
-            return Err(ModelError::invalid(
-                "text",
-                text,
-                format!(
-                    "too long for one utterance: its prompt takes {t} positions, at most {} here \
-                     (max_seq_len {max_len} less {PROMPT_HEADROOM} for the frames); split the \
-                     text into sentences (split-sentences) or shorter pieces",
-                    max_len.saturating_sub(PROMPT_HEADROOM)
-                ),
-            ));
-        }
+        check_prompt_positions(text, t, max_len)?;
         Ok(if t + max_new_tokens > max_len {
             max_len - t
         } else {

@@ -10,7 +10,7 @@ use super::code_predictor::CodePredictor;
 use super::codec_encoder::CodecEncoder;
 use super::config::{ModelVariant, Qwen3TtsConfig};
 use super::graphs::ArGraphs;
-use super::prompt::{self, CodecPart, Prompt};
+use super::prompt::{CodecPart, Prompt};
 use super::speaker_encoder::{EcapaConfig, SpeakerEncoder};
 use super::talker::Talker;
 use super::tokenizer::TextTokenizer;
@@ -227,19 +227,7 @@ impl ArModel {
 
     /// Resolves, tokenizes and builds the prompt plan of `req` (no model computation).
     pub fn plan(&self, req: &VoiceRequest) -> Result<Prompt, ModelError> {
-        let r = prompt::resolve(&self.config, req)?;
-        let input_ids = self.tokenizer.encode(&r.assistant_text)?;
-        let instruct_ids = match &r.instruct_text {
-            Some(t) => Some(self.tokenizer.encode(t)?),
-            None => None,
-        };
-        let ref_ids = match &r.ref_text {
-            Some(t) => Some(self.tokenizer.encode(t)?),
-            None => None,
-        };
-        let mut p = Prompt::build_with_ref(&self.config, &r, input_ids, instruct_ids, ref_ids)?;
-        p.voice_clone = req.voice_clone.clone();
-        Ok(p)
+        Prompt::plan(&self.config, &self.tokenizer, req)
     }
 
     /// `[1, rows, hidden]`: `T(text) + codec part` for each prompt row (`C(id)`, the x-vector,

@@ -8,7 +8,9 @@
 //! into vectors.
 
 use super::config::{ModelVariant, Qwen3TtsConfig};
+use super::tokenizer::TextTokenizer;
 use super::{ModelError, PromptMode, VoiceRequest};
+use crate::models::tts::TOO_LONG_FOR_ONE_UTTERANCE;
 pub use crate::models::tts::VoiceClonePrompt;
 
 /// The codec-track part of a prompt row.
@@ -300,6 +302,29 @@ pub struct Prompt {
 }
 
 impl Prompt {
+    /// Resolves `req` against the checkpoint, tokenizes its texts with `tok` and builds its
+    /// prompt (no model computation; stage 0's plan, and the caller-side length check of
+    /// [`Qwen3Rules`](super::Qwen3Rules)).
+    pub fn plan(
+        cfg: &Qwen3TtsConfig,
+        tok: &TextTokenizer,
+        req: &VoiceRequest,
+    ) -> Result<Self, ModelError> {
+        let r = resolve(cfg, req)?;
+        let input_ids = tok.encode(&r.assistant_text)?;
+        let instruct_ids = match &r.instruct_text {
+            Some(t) => Some(tok.encode(t)?),
+            None => None,
+        };
+        let ref_ids = match &r.ref_text {
+            Some(t) => Some(tok.encode(t)?),
+            None => None,
+        };
+        let mut p = Self::build_with_ref(cfg, &r, input_ids, instruct_ids, ref_ids)?;
+        p.voice_clone = req.voice_clone.clone();
+        Ok(p)
+    }
+
     /// Talker positions the prompt takes: its prefill rows and, in streaming mode, the text ids
     /// still to be fed (one a frame; the trailing `tts_pad` of the other modes is no text).
     pub fn positions(&self, cfg: &Qwen3TtsConfig) -> usize {
@@ -357,7 +382,7 @@ impl Prompt {
             "text",
             text,
             format!(
-                "too long for one utterance: {text_ids} text ids, at most {limit} here (the \
+                "{TOO_LONG_FOR_ONE_UTTERANCE}: {text_ids} text ids, at most {limit} here (the \
                  talker's {budget} positions, max_position_embeddings, less {max_new_tokens} for \
                  max-new-tokens frames and {fixed} for the rest of the prompt); split the text \
                  into sentences (split-sentences) or shorter pieces"

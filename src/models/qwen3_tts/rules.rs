@@ -3,11 +3,13 @@
 //! [`super::prompt::resolve`].
 
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use super::checkpoint::Checkpoint;
 use super::code2wav::SpeechTokenizerConfig;
 use super::config::ModelVariant;
-use super::prompt;
+use super::prompt::{self, Prompt};
+use super::tokenizer::TextTokenizer;
 use super::voice_clone::{MAX_REF_AUDIO_SAMPLES, MIN_REF_AUDIO_SAMPLES};
 use crate::models::tts::{
     InstructUse, ModelDescription, ModelError, PromptMode, ReferenceRules, ReferenceUse,
@@ -22,7 +24,36 @@ pub const REF_AUDIO_RATE: u32 = 24_000;
 pub struct Qwen3Rules {
     ckpt: Checkpoint,
     description: ModelDescription,
+    /// The text tokenizer, loaded the first time a text may be too long for one utterance
+    /// ([`VoiceRules::check_length`]); most texts never need it.
+    tokenizer: Arc<LazyTokenizer>,
 }
+
+/// A checkpoint's text tokenizer, loaded on first use.
+#[derive(Default)]
+struct LazyTokenizer(OnceLock<Result<TextTokenizer, String>>);
+
+impl std::fmt::Debug for LazyTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.0.get() {
+            None => "not loaded",
+            Some(Ok(_)) => "loaded",
+            Some(Err(_)) => "failed",
+        };
+        f.debug_tuple("LazyTokenizer").field(&state).finish()
+    }
+}
+
+/// Most token ids a UTF-8 text of `n` bytes gives: the byte-level BPE makes an id of one byte at
+/// least, after NFC, which at most triples a text's bytes (Unicode's UAX #15 bound for UTF-8).
+fn ids_bound(bytes: usize) -> usize {
+    bytes.saturating_mul(3)
+}
+
+/// More than the prompt rows that are no id of its texts nor a reference frame: the codec
+/// prefix (think, language, speaker, pad, bos: 7 at most) and the rows after the text (eos,
+/// the codec bos).
+const OTHER_ROWS_BOUND: usize = 16;
 
 impl Qwen3Rules {
     /// Reads `dir`'s config.json, generation_config.json and speech_tokenizer/config.json.
@@ -33,7 +64,20 @@ impl Qwen3Rules {
         let codec =
             SpeechTokenizerConfig::from_file(&dir.join("speech_tokenizer").join("config.json"))?;
         let description = describe(&ckpt, &codec);
-        Ok(Qwen3Rules { ckpt, description })
+        Ok(Qwen3Rules {
+            ckpt,
+            description,
+            tokenizer: Arc::default(),
+        })
+    }
+
+    /// The checkpoint's text tokenizer (loaded now the first time).
+    fn tokenizer(&self) -> Result<&TextTokenizer, ModelError> {
+        self.tokenizer
+            .0
+            .get_or_init(|| TextTokenizer::from_dir(&self.ckpt.dir).map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| ModelError::Tokenizer(e.clone()))
     }
 
     /// The checkpoint's configs.
@@ -135,6 +179,29 @@ impl VoiceRules for Qwen3Rules {
         })
     }
 
+    /// The prompt ([`Prompt::plan`]: its text ids, the settings' rows, an ICL reference's text
+    /// and frames) and `max_new_tokens` frames must fit the talker's positions
+    /// ([`Prompt::check_position_budget`], as stage 0 checks). A prompt whose bound from its
+    /// texts' bytes fits is not tokenized.
+    fn check_length(&self, voice: &VoiceRequest, max_new_tokens: usize) -> Result<(), ModelError> {
+        let cfg = &self.ckpt.config;
+        let r = prompt::resolve(cfg, voice)?;
+        let bytes = r.assistant_text.len()
+            + r.instruct_text.as_ref().map_or(0, String::len)
+            + r.ref_text.as_ref().map_or(0, String::len);
+        let bound = ids_bound(bytes)
+            .saturating_add(r.ref_frames)
+            .saturating_add(OTHER_ROWS_BOUND);
+        if bound.saturating_add(max_new_tokens) <= prompt::position_budget(cfg) {
+            return Ok(());
+        }
+        Prompt::plan(cfg, self.tokenizer()?, voice)?.check_position_budget(
+            cfg,
+            &voice.text,
+            max_new_tokens,
+        )
+    }
+
     /// Open text needs the streaming prompt mode (one text token per codec frame) and no ICL
     /// clone (its reference transcript comes before the text).
     fn check_open(&self, voice: &VoiceRequest) -> Result<(), ModelError> {
@@ -195,5 +262,90 @@ pub fn served_description(
         prompt_modes: true,
         open_text: true,
         speaker_turn_tag: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::tts::TOO_LONG_FOR_ONE_UTTERANCE;
+
+    fn rules() -> Qwen3Rules {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-customvoice");
+        Qwen3Rules::open(&dir).unwrap()
+    }
+
+    fn voice(text: &str, mode: PromptMode) -> VoiceRequest {
+        VoiceRequest {
+            text: text.into(),
+            speaker: Some("vivian".into()),
+            prompt_mode: Some(mode),
+            ..VoiceRequest::default()
+        }
+    }
+
+    /// A text whose bound from its bytes fits is accepted without the tokenizer, which is then
+    /// never loaded.
+    #[test]
+    fn a_short_text_is_not_tokenized() {
+        let r = rules();
+        let v = voice(&"Hello there. ".repeat(100), PromptMode::NonStreaming);
+        assert!(r.check_length(&v, 4096).is_ok());
+        assert!(r.tokenizer.0.get().is_none(), "{:?}", r.tokenizer);
+    }
+
+    /// Where the caller-side check refuses, stage 0 would too, and only there: at the position
+    /// budget's edge, in both prompt modes, it agrees with the prompt stage 0 plans.
+    #[test]
+    fn the_length_check_agrees_with_stage_0() {
+        let r = rules();
+        let cfg = &r.checkpoint().config;
+        let budget = prompt::position_budget(cfg);
+        let tok = TextTokenizer::from_dir(&r.checkpoint().dir).unwrap();
+        let text = "one two three four five six seven eight nine ten ".repeat(40);
+        for mode in [PromptMode::NonStreaming, PromptMode::Streaming] {
+            let v = voice(&text, mode);
+            let positions = Prompt::plan(cfg, &tok, &v).unwrap().positions(cfg);
+            for frames in [budget - positions - 1, budget - positions] {
+                assert!(r.check_length(&v, frames).is_ok(), "{mode:?} {frames}");
+            }
+            let e = r.check_length(&v, budget - positions + 1).unwrap_err();
+            match e {
+                ModelError::InvalidRequest { field, msg, .. } => {
+                    assert_eq!(field, "text");
+                    assert!(msg.starts_with(TOO_LONG_FOR_ONE_UTTERANCE), "{msg}");
+                }
+                e => panic!("{e}"),
+            }
+            // No room for any text: the frame cap is named instead.
+            let e = r.check_length(&v, budget - 1).unwrap_err();
+            assert!(
+                matches!(&e, ModelError::InvalidRequest { field, .. } if field == "max_new_tokens"),
+                "{e}"
+            );
+        }
+    }
+
+    /// The bound that spares short texts the tokenizer: no text gives more ids than three per
+    /// byte, also where NFC lengthens it (U+0958 decomposes), in other scripts and emoji.
+    #[test]
+    fn ids_never_exceed_the_bytes_bound() {
+        let tok = TextTokenizer::from_dir(&rules().checkpoint().dir).unwrap();
+        for s in [
+            "word ".repeat(50),
+            "\u{0958}".repeat(50),
+            "\u{2126}\u{212B}".repeat(30),
+            "日本語のテキスト".repeat(20),
+            "😀🎉 ".repeat(30),
+            "مرحبا بالعالم ".repeat(20),
+            "a\u{0301}\u{0323} ".repeat(30),
+        ] {
+            let ids = tok.encode(&s).unwrap().len();
+            assert!(
+                ids <= ids_bound(s.len()),
+                "{s:?}: {ids} ids, {} bytes",
+                s.len()
+            );
+        }
     }
 }

@@ -27,7 +27,7 @@ pub use description::{InstructUse, ModelDescription};
 pub use error::{ModelError, QUOTED_VALUE_CHARS};
 pub use reference::{ReferenceRules, ReferenceUse, SILENT_REF_PEAK};
 pub use request::{PromptMode, VoiceClonePrompt, VoiceRequest};
-pub use rules::VoiceRules;
+pub use rules::{TOO_LONG_FOR_ONE_UTTERANCE, VoiceRules};
 pub use sampling::{MAX_NEW_TOKENS_RANGE, SamplingParams};
 pub use stage0::{
     IncrementalText, NoOpenText, Stage0Model, Stage0Options, Stage0Prefill, Stage0Session,

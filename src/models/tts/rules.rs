@@ -32,4 +32,19 @@ pub trait VoiceRules: Send + Sync + fmt::Debug {
         let _ = sampling;
         Ok(())
     }
+
+    /// Checks that `voice` (already accepted by [`VoiceRules::check`]) is not too long for one
+    /// utterance: that its prompt fits the AR stage's positions beside `max_new_tokens` frames,
+    /// as the stage checks when it starts the request. Tokenizes the text when it may not fit
+    /// (on the caller's thread: time linear in the text). Errors: [`ModelError::InvalidRequest`]
+    /// on `text` whose message starts [`TOO_LONG_FOR_ONE_UTTERANCE`], or on `max_new_tokens`
+    /// when the frames alone leave no room for text. The default accepts any.
+    fn check_length(&self, voice: &VoiceRequest, max_new_tokens: usize) -> Result<(), ModelError> {
+        let _ = (voice, max_new_tokens);
+        Ok(())
+    }
 }
+
+/// How every refusal of a text too long for one utterance (its prompt past the AR stage's
+/// positions) starts its message.
+pub const TOO_LONG_FOR_ONE_UTTERANCE: &str = "too long for one utterance";
