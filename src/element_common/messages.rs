@@ -215,7 +215,7 @@ impl UtteranceDone {
             src,
             (file!(), line!()),
             "UtteranceDone::failure_message",
-            &format!("text: {:?}", self.text),
+            &debug_text(&self.text),
         );
         Some(if e.contains("invalid request:") {
             gst::message::Error::builder(gst::StreamError::Failed, &text)
@@ -252,11 +252,26 @@ impl Refusal {
             src,
             (file!(), line!()),
             "Refusal::message",
-            &format!("text: {:?}", self.text),
+            &debug_text(&self.text),
         ))
         .src(src)
         .build()
     }
+}
+
+/// Characters of an utterance's text a message's debug part shows.
+const DEBUG_TEXT_CHARS: usize = 1000;
+
+/// An utterance's text as a message's debug part shows it: `text: "…"` escaped, its first
+/// [`DEBUG_TEXT_CHARS`] characters, then how many it has in all when it has more (a text too
+/// long for one utterance can be megabytes).
+fn debug_text(text: &str) -> String {
+    let total = text.chars().count();
+    if total <= DEBUG_TEXT_CHARS {
+        return format!("text: {text:?}");
+    }
+    let head: String = text.chars().take(DEBUG_TEXT_CHARS).collect();
+    format!("text: {head:?}… ({total} characters in all)")
 }
 
 /// The debug part of an error or warning built here for `src` to post later, as GStreamer writes
@@ -355,8 +370,8 @@ mod tests {
 
     /// A failed utterance's error (bad input stage 0 found) and warning (a failure of the
     /// engine), and a refused utterance's error, carry a debug part as the element's other
-    /// errors do: the source location and the element, then the text, whole (the message line
-    /// quotes its start).
+    /// errors do: the source location and the element, then the text's first 1,000 characters
+    /// and its length (the message line quotes its start).
     #[test]
     fn failure_and_refusal_messages_carry_their_location_as_debug() {
         gst::init().unwrap();
@@ -391,7 +406,11 @@ mod tests {
                 debug.contains("::UtteranceDone::failure_message (): /GstBin:src:\n"),
                 "{debug}"
             );
-            assert!(debug.ends_with(&format!("\ntext: {long:?}")), "{debug}");
+            let head: String = long.chars().take(DEBUG_TEXT_CHARS).collect();
+            assert!(
+                debug.ends_with(&format!("\ntext: {head:?}… (50000 characters in all)")),
+                "{debug}"
+            );
         }
         let refusal = Refusal {
             id: 4,
@@ -413,6 +432,21 @@ mod tests {
         );
         assert!(
             debug.contains("::Refusal::message (): /GstBin:src:\ntext: \"word word"),
+            "{debug}"
+        );
+        assert!(debug.len() < 1200, "{} bytes", debug.len());
+        // A short text is shown whole.
+        let short = Refusal {
+            text: "A \"short\" one.".into(),
+            ..refusal
+        };
+        let m = short.message(&src);
+        let debug = match m.view() {
+            gst::MessageView::Error(m) => m.debug().unwrap().to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            debug.ends_with("\ntext: \"A \\\"short\\\" one.\""),
             "{debug}"
         );
     }
