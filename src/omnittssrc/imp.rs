@@ -780,8 +780,8 @@ impl ElementImpl for OmniTtsSrc {
             gst::EventView::FlushStart(_) => {
                 self.discard("flush-start");
             }
-            // Live, a streamed utterance is unfinished: create() returns EOS once it has been
-            // spoken.
+            // Running, the EOS is create()'s to return (at once, or live after the drain), never
+            // BaseSrc's: see end_stream().
             gst::EventView::Eos(_) if self.end_stream() => return true,
             _ => {}
         }
@@ -793,8 +793,18 @@ impl OmniTtsSrc {
     /// An EOS event ends the stream: the refusals queued behind it, which the output will not
     /// reach, are posted now (in stream order). It ends the open utterance's text. Live, when
     /// the last utterance `append-text` opened is unfinished, the stream ends once it (and what
-    /// was queued before it) has been spoken, and the utterances queued behind it are dropped:
-    /// returns true then (the EOS is the output's to send, not BaseSrc's at once).
+    /// was queued before it) has been spoken, and the utterances queued behind it are dropped.
+    /// Otherwise it ends at once: `create()` returns EOS at its next step (a buffer it is
+    /// returning still goes out: its messages are posted), with a warning naming what is dropped.
+    ///
+    /// Returns true once started: the EOS is then `create()`'s to return (BaseSrc pushes it
+    /// downstream from the streaming thread), never BaseSrc's `send_event()`'s. That one, in push
+    /// mode, takes the source pad's stream lock to queue the EOS, with the state lock that
+    /// `gst_element_send_event()` holds: while the streaming thread is blocked pushing a buffer
+    /// into a sink that waits for preroll (a pipeline still going to PLAYING, or PAUSED), that
+    /// push ends only when the pipeline goes to PLAYING, which needs that state lock: the
+    /// application's `send_event()` hung for good. Returns false before start (no streaming
+    /// thread; BaseSrc keeps the EOS).
     fn end_stream(&self) -> bool {
         self.end_text();
         let (shared, live, last_open) = {
@@ -839,7 +849,7 @@ impl OmniTtsSrc {
                 )
             );
         }
-        drain
+        true
     }
 }
 
@@ -1213,7 +1223,7 @@ impl PushSrcImpl for OmniTtsSrc {
                     return match step {
                         Step::Buffer(b) => Ok(CreateSuccess::NewBuffer(b.to_buffer(format)?)),
                         Step::Eos => {
-                            gst::debug!(CAT, imp = self, "all text spoken: EOS");
+                            gst::debug!(CAT, imp = self, "all text spoken or an EOS event: EOS");
                             Err(gst::FlowError::Eos)
                         }
                         Step::Failed(what) => {

@@ -131,6 +131,9 @@ struct Current {
     silence_samples: u64,
     /// The engine's time to first audio, once reported.
     ttfa_ms: Option<f64>,
+    /// Its first-audio notice waits for its first audio buffer (whose PTS it carries): posted
+    /// with that buffer's step, never for audio that is not output.
+    first_audio_due: bool,
     /// When the output reached its start (for the done message of a cancelled utterance, whose
     /// engine metrics are dropped with it).
     since: Instant,
@@ -147,6 +150,7 @@ impl Current {
             wait_samples: 0,
             silence_samples: 0,
             ttfa_ms: None,
+            first_audio_due: false,
             since: Instant::now(),
         }
     }
@@ -402,8 +406,18 @@ impl Output {
                         self.items.pop_front();
                     }
                     self.queued_samples = self.queued_samples.saturating_sub(len);
+                    let pts = self.pts(n);
                     if let Some(cur) = self.current.as_mut() {
                         cur.samples_out += len as u64;
+                        if std::mem::take(&mut cur.first_audio_due)
+                            && let Some(ttfa_ms) = cur.ttfa_ms
+                        {
+                            notices.push(Notice::FirstAudio {
+                                id: cur.id,
+                                ttfa_ms,
+                                pts,
+                            });
+                        }
                     }
                     return self.emit(Samples::Audio(chunk));
                 }
@@ -446,14 +460,23 @@ impl Output {
                 self.current = Some(cur);
             }
             Item::FirstAudio { id, ttfa_ms } => {
+                // The engine sends it right before the audio, which may not be queued yet: the
+                // notice goes with the first audio buffer (an EOS event or a flush before that
+                // drops the audio, and no message says it was output).
+                let mut at = Some(n);
                 if let Some(cur) = self.current.as_mut().filter(|c| c.id == id) {
                     cur.ttfa_ms = Some(ttfa_ms);
+                    cur.first_audio_due = cur.samples_out == 0;
+                    // Audio before it (never from the engine): its first sample's position.
+                    at = (!cur.first_audio_due).then_some(cur.start + cur.wait_samples);
                 }
-                notices.push(Notice::FirstAudio {
-                    id,
-                    ttfa_ms,
-                    pts: self.pts(n),
-                });
+                if let Some(at) = at {
+                    notices.push(Notice::FirstAudio {
+                        id,
+                        ttfa_ms,
+                        pts: self.pts(at),
+                    });
+                }
             }
             Item::Done {
                 id,
@@ -690,6 +713,78 @@ mod tests {
         out.next(&BUSY, T0, &mut notices);
         assert!(out.has_room(880), "output samples make room");
         assert!(!out.has_room(881));
+    }
+
+    /// The engine's FirstAudio comes right before its audio, and the output may see it alone:
+    /// its notice waits for the first audio buffer and carries that buffer's PTS, so that an EOS
+    /// or a flush in between never leaves a first-audio message for audio that was not output.
+    #[test]
+    fn first_audio_is_told_with_its_buffer() {
+        for live in [false, true] {
+            let latency = ms(80);
+            let mut out = Output::new(480, live.then_some(latency), 10_000, 24_000);
+            let mut notices = Vec::new();
+            let r0 = ms(100);
+            out.push(started(1, 0));
+            out.push(Item::FirstAudio {
+                id: 1,
+                ttfa_ms: 7.0,
+            });
+            let step = out.next(&BUSY, r0, &mut notices);
+            assert!(matches!(step, Step::Wait { .. }), "{step:?}");
+            assert!(
+                matches!(&notices[..], [Notice::Started { id: 1, .. }]),
+                "live={live}: {notices:?}"
+            );
+            notices.clear();
+            // Live: the audio is late, silence first; the message is the audio's, not the wait's.
+            let mut t = r0;
+            if live {
+                t = r0 + latency;
+                let b = buffer(out.next(&BUSY, t, &mut notices));
+                assert_eq!(b.samples, Samples::Silence(480));
+                assert!(
+                    matches!(&notices[..], [Notice::LateFirstAudio { id: 1, .. }]),
+                    "{notices:?}"
+                );
+                notices.clear();
+                t += pts_of(480, 24_000);
+            }
+            out.push(audio(960));
+            let b = buffer(out.next(&BUSY, t, &mut notices));
+            assert_eq!(b.samples, Samples::Audio(vec![0.25; 480]));
+            let [
+                Notice::FirstAudio {
+                    id: 1,
+                    ttfa_ms,
+                    pts,
+                },
+            ] = &notices[..]
+            else {
+                panic!("live={live}: {notices:?}");
+            };
+            assert_eq!((*ttfa_ms, *pts), (7.0, b.pts), "live={live}");
+            notices.clear();
+            buffer(out.next(&BUSY, t + pts_of(480, 24_000), &mut notices));
+            assert!(notices.is_empty(), "told once: {notices:?}");
+            // Done without audio after its FirstAudio: no first-audio message at all.
+            out.push(done(1));
+            out.push(started(2, 0));
+            out.push(Item::FirstAudio {
+                id: 2,
+                ttfa_ms: 3.0,
+            });
+            out.push(done(2));
+            notices.clear();
+            let _ = out.next(&IDLE, t + pts_of(960, 24_000), &mut notices);
+            let _ = out.next(&IDLE, t + pts_of(960, 24_000), &mut notices);
+            assert!(
+                !notices
+                    .iter()
+                    .any(|n| matches!(n, Notice::FirstAudio { id: 2, .. })),
+                "live={live}: {notices:?}"
+            );
+        }
     }
 
     #[test]

@@ -88,7 +88,8 @@ pub(super) struct Inner {
     /// Next utterance id.
     next_id: u64,
     /// An EOS event ends the stream before the output reaches what is queued: refusals the worker
-    /// finds now are handed back to be posted at once.
+    /// finds now are handed back to be posted at once. Unless it drains (`drain_to_eos`),
+    /// `create()` returns EOS at its next step.
     ending: bool,
     /// The worker's items, turned into buffers.
     output: Output,
@@ -247,8 +248,9 @@ impl Inner {
         self.output.cancel(samples_per_frame)
     }
 
-    /// An EOS event ends the stream here: the refusals still queued (in stream order), which no
-    /// `create()` will reach. Refusals the worker finds from now on come back from it.
+    /// An EOS event ends the stream here: `create()` returns EOS at its next step. Returns the
+    /// refusals still queued (in stream order), which no `create()` will reach. Refusals the
+    /// worker finds from now on come back from it.
     pub fn end_stream(&mut self) -> Vec<Refusal> {
         self.ending = true;
         let mut out = self.output.take_refusals();
@@ -331,7 +333,8 @@ impl Inner {
         if let Some(what) = self.worker_failure.take() {
             return Step::Failed(what);
         }
-        if self.drain_to_eos && !self.has_work() {
+        // An EOS event: at once, or (drain) once everything up to the streamed utterance is out.
+        if self.ending && (!self.drain_to_eos || !self.has_work()) {
             return Step::Eos;
         }
         let up = Upstream {
@@ -751,6 +754,85 @@ mod tests {
         );
         assert_eq!(inner.next_step(now, &mut notices), Step::Eos);
         assert!(notices.is_empty(), "{notices:?}");
+    }
+
+    /// An EOS event ends the stream at the next step, audio still queued or not (the EOS is
+    /// `create()`'s to return, not BaseSrc's); live, draining up to a streamed utterance, once
+    /// that is out.
+    #[test]
+    fn an_eos_event_ends_at_the_next_step() {
+        let now = gst::ClockTime::ZERO;
+        let mut notices = Vec::new();
+        let shared = Shared::new(Output::new(480, None, 10_000, 24_000));
+        let mut inner = shared.lock();
+        let id = inner.queue("a".into(), Err("x".into()), 0).id;
+        let (u, epoch) = inner.take_utterance().unwrap();
+        assert_eq!(u.id, id);
+        inner.output.push(Item::Started {
+            id,
+            text: "a".into(),
+            start_pos: 0,
+        });
+        inner.push(
+            epoch,
+            Item::Audio {
+                samples: vec![0.5; 2000],
+                pos: 0,
+            },
+        );
+        assert!(matches!(
+            inner.next_step(now, &mut notices),
+            Step::Buffer(_)
+        ));
+        inner.end_stream();
+        assert!(inner.ended());
+        assert_eq!(inner.next_step(now, &mut notices), Step::Eos);
+        assert_eq!(inner.next_step(now, &mut notices), Step::Eos);
+        // A flush (or stop) still wins.
+        inner.set_unlocked(true);
+        assert_eq!(inner.next_step(now, &mut notices), Step::Flushing);
+
+        // Draining: the queued audio first.
+        let shared = Shared::new(Output::new(
+            480,
+            Some(gst::ClockTime::from_mseconds(80)),
+            10_000,
+            24_000,
+        ));
+        let mut inner = shared.lock();
+        let id = inner.queue("b".into(), Err("x".into()), 0).id;
+        let (_, epoch) = inner.take_utterance().unwrap();
+        inner.output.push(Item::Started {
+            id,
+            text: "b".into(),
+            start_pos: 0,
+        });
+        inner.push(
+            epoch,
+            Item::Audio {
+                samples: vec![0.5; 480],
+                pos: 0,
+            },
+        );
+        assert!(inner.drain_then_end(id).is_empty());
+        assert!(matches!(
+            inner.next_step(now, &mut notices),
+            Step::Buffer(_)
+        ));
+        inner.worker_done();
+        let done = Item::Done {
+            id,
+            reason: crate::engine::FinishReason::Eos,
+            metrics: crate::engine::Metrics::default(),
+            text: None,
+        };
+        inner.push(epoch, done);
+        let late = gst::ClockTime::from_seconds(1);
+        let steps = (0..10)
+            .position(|_| inner.next_step(late, &mut notices) == Step::Eos)
+            .expect("EOS once drained");
+        assert!(steps > 0, "not before the done item is out");
+        assert!(!inner.has_work());
     }
 
     #[test]
