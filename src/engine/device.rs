@@ -160,11 +160,6 @@ impl DeviceSpec {
                     // then recorded as the context's error for every later call).
                     // SAFETY: all of this handle's buffers are used and freed on its one stream.
                     unsafe { cuda.cuda_stream().context().disable_event_tracking() };
-                    keep_freed_memory(cuda, crate::nn::switches::Switches::get().pool_keep_bytes)
-                        .map_err(|msg| EngineError::Device {
-                        spec: self.to_string(),
-                        msg,
-                    })?;
                     if let Some(rank) = rank {
                         set_priority(cuda, rank).map_err(|msg| EngineError::Device {
                             spec: self.to_string(),
@@ -177,94 +172,6 @@ impl DeviceSpec {
                 Ok(dev)
             }
             DeviceSpec::Auto => unreachable!("resolve() never returns Auto"),
-        }
-    }
-}
-
-/// Sets the release threshold of the default CUDA memory pool of `cuda`'s GPU to `bytes`: freed
-/// device memory up to that amount stays in the pool for the next allocation instead of going
-/// back to the driver at each synchronisation (the driver's default threshold is 0). candle
-/// allocates every tensor with `cuMemAllocAsync` from that pool, so without a threshold the eager
-/// passes (prompts, Code2Wav) map their intermediates again after each synchronisation. The pool
-/// is the device's, shared by every handle on it; setting it again is harmless. Errors name the
-/// driver call that failed.
-#[cfg(feature = "cuda")]
-fn keep_freed_memory(cuda: &candle_core::CudaDevice, bytes: u64) -> Result<(), String> {
-    use candle_core::cuda_backend::cudarc::driver::sys;
-    let ctx = cuda.cuda_stream().context().clone();
-    if !ctx.has_async_alloc() {
-        return Ok(());
-    }
-    ctx.bind_to_thread()
-        .map_err(|e| format!("binding the CUDA context: {e}"))?;
-    let check = |what: &str, r: sys::CUresult| {
-        if r == sys::CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(format!(
-                "keeping freed memory in the CUDA pool: {what}: {r:?}"
-            ))
-        }
-    };
-    // SAFETY: driver calls on the bound context's device with valid pointers; the attribute
-    // value is a u64 as CU_MEMPOOL_ATTR_RELEASE_THRESHOLD takes.
-    unsafe {
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        check(
-            "cuDeviceGetDefaultMemPool",
-            sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()),
-        )?;
-        let mut value = bytes;
-        check(
-            "cuMemPoolSetAttribute",
-            sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                &mut value as *mut u64 as *mut std::ffi::c_void,
-            ),
-        )?;
-    }
-    Ok(())
-}
-
-/// Hands the freed device memory the CUDA memory pool kept ([`keep_freed_memory`]) back to the
-/// driver when dropped: a stage thread declares one before it loads its model and
-/// [`ReleasePoolOnExit::watch`]es its device handle, so that the model's weights and buffers,
-/// freed when the thread ends, do not stay in the pool for the rest of the process. Trimming
-/// takes only memory no live tensor holds (another engine's on the same GPU keeps its own).
-#[derive(Default)]
-pub(crate) struct ReleasePoolOnExit(Option<Device>);
-
-impl ReleasePoolOnExit {
-    /// Trims `dev`'s pool on drop (nothing for the CPU).
-    pub(crate) fn watch(&mut self, dev: &Device) {
-        if dev.is_cuda() {
-            self.0 = Some(dev.clone());
-        }
-    }
-}
-
-impl Drop for ReleasePoolOnExit {
-    fn drop(&mut self) {
-        #[cfg(feature = "cuda")]
-        if let Some(Device::Cuda(cuda)) = &self.0 {
-            use candle_core::cuda_backend::cudarc::driver::sys;
-            // Frees queued on the stream are done before the pool is trimmed.
-            let _ = self.0.as_ref().map(|d| d.synchronize());
-            let ctx = cuda.cuda_stream().context().clone();
-            if !ctx.has_async_alloc() || ctx.bind_to_thread().is_err() {
-                return;
-            }
-            // SAFETY: driver calls on the bound context's device with a valid out-pointer;
-            // trimming releases only memory that no allocation holds.
-            unsafe {
-                let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-                if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
-                    == sys::CUresult::CUDA_SUCCESS
-                {
-                    sys::cuMemPoolTrimTo(pool, 0);
-                }
-            }
         }
     }
 }

@@ -25,7 +25,6 @@
 //! | `OMNITTS_ATTN_THREADS` | `64`, `128` or `256`: every launch of `decode_attention`, `rope_attention` and `rows_attention` in blocks of that size (at least half the head width; the whole-stack kernel keeps 256), for A/B runs; the output is the same (`nn/cuda_kernels/decode_attention.rs`) | 256 while the grid fits one wave, else the fewest threads that give each key of a full context and each NeoX pair one (a 64-row code-predictor step 64, the talker 256) |
 //! | `OMNITTS_PREFILL_BUDGET` | prompt positions stage 0 prefills a step, ≥ 64 (`engine/stage0.rs`), for A/B runs | 512 (`PREFILL_CHUNK`) |
 //! | `OMNITTS_STAGE0_TRACE` | a file path: stage 0 writes a line per turn of its loop there (arrivals, prompts built, the prefill, the steps; `engine/turn_trace.rs`) | no trace |
-//! | `OMNITTS_POOL_KEEP_MIB` | MiB of freed device memory the CUDA memory pool of each GPU keeps for reuse (`0`: the driver's default, everything freed goes back to the driver at each synchronisation), or `all` ([`crate::engine::DeviceSpec::open`]) | all |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams above the default priority: `none`, or ranks from the device's greatest priority down separated by `>`, each a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread): `ar,lane` both at the greatest, `lane>ar` the lane at the greatest and stage 0 one level below | as stage 0's `priority_over_decoder` says: `lane>ar` when on, else `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -176,9 +175,6 @@ pub struct Switches {
     pub prefill_budget: Option<usize>,
     /// `OMNITTS_STAGE0_TRACE`: the file of stage 0's turn trace.
     pub stage0_trace: Option<std::path::PathBuf>,
-    /// `OMNITTS_POOL_KEEP_MIB`: the release threshold of each GPU's CUDA memory pool in bytes
-    /// (`u64::MAX`: keep everything freed).
-    pub pool_keep_bytes: u64,
 }
 
 impl Default for Switches {
@@ -236,12 +232,6 @@ impl Switches {
             stage0_trace: value("OMNITTS_STAGE0_TRACE")
                 .filter(|v| !v.is_empty())
                 .map(std::path::PathBuf::from),
-            pool_keep_bytes: match value("OMNITTS_POOL_KEEP_MIB").as_deref() {
-                Some("all") | None => u64::MAX,
-                Some(v) => v
-                    .parse::<u64>()
-                    .map_or(u64::MAX, |mib| mib.saturating_mul(1 << 20)),
-            },
         }
     }
 }
@@ -282,7 +272,6 @@ mod tests {
         assert_eq!(s.attn_threads, None);
         assert_eq!(s.prefill_budget, None);
         assert_eq!(s.stage0_trace, None);
-        assert_eq!(s.pool_keep_bytes, u64::MAX);
     }
 
     #[test]
@@ -308,15 +297,9 @@ mod tests {
             ("OMNITTS_ATTN_THREADS", "128"),
             ("OMNITTS_PREFILL_BUDGET", "2048"),
             ("OMNITTS_STAGE0_TRACE", " /tmp/turns.tsv"),
-            ("OMNITTS_POOL_KEEP_MIB", "0"),
         ]);
         assert_eq!(s.attn_threads, Some(128));
         assert_eq!(s.prefill_budget, Some(2048));
-        assert_eq!(s.pool_keep_bytes, 0);
-        assert_eq!(
-            with(&[("OMNITTS_POOL_KEEP_MIB", "512")]).pool_keep_bytes,
-            512 << 20
-        );
         assert_eq!(
             s.stage0_trace.as_deref(),
             Some(std::path::Path::new("/tmp/turns.tsv"))
@@ -412,7 +395,6 @@ mod tests {
             ("OMNITTS_BATCHED_PREFILL", "off"),
             ("OMNITTS_PREFILL_BUDGET", "63"),
             ("OMNITTS_STAGE0_TRACE", " "),
-            ("OMNITTS_POOL_KEEP_MIB", "lots"),
         ]);
         assert_eq!(s, Switches::default());
         let s = with(&[("OMNITTS_STACK_BLOCKS_PER_SM", "many")]);
