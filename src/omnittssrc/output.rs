@@ -107,7 +107,8 @@ pub(super) enum Notice {
         count: u32,
     },
     /// Live: the utterance's first audio came later than the latency; speech starts late, after
-    /// silence (once per utterance, at the first silence buffer).
+    /// silence (once per utterance: at its first silence buffer, or when it starts if silence
+    /// was output for it before it started).
     LateFirstAudio {
         id: u64,
         latency: gst::ClockTime,
@@ -435,10 +436,18 @@ impl Output {
     fn handle_event(&mut self, item: Item, notices: &mut Vec<Notice>) {
         let n = self.n;
         match item {
-            Item::Started { id, text, .. } => {
-                // Live: silence output since the utterance was due is its late start, counted
-                // as its wait (and warned, as that silence came only after the latency).
-                let start = self.due_silence_from.take().unwrap_or(n);
+            Item::Started {
+                id,
+                text,
+                start_pos,
+            } => {
+                // Live: silence output since the utterance was due (not before its text came)
+                // is its late start, counted as its wait (and warned, as that silence came only
+                // after the latency).
+                let start = self
+                    .due_silence_from
+                    .take()
+                    .map_or(n, |from| from.max(start_pos).min(n));
                 notices.push(Notice::Started {
                     id,
                     text: text.clone(),
@@ -493,11 +502,7 @@ impl Output {
                 }
                 notices.push(Notice::Done(Box::new(self.done(cur, reason, metrics))));
             }
-            Item::Refused(r) => {
-                // The silence waited for this text, which will not be spoken.
-                self.due_silence_from = None;
-                notices.push(Notice::Refused(r));
-            }
+            Item::Refused(r) => notices.push(Notice::Refused(r)),
             // Output by `next()`, never handed here.
             Item::Audio { .. } => {}
         }
@@ -521,6 +526,8 @@ impl Output {
         };
         let due = self.current.is_some() || up.submitting || up.next_start.is_some_and(|s| s <= n);
         if !due {
+            // Nothing is due, so no utterance is waiting.
+            self.due_silence_from = None;
             let len = match up.next_start {
                 Some(s) => (s - n).min(spb),
                 None => spb,
@@ -947,6 +954,87 @@ mod tests {
         assert_eq!((d.samples, d.underruns), (480, 1));
         assert_eq!((d.wait_samples, d.silence_samples), (480, 960));
         assert_eq!((d.pts, d.duration), (r0, pts_of(1440, 24_000)));
+    }
+
+    /// Live: each step of `out` right at its buffer's deadline (running time plus latency),
+    /// until the sample counter reaches `until` (notices to `notices`).
+    fn late_steps(out: &mut Output, up: &Upstream, until: u64, notices: &mut Vec<Notice>) {
+        while out.n < until {
+            let pts = out.pts(out.n);
+            let latency = out
+                .live
+                .as_ref()
+                .map_or(gst::ClockTime::ZERO, |l| l.latency);
+            buffer(out.next(up, pts + latency, notices));
+        }
+    }
+
+    #[test]
+    fn live_silence_while_a_later_text_is_submitted_is_not_its_wait() {
+        // The worker submits a text due at 2400 while the output is at 480 (downstream pulled
+        // late): the silence before 2400 is not the text's wait, and no late start is warned.
+        let mut out = Output::new(480, Some(ms(80)), 10_000, 24_000);
+        let mut notices = Vec::new();
+        let r0 = ms(10);
+        buffer(out.next(&BUSY, r0, &mut notices));
+        let submitting = Upstream {
+            submitting: true,
+            next_start: Some(2400),
+            ..BUSY
+        };
+        late_steps(&mut out, &submitting, 1920, &mut notices);
+        out.push(started(1, 2400));
+        out.push(audio(480));
+        out.push(done(1));
+        late_steps(&mut out, &BUSY, 2880, &mut notices);
+        buffer(out.next(&IDLE, out.pts(out.n) + ms(80), &mut notices));
+        assert!(
+            !notices
+                .iter()
+                .any(|n| matches!(n, Notice::LateFirstAudio { .. })),
+            "{notices:?}"
+        );
+        let Some(Notice::Done(d)) = notices.iter().find(|n| matches!(n, Notice::Done(_))) else {
+            panic!("{notices:?}");
+        };
+        assert_eq!((d.wait_samples, d.silence_samples), (0, 0));
+        assert_eq!(d.pts, r0 + pts_of(2400, 24_000));
+    }
+
+    #[test]
+    fn live_wait_for_a_text_counts_from_its_due_time_across_a_refusal_before_it() {
+        // Text A (due at 900) is refused by the engine; text B, due at 1000, was queued behind
+        // it and waits for the worker: B's wait is the silence from 1000, not from the refusal.
+        let mut out = Output::new(480, Some(ms(80)), 10_000, 24_000);
+        let mut notices = Vec::new();
+        buffer(out.next(&BUSY, ms(10), &mut notices));
+        let a_due = Upstream {
+            next_start: Some(900),
+            ..BUSY
+        };
+        buffer(paced(&mut out, &a_due, &mut notices));
+        late_steps(&mut out, &a_due, 1380, &mut notices);
+        out.push(Item::Refused(Refusal {
+            id: 1,
+            text: "A".into(),
+            error: "refused".into(),
+        }));
+        let b_due = Upstream {
+            next_start: Some(1000),
+            ..BUSY
+        };
+        late_steps(&mut out, &b_due, 2340, &mut notices);
+        out.push(started(2, 1000));
+        out.push(audio(480));
+        out.push(done(2));
+        late_steps(&mut out, &BUSY, 2820, &mut notices);
+        buffer(out.next(&IDLE, out.pts(out.n) + ms(80), &mut notices));
+        let Some(Notice::Done(d)) = notices.iter().find(|n| matches!(n, Notice::Done(_))) else {
+            panic!("{notices:?}");
+        };
+        assert_eq!(d.id, 2);
+        assert_eq!((d.wait_samples, d.silence_samples), (1340, 1340));
+        assert_eq!(d.pts, ms(10) + pts_of(1000, 24_000));
     }
 
     #[test]
