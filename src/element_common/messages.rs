@@ -276,7 +276,8 @@ fn debug_text(text: &str) -> String {
 
 /// The debug part of an error or warning built here for `src` to post later, as GStreamer writes
 /// that of an element's own (GST_ELEMENT_ERROR): `file(line): function (): element path:`, then
-/// `detail` (the utterance's text, whole: the message line quotes only its start).
+/// `detail` (the utterance's text as [`debug_text`] shows it: the message line quotes only its
+/// start).
 fn located_debug(
     src: &gst::Element,
     (file, line): (&str, u32),

@@ -28,7 +28,7 @@ pub(crate) fn synthesis_param_specs() -> Vec<glib::ParamSpec> {
             .blurb(
                 "Checkpoint (Qwen3-TTS or Fish Audio S2 Pro): a local directory, or a Hugging Face repo id \
                  resolved through the HF cache (HF_HOME / HF_HUB_CACHE) and downloaded \
-                 when online (HF_ENDPOINT, HF_HUB_OFFLINE); default (and for NULL or an empty \
+                 when online (HF_ENDPOINT, HF_HUB_OFFLINE); default (and for NULL, an empty or a blank \
                  value): the bundled small English voice (speaker joe), found in OMNITTS_VOICE_DIR, else \
                  omnitts/voices/omnitts-en under the XDG data directories or the plugin's \
                  prefix (scripts/install.sh), else the source tree's models/omnitts-en",
