@@ -267,12 +267,7 @@ fn a_null_or_empty_model_is_the_bundled_voice() {
         let e = h.element().expect("element");
         let bus = gst::Bus::new();
         e.set_bus(Some(&bus));
-        let default = e
-            .find_property("model")
-            .unwrap()
-            .default_value()
-            .get::<String>()
-            .unwrap();
+        let default = element_util::model_default(&e);
         assert!(default.ends_with("models/omnitts-en"), "default {default}");
         e.set_property("model", fixture_model("tiny-customvoice"));
         e.set_property("model", unset);

@@ -1127,12 +1127,7 @@ fn a_null_or_empty_model_is_the_bundled_voice() {
             .unwrap();
         let bus = gst::Bus::new();
         e.set_bus(Some(&bus));
-        let default = e
-            .find_property("model")
-            .unwrap()
-            .default_value()
-            .get::<String>()
-            .unwrap();
+        let default = element_util::model_default(&e);
         e.set_property("model", unset);
         assert_eq!(e.property::<String>("model"), default, "{unset:?}");
         let started = e.set_state(gst::State::Paused);

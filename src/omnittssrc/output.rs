@@ -969,6 +969,17 @@ mod tests {
         }
     }
 
+    /// The done message among `notices` (panics when there is none).
+    fn done_in(notices: &[Notice]) -> &UtteranceDone {
+        notices
+            .iter()
+            .find_map(|n| match n {
+                Notice::Done(d) => Some(&**d),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no done message: {notices:?}"))
+    }
+
     #[test]
     fn live_silence_while_a_later_text_is_submitted_is_not_its_wait() {
         // The worker submits a text due at 2400 while the output is at 480 (downstream pulled
@@ -994,9 +1005,7 @@ mod tests {
                 .any(|n| matches!(n, Notice::LateFirstAudio { .. })),
             "{notices:?}"
         );
-        let Some(Notice::Done(d)) = notices.iter().find(|n| matches!(n, Notice::Done(_))) else {
-            panic!("{notices:?}");
-        };
+        let d = done_in(&notices);
         assert_eq!((d.wait_samples, d.silence_samples), (0, 0));
         assert_eq!(d.pts, r0 + pts_of(2400, 24_000));
     }
@@ -1029,9 +1038,7 @@ mod tests {
         out.push(done(2));
         late_steps(&mut out, &BUSY, 2820, &mut notices);
         buffer(out.next(&IDLE, out.pts(out.n) + ms(80), &mut notices));
-        let Some(Notice::Done(d)) = notices.iter().find(|n| matches!(n, Notice::Done(_))) else {
-            panic!("{notices:?}");
-        };
+        let d = done_in(&notices);
         assert_eq!(d.id, 2);
         assert_eq!((d.wait_samples, d.silence_samples), (1340, 1340));
         assert_eq!(d.pts, ms(10) + pts_of(1000, 24_000));

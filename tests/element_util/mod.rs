@@ -327,3 +327,12 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
     M.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// The `model` property's default of element `e`: the bundled voice's directory as found.
+pub fn model_default(e: &gst::Element) -> String {
+    e.find_property("model")
+        .expect("a model property")
+        .default_value()
+        .get::<String>()
+        .expect("a string default")
+}
