@@ -93,8 +93,13 @@ fn u64_field(s: &gst::Structure, f: &str) -> u64 {
 
 /// Checks the timestamp/offset rules on `bufs` (`bytes` per sample); returns the sample count.
 fn check_timeline(bufs: &[gst::Buffer], bytes: usize) -> u64 {
+    check_timeline_from(bufs, bytes, 0)
+}
+
+/// [`check_timeline`] for buffers from sample `n0` on; returns the sample counter after them.
+fn check_timeline_from(bufs: &[gst::Buffer], bytes: usize, n0: u64) -> u64 {
     assert!(!bufs.is_empty(), "no buffers");
-    let mut n = 0u64;
+    let mut n = n0;
     for (i, b) in bufs.iter().enumerate() {
         assert_eq!(b.size() % bytes, 0, "buffer {i}: partial sample");
         let len = (b.size() / bytes) as u64;
@@ -927,6 +932,57 @@ fn flush_stops_the_utterance_promptly() {
         t0.elapsed()
     );
     assert!(errors(&drain(&bus)).is_empty());
+}
+
+/// Non-live, a FLUSH_START / FLUSH_STOP pair sent to the source pad itself (not to the element)
+/// cancels the utterance, and text pushed while it flushes is spoken after it, then EOS: the
+/// streaming task that the flushed `create()` paused is restarted (BaseSrc leaves it paused for
+/// a flush that reaches the pad). The timeline goes on across the flush: the first buffer after
+/// it is DISCONT (the one on its way when the flush began was dropped at the pad, leaving a hole
+/// in the offsets), and a segment is sent again (the FLUSH_STOP removed the pad's).
+#[test]
+fn a_flush_pair_on_the_src_pad_keeps_the_stream_going() {
+    let (mut h, bus) = harness(&[("text", v(LONG_TEXT)), ("max-new-tokens", v(4000u32))]);
+    h.play();
+    let e = h.element().unwrap();
+    let pad = e.static_pad("src").unwrap();
+    let mut bufs = vec![h.pull().unwrap()];
+    assert!(pad.send_event(gst::event::FlushStart::new()));
+    e.set_property("max-new-tokens", 20u32);
+    assert!(e.emit_by_name::<bool>("push-text", &[&"After the flush."]));
+    assert!(pad.send_event(gst::event::FlushStop::new(true)));
+    bufs.extend(pull_all(&mut h));
+    let flushed = (1..bufs.len())
+        .find(|&i| bufs[i].flags().contains(gst::BufferFlags::DISCONT))
+        .expect("a DISCONT buffer after the flush");
+    let before = check_timeline(&bufs[..flushed], 4);
+    let resumed = bufs[flushed].offset();
+    assert!(resumed >= before, "offset {resumed} after {before}");
+    let n = check_timeline_from(&bufs[flushed..], 4, resumed);
+    let msgs = drain_ok(&bus);
+    let dones = element_messages(&msgs, messages::DONE);
+    assert_eq!(dones.len(), 2, "{dones:?}");
+    assert_eq!(dones[0].get::<&str>("reason").unwrap(), "cancelled");
+    let after = &dones[1];
+    assert_eq!(after.get::<&str>("text").unwrap(), "After the flush.");
+    let reason = after.get::<&str>("reason").unwrap();
+    assert!(reason == "eos" || reason == "length", "{reason}");
+    // All of its audio came out, after the flushed utterance's.
+    let samples = u64_field(after, "samples");
+    assert!(samples > 0);
+    assert_eq!(u64_field(after, "pts"), pts_of(n - samples).nseconds());
+    let mut segments = 0;
+    while let Some(ev) = h.try_pull_event() {
+        if let gst::EventView::Segment(s) = ev.view() {
+            segments += 1;
+            let s = s.segment().downcast_ref::<gst::ClockTime>().unwrap();
+            assert_eq!(
+                (s.start(), s.base()),
+                (Some(gst::ClockTime::ZERO), Some(gst::ClockTime::ZERO))
+            );
+        }
+    }
+    assert_eq!(segments, 2);
 }
 
 #[test]

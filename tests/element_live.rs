@@ -407,6 +407,107 @@ fn a_running_time_that_moved_on_is_a_discont() {
     );
 }
 
+/// A FLUSH_START / FLUSH_STOP pair sent to the source pad itself (`gst_pad_send_event`, as an
+/// element downstream does; not to the element or the pipeline) cancels the utterance being
+/// spoken, and the stream goes on: text pushed after it is spoken. BaseSrc's own handling of that
+/// flush ends it without restarting the streaming task that the flushed `create()` paused (the
+/// stream was dead for good). Downstream was not flushed: the timeline goes on (the buffer on its
+/// way when the flush began is dropped at the pad, so the first one after it is DISCONT), and the
+/// pad, whose segment the FLUSH_STOP removed, sends the same segment again before its data.
+#[test]
+fn a_flush_pair_on_the_src_pad_keeps_the_stream_going() {
+    let _g = serial();
+    let (pipeline, src, seen) = live_pipeline("max-new-tokens=200 initial-chunk-frames=2");
+    let bus = pipeline.bus().unwrap();
+    let pad = src.static_pad("src").unwrap();
+    let segments = Arc::new(Mutex::new(Vec::new()));
+    let s2 = segments.clone();
+    pad.add_probe(gst::PadProbeType::EVENT_DOWNSTREAM, move |_, info| {
+        if let Some(gst::EventView::Segment(s)) = info.event().map(|e| e.view()) {
+            s2.lock().unwrap().push(s.segment().clone());
+        }
+        gst::PadProbeReturn::Ok
+    })
+    .unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    // Some silence first: the stream's first segment and buffer are out before the flush.
+    let t0 = Instant::now();
+    while seen.lock().unwrap().len() < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no buffers");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(src.emit_by_name::<bool>("push-text", &[&"A long utterance that a flush cuts short."]));
+    let mut msgs = Vec::new();
+    wait_element_message(
+        &bus,
+        messages::FIRST_AUDIO,
+        Duration::from_secs(30),
+        &mut msgs,
+    )
+    .expect("first-audio message");
+    assert!(pad.send_event(gst::event::FlushStart::new()));
+    assert!(pad.send_event(gst::event::FlushStop::new(true)));
+    let cut = wait_element_message(&bus, messages::DONE, Duration::from_secs(10), &mut msgs)
+        .expect("done message of the flushed utterance");
+    assert_eq!(cut.get::<&str>("reason").unwrap(), "cancelled");
+    // Short, so that it is spoken (in real time) within the test.
+    src.set_property("max-new-tokens", 10u32);
+    const AFTER: &str = "Spoken after the flush.";
+    assert!(src.emit_by_name::<bool>("push-text", &[&AFTER]));
+    let done = wait_element_message(&bus, messages::DONE, Duration::from_secs(30), &mut msgs)
+        .expect("the text pushed after the flush is spoken: its done message");
+    assert_eq!(done.get::<&str>("text").unwrap(), AFTER);
+    let reason = done.get::<&str>("reason").unwrap();
+    assert!(reason == "eos" || reason == "length", "{reason}");
+    std::thread::sleep(Duration::from_millis(300));
+    pipeline.set_state(gst::State::Null).unwrap();
+    while let Some(m) = bus.pop() {
+        msgs.push(m);
+    }
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let seen = seen.lock().unwrap().clone();
+    // One timeline (PTS = r0 + samples), its offsets contiguous but where a buffer was dropped
+    // by the flush: the next one is DISCONT. The first buffer is DISCONT (or was the dropped one).
+    let r0 = seen[0].pts - element_util::pts_of(seen[0].offset);
+    let mut n = seen[0].offset;
+    for (i, b) in seen.iter().enumerate() {
+        assert_eq!(
+            b.pts,
+            r0 + element_util::pts_of(b.offset),
+            "buffer {i}: pts"
+        );
+        assert!(b.offset >= n, "buffer {i}: offset {} before {n}", b.offset);
+        if b.offset > n {
+            assert!(
+                b.discont,
+                "buffer {i}: a hole in the offsets without DISCONT"
+            );
+        }
+        n = b.offset + b.samples;
+    }
+    let disconts: Vec<usize> = (0..seen.len()).filter(|&i| seen[i].discont).collect();
+    assert!(
+        disconts.len() == 2 && disconts[0] == 0,
+        "DISCONT at {disconts:?}"
+    );
+    // Its audio went out, from its start on.
+    let start = gst::ClockTime::from_nseconds(done.get::<u64>("pts").unwrap());
+    let speech: u64 = seen
+        .iter()
+        .filter(|b| b.pts >= start && !b.gap)
+        .map(|b| b.samples)
+        .sum();
+    assert_eq!(speech, done.get::<u64>("samples").unwrap());
+    assert!(speech > 0);
+    let segments = segments.lock().unwrap().clone();
+    assert_eq!(segments.len(), 2, "{segments:?}");
+    let time = |s: &gst::Segment| {
+        let s = s.downcast_ref::<gst::ClockTime>().expect("a TIME segment");
+        (s.start(), s.base(), s.rate())
+    };
+    assert_eq!(time(&segments[1]), time(&segments[0]), "{segments:?}");
+}
+
 /// Texts refused while an utterance is still being spoken keep their place in the stream; an EOS
 /// event before the stream reaches them still posts every refusal.
 #[test]

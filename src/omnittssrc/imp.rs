@@ -780,6 +780,8 @@ impl ElementImpl for OmniTtsSrc {
             gst::EventView::FlushStart(_) => {
                 self.discard("flush-start");
             }
+            // Before BaseSrc restarts the streaming task.
+            gst::EventView::FlushStop(_) => self.flush_stopped(),
             // Running, the EOS is create()'s to return (at once, or live after the drain), never
             // BaseSrc's: see end_stream().
             gst::EventView::Eos(_) if self.end_stream() => return true,
@@ -1143,11 +1145,27 @@ impl BaseSrcImpl for OmniTtsSrc {
         BaseSrcImplExt::parent_query(self, query)
     }
 
+    /// Events sent to the source pad itself (by an element downstream, or `gst_pad_send_event`).
+    /// A flush there is BaseSrc's unlock / unlock_stop only: `create()` returns FLUSHING and the
+    /// streaming task pauses, and nothing restarts it; see [`OmniTtsSrc::resume_after_flush`].
     fn event(&self, event: &gst::Event) -> bool {
-        if let gst::EventView::FlushStart(_) = event.view() {
-            self.discard("flush-start");
+        match event.view() {
+            gst::EventView::FlushStart(_) => {
+                // Unlocked first: create() returns FLUSHING from here on, never EOS for the
+                // queue the discard empties (non-live), so text pushed before FLUSH_STOP is
+                // spoken after it.
+                let ret = self.parent_event(event);
+                self.discard("flush-start");
+                ret
+            }
+            gst::EventView::FlushStop(_) => {
+                self.flush_stopped();
+                let ret = self.parent_event(event);
+                self.resume_after_flush();
+                ret
+            }
+            _ => self.parent_event(event),
         }
-        self.parent_event(event)
     }
 
     /// No clock sync by BaseSrc: live, `create()` returns each buffer at its PTS itself (see
@@ -1168,6 +1186,70 @@ impl BaseSrcImpl for OmniTtsSrc {
 }
 
 impl OmniTtsSrc {
+    /// After a FLUSH_STOP sent to the source pad, what `gst_base_src_send_event()` does for one
+    /// sent to the element: restart the streaming task, in push mode, and live only while
+    /// PLAYING (else BaseSrc starts it on PLAYING). BaseSrc's pad event handler only ends the
+    /// flush (unlock_stop): the task, paused when the flushed `create()` returned FLUSHING,
+    /// stayed paused, and text pushed later was never spoken. (audiotestsrc goes on after such a
+    /// pair only because its streaming thread is nearly always in its push, held by a sink that
+    /// syncs to the clock, while the pair comes and goes; its `create()` never waits.)
+    /// The pad's segment, which the FLUSH_STOP removed, is sent again before the next buffer:
+    /// the same segment, as downstream was not flushed, so running times go on.
+    ///
+    /// Runs with the pad's stream lock held (the pad takes it for a FLUSH_STOP), so the
+    /// streaming thread is not in the middle of a loop.
+    fn resume_after_flush(&self) {
+        let obj = self.obj();
+        let pad = obj.src_pad();
+        if pad.mode() != gst::PadMode::Push {
+            return;
+        }
+        let segment = obj.segment();
+        if obj.new_segment(&segment).is_err() {
+            gst::warning!(
+                CAT,
+                imp = self,
+                "flush-stop: could not queue the segment again"
+            );
+        }
+        let base_src: *mut gst_base::ffi::GstBaseSrc =
+            obj.upcast_ref::<gst_base::BaseSrc>().as_ptr();
+        // SAFETY: the element is a GstBaseSrc, alive while `obj` is. `live_running` is read under
+        // BaseSrc's live lock, and the pad's task is looked up and started under the pad's object
+        // lock, as gst_pad_start_task() does; a task stopped meanwhile (the pad deactivated) has
+        // been removed from the pad under that lock, so it is never started again. The lock
+        // order (stream lock, live lock, pad object lock) is BaseSrc's own.
+        unsafe {
+            let live_lock = std::ptr::addr_of_mut!((*base_src).live_lock);
+            gst::glib::ffi::g_mutex_lock(live_lock);
+            let playing = (*base_src).is_live == 0 || (*base_src).live_running != 0;
+            let mut restarted = false;
+            if playing {
+                let _pad_lock = pad.object_lock();
+                let task = (*pad.as_ptr()).task;
+                if !task.is_null() {
+                    restarted = gst::ffi::gst_task_set_state(task, gst::ffi::GST_TASK_STARTED)
+                        != gst::glib::ffi::GFALSE;
+                }
+            }
+            gst::glib::ffi::g_mutex_unlock(live_lock);
+            gst::debug!(
+                CAT,
+                imp = self,
+                "flush-stop on the pad: streaming task restarted: {restarted}"
+            );
+        }
+    }
+
+    /// A flush ends (FLUSH_STOP, to the element or its pad): the buffer that was on its way
+    /// when it began was dropped, so the next one is DISCONT.
+    fn flush_stopped(&self) {
+        let state = lock(&self.state);
+        if let Some(rt) = state.runtime.as_ref() {
+            rt.shared.lock().flush_stopped();
+        }
+    }
+
     /// BaseSrc `unlock()` / `unlock_stop()`: a blocked `create()` returns FLUSHING.
     fn set_unlocked(&self, unlocked: bool) {
         let state = lock(&self.state);

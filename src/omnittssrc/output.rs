@@ -300,6 +300,12 @@ impl Output {
         }
     }
 
+    /// A flush ended: the buffer that was on its way when it began was dropped at the pad (its
+    /// samples are missing from the timeline), so the next buffer is DISCONT.
+    pub fn mark_discont(&mut self) {
+        self.discont = true;
+    }
+
     /// Removes the refusals still queued (an EOS event ends the stream before they are reached).
     pub fn take_refusals(&mut self) -> Vec<Refusal> {
         let mut refused = Vec::new();
@@ -1192,6 +1198,19 @@ mod tests {
         out.resume(due + latency);
         let b = buffer(out.next(&BUSY, due + latency, &mut notices));
         assert_eq!((b.offset, b.discont), (2400, false));
+    }
+
+    #[test]
+    fn the_first_buffer_after_a_flush_is_discont() {
+        let mut out = Output::new(480, None, 10_000, 24_000);
+        let mut notices = Vec::new();
+        out.push(started(1, 0));
+        out.push(audio(1440));
+        assert!(buffer(out.next(&BUSY, T0, &mut notices)).discont);
+        assert!(!buffer(out.next(&BUSY, T0, &mut notices)).discont);
+        out.mark_discont();
+        let b = buffer(out.next(&BUSY, T0, &mut notices));
+        assert_eq!((b.offset, b.discont), (960, true));
     }
 
     #[test]

@@ -312,6 +312,11 @@ impl Inner {
         self.output.resume(now);
     }
 
+    /// A flush ended (FLUSH_STOP): the next buffer is DISCONT ([`Output::mark_discont`]).
+    pub fn flush_stopped(&mut self) {
+        self.output.mark_discont();
+    }
+
     /// BaseSrc `unlock()` (true) and `unlock_stop()` (false).
     pub fn set_unlocked(&mut self, unlocked: bool) {
         self.unlocked = unlocked;
