@@ -58,7 +58,10 @@ struct Run {
     first_audio: Receiver<()>,
 }
 
-fn pipeline() -> Run {
+/// The harness's pipeline; with `hold_eos_warning`, a bus sync handler holds the warning that
+/// names what an EOS event drops that long before it reaches the bus (an application thread
+/// slow to post it, as on a busy machine).
+fn pipeline(hold_eos_warning: Option<Duration>) -> Run {
     init();
     let pipeline = gst::parse::launch(&format!(
         "omnittssrc name=src model=\"{}\" do-sample=false max-new-tokens=200 text=\"{TEXT}\" ! \
@@ -85,11 +88,19 @@ fn pipeline() -> Run {
     .expect("probe");
     let (audio_tx, first_audio): (SyncSender<()>, _) = sync_channel(1);
     pipeline.bus().expect("bus").set_sync_handler(move |_, m| {
-        if let gst::MessageView::Element(e) = m.view()
-            && e.structure()
-                .is_some_and(|s| s.name() == messages::FIRST_AUDIO)
-        {
-            let _ = audio_tx.try_send(());
+        match m.view() {
+            gst::MessageView::Element(e)
+                if e.structure()
+                    .is_some_and(|s| s.name() == messages::FIRST_AUDIO) =>
+            {
+                let _ = audio_tx.try_send(());
+            }
+            gst::MessageView::Warning(w) if w.error().to_string().starts_with("EOS:") => {
+                if let Some(hold) = hold_eos_warning {
+                    std::thread::sleep(hold);
+                }
+            }
+            _ => {}
         }
         gst::BusSyncReply::Pass
     });
@@ -119,9 +130,10 @@ fn send_eos(pipeline: &gst::Pipeline, what: &str) {
 }
 
 /// One run: EOS sent `when`; the stream must end (EOS on the bus) and every first-audio
-/// message's PTS must be that of a buffer that left the source. Returns the messages.
-fn run_once(when: When, what: &str) -> Vec<gst::Message> {
-    let run = pipeline();
+/// message's PTS must be that of a buffer that left the source. Returns the messages, up to the
+/// EOS. `hold_eos_warning`: see [`pipeline`].
+fn run_once(when: When, hold_eos_warning: Option<Duration>, what: &str) -> Vec<gst::Message> {
+    let run = pipeline(hold_eos_warning);
     let p = &run.pipeline;
     let bus = p.bus().expect("bus");
     match when {
@@ -181,7 +193,7 @@ fn run_once(when: When, what: &str) -> Vec<gst::Message> {
 fn eos_in_a_prerolled_pipeline_returns_and_ends_the_stream() {
     let _g = serial();
     for i in 0..3 {
-        let msgs = run_once(When::Prerolled, &format!("prerolled, run {i}"));
+        let msgs = run_once(When::Prerolled, None, &format!("prerolled, run {i}"));
         let cut: Vec<String> = warnings(&msgs)
             .into_iter()
             .filter(|w| w.starts_with("EOS:"))
@@ -207,6 +219,37 @@ fn eos_while_prerolling_never_hangs() {
                 delay: Duration::from_micros(rng.next() % 2000),
             },
         };
-        run_once(when, &format!("run {i} (seed {SEED:#x}), EOS at {when:?}"));
+        run_once(
+            when,
+            None,
+            &format!("run {i} (seed {SEED:#x}), EOS at {when:?}"),
+        );
+    }
+}
+
+/// The warning that names what an EOS event cuts comes before the EOS on the bus: `create()`
+/// returns EOS only once `send_event()` has posted what the EOS drops. It set the stream ending
+/// first, so an application thread slow to post the warning (held 100 ms here by a bus sync
+/// handler; without it, 7 runs in 120 while the pipeline went to PLAYING) let the EOS message
+/// come first, and an application that stops at EOS never saw it.
+#[test]
+fn the_eos_warning_comes_before_the_eos() {
+    let _g = serial();
+    let mut rng = Rng(SEED ^ 0x2);
+    for i in 0..20 {
+        let when = match i % 2 {
+            0 => When::FirstAudioMessage,
+            _ => When::FirstBuffer {
+                delay: Duration::from_micros(rng.next() % 2000),
+            },
+        };
+        let what = format!("run {i} (seed {:#x}), EOS at {when:?}", SEED ^ 0x2);
+        let msgs = run_once(when, Some(Duration::from_millis(100)), &what);
+        let cut: Vec<String> = warnings(&msgs)
+            .into_iter()
+            .filter(|w| w.starts_with("EOS:"))
+            .collect();
+        assert_eq!(cut.len(), 1, "{what}: no EOS warning before the EOS");
+        assert!(cut[0].contains(&format!("'{TEXT}' is cut")), "{}", cut[0]);
     }
 }

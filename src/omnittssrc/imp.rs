@@ -798,6 +798,8 @@ impl OmniTtsSrc {
     /// was queued before it) has been spoken, and the utterances queued behind it are dropped.
     /// Otherwise it ends at once: `create()` returns EOS at its next step (a buffer it is
     /// returning still goes out: its messages are posted), with a warning naming what is dropped.
+    /// `create()` returns that EOS only once these messages are posted, so that they come before
+    /// the EOS message on the bus.
     ///
     /// Returns true once started: the EOS is then `create()`'s to return (BaseSrc pushes it
     /// downstream from the streaming thread), never BaseSrc's `send_event()`'s. That one, in push
@@ -851,6 +853,9 @@ impl OmniTtsSrc {
                 )
             );
         }
+        // Only now may create() return the EOS: after these messages on the bus.
+        shared.lock().announce_end();
+        shared.notify();
         true
     }
 }

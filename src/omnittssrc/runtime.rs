@@ -91,6 +91,9 @@ pub(super) struct Inner {
     /// finds now are handed back to be posted at once. Unless it drains (`drain_to_eos`),
     /// `create()` returns EOS at its next step.
     ending: bool,
+    /// The EOS event's messages (the refusals and the warning naming what it drops) are posted:
+    /// only then may `create()` return EOS, so that they reach the bus before the EOS message.
+    announced: bool,
     /// The worker's items, turned into buffers.
     output: Output,
 }
@@ -135,6 +138,7 @@ impl Shared {
                 worker_failure: None,
                 next_id: 1,
                 ending: false,
+                announced: false,
                 output,
             }),
             cond: Condvar::new(),
@@ -208,6 +212,7 @@ impl Inner {
     pub fn drain_then_end(&mut self, id: u64) -> Vec<Refusal> {
         self.drain_to_eos = true;
         self.ending = true;
+        self.announced = false;
         let mut out = Vec::new();
         let pending = std::mem::take(&mut self.pending);
         for u in pending {
@@ -239,6 +244,7 @@ impl Inner {
     pub fn discard_all(&mut self, samples_per_frame: usize) -> Option<UtteranceDone> {
         self.epoch += 1;
         self.ending = false;
+        self.announced = false;
         self.drain_to_eos = false;
         self.pending.clear();
         self.busy_start = None;
@@ -248,11 +254,13 @@ impl Inner {
         self.output.cancel(samples_per_frame)
     }
 
-    /// An EOS event ends the stream here: `create()` returns EOS at its next step. Returns the
-    /// refusals still queued (in stream order), which no `create()` will reach. Refusals the
-    /// worker finds from now on come back from it.
+    /// An EOS event ends the stream here: `create()` returns EOS at its next step once the
+    /// event's messages are posted ([`Inner::announce_end`]). Returns the refusals still queued
+    /// (in stream order), which no `create()` will reach. Refusals the worker finds from now on
+    /// come back from it.
     pub fn end_stream(&mut self) -> Vec<Refusal> {
         self.ending = true;
+        self.announced = false;
         let mut out = self.output.take_refusals();
         let pending = std::mem::take(&mut self.pending);
         for u in pending {
@@ -266,6 +274,12 @@ impl Inner {
             }
         }
         out
+    }
+
+    /// The EOS event's messages are posted: `create()` may return EOS now (it waited, so that
+    /// they come before the EOS message on the bus).
+    pub fn announce_end(&mut self) {
+        self.announced = true;
     }
 
     /// What an EOS event that ends the stream at once drops ([`Dropped`]); `None` when nothing.
@@ -338,9 +352,13 @@ impl Inner {
         if let Some(what) = self.worker_failure.take() {
             return Step::Failed(what);
         }
-        // An EOS event: at once, or (drain) once everything up to the streamed utterance is out.
+        // An EOS event: at once, or (drain) once everything up to the streamed utterance is out;
+        // not before its messages are posted (they come first on the bus), which is at once.
         if self.ending && (!self.drain_to_eos || !self.has_work()) {
-            return Step::Eos;
+            return match self.announced {
+                true => Step::Eos,
+                false => Step::Wait { until: None },
+            };
         }
         let up = Upstream {
             idle: self.pending.is_empty() && !self.worker_busy,
@@ -791,6 +809,12 @@ mod tests {
         ));
         inner.end_stream();
         assert!(inner.ended());
+        // Not before the EOS event's messages are posted.
+        assert_eq!(
+            inner.next_step(now, &mut notices),
+            Step::Wait { until: None }
+        );
+        inner.announce_end();
         assert_eq!(inner.next_step(now, &mut notices), Step::Eos);
         assert_eq!(inner.next_step(now, &mut notices), Step::Eos);
         // A flush (or stop) still wins.
@@ -820,6 +844,7 @@ mod tests {
             },
         );
         assert!(inner.drain_then_end(id).is_empty());
+        inner.announce_end();
         assert!(matches!(
             inner.next_step(now, &mut notices),
             Step::Buffer(_)
