@@ -274,6 +274,42 @@ fn a_non_live_eos_names_what_it_drops_and_refuses_later_text() {
     );
 }
 
+/// Live, an EOS event while the utterance `append-text` opened is unfinished lets it be spoken to
+/// its end; the `push-text` queued behind it is dropped, and the same warning as for the other
+/// EOS names it (it was dropped without a word).
+#[test]
+fn a_live_eos_behind_an_open_text_names_the_queued_utterances_it_drops() {
+    let (mut h, bus, e) = playing_live();
+    assert!(e.emit_by_name::<bool>("append-text", &[&"Spoken to its end, as"]));
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Queued behind it."]));
+    assert!(e.emit_by_name::<bool>("append-text", &[&" the EOS ends its text."]));
+    let _ = h.pull().expect("a buffer");
+    e.send_event(gst::event::Eos::new());
+    assert!(
+        !e.emit_by_name::<bool>("push-text", &[&"Too late."]),
+        "text after EOS is refused"
+    );
+    pull_samples(&mut h);
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    let d = element_messages(&msgs, messages::DONE);
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(
+        d[0].get::<String>("text").unwrap(),
+        "Spoken to its end, as the EOS ends its text."
+    );
+    let dropped: Vec<String> = warnings(&msgs)
+        .into_iter()
+        .filter(|w| w.starts_with("EOS:"))
+        .collect();
+    assert_eq!(dropped.len(), 1, "{:?}", warnings(&msgs));
+    assert!(
+        dropped[0].contains("1 queued utterance not spoken (the first: 'Queued behind it.')"),
+        "{}",
+        dropped[0]
+    );
+}
+
 /// Token mode: once the open utterance's speech has ended (here at max-new-tokens) the rest of
 /// its text would never be spoken: `append-text` returns false (it returned true and the text
 /// was dropped without a word), until `end-text`.

@@ -16,7 +16,7 @@ use crate::element_common::audio::{self, SampleFormat, pts_of};
 use crate::element_common::backend::{OpenText, Ready, Requests, prepare};
 use crate::element_common::input_error::{InputError, input_error, quoted};
 use crate::element_common::load::sharing;
-use crate::element_common::messages::count_of;
+use crate::element_common::messages::{Refusal, count_of};
 use crate::element_common::properties::{
     model_info_param_specs, model_info_property, refuse_ready_only, synthesis_param_specs,
 };
@@ -34,7 +34,7 @@ use crate::models::tts::text::{NOTHING_TO_SPEAK, nothing_to_speak, unspeakable};
 
 use super::CAT;
 use super::output::{Notice, Output, Step};
-use super::runtime::{self, Shared};
+use super::runtime::{self, Dropped, Shared};
 
 /// 20 ms at 24 kHz: fine-grained live pacing, one Opus frame.
 const DEFAULT_SAMPLES_PER_BUFFER: u32 = 480;
@@ -791,15 +791,24 @@ impl ElementImpl for OmniTtsSrc {
     }
 }
 
+/// How an EOS event ends the stream (for the warning that names what it drops).
+#[derive(Debug, Clone, Copy)]
+enum EosEnd {
+    /// At once (running).
+    Now,
+    /// Live, once utterance N, whose text `append-text` streams, is spoken.
+    AfterOpen(u64),
+}
+
 impl OmniTtsSrc {
     /// An EOS event ends the stream: the refusals queued behind it, which the output will not
     /// reach, are posted now (in stream order). It ends the open utterance's text. Live, when
     /// the last utterance `append-text` opened is unfinished, the stream ends once it (and what
     /// was queued before it) has been spoken, and the utterances queued behind it are dropped.
     /// Otherwise it ends at once: `create()` returns EOS at its next step (a buffer it is
-    /// returning still goes out: its messages are posted), with a warning naming what is dropped.
-    /// `create()` returns that EOS only once these messages are posted, so that they come before
-    /// the EOS message on the bus.
+    /// returning still goes out: its messages are posted). Either way one warning names what is
+    /// dropped (see [`OmniTtsSrc::announce_eos`]), and `create()` returns that EOS only once
+    /// these messages are posted, so that they come before the EOS message on the bus.
     ///
     /// Returns true once started: the EOS is then `create()`'s to return (BaseSrc pushes it
     /// downstream from the streaming thread), never BaseSrc's `send_event()`'s. That one, in push
@@ -819,14 +828,33 @@ impl OmniTtsSrc {
             }
         };
         let mut inner = shared.lock();
-        let (refusals, drain) = match last_open {
-            Some(id) if live && inner.unfinished(id) => (inner.drain_then_end(id), true),
-            _ => (inner.end_stream(), false),
+        let (refusals, dropped, how) = match last_open {
+            Some(id) if live && inner.unfinished(id) => {
+                let (refusals, dropped) = inner.drain_then_end(id);
+                (refusals, dropped, EosEnd::AfterOpen(id))
+            }
+            // The EOS ends the stream at once: what is queued is never spoken.
+            _ => {
+                let refusals = inner.end_stream();
+                (refusals, inner.dropped(), EosEnd::Now)
+            }
         };
-        // Unless it drains, the EOS ends the stream at once: what is queued is never spoken.
-        let dropped = if drain { None } else { inner.dropped() };
         drop(inner);
         shared.notify();
+        self.announce_eos(&shared, refusals, dropped, how);
+        true
+    }
+
+    /// Posts an EOS event's messages: the refusals it leaves behind, and one warning naming what
+    /// it drops (the utterance it cuts, how many it drops that were not begun and the first of
+    /// them), the same for every way an EOS ends the stream. Then `create()` may return the EOS.
+    fn announce_eos(
+        &self,
+        shared: &Shared,
+        refusals: Vec<Refusal>,
+        dropped: Option<Dropped>,
+        how: EosEnd,
+    ) {
         let src = self.element();
         for r in refusals {
             let _ = src.post_message(r.message(&src));
@@ -843,20 +871,21 @@ impl OmniTtsSrc {
                     quoted(first)
                 ));
             }
-            gst::element_imp_warning!(
-                self,
-                gst::StreamError::Failed,
-                (
-                    "EOS: the stream ends now: {}; wait for the last utterance-done before \
-                     sending EOS to have everything spoken",
-                    what.join(" and ")
-                )
-            );
+            let what = what.join(" and ");
+            const HINT: &str =
+                "wait for the last utterance-done before sending EOS to have everything spoken";
+            let warning = match how {
+                EosEnd::Now => format!("EOS: the stream ends now: {what}; {HINT}"),
+                EosEnd::AfterOpen(id) => format!(
+                    "EOS: the stream ends once utterance {id}, whose text append-text streams, \
+                     is spoken: {what}; {HINT}"
+                ),
+            };
+            gst::element_imp_warning!(self, gst::StreamError::Failed, ("{}", warning));
         }
         // Only now may create() return the EOS: after these messages on the bus.
         shared.lock().announce_end();
         shared.notify();
-        true
     }
 }
 

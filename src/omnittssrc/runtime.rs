@@ -49,7 +49,7 @@ pub(super) struct Utterance {
     pub start_pos: u64,
 }
 
-/// What an EOS event that ends the stream at once drops.
+/// What an EOS event drops.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Dropped {
     /// The text of the utterance being output, cut where it is.
@@ -207,13 +207,15 @@ impl Inner {
     }
 
     /// Live EOS with the streamed utterance `id` unfinished: the stream ends once it and what
-    /// was queued before it are spoken. The utterances queued behind it are dropped; their
-    /// refusals are returned (to be posted now), as are those the worker finds from now on.
-    pub fn drain_then_end(&mut self, id: u64) -> Vec<Refusal> {
+    /// was queued before it are spoken. The utterances queued behind it (and not taken by the
+    /// worker yet) are dropped: returned are their refusals (to be posted now, as are those the
+    /// worker finds from now on) and what is dropped of the others (`None`: nothing).
+    pub fn drain_then_end(&mut self, id: u64) -> (Vec<Refusal>, Option<Dropped>) {
         self.drain_to_eos = true;
         self.ending = true;
         self.announced = false;
         let mut out = Vec::new();
+        let (mut not_begun, mut first) = (0, None);
         let pending = std::mem::take(&mut self.pending);
         for u in pending {
             match u.request {
@@ -222,11 +224,19 @@ impl Inner {
                     text: u.text,
                     error,
                 }),
-                _ if u.id > id => {}
+                Ok(_) if u.id > id => {
+                    not_begun += 1;
+                    first.get_or_insert(u.text);
+                }
                 _ => self.pending.push_back(u),
             }
         }
-        out
+        let dropped = first.map(|first| Dropped {
+            cut: None,
+            not_begun,
+            first: Some(first),
+        });
+        (out, dropped)
     }
 
     /// Live: the sample position that text arriving at running time `now` is due at.
@@ -843,7 +853,7 @@ mod tests {
                 pos: 0,
             },
         );
-        assert!(inner.drain_then_end(id).is_empty());
+        assert_eq!(inner.drain_then_end(id), (vec![], None));
         inner.announce_end();
         assert!(matches!(
             inner.next_step(now, &mut notices),
