@@ -274,6 +274,42 @@ fn a_non_live_eos_names_what_it_drops_and_refuses_later_text() {
     );
 }
 
+/// An EOS event sent before the start (READY) is kept, as GstBaseSrc keeps it: the stream ends
+/// at once when it starts, with no audio. What it drops (the `text` property's utterance, text
+/// pushed before the start) is named in the same warning as an EOS while running (it was dropped
+/// without a word), and `push-text` after it returns false.
+#[test]
+fn an_eos_before_the_start_ends_the_stream_at_once_and_names_what_it_drops() {
+    let (mut h, bus) = harness(&[
+        ("text", v("Set before the start.")),
+        ("speaker", v("vivian")),
+        ("max-new-tokens", v(20u32)),
+    ]);
+    let e = h.element().expect("element");
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Pushed before it."]));
+    e.set_state(gst::State::Ready).expect("READY");
+    assert!(e.send_event(gst::event::Eos::new()));
+    assert!(
+        !e.emit_by_name::<bool>("push-text", &[&"Too late."]),
+        "text after EOS is refused"
+    );
+    h.play();
+    assert_eq!(pull_samples(&mut h), 0, "audio after an EOS");
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    assert!(element_messages(&msgs, messages::STARTED).is_empty());
+    let dropped: Vec<String> = warnings(&msgs)
+        .into_iter()
+        .filter(|w| w.starts_with("EOS:"))
+        .collect();
+    assert_eq!(dropped.len(), 1, "{:?}", warnings(&msgs));
+    assert!(
+        dropped[0].contains("2 queued utterances not spoken (the first: 'Set before the start.')"),
+        "{}",
+        dropped[0]
+    );
+}
+
 /// Live, an EOS event while the utterance `append-text` opened is unfinished lets it be spoken to
 /// its end; the `push-text` queued behind it is dropped, and the same warning as for the other
 /// EOS names it (it was dropped without a word).

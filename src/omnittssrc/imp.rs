@@ -116,6 +116,11 @@ struct State {
     /// `append-text`'s bytes as UTF-8: a character a C caller cut between two calls waits for
     /// its other bytes (until `end-text`).
     appended: Utf8Join,
+    /// An EOS event came before the start (NULL, READY): kept, as GstBaseSrc keeps one, until the
+    /// next start, which ends the stream at once (no audio) with the warning naming what is
+    /// dropped (the `text` property, text pushed before the start). Text pushed after it is
+    /// refused.
+    eos_before_start: bool,
 }
 
 /// The element's instance data: property values and stream state, each behind its own lock
@@ -211,6 +216,11 @@ impl OmniTtsSrc {
         let text = &self.plain_text(text);
         let mut state = lock(&self.state);
         let Some(rt) = state.runtime.as_ref() else {
+            if state.eos_before_start {
+                drop(state);
+                gst::warning!(CAT, imp = self, "text {text:?} arrived after EOS, refused");
+                return false;
+            }
             if let Some(why) = unspeakable(text) {
                 drop(state);
                 self.post_input_error(&input_error("text", text, why));
@@ -783,8 +793,18 @@ impl ElementImpl for OmniTtsSrc {
             // Before BaseSrc restarts the streaming task.
             gst::EventView::FlushStop(_) => self.flush_stopped(),
             // Running, the EOS is create()'s to return (at once, or live after the drain), never
-            // BaseSrc's: see end_stream().
-            gst::EventView::Eos(_) if self.end_stream() => return true,
+            // BaseSrc's: see end_stream(). Before the start, kept for it.
+            gst::EventView::Eos(_) => {
+                if !self.end_stream() {
+                    gst::debug!(
+                        CAT,
+                        imp = self,
+                        "EOS before the start: the stream ends as it starts"
+                    );
+                    lock(&self.state).eos_before_start = true;
+                }
+                return true;
+            }
             _ => {}
         }
         self.parent_send_event(event)
@@ -798,6 +818,8 @@ enum EosEnd {
     Now,
     /// Live, once utterance N, whose text `append-text` streams, is spoken.
     AfterOpen(u64),
+    /// Sent before the start: as it starts.
+    AtStart,
 }
 
 impl OmniTtsSrc {
@@ -817,7 +839,7 @@ impl OmniTtsSrc {
     /// into a sink that waits for preroll (a pipeline still going to PLAYING, or PAUSED), that
     /// push ends only when the pipeline goes to PLAYING, which needs that state lock: the
     /// application's `send_event()` hung for good. Returns false before start (no streaming
-    /// thread; BaseSrc keeps the EOS).
+    /// thread; see [`State::eos_before_start`]).
     fn end_stream(&self) -> bool {
         self.end_text();
         let (shared, live, last_open) = {
@@ -879,6 +901,9 @@ impl OmniTtsSrc {
                 EosEnd::AfterOpen(id) => format!(
                     "EOS: the stream ends once utterance {id}, whose text append-text streams, \
                      is spoken: {what}; {HINT}"
+                ),
+                EosEnd::AtStart => format!(
+                    "EOS: sent before the start, it ends the stream as the stream starts: {what}"
                 ),
             };
             gst::element_imp_warning!(self, gst::StreamError::Failed, ("{}", warning));
@@ -1018,6 +1043,15 @@ impl OmniTtsSrc {
             }
             self.warn_text(t, &info, auto_split, settings.split_sentences);
         }
+        // An EOS event before the start: the stream ends as it starts. What it drops is named
+        // once the element has started; the worker never sees it.
+        let eos_at_start = std::mem::take(&mut lock(&self.state).eos_before_start).then(|| {
+            let mut inner = shared.lock();
+            let refusals = inner.end_stream();
+            let dropped = inner.dropped();
+            inner.drop_pending();
+            (refusals, dropped)
+        });
         let worker =
             runtime::spawn_worker(backend, shared.clone(), element.downgrade()).map_err(|e| {
                 gst::error_msg!(
@@ -1054,7 +1088,7 @@ impl OmniTtsSrc {
         gst::info!(CAT, imp = self, "{ready}");
         lock(&self.state).runtime = Some(Runtime {
             requests,
-            shared,
+            shared: shared.clone(),
             worker: Some(worker),
             info,
             auto_split,
@@ -1071,6 +1105,9 @@ impl OmniTtsSrc {
             ["{}", ready]
         );
         progress::post_complete(&element, "load", &ready);
+        if let Some((refusals, dropped)) = eos_at_start {
+            self.announce_eos(&shared, refusals, dropped, EosEnd::AtStart);
+        }
         if live {
             if let Some(w) = latency_warning {
                 gst::element_imp_warning!(self, gst::ResourceError::Settings, ("{}", w));

@@ -239,6 +239,12 @@ impl Inner {
         (out, dropped)
     }
 
+    /// Drops the utterances the worker has not taken (an EOS event before the start ends the
+    /// stream before any is spoken: the worker need not synthesise them).
+    pub fn drop_pending(&mut self) {
+        self.pending.clear();
+    }
+
     /// Live: the sample position that text arriving at running time `now` is due at.
     pub fn arrival_pos(&self, now: Option<gst::ClockTime>) -> u64 {
         self.output.arrival_pos(now)
