@@ -29,16 +29,16 @@ pub struct Qwen3Rules {
     tokenizer: Arc<LazyTokenizer>,
 }
 
-/// A checkpoint's text tokenizer, loaded on first use.
+/// A checkpoint's text tokenizer, kept once it has loaded; a load that failed is tried again
+/// by the next text that needs it (the file may have been mended).
 #[derive(Default)]
-struct LazyTokenizer(OnceLock<Result<TextTokenizer, String>>);
+struct LazyTokenizer(OnceLock<TextTokenizer>);
 
 impl std::fmt::Debug for LazyTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match self.0.get() {
             None => "not loaded",
-            Some(Ok(_)) => "loaded",
-            Some(Err(_)) => "failed",
+            Some(_) => "loaded",
         };
         f.debug_tuple("LazyTokenizer").field(&state).finish()
     }
@@ -71,13 +71,14 @@ impl Qwen3Rules {
         })
     }
 
-    /// The checkpoint's text tokenizer (loaded now the first time).
+    /// The checkpoint's text tokenizer (loaded now the first time). Errors: the load's
+    /// [`ModelError`] (not kept: the next call loads again).
     fn tokenizer(&self) -> Result<&TextTokenizer, ModelError> {
-        self.tokenizer
-            .0
-            .get_or_init(|| TextTokenizer::from_dir(&self.ckpt.dir).map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| ModelError::Tokenizer(e.clone()))
+        if let Some(t) = self.tokenizer.0.get() {
+            return Ok(t);
+        }
+        let loaded = TextTokenizer::from_dir(&self.ckpt.dir)?;
+        Ok(self.tokenizer.0.get_or_init(|| loaded))
     }
 
     /// The checkpoint's configs.
@@ -324,6 +325,36 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// A tokenizer that failed to load is not kept: once its files are back, the next long
+    /// text loads it and is checked.
+    #[test]
+    fn a_failed_tokenizer_load_is_tried_again() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-customvoice");
+        let dir = std::env::temp_dir().join(format!("omnitts-rules-retry-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("speech_tokenizer")).unwrap();
+        for f in [
+            "config.json",
+            "generation_config.json",
+            "speech_tokenizer/config.json",
+        ] {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+        let r = Qwen3Rules::open(&dir).unwrap();
+        let long = voice(&"word ".repeat(3_000), PromptMode::NonStreaming);
+        let e = r.check_length(&long, 1).unwrap_err();
+        assert!(
+            matches!(e, ModelError::Tokenizer(_) | ModelError::Io { .. }),
+            "{e}"
+        );
+        for f in ["vocab.json", "merges.txt", "tokenizer_config.json"] {
+            std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        }
+        assert!(r.check_length(&long, 1).is_ok());
+        assert!(r.tokenizer.0.get().is_some(), "{:?}", r.tokenizer);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The bound that spares short texts the tokenizer: no text gives more ids than three per
