@@ -508,6 +508,64 @@ fn a_flush_pair_on_the_src_pad_keeps_the_stream_going() {
     assert_eq!(time(&segments[1]), time(&segments[0]), "{segments:?}");
 }
 
+/// A flush sent to the pipeline with `reset_time` sets its running time back to 0: the timeline
+/// starts again there, and text pushed after it is spoken at the running time it arrives, not
+/// once the running time has caught up with where the timeline was before the flush.
+#[test]
+fn a_pipeline_flush_that_resets_the_running_time_starts_the_timeline_again() {
+    let _g = serial();
+    let (pipeline, src, seen) = live_pipeline("max-new-tokens=10 initial-chunk-frames=2");
+    let bus = pipeline.bus().unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let t0 = Instant::now();
+    while running_time(&pipeline) < gst::ClockTime::from_mseconds(1500) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the pipeline does not play"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = seen
+        .lock()
+        .unwrap()
+        .last()
+        .map(|b| b.pts)
+        .expect("buffers before");
+    assert!(pipeline.send_event(gst::event::FlushStart::new()));
+    assert!(pipeline.send_event(gst::event::FlushStop::new(true)));
+    let at_push = running_time(&pipeline);
+    assert!(
+        at_push < before,
+        "running time {at_push} not reset (was {before})"
+    );
+    const AFTER: &str = "Spoken after the flush.";
+    assert!(src.emit_by_name::<bool>("push-text", &[&AFTER]));
+    let mut msgs = Vec::new();
+    let done = wait_element_message(&bus, messages::DONE, Duration::from_secs(30), &mut msgs)
+        .expect("the text pushed after the flush is spoken: its done message");
+    pipeline.set_state(gst::State::Null).unwrap();
+    while let Some(m) = bus.pop() {
+        msgs.push(m);
+    }
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+    assert_eq!(done.get::<&str>("text").unwrap(), AFTER);
+    let pts = gst::ClockTime::from_nseconds(done.get::<u64>("pts").unwrap());
+    assert!(
+        pts >= at_push && pts < at_push + gst::ClockTime::from_mseconds(1000),
+        "spoken at {pts}, pushed at running time {at_push} (before the flush: {before})"
+    );
+    // The first buffer after the flush starts the new timeline, DISCONT, below the old one.
+    let seen = seen.lock().unwrap().clone();
+    let first = 1 + seen
+        .windows(2)
+        .position(|w| w[1].pts < w[0].pts)
+        .expect("buffers after the flush, on a timeline started again");
+    assert!(seen[first].discont, "{:?}", seen[first]);
+    for w in seen[first..].windows(2) {
+        assert_eq!(w[1].pts, w[0].pts + w[0].duration, "{w:?}");
+    }
+}
+
 /// Texts refused while an utterance is still being spoken keep their place in the stream; an EOS
 /// event before the stream reaches them still posts every refusal.
 #[test]

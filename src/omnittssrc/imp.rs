@@ -1313,7 +1313,8 @@ impl OmniTtsSrc {
     }
 
     /// A flush ends (FLUSH_STOP, to the element or its pad): the buffer that was on its way
-    /// when it began was dropped, so the next one is DISCONT.
+    /// when it began was dropped, so the next one is DISCONT; live, the timeline starts again at
+    /// the running time of the next step (a pipeline's flush may have reset it to 0).
     fn flush_stopped(&self) {
         let state = lock(&self.state);
         if let Some(rt) = state.runtime.as_ref() {

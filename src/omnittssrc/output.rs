@@ -162,12 +162,35 @@ impl Current {
 struct Live {
     /// The latency reported downstream: how late audio may be before silence replaces it.
     latency: gst::ClockTime,
-    /// Running time of sample 0 (taken at the first step, moved by a jump of the timeline).
-    r0: Option<gst::ClockTime>,
+    /// Where the timeline is anchored: taken at the first step, moved by a jump of the timeline,
+    /// taken again after a flush that moved the running time (`after_flush`).
+    anchor: Option<Anchor>,
+    /// A flush ended: the next step checks the running time against the timeline.
+    after_flush: bool,
     /// The running time when the stream was paused (PLAYING → PAUSED).
     paused_at: Option<gst::ClockTime>,
     /// How far the running time moved on while paused, for the next step to jump by.
     jump: Option<gst::ClockTime>,
+}
+
+/// Live: sample position `pos` is output at running time `at`; a later position `n` at
+/// `at + (n - pos) × 10⁹ / rate`.
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    pos: u64,
+    at: gst::ClockTime,
+}
+
+impl Anchor {
+    /// The running time sample position `n` (≥ `pos`) is output at.
+    fn pts(self, n: u64, rate: u32) -> gst::ClockTime {
+        self.at + pts_of(n.saturating_sub(self.pos), rate)
+    }
+
+    /// The sample position output at running time `now` (`pos` before `at`).
+    fn pos_at(self, now: gst::ClockTime, rate: u32) -> u64 {
+        self.pos + crate::element_common::audio::pos_of(now.saturating_sub(self.at), rate)
+    }
 }
 
 /// The output logic of one stream (from start to stop).
@@ -210,7 +233,8 @@ impl Output {
             samples_per_buffer: samples_per_buffer.max(1) as u64,
             live: live_latency.map(|latency| Live {
                 latency,
-                r0: None,
+                anchor: None,
+                after_flush: false,
                 paused_at: None,
                 jump: None,
             }),
@@ -273,10 +297,8 @@ impl Output {
     /// Live: the sample position that text arriving at running time `now` is due at (0 before the
     /// first step, and in non-live mode).
     pub fn arrival_pos(&self, now: Option<gst::ClockTime>) -> u64 {
-        match (self.live.as_ref().and_then(|l| l.r0), now) {
-            (Some(r0), Some(now)) => {
-                crate::element_common::audio::pos_of(now.saturating_sub(r0), self.rate)
-            }
+        match (self.live.as_ref().and_then(|l| l.anchor), now) {
+            (Some(anchor), Some(now)) => anchor.pos_at(now, self.rate),
             _ => 0,
         }
     }
@@ -301,9 +323,15 @@ impl Output {
     }
 
     /// A flush ended: the buffer that was on its way when it began was dropped at the pad (its
-    /// samples are missing from the timeline), so the next buffer is DISCONT.
-    pub fn mark_discont(&mut self) {
+    /// samples are missing from the timeline), so the next buffer is DISCONT. Live, where the
+    /// running time of the next step is more than the latency away from the timeline's (a
+    /// pipeline's flush with `reset_time` sets it back to 0), the timeline starts again there;
+    /// the sample counter goes on.
+    pub fn flush_stopped(&mut self) {
         self.discont = true;
+        if let Some(live) = self.live.as_mut() {
+            live.after_flush = true;
+        }
     }
 
     /// Removes the refusals still queued (an EOS event ends the stream before they are reached).
@@ -340,8 +368,10 @@ impl Output {
 
     /// PTS of sample position `n`: live, on the running-time timeline.
     fn pts(&self, n: u64) -> gst::ClockTime {
-        let r0 = self.live.as_ref().and_then(|l| l.r0);
-        r0.unwrap_or(gst::ClockTime::ZERO) + pts_of(n, self.rate)
+        match self.live.as_ref().and_then(|l| l.anchor) {
+            Some(anchor) => anchor.pts(n, self.rate),
+            None => pts_of(n, self.rate),
+        }
     }
 
     fn done(&self, cur: Current, reason: FinishReason, metrics: Metrics) -> UtteranceDone {
@@ -382,14 +412,24 @@ impl Output {
     pub fn next(&mut self, up: &Upstream, now: gst::ClockTime, notices: &mut Vec<Notice>) -> Step {
         let spb = self.samples_per_buffer;
         if let Some(live) = self.live.as_mut() {
-            let mut r0 = *live.r0.get_or_insert(now);
+            let n = self.n;
+            if std::mem::take(&mut live.after_flush)
+                && let Some(anchor) = live.anchor
+            {
+                // After a flush: the running time may have started again from 0.
+                let due = anchor.pts(n, self.rate);
+                if now + live.latency < due || now > due + live.latency {
+                    live.anchor = None;
+                    live.jump = None;
+                }
+            }
+            let anchor = live.anchor.get_or_insert(Anchor { pos: n, at: now });
             if let Some(jump) = live.jump.take() {
                 // The running time went on while the stream stood still: so does the timeline.
-                r0 += jump;
-                live.r0 = Some(r0);
+                anchor.at += jump;
                 self.discont = true;
             }
-            let due = r0 + pts_of(self.n, self.rate);
+            let due = anchor.pts(n, self.rate);
             if now < due {
                 // Paced: the next buffer is output at its PTS.
                 return Step::Wait { until: Some(due) };
@@ -1208,9 +1248,63 @@ mod tests {
         out.push(audio(1440));
         assert!(buffer(out.next(&BUSY, T0, &mut notices)).discont);
         assert!(!buffer(out.next(&BUSY, T0, &mut notices)).discont);
-        out.mark_discont();
+        out.flush_stopped();
         let b = buffer(out.next(&BUSY, T0, &mut notices));
-        assert_eq!((b.offset, b.discont), (960, true));
+        assert_eq!(
+            (b.offset, b.pts, b.discont),
+            (960, pts_of(960, 24_000), true)
+        );
+    }
+
+    /// Live, the timeline starts again at the first step after a flush: where a pipeline's flush
+    /// set the running time back to 0, the next buffer is output at once (not when the old
+    /// timeline's PTS comes round again), and text arriving then is due at its running time.
+    #[test]
+    fn live_timeline_starts_again_after_a_flush() {
+        let latency = ms(80);
+        let mut out = Output::new(480, Some(latency), 10_000, 24_000);
+        let mut notices = Vec::new();
+        let r0 = ms(10);
+        buffer(out.next(&BUSY, r0, &mut notices));
+        for _ in 1..100 {
+            buffer(paced(&mut out, &BUSY, &mut notices));
+        }
+        assert_eq!(out.pts(out.n), r0 + pts_of(48_000, 24_000));
+        // A flush that leaves the running time going on (one on the pad alone): the timeline
+        // goes on, its next buffer DISCONT.
+        out.flush_stopped();
+        let b = buffer(out.next(&BUSY, r0 + ms(2000) + ms(30), &mut notices));
+        assert_eq!(
+            (b.offset, b.pts, b.discont),
+            (47_520 + 480, r0 + ms(2000), true)
+        );
+        // Before the next step, PTS stay on the old timeline (a done message of the flush).
+        out.flush_stopped();
+        assert_eq!(out.pts(48_480), r0 + ms(2020));
+        // The running time started again from 0 (reset_time): output goes on at once.
+        let now = ms(3);
+        let b = buffer(out.next(&BUSY, now, &mut notices));
+        assert_eq!((b.offset, b.pts, b.discont), (48_480, now, true));
+        assert_eq!(
+            out.next(&BUSY, now + ms(5), &mut notices),
+            Step::Wait {
+                until: Some(now + pts_of(480, 24_000))
+            }
+        );
+        let b = buffer(paced(&mut out, &BUSY, &mut notices));
+        assert_eq!((b.offset, b.pts, b.discont), (48_960, now + ms(20), false));
+        // Text pushed 100 ms after the flush is due 100 ms into the new timeline.
+        let pos = out.arrival_pos(Some(now + ms(100)));
+        assert_eq!(pos, 48_480 + 2400);
+        out.push(started(1, pos));
+        out.push(audio(480));
+        let b = loop {
+            let b = buffer(paced(&mut out, &BUSY, &mut notices));
+            if matches!(b.samples, Samples::Audio(_)) {
+                break b;
+            }
+        };
+        assert_eq!((b.offset, b.pts), (pos, now + ms(100)));
     }
 
     #[test]

@@ -342,9 +342,10 @@ impl Inner {
         self.output.resume(now);
     }
 
-    /// A flush ended (FLUSH_STOP): the next buffer is DISCONT ([`Output::mark_discont`]).
+    /// A flush ended (FLUSH_STOP): the next buffer is DISCONT, live at the running time of the
+    /// next step ([`Output::flush_stopped`]).
     pub fn flush_stopped(&mut self) {
-        self.output.mark_discont();
+        self.output.flush_stopped();
     }
 
     /// BaseSrc `unlock()` (true) and `unlock_stop()` (false).
