@@ -174,7 +174,7 @@ struct Live {
 }
 
 /// Live: sample position `pos` is output at running time `at`; a later position `n` at
-/// `at + (n - pos) × 10⁹ / rate`.
+/// `at + (n × 10⁹ / rate − pos × 10⁹ / rate)`.
 #[derive(Debug, Clone, Copy)]
 struct Anchor {
     pos: u64,
@@ -182,9 +182,10 @@ struct Anchor {
 }
 
 impl Anchor {
-    /// The running time sample position `n` (≥ `pos`) is output at.
+    /// The running time sample position `n` (≥ `pos`) is output at; counted from sample 0, so
+    /// that every PTS less its sample position's time is the same (no rounding from `pos`).
     fn pts(self, n: u64, rate: u32) -> gst::ClockTime {
-        self.at + pts_of(n.saturating_sub(self.pos), rate)
+        self.at + (pts_of(n.max(self.pos), rate) - pts_of(self.pos, rate))
     }
 
     /// The sample position output at running time `now` (`pos` before `at`).
