@@ -13,6 +13,8 @@ use gst::prelude::*;
 use gst_check::Harness;
 use gstomnitts::element_common::messages;
 use reference_util::fixture_model;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const SPF: u64 = 1920;
@@ -983,6 +985,74 @@ fn a_flush_pair_on_the_src_pad_keeps_the_stream_going() {
         }
     }
     assert_eq!(segments, 2);
+}
+
+/// A flush sent to the element (as a pipeline sends it) unlocks `create()` before it drops the
+/// queue: the stream never ends (non-live EOS) between the two, so text pushed before the
+/// FLUSH_STOP is spoken after it.
+#[test]
+fn text_pushed_during_an_element_flush_is_spoken_after_it() {
+    for round in 0..5 {
+        let (mut h, bus) = harness(&[("text", v(LONG_TEXT)), ("max-new-tokens", v(4000u32))]);
+        h.play();
+        let e = h.element().unwrap();
+        h.pull().unwrap();
+        assert!(e.send_event(gst::event::FlushStart::new()));
+        e.set_property("max-new-tokens", 20u32);
+        assert!(
+            e.emit_by_name::<bool>("push-text", &[&"After the flush."]),
+            "round {round}: refused"
+        );
+        assert!(e.send_event(gst::event::FlushStop::new(true)));
+        let samples: usize = pull_all(&mut h).iter().map(|b| b.size() / 4).sum();
+        let msgs = drain_ok(&bus);
+        let dones = element_messages(&msgs, messages::DONE);
+        assert!(
+            dones
+                .iter()
+                .any(|d| d.get::<&str>("text").unwrap() == "After the flush."),
+            "round {round}: {dones:?}"
+        );
+        assert!(samples > 0, "round {round}");
+    }
+}
+
+/// Text pushed while the model loads (after the start has taken the text queued before it) is
+/// spoken in this stream, behind that text.
+#[test]
+fn text_pushed_while_the_model_loads_is_spoken() {
+    let (mut h, bus) = harness(&[
+        ("text", v("Queued before the start.")),
+        ("max-new-tokens", v(20u32)),
+    ]);
+    let e = h.element().unwrap();
+    let pushed = Arc::new(AtomicBool::new(false));
+    let (e2, p2) = (e.clone(), pushed.clone());
+    bus.set_sync_handler(move |_, msg| {
+        if let gst::MessageView::Progress(p) = msg.view()
+            && p.get().0 == gst::ProgressType::Start
+            && !p2.swap(true, Ordering::SeqCst)
+        {
+            assert!(e2.emit_by_name::<bool>("push-text", &[&"Pushed while it loads."]));
+        }
+        gst::BusSyncReply::Pass
+    });
+    h.play();
+    pull_all(&mut h);
+    assert!(
+        pushed.load(Ordering::SeqCst),
+        "no progress message at the load"
+    );
+    bus.unset_sync_handler();
+    let msgs = drain_ok(&bus);
+    let texts: Vec<String> = element_messages(&msgs, messages::DONE)
+        .iter()
+        .map(|d| d.get::<&str>("text").unwrap().to_string())
+        .collect();
+    assert_eq!(
+        texts,
+        ["Queued before the start.", "Pushed while it loads."]
+    );
 }
 
 #[test]

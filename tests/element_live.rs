@@ -576,6 +576,41 @@ fn a_pipeline_flush_that_resets_the_running_time_starts_the_timeline_again() {
     }
 }
 
+/// Text pushed while a flush holds the stream is due as soon as the flush ends, not once the
+/// running time has gone on by the time the flush lasted.
+#[test]
+fn text_pushed_during_a_long_flush_is_spoken_when_it_ends() {
+    let _g = serial();
+    let (pipeline, src, _seen) = live_pipeline("max-new-tokens=10 initial-chunk-frames=2");
+    let bus = pipeline.bus().unwrap();
+    let pad = src.static_pad("src").unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let t0 = Instant::now();
+    while running_time(&pipeline) < gst::ClockTime::from_mseconds(300) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the pipeline does not play"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(pad.send_event(gst::event::FlushStart::new()));
+    std::thread::sleep(Duration::from_millis(1000));
+    const TEXT: &str = "Pushed during the flush.";
+    assert!(src.emit_by_name::<bool>("push-text", &[&TEXT]));
+    assert!(pad.send_event(gst::event::FlushStop::new(false)));
+    let stopped = running_time(&pipeline);
+    let mut msgs = Vec::new();
+    let done = wait_element_message(&bus, messages::DONE, Duration::from_secs(30), &mut msgs)
+        .expect("the text pushed during the flush is spoken: its done message");
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert_eq!(done.get::<&str>("text").unwrap(), TEXT);
+    let pts = gst::ClockTime::from_nseconds(done.get::<u64>("pts").unwrap());
+    assert!(
+        pts < stopped + gst::ClockTime::from_mseconds(500),
+        "spoken at {pts}, the flush ended at running time {stopped}"
+    );
+}
+
 /// Texts refused while an utterance is still being spoken keep their place in the stream; an EOS
 /// event before the stream reaches them still posts every refusal.
 #[test]

@@ -317,6 +317,38 @@ fn an_eos_before_the_start_ends_the_stream_at_once_and_names_what_it_drops() {
     );
 }
 
+/// With an EOS kept for the start, a non-live element needs no text: it starts and ends at
+/// once, with no error.
+#[test]
+fn an_eos_kept_for_the_start_needs_no_text() {
+    let (mut h, bus) = harness(&[("speaker", v("vivian")), ("max-new-tokens", v(20u32))]);
+    let e = h.element().expect("element");
+    e.set_state(gst::State::Ready).expect("READY");
+    assert!(e.send_event(gst::event::Eos::new()));
+    h.play();
+    assert_eq!(pull_samples(&mut h), 0, "audio after an EOS");
+    let msgs = drain(&bus);
+    assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
+}
+
+/// A second EOS event posts no second warning: what the first dropped is named once.
+#[test]
+fn a_second_eos_names_nothing_again() {
+    let (mut h, bus, e) = playing_live();
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Cut by the EOS, named once."]));
+    assert!(e.emit_by_name::<bool>("push-text", &[&"Dropped by the EOS."]));
+    let _ = h.pull().expect("a buffer");
+    assert!(e.send_event(gst::event::Eos::new()));
+    assert!(e.send_event(gst::event::Eos::new()));
+    let _ = pull_samples(&mut h);
+    let msgs = drain(&bus);
+    let eos: Vec<String> = warnings(&msgs)
+        .into_iter()
+        .filter(|w| w.starts_with("EOS:"))
+        .collect();
+    assert_eq!(eos.len(), 1, "{eos:?}");
+}
+
 /// Live, an EOS event while the utterance `append-text` opened is unfinished lets it be spoken to
 /// its end; the `push-text` queued behind it is dropped, and the same warning as for the other
 /// EOS names it (it was dropped without a word).

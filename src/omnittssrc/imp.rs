@@ -212,8 +212,12 @@ impl OmniTtsSrc {
     /// completely here ([`Requests::checked`]: a new `ref-audio` is decoded and encoded before
     /// this returns).
     fn push_text(&self, text: &str) -> bool {
+        self.queue_text(&self.plain_text(text))
+    }
+
+    /// [`OmniTtsSrc::push_text`] for a text whose markup is already removed.
+    fn queue_text(&self, text: &str) -> bool {
         let settings = self.settings();
-        let text = &self.plain_text(text);
         let mut state = lock(&self.state);
         let Some(rt) = state.runtime.as_ref() else {
             if state.eos_before_start {
@@ -440,9 +444,9 @@ impl OmniTtsSrc {
         );
     }
 
-    /// Drops queued text and audio and stops the utterance in flight (flush, `cancel`).
-    /// Returns whether anything was dropped.
-    fn discard(&self, why: &str) -> bool {
+    /// Drops queued text and audio and stops the utterance in flight (`cancel`, and a flush:
+    /// see `runtime::Inner::flush_started`). Returns whether anything was dropped.
+    fn discard(&self, why: Discard) -> bool {
         self.end_text();
         let (shared, spf) = {
             let state = lock(&self.state);
@@ -453,13 +457,16 @@ impl OmniTtsSrc {
         };
         let mut inner = shared.lock();
         let had = inner.has_work();
-        let done = inner.discard_all(spf);
+        let done = match why {
+            Discard::Cancel => inner.discard_all(spf),
+            Discard::FlushStart => inner.flush_started(spf),
+        };
         shared.notify();
         drop(inner);
         gst::debug!(
             CAT,
             imp = self,
-            "{why}: discarded queued text and audio (had any: {had})"
+            "{why:?}: discarded queued text and audio (had any: {had})"
         );
         if let Some(done) = done {
             let _ = self.obj().post_message(done.message(&self.element()));
@@ -617,7 +624,7 @@ impl ObjectImpl for OmniTtsSrc {
                     .action()
                     .class_handler(|args| {
                         let element = args[0].get::<super::OmniTtsSrc>().ok()?;
-                        Some(element.imp().discard("cancel").to_value())
+                        Some(element.imp().discard(Discard::Cancel).to_value())
                     })
                     .build(),
             ]
@@ -788,7 +795,11 @@ impl ElementImpl for OmniTtsSrc {
                 return false;
             }
             gst::EventView::FlushStart(_) => {
-                self.discard("flush-start");
+                // Unlocked first, as on the pad (see `BaseSrcImpl::event`).
+                self.set_unlocked(true);
+                self.discard(Discard::FlushStart);
+                // A flush clears an EOS kept for the start, as GstBaseSrc's does.
+                lock(&self.state).eos_before_start = false;
             }
             // Before BaseSrc restarts the streaming task.
             gst::EventView::FlushStop(_) => self.flush_stopped(),
@@ -809,6 +820,15 @@ impl ElementImpl for OmniTtsSrc {
         }
         self.parent_send_event(event)
     }
+}
+
+/// Why queued text and audio are dropped ([`OmniTtsSrc::discard`]).
+#[derive(Debug, Clone, Copy)]
+enum Discard {
+    /// The `cancel` action.
+    Cancel,
+    /// A FLUSH_START, sent to the element, the pipeline or the source pad.
+    FlushStart,
 }
 
 /// How an EOS event ends the stream (for the warning that names what it drops).
@@ -850,6 +870,10 @@ impl OmniTtsSrc {
             }
         };
         let mut inner = shared.lock();
+        if inner.ended() {
+            // A second EOS event, or one after the stream's own end: nothing more to name.
+            return true;
+        }
         let (refusals, dropped, how) = match last_open {
             Some(id) if live && inner.unfinished(id) => {
                 let (refusals, dropped) = inner.drain_then_end(id);
@@ -923,10 +947,17 @@ impl OmniTtsSrc {
             settings.is_live,
             settings.text.as_deref().map(|t| self.plain_text(t)),
         );
-        let early = std::mem::take(&mut lock(&self.state).early_texts);
+        let (early, eos_kept) = {
+            let mut state = lock(&self.state);
+            (
+                std::mem::take(&mut state.early_texts),
+                state.eos_before_start,
+            )
+        };
         let has_text =
             initial.as_deref().is_some_and(|t| !nothing_to_speak(t)) || !early.is_empty();
-        if !live && !has_text && initial.as_deref().is_none_or(str::is_empty) {
+        // (An EOS kept for the start ends the stream as it starts: no text is needed.)
+        if !live && !has_text && !eos_kept && initial.as_deref().is_none_or(str::is_empty) {
             // Set, but only markup (SSML such as <speak></speak>): name the value as it was set.
             if let Some(raw) = settings.text.as_deref().filter(|t| !t.trim().is_empty()) {
                 return Err(input_error(
@@ -1086,17 +1117,22 @@ impl OmniTtsSrc {
             ),
         };
         gst::info!(CAT, imp = self, "{ready}");
-        lock(&self.state).runtime = Some(Runtime {
-            requests,
-            shared: shared.clone(),
-            worker: Some(worker),
-            info,
-            auto_split,
-            streaming_prompt,
-            warned,
-            live_latency,
-            started: Instant::now(),
-        });
+        // Text pushed while the model loaded (after `early` was taken) is queued now, behind it.
+        let pushed_while_loading = {
+            let mut state = lock(&self.state);
+            state.runtime = Some(Runtime {
+                requests,
+                shared: shared.clone(),
+                worker: Some(worker),
+                info,
+                auto_split,
+                streaming_prompt,
+                warned,
+                live_latency,
+                started: Instant::now(),
+            });
+            std::mem::take(&mut state.early_texts)
+        };
         // gst-launch prints only the debug part of an info message: the text goes there too
         gst::element_imp_info!(
             self,
@@ -1107,6 +1143,9 @@ impl OmniTtsSrc {
         progress::post_complete(&element, "load", &ready);
         if let Some((refusals, dropped)) = eos_at_start {
             self.announce_eos(&shared, refusals, dropped, EosEnd::AtStart);
+        }
+        for text in pushed_while_loading {
+            self.queue_text(&text);
         }
         if live {
             if let Some(w) = latency_warning {
@@ -1226,7 +1265,7 @@ impl BaseSrcImpl for OmniTtsSrc {
                 // queue the discard empties (non-live), so text pushed before FLUSH_STOP is
                 // spoken after it.
                 let ret = self.parent_event(event);
-                self.discard("flush-start");
+                self.discard(Discard::FlushStart);
                 ret
             }
             gst::EventView::FlushStop(_) => {

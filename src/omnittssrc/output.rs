@@ -165,7 +165,10 @@ struct Live {
     /// Where the timeline is anchored: taken at the first step, moved by a jump of the timeline,
     /// taken again after a flush that moved the running time (`after_flush`).
     anchor: Option<Anchor>,
-    /// A flush ended: the next step checks the running time against the timeline.
+    /// A flush began and has not ended: text arriving now is due at once.
+    flushing: bool,
+    /// A flush ended: the next step checks the running time against the timeline (text
+    /// arriving until then is due at once).
     after_flush: bool,
     /// The running time when the stream was paused (PLAYING → PAUSED).
     paused_at: Option<gst::ClockTime>,
@@ -235,6 +238,7 @@ impl Output {
             live: live_latency.map(|latency| Live {
                 latency,
                 anchor: None,
+                flushing: false,
                 after_flush: false,
                 paused_at: None,
                 jump: None,
@@ -296,10 +300,18 @@ impl Output {
     }
 
     /// Live: the sample position that text arriving at running time `now` is due at (0 before the
-    /// first step, and in non-live mode).
+    /// first step, and in non-live mode; the next sample from a flush's start to the first step
+    /// after it, where the timeline may start again).
     pub fn arrival_pos(&self, now: Option<gst::ClockTime>) -> u64 {
-        match (self.live.as_ref().and_then(|l| l.anchor), now) {
-            (Some(anchor), Some(now)) => anchor.pos_at(now, self.rate),
+        match (self.live.as_ref(), now) {
+            (Some(live), _) if live.flushing || live.after_flush => self.n,
+            (
+                Some(Live {
+                    anchor: Some(anchor),
+                    ..
+                }),
+                Some(now),
+            ) => anchor.pos_at(now, self.rate),
             _ => 0,
         }
     }
@@ -331,7 +343,16 @@ impl Output {
     pub fn flush_stopped(&mut self) {
         self.discont = true;
         if let Some(live) = self.live.as_mut() {
+            live.flushing = false;
             live.after_flush = true;
+        }
+    }
+
+    /// A flush began (FLUSH_START): live, text arriving from now until the first step after the
+    /// FLUSH_STOP is due at once (the running time may start again from 0).
+    pub fn flush_started(&mut self) {
+        if let Some(live) = self.live.as_mut() {
+            live.flushing = true;
         }
     }
 
@@ -1279,8 +1300,12 @@ mod tests {
             (b.offset, b.pts, b.discont),
             (47_520 + 480, r0 + ms(2000), true)
         );
-        // Before the next step, PTS stay on the old timeline (a done message of the flush).
+        // Before the next step, PTS stay on the old timeline (a done message of the flush);
+        // text arriving from the flush's start to that step is due at the next sample.
+        out.flush_started();
+        assert_eq!(out.arrival_pos(Some(r0 + ms(3000))), 48_480);
         out.flush_stopped();
+        assert_eq!(out.arrival_pos(Some(ms(1))), 48_480);
         assert_eq!(out.pts(48_480), r0 + ms(2020));
         // The running time started again from 0 (reset_time): output goes on at once.
         let now = ms(3);

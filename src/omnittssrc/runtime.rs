@@ -342,6 +342,14 @@ impl Inner {
         self.output.resume(now);
     }
 
+    /// A flush began (FLUSH_START): everything is dropped, as for `cancel`
+    /// ([`Inner::discard_all`]); live, text pushed until the flush ends is due at once
+    /// ([`Output::flush_started`]). Returns the current utterance's done message.
+    pub fn flush_started(&mut self, samples_per_frame: usize) -> Option<UtteranceDone> {
+        self.output.flush_started();
+        self.discard_all(samples_per_frame)
+    }
+
     /// A flush ended (FLUSH_STOP): the next buffer is DISCONT, live at the running time of the
     /// next step ([`Output::flush_stopped`]).
     pub fn flush_stopped(&mut self) {
