@@ -119,6 +119,19 @@ fn running_time(p: &gst::Pipeline) -> gst::ClockTime {
     p.current_running_time().expect("running time")
 }
 
+/// Sets `p` PLAYING and returns once its running time has reached `t`.
+fn play_for(p: &gst::Pipeline, t: gst::ClockTime) {
+    p.set_state(gst::State::Playing).unwrap();
+    let t0 = Instant::now();
+    while running_time(p) < t {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the pipeline does not play"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Silence until text arrives, speech starting at its arrival running time, silence after.
 #[test]
 fn gap_silence_then_text_at_its_running_time() {
@@ -526,15 +539,7 @@ fn a_pipeline_flush_that_resets_the_running_time_starts_the_timeline_again() {
     let _g = serial();
     let (pipeline, src, seen) = live_pipeline("max-new-tokens=10 initial-chunk-frames=2");
     let bus = pipeline.bus().unwrap();
-    pipeline.set_state(gst::State::Playing).unwrap();
-    let t0 = Instant::now();
-    while running_time(&pipeline) < gst::ClockTime::from_mseconds(1500) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the pipeline does not play"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    play_for(&pipeline, gst::ClockTime::from_mseconds(1500));
     let before = seen
         .lock()
         .unwrap()
@@ -584,15 +589,7 @@ fn text_pushed_during_a_long_flush_is_spoken_when_it_ends() {
     let (pipeline, src, _seen) = live_pipeline("max-new-tokens=10 initial-chunk-frames=2");
     let bus = pipeline.bus().unwrap();
     let pad = src.static_pad("src").unwrap();
-    pipeline.set_state(gst::State::Playing).unwrap();
-    let t0 = Instant::now();
-    while running_time(&pipeline) < gst::ClockTime::from_mseconds(300) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "the pipeline does not play"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    play_for(&pipeline, gst::ClockTime::from_mseconds(300));
     assert!(pad.send_event(gst::event::FlushStart::new()));
     std::thread::sleep(Duration::from_millis(1000));
     const TEXT: &str = "Pushed during the flush.";
