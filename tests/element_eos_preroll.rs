@@ -14,7 +14,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use element_util::{element_messages, errors, init, serial, warnings};
+use element_util::{element_messages, errors, init, one_eos_warning, serial};
 use gst::prelude::*;
 use gstomnitts::element_common::messages;
 use reference_util::fixture_model;
@@ -194,12 +194,8 @@ fn eos_in_a_prerolled_pipeline_returns_and_ends_the_stream() {
     let _g = serial();
     for i in 0..3 {
         let msgs = run_once(When::Prerolled, None, &format!("prerolled, run {i}"));
-        let cut: Vec<String> = warnings(&msgs)
-            .into_iter()
-            .filter(|w| w.starts_with("EOS:"))
-            .collect();
-        assert_eq!(cut.len(), 1, "run {i}: {:?}", warnings(&msgs));
-        assert!(cut[0].contains(&format!("'{TEXT}' is cut")), "{}", cut[0]);
+        let cut = one_eos_warning(&msgs, &format!("prerolled, run {i}"));
+        assert!(cut.contains(&format!("'{TEXT}' is cut")), "{}", cut);
     }
 }
 
@@ -245,11 +241,7 @@ fn the_eos_warning_comes_before_the_eos() {
         };
         let what = format!("run {i} (seed {:#x}), EOS at {when:?}", SEED ^ 0x2);
         let msgs = run_once(when, Some(Duration::from_millis(100)), &what);
-        let cut: Vec<String> = warnings(&msgs)
-            .into_iter()
-            .filter(|w| w.starts_with("EOS:"))
-            .collect();
-        assert_eq!(cut.len(), 1, "{what}: no EOS warning before the EOS");
-        assert!(cut[0].contains(&format!("'{TEXT}' is cut")), "{}", cut[0]);
+        let cut = one_eos_warning(&msgs, &format!("{what}: no EOS warning before the EOS"));
+        assert!(cut.contains(&format!("'{TEXT}' is cut")), "{}", cut);
     }
 }

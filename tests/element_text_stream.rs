@@ -248,15 +248,11 @@ fn eos_after_the_first_speech_drops(
     pull_samples(h);
     let msgs = drain(bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
-    let dropped: Vec<String> = warnings(&msgs)
-        .into_iter()
-        .filter(|w| w.starts_with("EOS:"))
-        .collect();
-    assert_eq!(dropped.len(), 1, "{:?}", warnings(&msgs));
+    let dropped = one_eos_warning(&msgs, "a live EOS");
     assert!(
-        dropped[0].contains(cut) && dropped[0].contains(not_begun),
+        dropped.contains(cut) && dropped.contains(not_begun),
         "{}",
-        dropped[0]
+        dropped
     );
 }
 
@@ -305,15 +301,11 @@ fn an_eos_before_the_start_ends_the_stream_at_once_and_names_what_it_drops() {
     let msgs = drain(&bus);
     assert!(errors(&msgs).is_empty(), "{:?}", errors(&msgs));
     assert!(element_messages(&msgs, messages::STARTED).is_empty());
-    let dropped: Vec<String> = warnings(&msgs)
-        .into_iter()
-        .filter(|w| w.starts_with("EOS:"))
-        .collect();
-    assert_eq!(dropped.len(), 1, "{:?}", warnings(&msgs));
+    let dropped = one_eos_warning(&msgs, "an EOS before the start");
     assert!(
-        dropped[0].contains("2 queued utterances not spoken (the first: 'Set before the start.')"),
+        dropped.contains("2 queued utterances not spoken (the first: 'Set before the start.')"),
         "{}",
-        dropped[0]
+        dropped
     );
 }
 
@@ -342,11 +334,7 @@ fn a_second_eos_names_nothing_again() {
     assert!(e.send_event(gst::event::Eos::new()));
     let _ = pull_samples(&mut h);
     let msgs = drain(&bus);
-    let eos: Vec<String> = warnings(&msgs)
-        .into_iter()
-        .filter(|w| w.starts_with("EOS:"))
-        .collect();
-    assert_eq!(eos.len(), 1, "{eos:?}");
+    one_eos_warning(&msgs, "two EOS events");
 }
 
 /// Live, an EOS event while the utterance `append-text` opened is unfinished lets it be spoken to
@@ -373,15 +361,11 @@ fn a_live_eos_behind_an_open_text_names_the_queued_utterances_it_drops() {
         d[0].get::<String>("text").unwrap(),
         "Spoken to its end, as the EOS ends its text."
     );
-    let dropped: Vec<String> = warnings(&msgs)
-        .into_iter()
-        .filter(|w| w.starts_with("EOS:"))
-        .collect();
-    assert_eq!(dropped.len(), 1, "{:?}", warnings(&msgs));
+    let dropped = one_eos_warning(&msgs, "a live EOS behind an open text");
     assert!(
-        dropped[0].contains("1 queued utterance not spoken (the first: 'Queued behind it.')"),
+        dropped.contains("1 queued utterance not spoken (the first: 'Queued behind it.')"),
         "{}",
-        dropped[0]
+        dropped
     );
 }
 

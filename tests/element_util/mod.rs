@@ -102,6 +102,16 @@ pub fn warnings(msgs: &[gst::Message]) -> Vec<String> {
         .collect()
 }
 
+/// The one "EOS: …" warning (what an EOS event drops) among `msgs`; panics, naming `what` and
+/// every warning, unless there is exactly one.
+#[allow(dead_code)]
+pub fn one_eos_warning(msgs: &[gst::Message], what: &str) -> String {
+    let all = warnings(msgs);
+    let eos: Vec<&String> = all.iter().filter(|w| w.starts_with("EOS:")).collect();
+    assert_eq!(eos.len(), 1, "{what}: EOS warnings among {all:?}");
+    eos[0].clone()
+}
+
 fn text_and_debug(error: &gst::glib::Error, debug: Option<gst::glib::GString>) -> String {
     format!(
         "{error} | {}",
