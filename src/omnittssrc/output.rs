@@ -163,17 +163,25 @@ struct Live {
     /// The latency reported downstream: how late audio may be before silence replaces it.
     latency: gst::ClockTime,
     /// Where the timeline is anchored: taken at the first step, moved by a jump of the timeline,
-    /// taken again after a flush that moved the running time (`after_flush`).
+    /// taken again after a flush that moved the running time (`flush`).
     anchor: Option<Anchor>,
-    /// A flush began and has not ended: text arriving now is due at once.
-    flushing: bool,
-    /// A flush ended: the next step checks the running time against the timeline (text
-    /// arriving until then is due at once).
-    after_flush: bool,
+    /// Where a flush is: text arriving from its start to the first step after its end is due at
+    /// once; that step checks the running time against the timeline.
+    flush: Flush,
     /// The running time when the stream was paused (PLAYING → PAUSED).
     paused_at: Option<gst::ClockTime>,
     /// How far the running time moved on while paused, for the next step to jump by.
     jump: Option<gst::ClockTime>,
+}
+
+/// Live: a flush, from FLUSH_START to the first step after FLUSH_STOP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flush {
+    None,
+    /// FLUSH_START came, FLUSH_STOP not yet.
+    Started,
+    /// FLUSH_STOP came; the next step has not run.
+    Stopped,
 }
 
 /// Live: sample position `pos` is output at running time `at`; a later position `n` at
@@ -238,8 +246,7 @@ impl Output {
             live: live_latency.map(|latency| Live {
                 latency,
                 anchor: None,
-                flushing: false,
-                after_flush: false,
+                flush: Flush::None,
                 paused_at: None,
                 jump: None,
             }),
@@ -304,7 +311,7 @@ impl Output {
     /// after it, where the timeline may start again).
     pub fn arrival_pos(&self, now: Option<gst::ClockTime>) -> u64 {
         match (self.live.as_ref(), now) {
-            (Some(live), _) if live.flushing || live.after_flush => self.n,
+            (Some(live), _) if live.flush != Flush::None => self.n,
             (
                 Some(Live {
                     anchor: Some(anchor),
@@ -343,8 +350,7 @@ impl Output {
     pub fn flush_stopped(&mut self) {
         self.discont = true;
         if let Some(live) = self.live.as_mut() {
-            live.flushing = false;
-            live.after_flush = true;
+            live.flush = Flush::Stopped;
         }
     }
 
@@ -352,7 +358,7 @@ impl Output {
     /// FLUSH_STOP is due at once (the running time may start again from 0).
     pub fn flush_started(&mut self) {
         if let Some(live) = self.live.as_mut() {
-            live.flushing = true;
+            live.flush = Flush::Started;
         }
     }
 
@@ -435,14 +441,15 @@ impl Output {
         let spb = self.samples_per_buffer;
         if let Some(live) = self.live.as_mut() {
             let n = self.n;
-            if std::mem::take(&mut live.after_flush)
-                && let Some(anchor) = live.anchor
-            {
+            if live.flush == Flush::Stopped {
+                live.flush = Flush::None;
                 // After a flush: the running time may have started again from 0.
-                let due = anchor.pts(n, self.rate);
-                if now + live.latency < due || now > due + live.latency {
-                    live.anchor = None;
-                    live.jump = None;
+                if let Some(anchor) = live.anchor {
+                    let due = anchor.pts(n, self.rate);
+                    if now + live.latency < due || now > due + live.latency {
+                        live.anchor = None;
+                        live.jump = None;
+                    }
                 }
             }
             let anchor = live.anchor.get_or_insert(Anchor { pos: n, at: now });
