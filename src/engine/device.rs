@@ -160,6 +160,12 @@ impl DeviceSpec {
                     // then recorded as the context's error for every later call).
                     // SAFETY: all of this handle's buffers are used and freed on its one stream.
                     unsafe { cuda.cuda_stream().context().disable_event_tracking() };
+                    if crate::nn::switches::Switches::get().keep_freed {
+                        keep_freed_memory(cuda).map_err(|msg| EngineError::Device {
+                            spec: self.to_string(),
+                            msg,
+                        })?;
+                    }
                     if let Some(rank) = rank {
                         set_priority(cuda, rank).map_err(|msg| EngineError::Device {
                             spec: self.to_string(),
@@ -173,6 +179,64 @@ impl DeviceSpec {
             }
             DeviceSpec::Auto => unreachable!("resolve() never returns Auto"),
         }
+    }
+}
+
+/// Makes the memory pool `cuda`'s allocations come from (the device's current pool, CUDA's
+/// stream-ordered allocator that candle allocates through) keep the memory freed into it: a release
+/// threshold of `u64::MAX` bytes instead of CUDA's default 0, with which the pool gives back every
+/// free byte at each stream, event or context synchronisation, and the next eager operations map
+/// it again. Stage threads synchronise at every step (codes and audio are read back), so with
+/// the default the memory of each eager pass (Code2Wav's passes, prompts through the talker)
+/// goes back and forth between the pool and the driver every step. The pool stays as large as
+/// the largest moment of the process's stages on the device; it is the process's until the
+/// device's primary context is released (every engine on it gone). Devices without memory pools
+/// are left alone. `OMNITTS_KEEP_FREED=0` keeps CUDA's default. Errors name the driver call that
+/// failed.
+#[cfg(feature = "cuda")]
+fn keep_freed_memory(cuda: &candle_core::CudaDevice) -> Result<(), String> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let check = |what: &str, r: sys::CUresult| {
+        if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("keeping freed device memory: {what}: {r:?}"))
+        }
+    };
+    let context = cuda.cuda_stream().context().clone();
+    context
+        .bind_to_thread()
+        .map_err(|e| format!("binding the CUDA context: {e}"))?;
+    let device = context.cu_device();
+    // SAFETY: driver calls on the bound context's device with valid out-pointers; `threshold`
+    // is the u64 the release-threshold attribute takes and lives across the call.
+    unsafe {
+        let mut pools = 0;
+        check(
+            "cuDeviceGetAttribute",
+            sys::cuDeviceGetAttribute(
+                &mut pools,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+                device,
+            ),
+        )?;
+        if pools == 0 {
+            return Ok(());
+        }
+        let mut pool = std::ptr::null_mut();
+        check(
+            "cuDeviceGetMemPool",
+            sys::cuDeviceGetMemPool(&mut pool, device),
+        )?;
+        let mut threshold = u64::MAX;
+        check(
+            "cuMemPoolSetAttribute",
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&raw mut threshold).cast(),
+            ),
+        )
     }
 }
 

@@ -25,6 +25,7 @@
 //! | `OMNITTS_ATTN_THREADS` | `64`, `128` or `256`: every launch of `decode_attention`, `rope_attention` and `rows_attention` in blocks of that size (at least half the head width; the whole-stack kernel keeps 256), for A/B runs; the output is the same (`nn/cuda_kernels/decode_attention.rs`) | 256 while the grid fits one wave, else the fewest threads that give each key of a full context and each NeoX pair one (a 64-row code-predictor step 64, the talker 256) |
 //! | `OMNITTS_PREFILL_BUDGET` | prompt positions stage 0 prefills a step, ≥ 64 (`engine/stage0.rs`), for A/B runs | 512 (`PREFILL_CHUNK`) |
 //! | `OMNITTS_STAGE0_TRACE` | a file path: stage 0 writes a line per turn of its loop there (arrivals, prompts built, the prefill, the steps; `engine/turn_trace.rs`) | no trace |
+//! | `OMNITTS_KEEP_FREED` | `0` each CUDA device's memory pool gives the memory freed since the last synchronisation back to the driver at every synchronisation (CUDA's default: release threshold 0) instead of keeping it for the next allocations (`engine/device.rs`) | kept |
 //! | `OMNITTS_STREAM_PRIORITY` | the CUDA streams above the default priority: `none`, or ranks from the device's greatest priority down separated by `>`, each a comma list of `ar` (stage 0), `lane` (the first-chunk lane), `decoder` (stage 1's thread): `ar,lane` both at the greatest, `lane>ar` the lane at the greatest and stage 0 one level below | as stage 0's `priority_over_decoder` says: `lane>ar` when on, else `none` |
 //!
 //! Values are trimmed; anything else than the values listed keeps the default.
@@ -175,6 +176,9 @@ pub struct Switches {
     pub prefill_budget: Option<usize>,
     /// `OMNITTS_STAGE0_TRACE`: the file of stage 0's turn trace.
     pub stage0_trace: Option<std::path::PathBuf>,
+    /// `OMNITTS_KEEP_FREED=0`: the CUDA memory pools keep CUDA's release threshold of 0 (freed
+    /// memory goes back to the driver at every synchronisation) instead of keeping it.
+    pub keep_freed: bool,
 }
 
 impl Default for Switches {
@@ -232,6 +236,7 @@ impl Switches {
             stage0_trace: value("OMNITTS_STAGE0_TRACE")
                 .filter(|v| !v.is_empty())
                 .map(std::path::PathBuf::from),
+            keep_freed: !is("OMNITTS_KEEP_FREED", "0"),
         }
     }
 }
@@ -272,6 +277,7 @@ mod tests {
         assert_eq!(s.attn_threads, None);
         assert_eq!(s.prefill_budget, None);
         assert_eq!(s.stage0_trace, None);
+        assert!(s.keep_freed);
     }
 
     #[test]
@@ -297,6 +303,7 @@ mod tests {
             ("OMNITTS_ATTN_THREADS", "128"),
             ("OMNITTS_PREFILL_BUDGET", "2048"),
             ("OMNITTS_STAGE0_TRACE", " /tmp/turns.tsv"),
+            ("OMNITTS_KEEP_FREED", "0"),
         ]);
         assert_eq!(s.attn_threads, Some(128));
         assert_eq!(s.prefill_budget, Some(2048));
@@ -310,6 +317,7 @@ mod tests {
         assert!(s.twice_ramp);
         assert!(!s.decoder_first_graph);
         assert!(!s.arrivals_after_alone);
+        assert!(!s.keep_freed);
         assert_eq!(
             s.stream_priority,
             Some(StreamPriority {
