@@ -1114,6 +1114,24 @@ fn audio_caps_downstream_refuses_are_one_error() {
     );
 }
 
+/// A `max-new-tokens` that the talker's positions cannot hold beside any prompt
+/// (`max_position_embeddings`, 32,768 in the fixture) fails the start, naming the property, the
+/// value and the limit, as omnittssrc's start does (one check, the elements' shared one), not
+/// the first cue; one below it starts.
+#[test]
+fn a_frame_cap_past_the_talkers_positions_fails_the_start() {
+    let (e, _) = synth(&[("max-new-tokens", "32768")]);
+    let errs = element_util::start_must_fail(&e, "max-new-tokens=32768");
+    element_util::assert_names(
+        &errs,
+        &["max-new-tokens", "32768", "max_position_embeddings"],
+    );
+    let (e, bus) = synth(&[("max-new-tokens", "30000")]);
+    assert!(e.set_state(gst::State::Paused).is_ok());
+    assert!(errors(&element_util::drain(&bus)).is_empty());
+    e.set_state(gst::State::Null).unwrap();
+}
+
 /// `model` set back to NULL, "" or blank is unset again: the bundled voice (the property's
 /// default, as read back), which the element loads (before, the start failed with "no model
 /// given").
