@@ -1353,38 +1353,50 @@ fn bad_voices_fail_clearly() {
     );
     e.set_state(gst::State::Null).unwrap();
 
-    // A voice event naming one is an error at its place in the stream.
-    let (e, bus) = synth(&[]);
-    let mut h = harness(&e, "text/x-raw,format=utf8");
-    h.push(text_buffer(b"Fine.", Some(0), Some(1_000))).unwrap();
-    h.push_event(
-        gst::event::CustomDownstream::builder(
+    // A voice event naming one, or a speaker field that is not a string (in either event), is
+    // an error at its place in the stream that names the event and the field.
+    let events = [
+        (
             gst::Structure::builder("omnitts/voice")
                 .field("speaker", "nobody")
                 .build(),
-        )
-        .build(),
-    );
-    let t0 = Instant::now();
-    let mut got = 0;
-    let error = loop {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no error");
-        while let Some(b) = h.try_pull() {
-            got += b.size() / 4;
-        }
-        if let Some(e) = errors(&element_util::drain(&bus)).first() {
-            break e.clone();
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    assert!(
-        error.contains("omnitts/voice") && error.contains("speaker 'nobody'"),
-        "{error}"
-    );
-    assert!(
-        got >= reference("Fine.", &[]).len(),
-        "the cue before it was spoken"
-    );
+            "speaker 'nobody'",
+        ),
+        (
+            gst::Structure::builder("omnitts/voice")
+                .field("speaker", 5i32)
+                .build(),
+            "field 'speaker' must be a string",
+        ),
+        (
+            gst::Structure::builder("rstranscribe/speaker-change")
+                .field("speaker", 3i32)
+                .build(),
+            "field 'speaker' must be a string",
+        ),
+    ];
+    let fine = reference("Fine.", &[]);
+    for (event, what) in events {
+        let (e, bus) = synth(&[]);
+        let mut h = harness(&e, "text/x-raw,format=utf8");
+        h.push(text_buffer(b"Fine.", Some(0), Some(1_000))).unwrap();
+        let name = event.name().to_string();
+        h.push_event(gst::event::CustomDownstream::builder(event).build());
+        let t0 = Instant::now();
+        let mut got = 0;
+        let error = loop {
+            assert!(t0.elapsed() < Duration::from_secs(60), "{name}: no error");
+            while let Some(b) = h.try_pull() {
+                got += b.size() / 4;
+            }
+            if let Some(e) = errors(&element_util::drain(&bus)).first() {
+                break e.clone();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(error.contains(&name) && error.contains(what), "{error}");
+        assert!(got >= fine.len(), "{name}: the cue before it was spoken");
+    }
 }
 
 #[test]

@@ -43,7 +43,7 @@ use super::overflow::Overflow;
 use super::shared::{CueInfo, Inner, Job, Shared};
 use super::synthesis::spawn_workers;
 use super::timeline::{CueKind, CueStart, MAX_QUEUED_CUES};
-use super::voice::{SPEAKER_CHANGE_EVENT, SpeakerMap, VOICE_EVENT, VoiceChange};
+use super::voice::{SPEAKER_CHANGE_EVENT, SpeakerMap, VOICE_EVENT, VoiceChange, speaker_label};
 
 /// A cue this many seconds after the input before it (the latest PTS or GAP end), or with a
 /// slot this long, gets a warning (its timestamps are most likely wrong).
@@ -1272,25 +1272,24 @@ impl OmniTtsSynth {
                 self.change_voice(change, &format!("{VOICE_EVENT} event '{s}'"));
             }
             SPEAKER_CHANGE_EVENT => {
-                let label = s.get::<Option<String>>("speaker").ok().flatten();
-                let mapped = {
-                    let rt = lock(&self.runtime);
-                    label
-                        .as_deref()
-                        .and_then(|l| rt.as_ref().and_then(|rt| rt.speaker_map.get(l)))
-                        .cloned()
-                };
-                if mapped.is_none() && label.is_some() {
-                    gst::info!(
-                        CAT,
-                        imp = self,
-                        "speaker {label:?} is not in speaker-map: the properties' voice"
-                    );
-                }
-                self.change_voice(
-                    Ok(mapped.unwrap_or_default()),
-                    &format!("speaker change to {label:?}"),
-                );
+                let change = speaker_label(s).map(|label| {
+                    let mapped = {
+                        let rt = lock(&self.runtime);
+                        label
+                            .as_deref()
+                            .and_then(|l| rt.as_ref().and_then(|rt| rt.speaker_map.get(l)))
+                            .cloned()
+                    };
+                    if mapped.is_none() && label.is_some() {
+                        gst::info!(
+                            CAT,
+                            imp = self,
+                            "speaker {label:?} is not in speaker-map: the properties' voice"
+                        );
+                    }
+                    mapped.unwrap_or_default()
+                });
+                self.change_voice(change, &format!("{SPEAKER_CHANGE_EVENT} event '{s}'"));
             }
             _ => {}
         }
