@@ -604,13 +604,16 @@ fn harness_flush_mid_cue_drops_it_and_restarts_the_timeline() {
     assert!(u64_field(flushed, "output-duration") > 0, "{flushed}");
     // The flush's cut is not the policy's clip.
     assert_eq!(flushed.get::<f64>("clipped-ms").unwrap(), 0.0, "{flushed}");
+    // Nor an end: it has none, as it has no start (not where the output was at the flush,
+    // which is before its PTS).
     let queued = &cues[1];
     assert_eq!(
         (
             u64_field(queued, "start"),
+            u64_field(queued, "end"),
             u64_field(queued, "output-duration")
         ),
-        (u64::MAX, 0),
+        (u64::MAX, u64::MAX, 0),
         "{queued}"
     );
 }

@@ -307,8 +307,7 @@ impl Output {
                     let first = report.first.unwrap_or(report.end);
                     // A cue a flush dropped before its first sample never started: its cue
                     // message only.
-                    let never_started = report.action == Action::Flushed && report.first.is_none();
-                    if (report.speech > 0 || info.finish.is_some()) && !never_started {
+                    if (report.speech > 0 || info.finish.is_some()) && !report.never_started() {
                         let (reason, metrics) = match info.finish.clone() {
                             // Dropped by a flush while it played: cancelled, whatever its
                             // synthesis had come to.
