@@ -14,6 +14,7 @@ use gstomnitts::omnittssynth::cue_message::CUE;
 use gstomnitts::omnittssynth::soft_limit;
 use reference_util::fixture_model;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const RATE: u64 = 24_000;
@@ -145,7 +146,18 @@ fn wait_for_eos_event(h: &mut Harness, limit: Duration) {
 }
 
 fn check_buffer(b: &gst::BufferRef, n: u64) {
-    let len = (b.size() / 4) as u64;
+    check_tiling(b, n, (b.size() / 4) as u64);
+    if b.flags().contains(gst::BufferFlags::GAP) {
+        assert!(
+            f32_of(b).iter().all(|&x| x == 0.0),
+            "GAP buffer at {n} is silent"
+        );
+    }
+}
+
+/// Checks that buffer `b` of `len` samples is at sample `n`: offsets contiguous from 0, PTS and
+/// duration from the sample count, DISCONT on the first only.
+fn check_tiling(b: &gst::BufferRef, n: u64, len: u64) {
     assert_eq!(b.offset(), n, "offsets are contiguous");
     assert_eq!(b.offset_end(), n + len);
     let pts = |p: u64| gst::ClockTime::from_nseconds(p * 1_000_000_000 / RATE);
@@ -156,12 +168,6 @@ fn check_buffer(b: &gst::BufferRef, n: u64) {
         n == 0,
         "DISCONT at {n}"
     );
-    if b.flags().contains(gst::BufferFlags::GAP) {
-        assert!(
-            f32_of(b).iter().all(|&x| x == 0.0),
-            "GAP buffer at {n} is silent"
-        );
-    }
 }
 
 /// Adds `s` into `out` at `at`, growing it.
@@ -1115,6 +1121,178 @@ fn audio_caps_downstream_refuses_are_one_error() {
         "{}",
         ours[0]
     );
+}
+
+/// What left the element's source pad: the format of each CAPS event, and each buffer.
+#[derive(Debug)]
+enum Out {
+    Caps(String),
+    Buffer(gst::Buffer),
+}
+
+/// Records the CAPS events and buffers `e` pushes, in order (a probe on its source pad).
+fn record_output(e: &gst::Element) -> Arc<Mutex<Vec<Out>>> {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    e.static_pad("src")
+        .unwrap()
+        .add_probe(
+            gst::PadProbeType::BUFFER | gst::PadProbeType::EVENT_DOWNSTREAM,
+            move |_, info| {
+                let out = match &info.data {
+                    Some(gst::PadProbeData::Buffer(b)) => Some(Out::Buffer(b.clone())),
+                    Some(gst::PadProbeData::Event(ev)) => match ev.view() {
+                        gst::EventView::Caps(c) => c
+                            .caps()
+                            .structure(0)
+                            .and_then(|s| s.get::<String>("format").ok())
+                            .map(Out::Caps),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                l.lock().unwrap().extend(out);
+                gst::PadProbeReturn::Ok
+            },
+        )
+        .unwrap();
+    log
+}
+
+/// The audio of `log` as f32 (S16LE samples as i16 / 32767), each buffer read in the format of
+/// the CAPS event before it, after checking that the buffers tile the timeline; and the format
+/// changes as (format, first sample).
+fn decode(log: &[Out]) -> (Vec<f32>, Vec<(String, usize)>) {
+    let mut out = Vec::new();
+    let mut formats: Vec<(String, usize)> = Vec::new();
+    for item in log {
+        match item {
+            Out::Caps(f) => formats.push((f.clone(), out.len())),
+            Out::Buffer(b) => {
+                let (format, _) = formats.last().expect("caps before the first buffer");
+                let samples = match format.as_str() {
+                    "F32LE" => f32_of(b),
+                    "S16LE" => b
+                        .map_readable()
+                        .unwrap()
+                        .chunks_exact(2)
+                        .map(|c| i16::from_le_bytes([c[0], c[1]]) as f32 / 32767.0)
+                        .collect(),
+                    f => panic!("format {f}"),
+                };
+                check_tiling(b, out.len() as u64, samples.len() as u64);
+                out.extend(samples);
+            }
+        }
+    }
+    (out, formats)
+}
+
+/// `x` as S16LE carries it (as the element converts), read back as [`decode`] reads it.
+fn as_s16(x: f32) -> f32 {
+    ((x.clamp(-1.0, 1.0) * 32767.0).round() as i16) as f32 / 32767.0
+}
+
+/// A harness whose downstream takes F32LE: "Hello there." at 0 (slot 1 s) and a GAP to 1.5 s are
+/// pushed and that 1.5 s pulled (the element then waits for input); then downstream's caps
+/// become `caps`, with the RECONFIGURE event a capsfilter sends upstream when its caps change,
+/// and "Second one." is pushed at 1.5 s (slot 1 s). Returns the harness, the bus and the record of
+/// the output.
+fn caps_change_at_1500_ms(caps: &str) -> (Harness, gst::Bus, Arc<Mutex<Vec<Out>>>) {
+    let (e, bus) = synth(&[]);
+    let log = record_output(&e);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    h.set_sink_caps_str("audio/x-raw,format=F32LE,rate=24000,channels=1,layout=interleaved");
+    h.push(text_buffer(b"Hello there.", Some(0), Some(1_000)))
+        .unwrap();
+    h.push_event(
+        gst::event::Gap::builder(gst::ClockTime::ZERO)
+            .duration(gst::ClockTime::from_mseconds(1_500))
+            .build(),
+    );
+    let t0 = Instant::now();
+    let mut n = 0;
+    while n < at_ms(1_500) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no output to 1.5 s");
+        match h.try_pull() {
+            Some(b) => n += b.size() / 4,
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert_eq!(n, at_ms(1_500));
+    h.set_sink_caps_str(caps);
+    h.push_upstream_event(gst::event::Reconfigure::new());
+    h.push(text_buffer(b"Second one.", Some(1_500), Some(1_000)))
+        .unwrap();
+    (h, bus, log)
+}
+
+/// Downstream caps that change while the element plays (a RECONFIGURE: here to S16LE only) are
+/// negotiated again before the next buffer, as GstBaseSrc does: the format switches between two
+/// buffers, the CAPS event before the first of the new format, with no sample lost or repeated
+/// and the timestamps going on from the sample count.
+#[test]
+fn a_downstream_caps_change_is_renegotiated_at_a_buffer_boundary() {
+    let hello = reference("Hello there.", &[]);
+    let second = reference("Second one.", &[]);
+    let (mut h, bus, log) =
+        caps_change_at_1500_ms("audio/x-raw,format=S16LE,rate=24000,channels=1,layout=interleaved");
+    h.push_event(gst::event::Eos::new());
+    wait_for_eos_event(&mut h, Duration::from_secs(60));
+    let (got, formats) = decode(&log.lock().unwrap());
+    assert_eq!(
+        formats,
+        [
+            ("F32LE".to_string(), 0),
+            ("S16LE".to_string(), at_ms(1_500))
+        ]
+    );
+    let mut want = Vec::new();
+    place(&mut want, 0, &hello);
+    place(&mut want, at_ms(1_500), &second);
+    want.resize(at_ms(2_500), 0.0);
+    for x in &mut want[at_ms(1_500)..] {
+        *x = as_s16(*x);
+    }
+    assert_eq!(got.len(), want.len(), "to the second cue's slot end");
+    assert!(
+        got == want,
+        "each cue's audio once, in the format of its time"
+    );
+    assert!(errors(&element_util::drain(&bus)).is_empty());
+}
+
+/// Downstream caps that change while the element plays to caps it cannot produce (another rate)
+/// are the negotiation error of the start, naming the element's caps, once; the output stops
+/// there, the audio before it out whole, and an EOS sent after the error goes downstream.
+#[test]
+fn a_downstream_caps_change_to_caps_it_cannot_produce_is_one_clear_error() {
+    let hello = reference("Hello there.", &[]);
+    let (mut h, bus, log) = caps_change_at_1500_ms("audio/x-raw,rate=16000");
+    let t0 = Instant::now();
+    let mut msgs = Vec::new();
+    while errors(&msgs).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no error");
+        msgs.extend(element_util::drain(&bus));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    h.push_event(gst::event::Eos::new());
+    wait_for_eos_event(&mut h, Duration::from_secs(10));
+    msgs.extend(element_util::drain(&bus));
+    let errs = errors(&msgs);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].contains("downstream takes none of omnittssynth's audio caps")
+            && errs[0].contains("rate=(int)24000"),
+        "{}",
+        errs[0]
+    );
+    let (got, formats) = decode(&log.lock().unwrap());
+    assert_eq!(formats, [("F32LE".to_string(), 0)]);
+    let mut want = Vec::new();
+    place(&mut want, 0, &hello);
+    want.resize(at_ms(1_500), 0.0);
+    assert!(got == want, "the audio before the change, nothing after it");
 }
 
 /// A `max-new-tokens` that the talker's positions cannot hold beside any prompt

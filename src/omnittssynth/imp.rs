@@ -11,7 +11,7 @@ use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
 
-use crate::element_common::audio::{self, SampleFormat, pos_of, pts_of};
+use crate::element_common::audio::{self, pos_of, pts_of};
 use crate::element_common::backend::{Requests, text_stream_mode};
 use crate::element_common::input_error::{input_error, quoted};
 use crate::element_common::load::{Loaded, load, sharing};
@@ -38,7 +38,7 @@ use super::compress::{self, Squeeze};
 use super::cue_text::{TextFormat, cue_text};
 use super::fragment_text::{FragmentText, Pushed};
 use super::fragments::{DEFAULT_PAUSE_MS, END_TEXT_EVENT, Fragments, InputMode, OpenCue};
-use super::output::Output;
+use super::output::{Output, negotiate};
 use super::overflow::Overflow;
 use super::shared::{CueInfo, Inner, Job, Shared};
 use super::synthesis::spawn_workers;
@@ -525,34 +525,23 @@ impl OmniTtsSynth {
             self.caps_refused.store(false, Ordering::Relaxed);
             return true;
         }
-        let template = audio::caps(self.rate());
-        let peer = self.srcpad.peer_query_caps(Some(&template));
-        let mut out = peer.intersect_with_mode(&template, gst::CapsIntersectMode::First);
-        if out.is_empty() {
-            return self.refuse_once(&self.caps_refused, || {
-                gst::element_imp_error!(
-                    self,
-                    gst::CoreError::Negotiation,
-                    (
-                        "{}",
-                        audio::refused_by_downstream("omnittssynth", &template)
-                    )
-                );
-            });
-        }
-        out.fixate();
-        let sample_format = match SampleFormat::from_caps(&out, self.rate()) {
-            Ok(f) => f,
-            Err(e) => {
-                return self.refuse_once(&self.caps_refused, || {
-                    gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", e));
-                });
+        self.negotiate_output()
+    }
+
+    /// Negotiates the output caps with downstream and pushes them (later, the output task
+    /// negotiates again when downstream asks); one error when downstream takes none of them.
+    fn negotiate_output(&self) -> bool {
+        match negotiate(&self.srcpad, self.rate()) {
+            Ok((caps, format)) => {
+                gst::debug!(CAT, imp = self, "output caps {caps}");
+                self.caps_refused.store(false, Ordering::Relaxed);
+                self.shared.lock().format = Some(format);
+                self.srcpad.push_event(gst::event::Caps::new(&caps))
             }
-        };
-        gst::debug!(CAT, imp = self, "output caps {out}");
-        self.caps_refused.store(false, Ordering::Relaxed);
-        self.shared.lock().format = Some(sample_format);
-        self.srcpad.push_event(gst::event::Caps::new(&out))
+            Err(why) => self.refuse_once(&self.caps_refused, || {
+                gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", why));
+            }),
+        }
     }
 
     /// A SEGMENT: TIME at rate 1 only. The first one starts the output; a later one (no flush)
