@@ -270,11 +270,15 @@ fn dub(
         }
     }
     pipeline.set_state(gst::State::Null).unwrap();
-    let reader = hound::WavReader::open(&wav).expect("WAV");
+    (read_wav(&wav), element_messages(&msgs, CUE))
+}
+
+/// The samples of the WAV file `wav` that wavenc wrote, after checking its format.
+fn read_wav(wav: &std::path::Path) -> Vec<f32> {
+    let reader = hound::WavReader::open(wav).expect("WAV");
     assert_eq!(reader.spec().sample_rate, 24_000);
     assert_eq!(reader.spec().channels, 1);
-    let samples: Vec<f32> = reader.into_samples::<f32>().map(|s| s.unwrap()).collect();
-    (samples, element_messages(&msgs, CUE))
+    reader.into_samples::<f32>().map(|s| s.unwrap()).collect()
 }
 
 #[test]
@@ -454,6 +458,36 @@ fn the_dub_track_ends_at_the_last_cue_slot_end_a_silent_one_included() {
     let (got, _) = dub(&path, "clip", &dir);
     assert_eq!(got.len(), at_ms(3_000));
     assert!(got[..want.len().min(at_ms(3_000))] == want[..at_ms(3_000)]);
+}
+
+/// An empty subtitle file (subparse sends neither caps nor a segment, only EOS), or an EOS right
+/// after the start (appsrc sends its segment with its first buffer), is a valid empty WAV:
+/// before its EOS the element sends what a source sends, stream-start, caps, a segment, and an
+/// empty buffer (after which wavenc writes the data's length).
+#[test]
+fn an_empty_subtitle_file_is_an_empty_wav() {
+    let dir = TempDir::new("synth-empty");
+    let path = dir.path().join("empty.srt");
+    std::fs::write(&path, "").unwrap();
+    let (got, cues) = dub(&path, "clip", &dir);
+    assert_eq!((got.len(), cues.len()), (0, 0));
+
+    let wav = dir.path().join("eos.wav");
+    let pipeline = gst::parse::launch(&format!(
+        "appsrc name=src format=time caps=text/x-raw,format=utf8 ! omnittssynth model=\"{}\" \
+         ! wavenc ! filesink location=\"{}\"",
+        fixture_model("tiny-customvoice"),
+        wav.display()
+    ))
+    .unwrap();
+    let src = pipeline
+        .downcast_ref::<gst::Bin>()
+        .unwrap()
+        .by_name("src")
+        .unwrap();
+    let _: gst::FlowReturn = src.emit_by_name("end-of-stream", &[]);
+    let dones = element_util::play_to_eos(&pipeline);
+    assert_eq!((read_wav(&wav).len(), dones.len()), (0, 0));
 }
 
 #[test]

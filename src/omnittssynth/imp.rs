@@ -544,6 +544,32 @@ impl OmniTtsSynth {
         }
     }
 
+    /// An EOS before any segment (no cue came: an empty subtitle file, or an EOS right after
+    /// the start): the output starts as upstream's default TIME segment would start it, after a
+    /// stream-start of its own when upstream sent none, so that downstream gets what a source
+    /// sends before its end (stream-start, caps, a segment, and from the output task an empty
+    /// buffer: `wavenc` writes a valid empty WAV). Not after a refused CAPS or SEGMENT, whose
+    /// error is posted.
+    fn start_empty_stream(&self) {
+        if self.caps_refused.load(Ordering::Relaxed) || self.segment_refused.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        if self
+            .srcpad
+            .sticky_event::<gst::event::StreamStart>(0)
+            .is_none()
+        {
+            let id = self.srcpad.create_stream_id(&*self.obj(), None::<&str>);
+            self.srcpad.push_event(gst::event::StreamStart::new(&id));
+        }
+        if self.shared.lock().format.is_none() && !self.negotiate_output() {
+            return;
+        }
+        let segment = gst::FormattedSegment::<gst::ClockTime>::new();
+        self.set_segment(&gst::event::Segment::new(&segment), segment.upcast_ref());
+    }
+
     /// A SEGMENT: TIME at rate 1 only. The first one starts the output; a later one (no flush)
     /// waits for the output of the cues before it, then starts a new timeline.
     fn set_segment(&self, event: &gst::Event, segment: &gst::Segment) -> bool {
@@ -1316,15 +1342,22 @@ impl OmniTtsSynth {
                     let done = std::mem::take(&mut *f);
                     let _ = self.end_fragments(done, "EOS");
                 }
+                let stopped = |inner: &Inner| {
+                    matches!(
+                        inner.flow,
+                        Err(e) if e != gst::FlowError::Flushing && e != gst::FlowError::Eos
+                    )
+                };
                 let mut inner = self.shared.lock();
-                // Without a segment, or after an error stopped the output (a refused cue,
-                // downstream's error), EOS goes straight on: an application that answers an
-                // error with EOS gets its EOS.
-                let stopped = matches!(
-                    inner.flow,
-                    Err(e) if e != gst::FlowError::Flushing && e != gst::FlowError::Eos
-                );
-                if !inner.have_segment || stopped {
+                if !inner.have_segment && !stopped(&inner) {
+                    drop(inner);
+                    self.start_empty_stream();
+                    inner = self.shared.lock();
+                }
+                // Still without a segment (refused), or after an error stopped the output (a
+                // refused cue, downstream's error), EOS goes straight on: an application that
+                // answers an error with EOS gets its EOS.
+                if !inner.have_segment || stopped(&inner) {
                     drop(inner);
                     return self.srcpad.push_event(event);
                 }

@@ -177,9 +177,28 @@ impl Output {
                         inner = self.shared.lock();
                         continue;
                     }
+                    // A stream that output nothing (no cue, or none in its segment) still gets
+                    // a buffer, an empty one: downstream that writes its length once its data
+                    // ends (wavenc) then writes a valid empty file.
+                    let empty = match inner.format {
+                        Some(format) if at == 0 => OutBuffer {
+                            samples: Samples::Silence(0),
+                            offset: 0,
+                            pts: inner.segment.start().unwrap_or(gst::ClockTime::ZERO),
+                            duration: gst::ClockTime::ZERO,
+                            discont: std::mem::take(&mut inner.discont),
+                        }
+                        .to_buffer(format)
+                        .ok(),
+                        _ => None,
+                    };
                     drop(inner);
                     Self::post(element, &mut msgs);
                     self.push_events(events);
+                    if let Some(buffer) = empty {
+                        // EOS follows whatever downstream answers.
+                        let _ = self.srcpad.push(buffer);
+                    }
                     gst::debug!(CAT, obj = element, "all cues spoken: EOS at sample {at}");
                     self.srcpad.push_event(gst::event::Eos::new());
                     return Err(Stop::Flow(gst::FlowError::Eos));
