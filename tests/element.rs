@@ -560,23 +560,23 @@ fn available_speakers_and_languages_after_start() {
 
 /// A `max-new-tokens` within the property's range that the talker's positions cannot hold beside
 /// any prompt (`max_position_embeddings`, 32,768 in the fixture as in the released checkpoints)
-/// fails the start, naming the property, the value and the limit; one below it starts.
+/// fails the start, naming the property, the value and the limit, with a text or without one
+/// (live, waiting for push-text); one below it starts.
 #[test]
 fn a_frame_cap_past_the_talkers_positions_fails_the_start() {
     let model = fixture_model("tiny-customvoice");
     for cap in [32_768u32, 65_536] {
-        let errs = start_error(
-            &model,
-            &[("text", v("Hello there.")), ("max-new-tokens", v(cap))],
-        );
-        assert_names(
-            &errs,
-            &[
-                "max-new-tokens",
-                &cap.to_string(),
-                "max_position_embeddings",
-            ],
-        );
+        for first in [("text", v("Hello there.")), ("is-live", v(true))] {
+            let errs = start_error(&model, &[first, ("max-new-tokens", v(cap))]);
+            assert_names(
+                &errs,
+                &[
+                    "max-new-tokens",
+                    &cap.to_string(),
+                    "max_position_embeddings",
+                ],
+            );
+        }
     }
     let (mut h, bus) = harness(&[
         ("text", v("Hello there.")),

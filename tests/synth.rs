@@ -14,6 +14,7 @@ use gstomnitts::omnittssynth::cue_message::CUE;
 use gstomnitts::omnittssynth::soft_limit;
 use reference_util::fixture_model;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const RATE: u64 = 24_000;
@@ -145,7 +146,18 @@ fn wait_for_eos_event(h: &mut Harness, limit: Duration) {
 }
 
 fn check_buffer(b: &gst::BufferRef, n: u64) {
-    let len = (b.size() / 4) as u64;
+    check_tiling(b, n, (b.size() / 4) as u64);
+    if b.flags().contains(gst::BufferFlags::GAP) {
+        assert!(
+            f32_of(b).iter().all(|&x| x == 0.0),
+            "GAP buffer at {n} is silent"
+        );
+    }
+}
+
+/// Checks that buffer `b` of `len` samples is at sample `n`: offsets contiguous from 0, PTS and
+/// duration from the sample count, DISCONT on the first only.
+fn check_tiling(b: &gst::BufferRef, n: u64, len: u64) {
     assert_eq!(b.offset(), n, "offsets are contiguous");
     assert_eq!(b.offset_end(), n + len);
     let pts = |p: u64| gst::ClockTime::from_nseconds(p * 1_000_000_000 / RATE);
@@ -156,12 +168,6 @@ fn check_buffer(b: &gst::BufferRef, n: u64) {
         n == 0,
         "DISCONT at {n}"
     );
-    if b.flags().contains(gst::BufferFlags::GAP) {
-        assert!(
-            f32_of(b).iter().all(|&x| x == 0.0),
-            "GAP buffer at {n} is silent"
-        );
-    }
 }
 
 /// Adds `s` into `out` at `at`, growing it.
@@ -264,11 +270,15 @@ fn dub(
         }
     }
     pipeline.set_state(gst::State::Null).unwrap();
-    let reader = hound::WavReader::open(&wav).expect("WAV");
+    (read_wav(&wav), element_messages(&msgs, CUE))
+}
+
+/// The samples of the WAV file `wav` that wavenc wrote, after checking its format.
+fn read_wav(wav: &std::path::Path) -> Vec<f32> {
+    let reader = hound::WavReader::open(wav).expect("WAV");
     assert_eq!(reader.spec().sample_rate, 24_000);
     assert_eq!(reader.spec().channels, 1);
-    let samples: Vec<f32> = reader.into_samples::<f32>().map(|s| s.unwrap()).collect();
-    (samples, element_messages(&msgs, CUE))
+    reader.into_samples::<f32>().map(|s| s.unwrap()).collect()
 }
 
 #[test]
@@ -450,6 +460,36 @@ fn the_dub_track_ends_at_the_last_cue_slot_end_a_silent_one_included() {
     assert!(got[..want.len().min(at_ms(3_000))] == want[..at_ms(3_000)]);
 }
 
+/// An empty subtitle file (subparse sends neither caps nor a segment, only EOS), or an EOS right
+/// after the start (appsrc sends its segment with its first buffer), is a valid empty WAV:
+/// before its EOS the element sends what a source sends, stream-start, caps, a segment, and an
+/// empty buffer (after which wavenc writes the data's length).
+#[test]
+fn an_empty_subtitle_file_is_an_empty_wav() {
+    let dir = TempDir::new("synth-empty");
+    let path = dir.path().join("empty.srt");
+    std::fs::write(&path, "").unwrap();
+    let (got, cues) = dub(&path, "clip", &dir);
+    assert_eq!((got.len(), cues.len()), (0, 0));
+
+    let wav = dir.path().join("eos.wav");
+    let pipeline = gst::parse::launch(&format!(
+        "appsrc name=src format=time caps=text/x-raw,format=utf8 ! omnittssynth model=\"{}\" \
+         ! wavenc ! filesink location=\"{}\"",
+        fixture_model("tiny-customvoice"),
+        wav.display()
+    ))
+    .unwrap();
+    let src = pipeline
+        .downcast_ref::<gst::Bin>()
+        .unwrap()
+        .by_name("src")
+        .unwrap();
+    let _: gst::FlowReturn = src.emit_by_name("end-of-stream", &[]);
+    let dones = element_util::play_to_eos(&pipeline);
+    assert_eq!((read_wav(&wav).len(), dones.len()), (0, 0));
+}
+
 #[test]
 fn harness_gap_events_make_silence_and_buffers_tile_the_timeline() {
     let (e, bus) = synth(&[]);
@@ -604,13 +644,16 @@ fn harness_flush_mid_cue_drops_it_and_restarts_the_timeline() {
     assert!(u64_field(flushed, "output-duration") > 0, "{flushed}");
     // The flush's cut is not the policy's clip.
     assert_eq!(flushed.get::<f64>("clipped-ms").unwrap(), 0.0, "{flushed}");
+    // Nor an end: it has none, as it has no start (not where the output was at the flush,
+    // which is before its PTS).
     let queued = &cues[1];
     assert_eq!(
         (
             u64_field(queued, "start"),
+            u64_field(queued, "end"),
             u64_field(queued, "output-duration")
         ),
-        (u64::MAX, 0),
+        (u64::MAX, u64::MAX, 0),
         "{queued}"
     );
 }
@@ -1114,6 +1157,196 @@ fn audio_caps_downstream_refuses_are_one_error() {
     );
 }
 
+/// What left the element's source pad: the format of each CAPS event, and each buffer.
+#[derive(Debug)]
+enum Out {
+    Caps(String),
+    Buffer(gst::Buffer),
+}
+
+/// Records the CAPS events and buffers `e` pushes, in order (a probe on its source pad).
+fn record_output(e: &gst::Element) -> Arc<Mutex<Vec<Out>>> {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = log.clone();
+    e.static_pad("src")
+        .unwrap()
+        .add_probe(
+            gst::PadProbeType::BUFFER | gst::PadProbeType::EVENT_DOWNSTREAM,
+            move |_, info| {
+                let out = match &info.data {
+                    Some(gst::PadProbeData::Buffer(b)) => Some(Out::Buffer(b.clone())),
+                    Some(gst::PadProbeData::Event(ev)) => match ev.view() {
+                        gst::EventView::Caps(c) => c
+                            .caps()
+                            .structure(0)
+                            .and_then(|s| s.get::<String>("format").ok())
+                            .map(Out::Caps),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                l.lock().unwrap().extend(out);
+                gst::PadProbeReturn::Ok
+            },
+        )
+        .unwrap();
+    log
+}
+
+/// The audio of `log` as f32 (S16LE samples as i16 / 32767), each buffer read in the format of
+/// the CAPS event before it, after checking that the buffers tile the timeline; and the format
+/// changes as (format, first sample).
+fn decode(log: &[Out]) -> (Vec<f32>, Vec<(String, usize)>) {
+    let mut out = Vec::new();
+    let mut formats: Vec<(String, usize)> = Vec::new();
+    for item in log {
+        match item {
+            Out::Caps(f) => formats.push((f.clone(), out.len())),
+            Out::Buffer(b) => {
+                let (format, _) = formats.last().expect("caps before the first buffer");
+                let samples = match format.as_str() {
+                    "F32LE" => f32_of(b),
+                    "S16LE" => b
+                        .map_readable()
+                        .unwrap()
+                        .chunks_exact(2)
+                        .map(|c| i16::from_le_bytes([c[0], c[1]]) as f32 / 32767.0)
+                        .collect(),
+                    f => panic!("format {f}"),
+                };
+                check_tiling(b, out.len() as u64, samples.len() as u64);
+                out.extend(samples);
+            }
+        }
+    }
+    (out, formats)
+}
+
+/// `x` as S16LE carries it (as the element converts), read back as [`decode`] reads it.
+fn as_s16(x: f32) -> f32 {
+    ((x.clamp(-1.0, 1.0) * 32767.0).round() as i16) as f32 / 32767.0
+}
+
+/// A harness whose downstream takes F32LE: "Hello there." at 0 (slot 1 s) and a GAP to 1.5 s are
+/// pushed and that 1.5 s pulled (the element then waits for input); then downstream's caps
+/// become `caps`, with the RECONFIGURE event a capsfilter sends upstream when its caps change,
+/// and "Second one." is pushed at 1.5 s (slot 1 s). Returns the harness, the bus and the record of
+/// the output.
+fn caps_change_at_1500_ms(caps: &str) -> (Harness, gst::Bus, Arc<Mutex<Vec<Out>>>) {
+    let (e, bus) = synth(&[]);
+    let log = record_output(&e);
+    let mut h = harness(&e, "text/x-raw,format=utf8");
+    h.set_sink_caps_str("audio/x-raw,format=F32LE,rate=24000,channels=1,layout=interleaved");
+    h.push(text_buffer(b"Hello there.", Some(0), Some(1_000)))
+        .unwrap();
+    h.push_event(
+        gst::event::Gap::builder(gst::ClockTime::ZERO)
+            .duration(gst::ClockTime::from_mseconds(1_500))
+            .build(),
+    );
+    let t0 = Instant::now();
+    let mut n = 0;
+    while n < at_ms(1_500) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no output to 1.5 s");
+        match h.try_pull() {
+            Some(b) => n += b.size() / 4,
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert_eq!(n, at_ms(1_500));
+    h.set_sink_caps_str(caps);
+    h.push_upstream_event(gst::event::Reconfigure::new());
+    h.push(text_buffer(b"Second one.", Some(1_500), Some(1_000)))
+        .unwrap();
+    (h, bus, log)
+}
+
+/// Downstream caps that change while the element plays (a RECONFIGURE: here to S16LE only) are
+/// negotiated again before the next buffer, as GstBaseSrc does: the format switches between two
+/// buffers, the CAPS event before the first of the new format, with no sample lost or repeated
+/// and the timestamps going on from the sample count.
+#[test]
+fn a_downstream_caps_change_is_renegotiated_at_a_buffer_boundary() {
+    let hello = reference("Hello there.", &[]);
+    let second = reference("Second one.", &[]);
+    let (mut h, bus, log) =
+        caps_change_at_1500_ms("audio/x-raw,format=S16LE,rate=24000,channels=1,layout=interleaved");
+    h.push_event(gst::event::Eos::new());
+    wait_for_eos_event(&mut h, Duration::from_secs(60));
+    let (got, formats) = decode(&log.lock().unwrap());
+    assert_eq!(
+        formats,
+        [
+            ("F32LE".to_string(), 0),
+            ("S16LE".to_string(), at_ms(1_500))
+        ]
+    );
+    let mut want = Vec::new();
+    place(&mut want, 0, &hello);
+    place(&mut want, at_ms(1_500), &second);
+    want.resize(at_ms(2_500), 0.0);
+    for x in &mut want[at_ms(1_500)..] {
+        *x = as_s16(*x);
+    }
+    assert_eq!(got.len(), want.len(), "to the second cue's slot end");
+    assert!(
+        got == want,
+        "each cue's audio once, in the format of its time"
+    );
+    assert!(errors(&element_util::drain(&bus)).is_empty());
+}
+
+/// Downstream caps that change while the element plays to caps it cannot produce (another rate)
+/// are the negotiation error of the start, naming the element's caps, once; the output stops
+/// there, the audio before it out whole, and an EOS sent after the error goes downstream.
+#[test]
+fn a_downstream_caps_change_to_caps_it_cannot_produce_is_one_clear_error() {
+    let hello = reference("Hello there.", &[]);
+    let (mut h, bus, log) = caps_change_at_1500_ms("audio/x-raw,rate=16000");
+    let t0 = Instant::now();
+    let mut msgs = Vec::new();
+    while errors(&msgs).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "no error");
+        msgs.extend(element_util::drain(&bus));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    h.push_event(gst::event::Eos::new());
+    wait_for_eos_event(&mut h, Duration::from_secs(10));
+    msgs.extend(element_util::drain(&bus));
+    let errs = errors(&msgs);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].contains("downstream takes none of omnittssynth's audio caps")
+            && errs[0].contains("rate=(int)24000"),
+        "{}",
+        errs[0]
+    );
+    let (got, formats) = decode(&log.lock().unwrap());
+    assert_eq!(formats, [("F32LE".to_string(), 0)]);
+    let mut want = Vec::new();
+    place(&mut want, 0, &hello);
+    want.resize(at_ms(1_500), 0.0);
+    assert!(got == want, "the audio before the change, nothing after it");
+}
+
+/// A `max-new-tokens` that the talker's positions cannot hold beside any prompt
+/// (`max_position_embeddings`, 32,768 in the fixture) fails the start, naming the property, the
+/// value and the limit, as omnittssrc's start does (one check, the elements' shared one), not
+/// the first cue; one below it starts.
+#[test]
+fn a_frame_cap_past_the_talkers_positions_fails_the_start() {
+    let (e, _) = synth(&[("max-new-tokens", "32768")]);
+    let errs = element_util::start_must_fail(&e, "max-new-tokens=32768");
+    element_util::assert_names(
+        &errs,
+        &["max-new-tokens", "32768", "max_position_embeddings"],
+    );
+    let (e, bus) = synth(&[("max-new-tokens", "30000")]);
+    assert!(e.set_state(gst::State::Paused).is_ok());
+    assert!(errors(&element_util::drain(&bus)).is_empty());
+    e.set_state(gst::State::Null).unwrap();
+}
+
 /// `model` set back to NULL, "" or blank is unset again: the bundled voice (the property's
 /// default, as read back), which the element loads (before, the start failed with "no model
 /// given").
@@ -1335,38 +1568,50 @@ fn bad_voices_fail_clearly() {
     );
     e.set_state(gst::State::Null).unwrap();
 
-    // A voice event naming one is an error at its place in the stream.
-    let (e, bus) = synth(&[]);
-    let mut h = harness(&e, "text/x-raw,format=utf8");
-    h.push(text_buffer(b"Fine.", Some(0), Some(1_000))).unwrap();
-    h.push_event(
-        gst::event::CustomDownstream::builder(
+    // A voice event naming one, or a speaker field that is not a string (in either event), is
+    // an error at its place in the stream that names the event and the field.
+    let events = [
+        (
             gst::Structure::builder("omnitts/voice")
                 .field("speaker", "nobody")
                 .build(),
-        )
-        .build(),
-    );
-    let t0 = Instant::now();
-    let mut got = 0;
-    let error = loop {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no error");
-        while let Some(b) = h.try_pull() {
-            got += b.size() / 4;
-        }
-        if let Some(e) = errors(&element_util::drain(&bus)).first() {
-            break e.clone();
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    assert!(
-        error.contains("omnitts/voice") && error.contains("speaker 'nobody'"),
-        "{error}"
-    );
-    assert!(
-        got >= reference("Fine.", &[]).len(),
-        "the cue before it was spoken"
-    );
+            "speaker 'nobody'",
+        ),
+        (
+            gst::Structure::builder("omnitts/voice")
+                .field("speaker", 5i32)
+                .build(),
+            "field 'speaker' must be a string",
+        ),
+        (
+            gst::Structure::builder("rstranscribe/speaker-change")
+                .field("speaker", 3i32)
+                .build(),
+            "field 'speaker' must be a string",
+        ),
+    ];
+    let fine = reference("Fine.", &[]);
+    for (event, what) in events {
+        let (e, bus) = synth(&[]);
+        let mut h = harness(&e, "text/x-raw,format=utf8");
+        h.push(text_buffer(b"Fine.", Some(0), Some(1_000))).unwrap();
+        let name = event.name().to_string();
+        h.push_event(gst::event::CustomDownstream::builder(event).build());
+        let t0 = Instant::now();
+        let mut got = 0;
+        let error = loop {
+            assert!(t0.elapsed() < Duration::from_secs(60), "{name}: no error");
+            while let Some(b) = h.try_pull() {
+                got += b.size() / 4;
+            }
+            if let Some(e) = errors(&element_util::drain(&bus)).first() {
+                break e.clone();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(error.contains(&name) && error.contains(what), "{error}");
+        assert!(got >= fine.len(), "{name}: the cue before it was spoken");
+    }
 }
 
 #[test]

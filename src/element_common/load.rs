@@ -17,7 +17,7 @@ use crate::nn::{Quantization, QuantizationSpec, WeightForm};
 use super::bundled_voice;
 use super::hub;
 use super::input_error::{InputError, input_error};
-use super::request::{ModelInfo, build_request};
+use super::request::{ModelInfo, build_request, validated};
 use super::settings::SynthesisSettings;
 use super::voice_clone::VoiceCloner;
 
@@ -281,9 +281,11 @@ fn model_info(
     }
 }
 
-/// Validates the voice settings against the checkpoint, so that a bad speaker, language or
-/// reference fails the state change; a Base checkpoint's reference is decoded and encoded here
-/// (the engine caches the prompt).
+/// Validates the voice and sampling settings against the checkpoint, so that a bad speaker,
+/// language or reference, or a sampling value the model cannot take (a `max-new-tokens` of
+/// `max_position_embeddings` or more, which leaves no room for any text), fails the state change
+/// of either element rather than its first text; a Base checkpoint's reference is decoded and
+/// encoded here (the engine caches the prompt).
 fn prepare_voice(
     element: &gst::Element,
     cat: gst::DebugCategory,
@@ -292,7 +294,7 @@ fn prepare_voice(
     engine: &Engine,
 ) -> Result<VoiceCloner, gst::ErrorMessage> {
     let probe_text = "probe";
-    let (_, clone) = build_request(s, info, probe_text).map_err(|e| e.to_error_msg())?;
+    let (mut request, clone) = build_request(s, info, probe_text).map_err(|e| e.to_error_msg())?;
     let mut cloner = VoiceCloner::new(info.description.reference.clone());
     if let Some(spec) = clone {
         if spec.x_vector_only
@@ -309,7 +311,8 @@ fn prepare_voice(
             );
         }
         let t = Instant::now();
-        cloner.prompt(engine, &spec).map_err(|e| e.to_error_msg())?;
+        request.voice.voice_clone =
+            Some(cloner.prompt(engine, &spec).map_err(|e| e.to_error_msg())?);
         gst::info!(
             cat,
             obj = element,
@@ -323,5 +326,7 @@ fn prepare_voice(
             t.elapsed().as_secs_f64() * 1000.0
         );
     }
+    // The engine's own checks of the settings' request, the sampling values among them.
+    validated(engine, &request).map_err(|e| e.to_error_msg())?;
     Ok(cloner)
 }

@@ -14,7 +14,9 @@ use super::timeline::CueReport;
 /// the text buffer's PTS; `GST_CLOCK_TIME_NONE` for a cue without one), `slot-duration` (u64
 /// ns, the buffer's duration, or none), `start` (u64 ns, the PTS of its first audio sample, or
 /// none when nothing of it was output; a silent cue: where its slot's silence starts), `end` (u64
-/// ns, past its last output sample or where it was cut; a silent cue: its slot's end), `speech-duration` (u64 ns synthesised; for a clipped cue, up to the cut),
+/// ns, past its last output sample or where it was cut; a silent cue: its slot's end; none for a
+/// cue a flush dropped before it started), `speech-duration` (u64 ns synthesised; for a clipped
+/// cue, up to the cut),
 /// `output-duration` (u64 ns of it output), `overflow` (string, the policy: `clip`, `overlap`,
 /// `shift`, `compress`), `action` (string: `fit`, `clipped`, `overlapped`, `overran`, `shifted`,
 /// `compressed`, `silent`, `flushed`: playing when a flush dropped it), `compression` (f64,
@@ -58,7 +60,7 @@ pub(super) fn cue_message(
         .field("pts", info.pts)
         .field("slot-duration", info.duration)
         .field("start", report.first.map(at))
-        .field("end", at(report.end))
+        .field("end", (!report.never_started()).then(|| at(report.end)))
         .field("speech-duration", pts_of(report.speech, rate))
         .field("output-duration", pts_of(report.output, rate))
         .field("overflow", policy.nick())

@@ -11,7 +11,7 @@ use gst::glib;
 use gst::prelude::*;
 use gst::subclass::prelude::*;
 
-use crate::element_common::audio::{self, SampleFormat, pos_of, pts_of};
+use crate::element_common::audio::{self, pos_of, pts_of};
 use crate::element_common::backend::{Requests, text_stream_mode};
 use crate::element_common::input_error::{input_error, quoted};
 use crate::element_common::load::{Loaded, load, sharing};
@@ -38,12 +38,12 @@ use super::compress::{self, Squeeze};
 use super::cue_text::{TextFormat, cue_text};
 use super::fragment_text::{FragmentText, Pushed};
 use super::fragments::{DEFAULT_PAUSE_MS, END_TEXT_EVENT, Fragments, InputMode, OpenCue};
-use super::output::Output;
+use super::output::{Output, negotiate};
 use super::overflow::Overflow;
 use super::shared::{CueInfo, Inner, Job, Shared};
 use super::synthesis::spawn_workers;
 use super::timeline::{CueKind, CueStart, MAX_QUEUED_CUES};
-use super::voice::{SPEAKER_CHANGE_EVENT, SpeakerMap, VOICE_EVENT, VoiceChange};
+use super::voice::{SPEAKER_CHANGE_EVENT, SpeakerMap, VOICE_EVENT, VoiceChange, speaker_label};
 
 /// A cue this many seconds after the input before it (the latest PTS or GAP end), or with a
 /// slot this long, gets a warning (its timestamps are most likely wrong).
@@ -525,34 +525,49 @@ impl OmniTtsSynth {
             self.caps_refused.store(false, Ordering::Relaxed);
             return true;
         }
-        let template = audio::caps(self.rate());
-        let peer = self.srcpad.peer_query_caps(Some(&template));
-        let mut out = peer.intersect_with_mode(&template, gst::CapsIntersectMode::First);
-        if out.is_empty() {
-            return self.refuse_once(&self.caps_refused, || {
-                gst::element_imp_error!(
-                    self,
-                    gst::CoreError::Negotiation,
-                    (
-                        "{}",
-                        audio::refused_by_downstream("omnittssynth", &template)
-                    )
-                );
-            });
-        }
-        out.fixate();
-        let sample_format = match SampleFormat::from_caps(&out, self.rate()) {
-            Ok(f) => f,
-            Err(e) => {
-                return self.refuse_once(&self.caps_refused, || {
-                    gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", e));
-                });
+        self.negotiate_output()
+    }
+
+    /// Negotiates the output caps with downstream and pushes them (later, the output task
+    /// negotiates again when downstream asks); one error when downstream takes none of them.
+    fn negotiate_output(&self) -> bool {
+        match negotiate(&self.srcpad, self.rate()) {
+            Ok((caps, format)) => {
+                gst::debug!(CAT, imp = self, "output caps {caps}");
+                self.caps_refused.store(false, Ordering::Relaxed);
+                self.shared.lock().format = Some(format);
+                self.srcpad.push_event(gst::event::Caps::new(&caps))
             }
-        };
-        gst::debug!(CAT, imp = self, "output caps {out}");
-        self.caps_refused.store(false, Ordering::Relaxed);
-        self.shared.lock().format = Some(sample_format);
-        self.srcpad.push_event(gst::event::Caps::new(&out))
+            Err(why) => self.refuse_once(&self.caps_refused, || {
+                gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", why));
+            }),
+        }
+    }
+
+    /// An EOS before any segment (no cue came: an empty subtitle file, or an EOS right after
+    /// the start): the output starts as upstream's default TIME segment would start it, after a
+    /// stream-start of its own when upstream sent none, so that downstream gets what a source
+    /// sends before its end (stream-start, caps, a segment, and from the output task an empty
+    /// buffer: `wavenc` writes a valid empty WAV). Not after a refused CAPS or SEGMENT, whose
+    /// error is posted.
+    fn start_empty_stream(&self) {
+        if self.caps_refused.load(Ordering::Relaxed) || self.segment_refused.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        if self
+            .srcpad
+            .sticky_event::<gst::event::StreamStart>(0)
+            .is_none()
+        {
+            let id = self.srcpad.create_stream_id(&*self.obj(), None::<&str>);
+            self.srcpad.push_event(gst::event::StreamStart::new(&id));
+        }
+        if self.shared.lock().format.is_none() && !self.negotiate_output() {
+            return;
+        }
+        let segment = gst::FormattedSegment::<gst::ClockTime>::new();
+        self.set_segment(&gst::event::Segment::new(&segment), segment.upcast_ref());
     }
 
     /// A SEGMENT: TIME at rate 1 only. The first one starts the output; a later one (no flush)
@@ -1272,25 +1287,24 @@ impl OmniTtsSynth {
                 self.change_voice(change, &format!("{VOICE_EVENT} event '{s}'"));
             }
             SPEAKER_CHANGE_EVENT => {
-                let label = s.get::<Option<String>>("speaker").ok().flatten();
-                let mapped = {
-                    let rt = lock(&self.runtime);
-                    label
-                        .as_deref()
-                        .and_then(|l| rt.as_ref().and_then(|rt| rt.speaker_map.get(l)))
-                        .cloned()
-                };
-                if mapped.is_none() && label.is_some() {
-                    gst::info!(
-                        CAT,
-                        imp = self,
-                        "speaker {label:?} is not in speaker-map: the properties' voice"
-                    );
-                }
-                self.change_voice(
-                    Ok(mapped.unwrap_or_default()),
-                    &format!("speaker change to {label:?}"),
-                );
+                let change = speaker_label(s).map(|label| {
+                    let mapped = {
+                        let rt = lock(&self.runtime);
+                        label
+                            .as_deref()
+                            .and_then(|l| rt.as_ref().and_then(|rt| rt.speaker_map.get(l)))
+                            .cloned()
+                    };
+                    if mapped.is_none() && label.is_some() {
+                        gst::info!(
+                            CAT,
+                            imp = self,
+                            "speaker {label:?} is not in speaker-map: the properties' voice"
+                        );
+                    }
+                    mapped.unwrap_or_default()
+                });
+                self.change_voice(change, &format!("{SPEAKER_CHANGE_EVENT} event '{s}'"));
             }
             _ => {}
         }
@@ -1328,15 +1342,22 @@ impl OmniTtsSynth {
                     let done = std::mem::take(&mut *f);
                     let _ = self.end_fragments(done, "EOS");
                 }
+                let stopped = |inner: &Inner| {
+                    matches!(
+                        inner.flow,
+                        Err(e) if e != gst::FlowError::Flushing && e != gst::FlowError::Eos
+                    )
+                };
                 let mut inner = self.shared.lock();
-                // Without a segment, or after an error stopped the output (a refused cue,
-                // downstream's error), EOS goes straight on: an application that answers an
-                // error with EOS gets its EOS.
-                let stopped = matches!(
-                    inner.flow,
-                    Err(e) if e != gst::FlowError::Flushing && e != gst::FlowError::Eos
-                );
-                if !inner.have_segment || stopped {
+                if !inner.have_segment && !stopped(&inner) {
+                    drop(inner);
+                    self.start_empty_stream();
+                    inner = self.shared.lock();
+                }
+                // Still without a segment (refused), or after an error stopped the output (a
+                // refused cue, downstream's error), EOS goes straight on: an application that
+                // answers an error with EOS gets its EOS.
+                if !inner.have_segment || stopped(&inner) {
                     drop(inner);
                     return self.srcpad.push_event(event);
                 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use gst::glib;
 use gst::prelude::*;
 
-use crate::element_common::audio::{OutBuffer, Samples, pos_of, pts_of};
+use crate::element_common::audio::{self, OutBuffer, SampleFormat, Samples, pos_of, pts_of};
 use crate::element_common::messages::{self, UtteranceDone};
 use crate::engine::{FinishReason, Metrics};
 
@@ -58,8 +58,23 @@ struct Pacing {
 enum Stop {
     /// A flow return from downstream (or FLUSHING / EOS).
     Flow(gst::FlowError),
-    /// An error already posted on the bus.
-    Posted,
+    /// An error already posted on the bus; the flow return the sink pad gives upstream.
+    Posted(gst::FlowError),
+}
+
+/// What downstream takes of the element's audio caps at `rate`: the caps (fixated, in
+/// downstream's order of preference: F32LE unless it prefers S16LE) and their sample format; else
+/// the negotiation error, which names the element's caps.
+pub(super) fn negotiate(srcpad: &gst::Pad, rate: u32) -> Result<(gst::Caps, SampleFormat), String> {
+    let ours = audio::caps(rate);
+    let peer = srcpad.peer_query_caps(Some(&ours));
+    let mut caps = peer.intersect_with_mode(&ours, gst::CapsIntersectMode::First);
+    if caps.is_empty() {
+        return Err(audio::refused_by_downstream("omnittssynth", &ours));
+    }
+    caps.fixate();
+    let format = SampleFormat::from_caps(&caps, rate)?;
+    Ok((caps, format))
 }
 
 impl Output {
@@ -74,8 +89,7 @@ impl Output {
             Err(stop) => stop,
         };
         let flow = match stop {
-            Stop::Flow(f) => f,
-            Stop::Posted => gst::FlowError::Error,
+            Stop::Flow(f) | Stop::Posted(f) => f,
         };
         {
             let mut inner = self.shared.lock();
@@ -139,13 +153,14 @@ impl Output {
                     Self::post(element, &mut msgs);
                     self.push_events(events);
                     gst::warning!(CAT, obj = element, "cue {id} refused: {error}");
+                    let stop = self.stopped(gst::FlowError::Error);
                     gst::element_error!(
                         element,
                         gst::StreamError::Format,
                         ("{}", error),
                         ["cue {id}; the audio of the cues before it was output"]
                     );
-                    return Err(Stop::Posted);
+                    return Err(stop);
                 }
                 Step::End => {
                     let events = drain_events(&mut inner, u64::MAX);
@@ -162,9 +177,28 @@ impl Output {
                         inner = self.shared.lock();
                         continue;
                     }
+                    // A stream that output nothing (no cue, or none in its segment) still gets
+                    // a buffer, an empty one: downstream that writes its length once its data
+                    // ends (wavenc) then writes a valid empty file.
+                    let empty = match inner.format {
+                        Some(format) if at == 0 => OutBuffer {
+                            samples: Samples::Silence(0),
+                            offset: 0,
+                            pts: inner.segment.start().unwrap_or(gst::ClockTime::ZERO),
+                            duration: gst::ClockTime::ZERO,
+                            discont: std::mem::take(&mut inner.discont),
+                        }
+                        .to_buffer(format)
+                        .ok(),
+                        _ => None,
+                    };
                     drop(inner);
                     Self::post(element, &mut msgs);
                     self.push_events(events);
+                    if let Some(buffer) = empty {
+                        // EOS follows whatever downstream answers.
+                        let _ = self.srcpad.push(buffer);
+                    }
                     gst::debug!(CAT, obj = element, "all cues spoken: EOS at sample {at}");
                     self.srcpad.push_event(gst::event::Eos::new());
                     return Err(Stop::Flow(gst::FlowError::Eos));
@@ -172,12 +206,13 @@ impl Output {
             };
             let Some(format) = inner.format else {
                 drop(inner);
+                let stop = self.stopped(gst::FlowError::Error);
                 gst::element_error!(
                     element,
                     gst::CoreError::Negotiation,
                     ("no output caps negotiated (the text stream had no CAPS event)")
                 );
-                return Err(Stop::Posted);
+                return Err(stop);
             };
             let start = inner.segment.start().unwrap_or(gst::ClockTime::ZERO);
             let len = samples.len() as u64;
@@ -192,9 +227,53 @@ impl Output {
             drop(inner);
             Self::post(element, &mut msgs);
             self.push_events(events);
+            let format = self.renegotiated(element, format)?;
             let buffer = out.to_buffer(format).map_err(Stop::Flow)?;
             return self.srcpad.push(buffer).map(|_| ()).map_err(Stop::Flow);
         }
+    }
+
+    /// The sample format of the next buffer: `format`, unless downstream asked for a new
+    /// negotiation (a RECONFIGURE event: the source pad's flag, checked before each buffer as
+    /// GstBaseSrc does). Then what downstream takes now, its CAPS event pushed before the buffer
+    /// when the format changes, so the switch falls between two buffers and no sample is lost or
+    /// repeated. When downstream takes none of the element's caps any more, the error of the
+    /// start (naming them) is posted and the output stops: the audio pushed before stays pushed.
+    fn renegotiated(
+        &self,
+        element: &gst::Element,
+        format: SampleFormat,
+    ) -> Result<SampleFormat, Stop> {
+        if !self.srcpad.check_reconfigure() {
+            return Ok(format);
+        }
+        match negotiate(&self.srcpad, self.rate) {
+            Ok((caps, new)) => {
+                if new != format {
+                    gst::info!(CAT, obj = element, "downstream asked for new caps: {caps}");
+                    self.shared.lock().format = Some(new);
+                    // Refused after all: the buffer's push returns not-negotiated.
+                    let _ = self.srcpad.push_event(gst::event::Caps::new(&caps));
+                }
+                Ok(new)
+            }
+            Err(why) => {
+                self.srcpad.mark_reconfigure();
+                let stop = self.stopped(gst::FlowError::NotNegotiated);
+                gst::element_error!(element, gst::CoreError::Negotiation, ("{}", why));
+                Err(stop)
+            }
+        }
+    }
+
+    /// Stops the output with `flow` (which the sink pad returns upstream from then on), before
+    /// the caller posts the error: an EOS sent on the error finds the output stopped and goes
+    /// straight downstream.
+    fn stopped(&self, flow: gst::FlowError) -> Stop {
+        let mut inner = self.shared.lock();
+        inner.flow = Err(flow);
+        self.shared.cond.notify_all();
+        Stop::Posted(flow)
     }
 
     fn push_events(&self, events: Vec<gst::Event>) {
@@ -307,8 +386,7 @@ impl Output {
                     let first = report.first.unwrap_or(report.end);
                     // A cue a flush dropped before its first sample never started: its cue
                     // message only.
-                    let never_started = report.action == Action::Flushed && report.first.is_none();
-                    if (report.speech > 0 || info.finish.is_some()) && !never_started {
+                    if (report.speech > 0 || info.finish.is_some()) && !report.never_started() {
                         let (reason, metrics) = match info.finish.clone() {
                             // Dropped by a flush while it played: cancelled, whatever its
                             // synthesis had come to.

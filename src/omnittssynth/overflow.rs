@@ -58,11 +58,13 @@ impl Overflow {
 /// What the overflow policy did with one cue (the `action` field of the cue message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// The cue had nothing to speak (empty, whitespace, no letter or digit): its slot is silence.
+    /// The cue had nothing to speak (empty, whitespace, no letter or digit), or its synthesis
+    /// ended without audio (it failed): its slot is silence.
     Silent,
     /// Spoken at its PTS, within its slot (or it had no slot end).
     Fit,
-    /// Cut at its slot's end (`clip`), possibly to nothing when it could not start before it.
+    /// Cut at its slot's end (`clip`, `compress`), possibly to nothing when, live, its audio
+    /// could not start before it (late).
     Clipped,
     /// Ran past its slot's end, mixed with whatever starts there (`overlap`).
     Overlapped,

@@ -170,6 +170,14 @@ pub struct CueReport {
     pub finished: bool,
 }
 
+impl CueReport {
+    /// A flush dropped the cue before its first sample: it never started (its cue message has
+    /// neither a start nor an end).
+    pub fn never_started(&self) -> bool {
+        self.action == Action::Flushed && self.first.is_none()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Pending,

@@ -44,6 +44,20 @@ fn fields_for(d: &ModelDescription) -> String {
     .join(", ")
 }
 
+/// The string (or NULL) value of an event's `field`; another type is an error naming both.
+fn string_field(field: &str, value: &gst::glib::Value) -> Result<Option<String>, String> {
+    value
+        .get::<Option<String>>()
+        .map_err(|_| format!("field '{field}' must be a string, not {value:?}"))
+}
+
+/// The label of an [`SPEAKER_CHANGE_EVENT`] `s`: its `speaker` field (absent or NULL: none).
+/// One of another type is an error naming the field and the value, as in a [`VOICE_EVENT`].
+pub fn speaker_label(s: &gst::StructureRef) -> Result<Option<String>, String> {
+    s.value("speaker")
+        .map_or(Ok(None), |value| string_field("speaker", value))
+}
+
 /// Voice properties to use instead of the element's; `None`: the property's value.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VoiceChange {
@@ -76,12 +90,7 @@ impl VoiceChange {
                 "ref-text" => &mut v.ref_text,
                 other => return Err(format!("unknown field '{other}'; the fields are {FIELDS}")),
             };
-            *slot = Some(
-                value
-                    .get::<Option<String>>()
-                    .map_err(|_| format!("field '{field}' must be a string, not {value:?}"))?
-                    .unwrap_or_default(),
-            );
+            *slot = Some(string_field(field, value)?.unwrap_or_default());
         }
         Ok(v)
     }
