@@ -182,25 +182,19 @@ impl DeviceSpec {
     }
 }
 
-/// Makes the memory pool `cuda`'s allocations come from (the device's current pool, CUDA's
-/// stream-ordered allocator that candle allocates through) keep the memory freed into it: a release
-/// threshold of `u64::MAX` bytes instead of CUDA's default 0, with which the pool gives back every
-/// free byte at each stream, event or context synchronisation, and the next eager operations map
-/// it again. Stage threads synchronise at every step (codes and audio are read back), so with
-/// the default the memory of each eager pass (Code2Wav's passes, prompts through the talker)
-/// goes back and forth between the pool and the driver every step. The pool stays as large as
-/// the largest moment of the process's stages on the device; it is the process's until the
-/// device's primary context is released (every engine on it gone). Devices without memory pools
-/// are left alone. `OMNITTS_KEEP_FREED=0` keeps CUDA's default. Errors name the driver call that
-/// failed.
+/// The memory pool `cuda`'s allocations come from (the device's current pool: CUDA's
+/// stream-ordered allocator, which candle allocates through), with the context bound to this
+/// thread; `None` for a device without memory pools. Errors name the driver call that failed.
 #[cfg(feature = "cuda")]
-fn keep_freed_memory(cuda: &candle_core::CudaDevice) -> Result<(), String> {
+fn memory_pool(
+    cuda: &candle_core::CudaDevice,
+) -> Result<Option<candle_core::cuda_backend::cudarc::driver::sys::CUmemoryPool>, String> {
     use candle_core::cuda_backend::cudarc::driver::sys;
     let check = |what: &str, r: sys::CUresult| {
         if r == sys::CUresult::CUDA_SUCCESS {
             Ok(())
         } else {
-            Err(format!("keeping freed device memory: {what}: {r:?}"))
+            Err(format!("the device's memory pool: {what}: {r:?}"))
         }
     };
     let context = cuda.cuda_stream().context().clone();
@@ -208,8 +202,7 @@ fn keep_freed_memory(cuda: &candle_core::CudaDevice) -> Result<(), String> {
         .bind_to_thread()
         .map_err(|e| format!("binding the CUDA context: {e}"))?;
     let device = context.cu_device();
-    // SAFETY: driver calls on the bound context's device with valid out-pointers; `threshold`
-    // is the u64 the release-threshold attribute takes and lives across the call.
+    // SAFETY: driver calls on the bound context's device with valid out-pointers.
     unsafe {
         let mut pools = 0;
         check(
@@ -221,22 +214,84 @@ fn keep_freed_memory(cuda: &candle_core::CudaDevice) -> Result<(), String> {
             ),
         )?;
         if pools == 0 {
-            return Ok(());
+            return Ok(None);
         }
         let mut pool = std::ptr::null_mut();
         check(
             "cuDeviceGetMemPool",
             sys::cuDeviceGetMemPool(&mut pool, device),
         )?;
-        let mut threshold = u64::MAX;
-        check(
-            "cuMemPoolSetAttribute",
-            sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&raw mut threshold).cast(),
-            ),
+        Ok(Some(pool))
+    }
+}
+
+/// Makes `cuda`'s [`memory_pool`] keep the memory freed into it: a release threshold of
+/// `u64::MAX` bytes instead of CUDA's default 0, with which the pool gives back every free byte
+/// at each stream, event or context synchronisation, and the next eager operations map it
+/// again. Stage threads synchronise at every step (codes and audio are read back), so with the
+/// default the memory of each eager pass (Code2Wav's passes, prompts through the talker) went
+/// back and forth between the pool and the driver every step (docs/cuda.md, "Freed memory kept
+/// in the pool"). The pool grows to the largest moment of the stages on the device; each stage
+/// thread gives back what is free when it ends ([`TrimPoolOnExit`]). `OMNITTS_KEEP_FREED=0`
+/// keeps CUDA's default. Errors name the driver call that failed.
+#[cfg(feature = "cuda")]
+fn keep_freed_memory(cuda: &candle_core::CudaDevice) -> Result<(), String> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let Some(pool) = memory_pool(cuda)? else {
+        return Ok(());
+    };
+    let mut threshold = u64::MAX;
+    // SAFETY: a valid pool; `threshold` is the u64 the release-threshold attribute takes and
+    // lives across the call.
+    let r = unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&raw mut threshold).cast(),
         )
+    };
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!(
+            "keeping freed device memory: cuMemPoolSetAttribute: {r:?}"
+        ))
+    }
+}
+
+/// Gives the free memory of a stage's device pool back to the driver when dropped, so that a
+/// stage's weights and buffers, freed as its thread ends, do not stay in the pool
+/// ([`keep_freed_memory`]) for the rest of the process. A stage thread declares one before it
+/// loads its model (so that it drops after it) and [`Self::watch`]es its device handle.
+/// Trimming releases only memory no allocation holds: another engine on the same GPU keeps its
+/// own. Nothing on the CPU.
+#[derive(Default)]
+pub(crate) struct TrimPoolOnExit(Option<Device>);
+
+impl TrimPoolOnExit {
+    /// Trims `dev`'s pool on drop.
+    pub(crate) fn watch(&mut self, dev: &Device) {
+        if dev.is_cuda() {
+            self.0 = Some(dev.clone());
+        }
+    }
+}
+
+impl Drop for TrimPoolOnExit {
+    fn drop(&mut self) {
+        #[cfg(feature = "cuda")]
+        if let Some(Device::Cuda(cuda)) = &self.0 {
+            use candle_core::cuda_backend::cudarc::driver::sys;
+            // The frees queued on the stream complete before the trim; on an error (a failed
+            // context) there is nothing to give back.
+            if cuda.cuda_stream().synchronize().is_err() {
+                return;
+            }
+            if let Ok(Some(pool)) = memory_pool(cuda) {
+                // SAFETY: a valid pool; trimming releases only memory no allocation holds.
+                unsafe { sys::cuMemPoolTrimTo(pool, 0) };
+            }
+        }
     }
 }
 

@@ -34,7 +34,7 @@ use std::thread::Scope;
 use std::time::{Duration, Instant};
 
 use super::chunk_buffer::{ChunkPolicy, Take};
-use super::device::StreamRole;
+use super::device::{StreamRole, TrimPoolOnExit};
 use super::metrics::DecoderTiming;
 use super::pass_plan::URGENT_SLACK;
 use super::queue::StageQueue;
@@ -189,9 +189,14 @@ pub(crate) fn start<'scope, C: Stage1Model>(
                 shared: &lane,
                 held: Vec::new(),
             };
+            // Declared before the decoder: dropped after it.
+            let mut pool = TrimPoolOnExit::default();
             let loaded = device
                 .open_as(StreamRole::Lane, priority)
-                .and_then(|dev| load_decoder::<C>(dir, &dev, &opts))
+                .and_then(|dev| {
+                    pool.watch(&dev);
+                    load_decoder::<C>(dir, &dev, &opts)
+                })
                 .map_err(|e| format!("the first-chunk lane's decoder: {e}"));
             let c2w = match loaded {
                 Ok((mut c2w, graphs)) => {

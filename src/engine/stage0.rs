@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::chunk_buffer::PushError;
 use super::config::ArStageConfig;
-use super::device::StreamRole;
+use super::device::{StreamRole, TrimPoolOnExit};
 use super::first_frame::{AloneBudget, FirstFrameRules};
 use super::metrics::{ArTiming, BatchCounters, FirstFrame};
 use super::queue::{DeadOnExit, StageQueue};
@@ -76,8 +76,11 @@ pub(crate) fn ar_thread<A: Stage0Model>(
     batches: Arc<BatchCounters>,
 ) {
     let _dead_on_exit = DeadOnExit(queue.clone());
+    // Declared before the model: dropped after it.
+    let mut pool = TrimPoolOnExit::default();
     let loaded = (|| {
         let dev = device.open_as(StreamRole::Ar, priority)?;
+        pool.watch(&dev);
         let dtype = cfg.dtype.for_device(&dev);
         let opts = Stage0Options {
             dtype,

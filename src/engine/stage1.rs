@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::chunk_buffer::{ChunkPolicy, Take};
 use super::config::{DecoderStageConfig, DecoderStreamingMode};
-use super::device::StreamRole;
+use super::device::{StreamRole, TrimPoolOnExit};
 use super::first_chunk_lane::{self, FirstChunkLane, Handover, LaneShared};
 use super::metrics::{BatchCounters, DecoderTiming};
 use super::pass_plan::{Waiting, next_pass};
@@ -47,8 +47,11 @@ pub(crate) fn dec_thread<C: Stage1Model>(
     batches: Arc<BatchCounters>,
 ) {
     let _dead_on_exit = DeadOnExit(queue.clone());
+    // Declared before the model: dropped after it.
+    let mut pool = TrimPoolOnExit::default();
     let loaded = (|| {
         let dev = device.open_as(StreamRole::Decoder, priority)?;
+        pool.watch(&dev);
         let opts = Stage1Options {
             dtype: decoder_dtype(&cfg, &dev)?,
         };
