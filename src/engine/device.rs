@@ -161,10 +161,7 @@ impl DeviceSpec {
                     // SAFETY: all of this handle's buffers are used and freed on its one stream.
                     unsafe { cuda.cuda_stream().context().disable_event_tracking() };
                     if crate::nn::switches::Switches::get().keep_freed {
-                        keep_freed_memory(cuda).map_err(|msg| EngineError::Device {
-                            spec: self.to_string(),
-                            msg,
-                        })?;
+                        keep_freed_memory(cuda);
                     }
                     if let Some(rank) = rank {
                         set_priority(cuda, rank).map_err(|msg| EngineError::Device {
@@ -182,47 +179,21 @@ impl DeviceSpec {
     }
 }
 
-/// The memory pool `cuda`'s allocations come from (the device's current pool: CUDA's
-/// stream-ordered allocator, which candle allocates through), with the context bound to this
-/// thread; `None` for a device without memory pools. Errors name the driver call that failed.
+/// The memory pool `cuda`'s allocations come from: the device's current pool, from which cudarc
+/// allocates every buffer with `cuMemAllocAsync` when the device has memory pools (`None` when it
+/// has none, or when the driver does not answer).
 #[cfg(feature = "cuda")]
 fn memory_pool(
     cuda: &candle_core::CudaDevice,
-) -> Result<Option<candle_core::cuda_backend::cudarc::driver::sys::CUmemoryPool>, String> {
-    use candle_core::cuda_backend::cudarc::driver::sys;
-    let check = |what: &str, r: sys::CUresult| {
-        if r == sys::CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(format!("the device's memory pool: {what}: {r:?}"))
-        }
-    };
-    let context = cuda.cuda_stream().context().clone();
-    context
-        .bind_to_thread()
-        .map_err(|e| format!("binding the CUDA context: {e}"))?;
-    let device = context.cu_device();
-    // SAFETY: driver calls on the bound context's device with valid out-pointers.
-    unsafe {
-        let mut pools = 0;
-        check(
-            "cuDeviceGetAttribute",
-            sys::cuDeviceGetAttribute(
-                &mut pools,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-                device,
-            ),
-        )?;
-        if pools == 0 {
-            return Ok(None);
-        }
-        let mut pool = std::ptr::null_mut();
-        check(
-            "cuDeviceGetMemPool",
-            sys::cuDeviceGetMemPool(&mut pool, device),
-        )?;
-        Ok(Some(pool))
+) -> Option<candle_core::cuda_backend::cudarc::driver::sys::CUmemoryPool> {
+    use candle_core::cuda_backend::cudarc::driver::result;
+    let stream = cuda.cuda_stream();
+    let context = stream.context();
+    if !context.has_async_alloc() {
+        return None;
     }
+    // SAFETY: the device handle is the context's own, obtained from the driver.
+    unsafe { result::device::get_mem_pool(context.cu_device()) }.ok()
 }
 
 /// Makes `cuda`'s [`memory_pool`] keep the memory freed into it: a release threshold of
@@ -231,40 +202,35 @@ fn memory_pool(
 /// again. Stage threads synchronise at every step (codes and audio are read back), so with the
 /// default the memory of each eager pass (Code2Wav's passes, prompts through the talker) went
 /// back and forth between the pool and the driver every step (docs/cuda.md, "Freed memory kept
-/// in the pool"). The pool grows to the largest moment of the stages on the device; each stage
-/// thread gives back what is free when it ends ([`TrimPoolOnExit`]). `OMNITTS_KEEP_FREED=0`
-/// keeps CUDA's default. Errors name the driver call that failed.
+/// in the pool"). The pool is the device's, for the whole process: it grows to the largest
+/// moment of everything that allocates from it, and each stage thread gives what is free back
+/// when it ends ([`TrimPoolOnExit`]). `OMNITTS_KEEP_FREED=0` keeps CUDA's default. Best effort:
+/// only speed depends on it, so a device without memory pools or a driver call that fails leaves
+/// the default.
 #[cfg(feature = "cuda")]
-fn keep_freed_memory(cuda: &candle_core::CudaDevice) -> Result<(), String> {
-    use candle_core::cuda_backend::cudarc::driver::sys;
-    let Some(pool) = memory_pool(cuda)? else {
-        return Ok(());
+fn keep_freed_memory(cuda: &candle_core::CudaDevice) {
+    use candle_core::cuda_backend::cudarc::driver::{result, sys};
+    let Some(pool) = memory_pool(cuda) else {
+        return;
     };
     let mut threshold = u64::MAX;
     // SAFETY: a valid pool; `threshold` is the u64 the release-threshold attribute takes and
     // lives across the call.
-    let r = unsafe {
-        sys::cuMemPoolSetAttribute(
+    let _ = unsafe {
+        result::mem_pool::set_attribute(
             pool,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             (&raw mut threshold).cast(),
         )
     };
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!(
-            "keeping freed device memory: cuMemPoolSetAttribute: {r:?}"
-        ))
-    }
 }
 
 /// Gives the free memory of a stage's device pool back to the driver when dropped, so that a
 /// stage's weights and buffers, freed as its thread ends, do not stay in the pool
 /// ([`keep_freed_memory`]) for the rest of the process. A stage thread declares one before it
-/// loads its model (so that it drops after it) and [`Self::watch`]es its device handle.
-/// Trimming releases only memory no allocation holds: another engine on the same GPU keeps its
-/// own. Nothing on the CPU.
+/// loads its model (so that it drops after it) and [`Self::watch`]es its device handle. The
+/// trim releases every free block of the device's pool, other engines' too: their live buffers
+/// stay, and their next eager passes map what they need again once. Nothing on the CPU.
 #[derive(Default)]
 pub(crate) struct TrimPoolOnExit(Option<Device>);
 
@@ -281,15 +247,15 @@ impl Drop for TrimPoolOnExit {
     fn drop(&mut self) {
         #[cfg(feature = "cuda")]
         if let Some(Device::Cuda(cuda)) = &self.0 {
-            use candle_core::cuda_backend::cudarc::driver::sys;
-            // The frees queued on the stream complete before the trim; on an error (a failed
-            // context) there is nothing to give back.
+            // The frees queued on the stream complete before the trim (an unfinished free
+            // still holds its block); on an error (a failed context) nothing is given back.
             if cuda.cuda_stream().synchronize().is_err() {
                 return;
             }
-            if let Ok(Some(pool)) = memory_pool(cuda) {
+            if let Some(pool) = memory_pool(cuda) {
+                use candle_core::cuda_backend::cudarc::driver::result;
                 // SAFETY: a valid pool; trimming releases only memory no allocation holds.
-                unsafe { sys::cuMemPoolTrimTo(pool, 0) };
+                let _ = unsafe { result::mem_pool::trim_to(pool, 0) };
             }
         }
     }
