@@ -326,7 +326,17 @@ fn prepare_voice(
             t.elapsed().as_secs_f64() * 1000.0
         );
     }
-    // The engine's own checks of the settings' request, the sampling values among them.
-    validated(engine, &request).map_err(|e| e.to_error_msg())?;
+    // The engine's own checks of the settings' request, the sampling values among them. An
+    // error it does not tie to a field would name the probe's text, which is not the user's.
+    validated(engine, &request).map_err(|e| {
+        if e.property == "text" && e.value == probe_text {
+            gst::error_msg!(
+                gst::ResourceError::Settings,
+                ("the model refused the element's settings: {}", e.why)
+            )
+        } else {
+            e.to_error_msg()
+        }
+    })?;
     Ok(cloner)
 }
