@@ -120,9 +120,10 @@ struct Args {
     /// (`stage0_rows`).
     #[arg(long, value_delimiter = ',')]
     rows: Vec<usize>,
-    /// With `--rows`: one step in the middle of each run is the CUDA profiler's range.
-    #[arg(long)]
-    profile: bool,
+    /// With `--rows`: what is the CUDA profiler's range: `step` (also `--profile` alone), one
+    /// batched step in the middle of each run; `prefill`, the start's batched prefill.
+    #[arg(long, num_args = 0..=1, default_missing_value = "step")]
+    profile: Option<stage0_rows::Profiled>,
 }
 
 /// `cpu`, `cuda:N` or `auto`, opened as the engine opens a stage's device
