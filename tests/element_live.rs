@@ -71,6 +71,91 @@ fn latency_is_the_first_chunk() {
     }
 }
 
+/// Before its model is loaded a live element cannot tell its latency: the query fails (as a live
+/// source whose device is not open does) rather than answering BaseSrc's live latency of 0, which
+/// a mixer would take and then have to change once the element starts.
+#[test]
+fn a_live_latency_is_not_told_before_the_model_is_loaded() {
+    init();
+    let e = gst::ElementFactory::make("omnittssrc")
+        .property("model", fixture_model("tiny-customvoice"))
+        .property("is-live", true)
+        .build()
+        .unwrap();
+    let pad = e.static_pad("src").unwrap();
+    for state in [gst::State::Null, gst::State::Ready] {
+        e.set_state(state).unwrap();
+        let mut query = gst::query::Latency::new();
+        assert!(
+            !pad.query(&mut query),
+            "{state:?}: answered {:?}",
+            query.result()
+        );
+    }
+    e.set_state(gst::State::Paused).unwrap();
+    let mut query = gst::query::Latency::new();
+    assert!(pad.query(&mut query), "answered once loaded");
+    assert_eq!(
+        query.result(),
+        (true, gst::ClockTime::from_mseconds(80), None)
+    );
+    e.set_state(gst::State::Null).unwrap();
+}
+
+/// The bundled voice (its load takes long enough for a mixer to ask for latency first).
+fn bundled_voice() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/omnitts-en")
+}
+
+/// Two live elements into `audiomixer`: the mixer learns the elements' latency before its first
+/// output, so its timeline starts once and runs on without a buffer that goes back in time (with
+/// BaseSrc's answer before the load, the mixer timed out after 10 ms with a GAP at 0, then
+/// started again at 0 with the latency it learnt later).
+#[test]
+fn a_mixer_of_live_elements_starts_its_timeline_once() {
+    init();
+    let _serial = serial();
+    let pipeline = gst::parse::launch(&format!(
+        "audiomixer name=mix ! fakesink name=sink sync=true signal-handoffs=true \
+         omnittssrc is-live=true model=\"{m}\" text=\"The first voice speaks here.\" ! mix. \
+         omnittssrc is-live=true model=\"{m}\" text=\"A second voice.\" ! mix.",
+        m = bundled_voice().display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let spans = Arc::new(Mutex::new(Vec::new()));
+    let s2 = spans.clone();
+    pipeline
+        .by_name("sink")
+        .unwrap()
+        .connect("handoff", false, move |args| {
+            let buf = args[1].get::<gst::Buffer>().unwrap();
+            s2.lock().unwrap().push((buf.pts(), buf.duration()));
+            None
+        });
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while spans.lock().unwrap().len() < 30 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    pipeline.set_state(gst::State::Null).unwrap();
+    let spans = spans.lock().unwrap().clone();
+    assert!(spans.len() >= 30, "only {} buffers in 20 s", spans.len());
+    for (i, w) in spans.windows(2).enumerate() {
+        let (Some(pts), Some(duration)) = w[0] else {
+            panic!("buffer {i} without PTS or duration: {:?}", w[0]);
+        };
+        assert_eq!(
+            Some(pts + duration),
+            w[1].0,
+            "buffer {} does not follow buffer {i}: {:?}",
+            i + 1,
+            &spans[..(i + 3).min(spans.len())]
+        );
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Seen {
     pts: gst::ClockTime,

@@ -1240,16 +1240,29 @@ impl BaseSrcImpl for OmniTtsSrc {
         Ok(())
     }
 
+    /// The LATENCY query: live, min the first chunk's duration (or a buffer's), no max, once the
+    /// model is loaded. A live element asked before that answers nothing (the query fails, as a
+    /// live source's whose device is not open): BaseSrc's answer, a latency of 0, would make a
+    /// mixer start its output on it and start it again when the element's latency message comes.
     fn query(&self, query: &mut gst::QueryRef) -> bool {
         if let gst::QueryViewMut::Latency(q) = query.view_mut() {
-            let latency = {
+            let (loaded, latency) = {
                 let state = lock(&self.state);
-                state.runtime.as_ref().and_then(|rt| rt.live_latency)
+                let rt = state.runtime.as_ref();
+                (rt.is_some(), rt.and_then(|rt| rt.live_latency))
             };
             if let Some(latency) = latency {
                 gst::debug!(CAT, imp = self, "latency: live, min {latency}");
                 q.set(true, latency, gst::ClockTime::NONE);
                 return true;
+            }
+            if !loaded && lock(&self.settings).is_live {
+                gst::debug!(
+                    CAT,
+                    imp = self,
+                    "latency: not known before the model is loaded"
+                );
+                return false;
             }
         }
         BaseSrcImplExt::parent_query(self, query)
