@@ -10,6 +10,7 @@ use element_util::*;
 use gst::prelude::*;
 use gst_check::Harness;
 use gstomnitts::element_common::messages;
+use std::time::Duration;
 
 fn pull_samples(h: &mut Harness) -> usize {
     let mut n = 0;
@@ -647,5 +648,56 @@ fn prompt_mode_forces_the_text_stream_mode() {
         assert!(e.emit_by_name::<bool>("append-text", &[&"Hello there, "]));
         element_util::assert_stream_mode(&drain(&bus), want, why);
         assert!(e.emit_by_name::<bool>("cancel", &[]));
+    }
+}
+
+/// An open utterance cancelled while it speaks: its done message (`cancelled`) gives all the text
+/// appended to it, not only what had come when it started, in token mode (the tiny fixture in
+/// streaming prompt mode) and in clause mode (the bundled voice).
+#[test]
+fn a_cancelled_open_utterance_is_done_with_all_its_text() {
+    let voice = bundled_voice();
+    let first = "It was a fine morning, and the rain had stopped at last. ";
+    let rest = ["She walked ", "down to the river."];
+    for (props, mode) in [
+        (
+            vec![
+                ("speaker", v("vivian")),
+                ("prompt-mode", v("streaming")),
+                ("max-new-tokens", v(200u32)),
+            ],
+            "token",
+        ),
+        (vec![("model", v(voice.as_str()))], "clause"),
+    ] {
+        let mut props = props;
+        props.push(("is-live", v(true)));
+        let (mut h, bus) = harness(&props);
+        h.use_systemclock();
+        h.play();
+        let e = h.element().expect("element");
+        let mut seen = Vec::new();
+        assert!(e.emit_by_name::<bool>("append-text", &[&first]));
+        let started =
+            wait_element_message(&bus, messages::STARTED, Duration::from_secs(30), &mut seen)
+                .unwrap_or_else(|| panic!("{mode}: no utterance-started"));
+        for fragment in rest {
+            assert!(e.emit_by_name::<bool>("append-text", &[&fragment]));
+        }
+        assert!(e.emit_by_name::<bool>("end-text", &[]));
+        let _ = h.pull().expect("a buffer");
+        assert!(e.emit_by_name::<bool>("cancel", &[]));
+        let done = wait_element_message(&bus, messages::DONE, Duration::from_secs(30), &mut seen)
+            .unwrap_or_else(|| panic!("{mode}: no utterance-done"));
+        assert_eq!(
+            done.get::<String>("reason").as_deref(),
+            Ok("cancelled"),
+            "{mode}: {done:?} (started: {started:?})"
+        );
+        assert_eq!(
+            done.get::<String>("text").expect("text"),
+            format!("{first}{}", rest.concat()),
+            "{mode}: {done:?}"
+        );
     }
 }

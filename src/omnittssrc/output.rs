@@ -23,20 +23,25 @@
 //! jumps to it and that buffer is DISCONT.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::element_common::audio::{OutBuffer, Samples, pts_of};
+use crate::element_common::backend::OpenText;
 use crate::element_common::messages::{Refusal, UtteranceDone};
 use crate::engine::{FinishReason, Metrics};
 
 /// What the worker hands to the output, in stream order.
 #[derive(Debug)]
 pub(super) enum Item {
-    /// An utterance was accepted by the engine; live, it is due at sample `start_pos`.
+    /// An utterance was accepted by the engine; live, it is due at sample `start_pos`. `open`:
+    /// an open utterance's text (`append-text`), whose done message gives all of it, also when
+    /// it is cancelled before the engine's done item.
     Started {
         id: u64,
         text: String,
         start_pos: u64,
+        open: Option<Arc<OpenText>>,
     },
     /// 24 kHz mono samples in [-1, 1]; `pos` counts samples already turned into buffers.
     Audio { samples: Vec<f32>, pos: usize },
@@ -138,13 +143,16 @@ struct Current {
     /// When the output reached its start (for the done message of a cancelled utterance, whose
     /// engine metrics are dropped with it).
     since: Instant,
+    /// An open utterance's text, still growing after its start (`append-text`).
+    open: Option<Arc<OpenText>>,
 }
 
 impl Current {
-    fn new(id: u64, text: String, start: u64) -> Current {
+    fn new(id: u64, text: String, start: u64, open: Option<Arc<OpenText>>) -> Current {
         Current {
             id,
             text,
+            open,
             start,
             samples_out: 0,
             underruns: 0,
@@ -383,7 +391,11 @@ impl Output {
         self.items.clear();
         self.queued_samples = 0;
         self.due_silence_from = None;
-        let cur = self.current.take()?;
+        let mut cur = self.current.take()?;
+        if let Some(open) = &cur.open {
+            // All its text so far: the engine's done item, which carries it, is dropped.
+            cur.text = open.text();
+        }
         let metrics = Metrics::seen(
             cur.samples_out,
             samples_per_frame,
@@ -515,6 +527,7 @@ impl Output {
                 id,
                 text,
                 start_pos,
+                open,
             } => {
                 // Live: silence output since the utterance was due (not before its text came)
                 // is its late start, counted as its wait (and warned, as that silence came only
@@ -529,7 +542,7 @@ impl Output {
                     pos: start,
                     pts: self.pts(start),
                 });
-                let mut cur = Current::new(id, text, start);
+                let mut cur = Current::new(id, text, start, open);
                 let waited = n - start;
                 if waited > 0
                     && let Some(live) = &self.live
@@ -571,7 +584,7 @@ impl Output {
                 let mut cur = self
                     .current
                     .take()
-                    .unwrap_or_else(|| Current::new(id, String::new(), n));
+                    .unwrap_or_else(|| Current::new(id, String::new(), n, None));
                 if let Some(text) = text {
                     cur.text = text;
                 }
@@ -670,6 +683,7 @@ mod tests {
             id,
             text: format!("utterance {id}"),
             start_pos,
+            open: None,
         }
     }
 

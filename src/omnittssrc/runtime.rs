@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use gst::glib;
 use gst::prelude::*;
 
-use crate::element_common::backend::{Backend, Cancel, ClauseRequests, Request};
+use crate::element_common::backend::{Backend, Cancel, ClauseRequests, OpenText, Request};
 use crate::element_common::clause_speech::{ClauseSink, speak_clauses};
 use crate::element_common::messages::{Refusal, UtteranceDone};
 use crate::engine::{EngineEvent, FinishReason, Metrics};
@@ -544,6 +544,7 @@ fn worker_loop(backend: &Backend, shared: &Shared, element: &glib::WeakRef<gst::
                 id,
                 text: full_text().unwrap_or(text),
                 start_pos,
+                open: open.clone(),
             };
             if !shared.lock().start(epoch, handle.canceller(), started) {
                 handle.cancel();
@@ -655,6 +656,8 @@ struct ClauseOutput<'a> {
     id: u64,
     start_pos: u64,
     epoch: u64,
+    /// The text the clauses come from.
+    open: Arc<OpenText>,
 }
 
 impl ClauseSink for ClauseOutput<'_> {
@@ -667,6 +670,7 @@ impl ClauseSink for ClauseOutput<'_> {
             id: self.id,
             text,
             start_pos: self.start_pos,
+            open: Some(self.open.clone()),
         };
         let ok = self.shared.lock().start(self.epoch, cancel, item);
         self.shared.notify();
@@ -714,6 +718,7 @@ fn speak_clause_utterance(
         id,
         start_pos,
         epoch,
+        open: clauses.open.clone(),
     };
     let Some(outcome) = speak_clauses(backend, &clauses, &sink) else {
         // Discarded: the output retires the utterance itself.
@@ -820,6 +825,7 @@ mod tests {
             id,
             text: "a".into(),
             start_pos: 0,
+            open: None,
         });
         inner.push(
             epoch,
@@ -860,6 +866,7 @@ mod tests {
             id,
             text: "b".into(),
             start_pos: 0,
+            open: None,
         });
         inner.push(
             epoch,
