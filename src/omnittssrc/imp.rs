@@ -1241,9 +1241,10 @@ impl BaseSrcImpl for OmniTtsSrc {
     }
 
     /// The LATENCY query: live, min the first chunk's duration (or a buffer's), no max, once the
-    /// model is loaded. A live element asked before that answers nothing (the query fails, as a
-    /// live source's whose device is not open): BaseSrc's answer, a latency of 0, would make a
-    /// mixer start its output on it and start it again when the element's latency message comes.
+    /// model is loaded. A live element asked before that answers nothing (the query fails, as
+    /// that of a live source whose device is not open does): BaseSrc's answer, a latency of 0,
+    /// would make a mixer start its output on it and start it again when the element's latency
+    /// message comes.
     fn query(&self, query: &mut gst::QueryRef) -> bool {
         if let gst::QueryViewMut::Latency(q) = query.view_mut() {
             let (loaded, latency) = {
