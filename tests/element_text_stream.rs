@@ -701,3 +701,59 @@ fn a_cancelled_open_utterance_is_done_with_all_its_text() {
         );
     }
 }
+
+/// An open utterance cut at `max-new-tokens` gets the length warning without the advice to set
+/// `split-sentences=true`, which does not apply to text streamed into one utterance (a text of
+/// two sentences queued with `push-text` gets it).
+#[test]
+fn a_cut_open_utterance_is_not_told_to_split_sentences() {
+    let two = "It was a fine morning at the lake. She walked down to the river.";
+    for open in [true, false] {
+        let (mut h, bus, e) = playing_live();
+        if open {
+            assert!(e.emit_by_name::<bool>("append-text", &[&two]));
+            assert!(e.emit_by_name::<bool>("end-text", &[]));
+        } else {
+            e.set_property_from_str("split-sentences", "false");
+            assert!(e.emit_by_name::<bool>("push-text", &[&two]));
+        }
+        let mut seen = Vec::new();
+        let done = std::thread::scope(|s| {
+            let puller = s.spawn(|| {
+                for _ in 0..40 {
+                    let _ = h.pull();
+                }
+            });
+            let done =
+                wait_element_message(&bus, messages::DONE, Duration::from_secs(30), &mut seen);
+            let _ = puller.join();
+            done
+        })
+        .unwrap_or_else(|| panic!("open={open}: no utterance-done"));
+        assert_eq!(
+            done.get::<String>("reason").as_deref(),
+            Ok("length"),
+            "{done:?}"
+        );
+        // The warning is posted right after the done message.
+        let cut_warnings = |seen: &[gst::Message]| {
+            warnings(seen)
+                .into_iter()
+                .filter(|w| w.contains("ended by length"))
+                .collect::<Vec<_>>()
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while cut_warnings(&seen).is_empty() && std::time::Instant::now() < until {
+            seen.extend(drain(&bus));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let cut = cut_warnings(&seen);
+        assert_eq!(cut.len(), 1, "open={open}: {cut:?}");
+        assert_eq!(
+            cut[0].contains("split-sentences"),
+            !open,
+            "open={open}: {}",
+            cut[0]
+        );
+    }
+}

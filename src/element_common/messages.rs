@@ -124,6 +124,9 @@ pub(crate) struct UtteranceDone {
     pub duration: gst::ClockTime,
     /// The model's sample rate, Hz: the sample counts above are at it.
     pub rate: u32,
+    /// `split-sentences` applies to its text: false for an open utterance (`append-text`) and
+    /// for omnittssynth's fragments.
+    pub splittable: bool,
 }
 
 impl UtteranceDone {
@@ -164,13 +167,13 @@ impl UtteranceDone {
     /// Why the utterance was cut short and what to change, when it ended at a limit instead of
     /// the model's end of speech: `max-new-tokens` (`length`) or the runaway guard (`guard`).
     /// Posted as a bus warning; `what` names the utterance as the element does (`utterance`,
-    /// omnittssynth's `cue`); `can_split`: `split-sentences` applies to it (not to
-    /// omnittssynth's fragments).
-    pub fn limit_warning(&self, what: &str, can_split: bool) -> Option<String> {
+    /// omnittssynth's `cue`). Suggests `split-sentences=true` only where it applies
+    /// ([`Self::splittable`]) and the text has several sentences.
+    pub fn limit_warning(&self, what: &str) -> Option<String> {
         let (id, frames) = (self.id, self.metrics.frames);
         let (text, secs) = (quoted(&self.text), self.metrics.audio_ms / 1000.0);
         // Splitting helps only a text of several sentences (one already split is one sentence).
-        let split = if can_split && split_sentences(&self.text).len() > 1 {
+        let split = if self.splittable && split_sentences(&self.text).len() > 1 {
             "set split-sentences=true, "
         } else {
             ""
@@ -312,13 +315,14 @@ mod tests {
             pts: gst::ClockTime::ZERO,
             duration: gst::ClockTime::ZERO,
             rate: 24_000,
+            splittable: true,
         }
     }
 
     #[test]
     fn limits_warn_with_the_reason_frames_and_remedy() {
         let w = done(FinishReason::Length)
-            .limit_warning("utterance", true)
+            .limit_warning("utterance")
             .unwrap();
         for word in [
             "utterance 3",
@@ -333,7 +337,7 @@ mod tests {
             assert!(w.contains(remedy), "{remedy}: {w}");
         }
         let w = done(FinishReason::Guard)
-            .limit_warning("utterance", true)
+            .limit_warning("utterance")
             .unwrap();
         for word in ["guard", "29 frames", "shorter", "runaway_guard"] {
             assert!(w.contains(word), "{word}: {w}");
@@ -344,16 +348,16 @@ mod tests {
     fn splitting_is_suggested_only_for_a_text_of_several_sentences() {
         for reason in [FinishReason::Length, FinishReason::Guard] {
             // One sentence (as every piece of a split text is): splitting cannot help.
-            let w = done(reason.clone())
-                .limit_warning("utterance", true)
-                .unwrap();
+            let w = done(reason.clone()).limit_warning("utterance").unwrap();
             assert!(!w.contains("split-sentences"), "{w}");
             let mut two = done(reason);
             two.text = "A long one. And another one after it.".into();
-            let w = two.limit_warning("utterance", true).unwrap();
+            let w = two.limit_warning("utterance").unwrap();
             assert!(w.contains("set split-sentences=true"), "{w}");
-            // Where split-sentences does not apply (omnittssynth's fragments), never.
-            let w = two.limit_warning("cue", false).unwrap();
+            // Where split-sentences does not apply (an open utterance, omnittssynth's
+            // fragments), never.
+            two.splittable = false;
+            let w = two.limit_warning("cue").unwrap();
             assert!(!w.contains("split-sentences"), "{w}");
         }
     }
@@ -365,7 +369,7 @@ mod tests {
             FinishReason::Cancelled,
             FinishReason::Error("x".into()),
         ] {
-            assert_eq!(done(quiet).limit_warning("utterance", true), None);
+            assert_eq!(done(quiet).limit_warning("utterance"), None);
         }
     }
 

@@ -501,7 +501,7 @@ impl OmniTtsSrc {
                     if let Some(failure) = done.failure_message(&src) {
                         let _ = src.post_message(failure);
                     }
-                    if let Some(w) = done.limit_warning("utterance", true) {
+                    if let Some(w) = done.limit_warning("utterance") {
                         gst::element_imp_warning!(self, gst::StreamError::Failed, ("{}", w));
                     }
                 }

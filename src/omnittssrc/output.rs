@@ -428,6 +428,7 @@ impl Output {
             pts,
             duration: self.pts(self.n).saturating_sub(pts),
             rate: self.rate,
+            splittable: cur.open.is_none(),
         }
     }
 

@@ -418,6 +418,7 @@ impl Output {
                             pts: start + pts_of(first, self.rate),
                             duration: pts_of(report.end, self.rate) - pts_of(first, self.rate),
                             rate: self.rate,
+                            splittable: !self.fragments,
                         };
                         msgs.push(done.message(element));
                         if let Some(m) = done.failure_message(element) {
@@ -425,7 +426,7 @@ impl Output {
                         }
                         // Cut at max-new-tokens or by the runaway guard: said as omnittssrc
                         // says it.
-                        if let Some(w) = done.limit_warning("cue", !self.fragments) {
+                        if let Some(w) = done.limit_warning("cue") {
                             gst::warning!(CAT, obj = element, "{w}");
                             msgs.push(
                                 gst::message::Warning::builder(gst::StreamError::Failed, &w)
