@@ -417,8 +417,11 @@ impl Timeline {
             if matches!(c.kind, CueKind::Refused(_)) {
                 continue;
             }
-            // A cue not yet due has no first sample (`first` is `None` in its report).
+            // Started only if a sample of it went out (`Notice::Started`): a cue not yet due,
+            // or due with none of its audio out (a speech cue whose cancelled synthesis ended
+            // without a sample counts as silent from where it became due), has no first sample.
             let mut report = self.report(&c, n);
+            report.first = c.first;
             report.end = n;
             report.action = Action::Flushed;
             report.clipped = 0;
@@ -843,6 +846,42 @@ mod tests {
         assert!(gaps.is_empty());
         assert_eq!(out.len(), 1_100);
         assert_eq!(out[999..1_001], [1.0, 2.0]);
+    }
+
+    /// A flush of a cue that became due but whose synthesis ended (cancelled) before any of its
+    /// audio went out: it never started (no `Started` notice, so no first sample in its report),
+    /// as a cue not yet due; one with audio out started where it went out.
+    #[test]
+    fn a_flushed_cue_started_only_if_its_audio_went_out() {
+        let mut t = Timeline::new(Overflow::Clip);
+        t.push_cue(1, CueStart::At(100), Some(2_000), CueKind::Speech);
+        t.push_cue(2, CueStart::At(3_000), Some(2_000), CueKind::Speech);
+        assert_eq!(t.next(MAX, Pace::Exact), Step::Silence(100));
+        assert_eq!(t.next(MAX, Pace::Exact), Step::Wait(Need::Audio));
+        t.finish(1);
+        t.flush();
+        let notices = t.take_notices();
+        let reports: Vec<&CueReport> = notices
+            .iter()
+            .filter_map(|n| match n {
+                Notice::Done(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reports.len(), 2, "{notices:?}");
+        assert!(reports.iter().all(|r| r.never_started()), "{notices:?}");
+        let mut t = Timeline::new(Overflow::Clip);
+        t.push_cue(1, CueStart::At(100), Some(2_000), CueKind::Speech);
+        assert_eq!(t.next(MAX, Pace::Exact), Step::Silence(100));
+        t.add_audio(1, &speech(50, 1.0));
+        assert_eq!(t.next(MAX, Pace::Exact), Step::Audio(speech(50, 1.0)));
+        t.flush();
+        let notices = t.take_notices();
+        assert_eq!(notices[0], Notice::Started { id: 1, at: 100 });
+        let Notice::Done(r) = &notices[1] else {
+            panic!("{notices:?}")
+        };
+        assert_eq!((r.first, r.never_started()), (Some(100), false));
     }
 
     #[test]
