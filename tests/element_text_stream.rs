@@ -159,18 +159,21 @@ fn a_c_callers_bytes_are_joined_and_bad_bytes_dropped() {
     );
 }
 
-/// A live omnittssrc on the system clock, playing (tiny fixture, speaker vivian, 20 frames at
-/// most an utterance), its bus and the element.
-fn playing_live() -> (Harness, gst::Bus, gst::Element) {
-    let (mut h, bus) = harness(&[
-        ("speaker", v("vivian")),
-        ("max-new-tokens", v(20u32)),
-        ("is-live", v(true)),
-    ]);
+/// A live omnittssrc with `props` on the system clock, playing: the harness, its bus and the
+/// element.
+fn play_live(props: &[(&str, gst::glib::SendValue)]) -> (Harness, gst::Bus, gst::Element) {
+    let mut props = props.to_vec();
+    props.push(("is-live", v(true)));
+    let (mut h, bus) = harness(&props);
     h.use_systemclock();
     h.play();
     let e = h.element().expect("element");
     (h, bus, e)
+}
+
+/// [`play_live`] on the tiny fixture, speaker vivian, 20 frames at most an utterance.
+fn playing_live() -> (Harness, gst::Bus, gst::Element) {
+    play_live(&[("speaker", v("vivian")), ("max-new-tokens", v(20u32))])
 }
 
 /// Live, an open utterance whose text is still arriving when its start plus the latency passes
@@ -375,15 +378,11 @@ fn a_live_eos_behind_an_open_text_names_the_queued_utterances_it_drops() {
 /// was dropped without a word), until `end-text`.
 #[test]
 fn append_text_after_the_speech_ended_is_refused() {
-    let (mut h, bus) = harness(&[
+    let (mut h, bus, e) = play_live(&[
         ("speaker", v("vivian")),
         ("max-new-tokens", v(3u32)),
         ("prompt-mode", v("streaming")),
-        ("is-live", v(true)),
     ]);
-    h.use_systemclock();
-    h.play();
-    let e = h.element().expect("element");
     // More text tokens than the three frames take.
     assert!(e.emit_by_name::<bool>("append-text", &[&STREAMED]));
     let _ = h.pull().expect("a buffer");
@@ -456,12 +455,7 @@ fn live_eos_speaks_the_rest_of_the_open_text() {
             "clause",
         ),
     ] {
-        let mut props = props;
-        props.push(("is-live", v(true)));
-        let (mut h, bus) = harness(&props);
-        h.use_systemclock();
-        h.play();
-        let e = h.element().expect("element");
+        let (mut h, bus, e) = play_live(&props);
         for part in text_parts {
             assert!(e.emit_by_name::<bool>("append-text", &[&part]));
         }
@@ -670,12 +664,7 @@ fn a_cancelled_open_utterance_is_done_with_all_its_text() {
         ),
         (vec![("model", v(voice.as_str()))], "clause"),
     ] {
-        let mut props = props;
-        props.push(("is-live", v(true)));
-        let (mut h, bus) = harness(&props);
-        h.use_systemclock();
-        h.play();
-        let e = h.element().expect("element");
+        let (mut h, bus, e) = play_live(&props);
         let mut seen = Vec::new();
         assert!(e.emit_by_name::<bool>("append-text", &[&first]));
         let started =
